@@ -1,0 +1,17 @@
+//! Generates the InferenceCache messages, client and server from the checked-in proto, with a
+//! vendored `protoc` so no system package is needed, plus the encoded file descriptor set that
+//! server reflection serves.
+use std::path::PathBuf;
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let protoc = protoc_bin_vendored::protoc_bin_path()?;
+    // SAFETY: build scripts are single-threaded; setting PROTOC before invoking the generator.
+    unsafe { std::env::set_var("PROTOC", protoc) };
+    let out = PathBuf::from(std::env::var("OUT_DIR")?);
+    tonic_prost_build::configure()
+        .build_transport(false)
+        .file_descriptor_set_path(out.join("inferencecache_descriptor.bin"))
+        .compile_protos(&["inferencecache/v1alpha1/inferencecache.proto"], &["."])?;
+    println!("cargo:rerun-if-changed=inferencecache/v1alpha1/inferencecache.proto");
+    Ok(())
+}

@@ -1,0 +1,92 @@
+//! The block content fingerprint (BEHAVIOUR.md §17): how `token_ids` become the same block-hash
+//! chain an engine-event subscriber reports, so a gateway holding tokens and a producer holding
+//! blocks agree on keys. Byte-exact against `testdata/golden_vectors.json`.
+
+use xxhash_rust::xxh3::xxh3_64_with_seed;
+
+/// Seed of every XXH3-64 call in the fingerprint; fixed by the contract.
+pub const SEED: u64 = 1337;
+
+/// Upper bound on tokens hashed in one block: keeps the stack buffer below fixed.
+const MAX_STACK_BLOCK_TOKENS: usize = 1024;
+
+/// XXH3-64(seed 1337) over the block's token ids as little-endian u32.
+pub fn content_hash(block: &[u32]) -> u64 {
+    if block.len() <= MAX_STACK_BLOCK_TOKENS {
+        let mut buf = [0u8; MAX_STACK_BLOCK_TOKENS * 4];
+        for (i, t) in block.iter().enumerate() {
+            buf[i * 4..i * 4 + 4].copy_from_slice(&t.to_le_bytes());
+        }
+        xxh3_64_with_seed(&buf[..block.len() * 4], SEED)
+    } else {
+        let bytes: Vec<u8> = block.iter().flat_map(|t| t.to_le_bytes()).collect();
+        xxh3_64_with_seed(&bytes, SEED)
+    }
+}
+
+/// Rolls one block onto a parent prefix hash: XXH3(le_u64(parent) ‖ le_u64(content)).
+pub fn roll(parent: u64, content: u64) -> u64 {
+    let mut buf = [0u8; 16];
+    buf[..8].copy_from_slice(&parent.to_le_bytes());
+    buf[8..].copy_from_slice(&content.to_le_bytes());
+    xxh3_64_with_seed(&buf, SEED)
+}
+
+/// Rolling prefix hashes of every full block of `tokens`; a trailing partial block is dropped,
+/// and `block_size <= 0` yields nothing. With `parent`, block 0 is rolled onto it.
+pub fn prefix_hashes(tokens: &[u32], block_size: i32, parent: Option<u64>) -> Vec<u64> {
+    let mut out = Vec::new();
+    for_each_prefix_hash(tokens, block_size, parent, |h| out.push(h));
+    out
+}
+
+/// Allocation-free form of [`prefix_hashes`]: calls `sink` with each prefix hash in order.
+pub fn for_each_prefix_hash(
+    tokens: &[u32],
+    block_size: i32,
+    parent: Option<u64>,
+    mut sink: impl FnMut(u64),
+) {
+    if block_size <= 0 {
+        return;
+    }
+    let bs = block_size as usize;
+    let mut prev = parent;
+    for block in tokens.chunks_exact(bs) {
+        let content = content_hash(block);
+        let h = match prev {
+            None => content,
+            Some(p) => roll(p, content),
+        };
+        sink(h);
+        prev = Some(h);
+    }
+}
+
+/// The wire chain for `tokens`: 8-byte big-endian prefix hashes and a count of `block_size` per
+/// block, exactly what a per-block producer reports. Empty when there is no full block.
+pub fn chain(tokens: &[u32], block_size: i32) -> (Vec<Vec<u8>>, Vec<i32>) {
+    let mut hashes = Vec::new();
+    for_each_prefix_hash(tokens, block_size, None, |h| hashes.push(h.to_be_bytes().to_vec()));
+    let counts = vec![block_size; hashes.len()];
+    (hashes, counts)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn single_block_prefix_equals_content() {
+        let t: Vec<u32> = (1..=16).collect();
+        assert_eq!(content_hash(&t), 16863443419780771464);
+        assert_eq!(prefix_hashes(&t, 16, None), vec![16863443419780771464]);
+    }
+
+    #[test]
+    fn large_block_uses_heap_path_identically() {
+        let t: Vec<u32> = (0..2048).collect();
+        let bytes: Vec<u8> = t.iter().flat_map(|x| x.to_le_bytes()).collect();
+        assert_eq!(content_hash(&t), xxh3_64_with_seed(&bytes, SEED));
+    }
+}
