@@ -1,0 +1,193 @@
+//! Command-line flags, compatible with the reference server (BEHAVIOUR.md §1.1) so existing
+//! deployments keep their manifests: same names, defaults and fail-closed start-up rules.
+
+use clap::{ArgAction, Parser};
+
+/// Flags of `inference-cache-server`. Go-style single-dash spellings (`-grpc-bind-address`) are
+/// accepted too, see [`normalize_args`].
+#[derive(Debug, Clone, Parser)]
+#[command(name = "inference-cache-server", version, about = "KV-cache-aware routing index for LLM inference")]
+pub struct Cli {
+    /// Log format: `json` (default) or `text`.
+    #[arg(long, default_value = "json")]
+    pub log_format: String,
+    /// Log level: debug, info, warn (warning), error.
+    #[arg(long, default_value = "info")]
+    pub log_level: String,
+    /// gRPC listener (`:9090` = all interfaces).
+    #[arg(long, default_value = ":9090")]
+    pub grpc_bind_address: String,
+    /// Public HTTP listener: /healthz, /readyz, /metrics.
+    #[arg(long, default_value = ":8080")]
+    pub http_bind_address: String,
+    /// Controller-facing HTTP listener: /snapshot, /policy, /probe.
+    #[arg(long, default_value = ":8081")]
+    pub snapshot_bind_address: String,
+    /// Exact Kubernetes service-account username allowed on the controller-facing listener.
+    #[arg(long, default_value = "")]
+    pub allowed_controller_sa: String,
+    /// Development escape hatch: serve controller-facing endpoints without authentication.
+    #[arg(long, action = ArgAction::Set, num_args = 0..=1, default_value = "false", default_missing_value = "true")]
+    pub insecure_disable_auth: bool,
+    /// TokenReview audience for /snapshot and /probe.
+    #[arg(long, default_value = "inferencecache.io/controller")]
+    pub controller_audience: String,
+    /// TokenReview audience for /policy.
+    #[arg(long, default_value = "inferencecache.io/policy")]
+    pub policy_audience: String,
+    /// PEM certificate for the gRPC port (requires --tls-key-file).
+    #[arg(long, default_value = "")]
+    pub tls_cert_file: String,
+    /// PEM private key for the gRPC port (requires --tls-cert-file).
+    #[arg(long, default_value = "")]
+    pub tls_key_file: String,
+    /// Directory of per-model tokenizer artifacts for LookupRoute.prompt_text.
+    #[arg(long, default_value = "")]
+    pub tokenizer_models_dir: String,
+    /// Tokens per KV block used to fingerprint token_ids / prompt_text (non-positive keeps 16).
+    #[arg(long, default_value_t = 16, allow_negative_numbers = true)]
+    pub engine_block_size: i64,
+    /// Number of pinned per-core executors (index shards). Default: 1 on machines with two or
+    /// fewer CPUs (a cross-core hop costs more than it buys there), else one per CPU up to 8.
+    #[arg(long)]
+    pub shards: Option<usize>,
+}
+
+/// Upper bound on `--shards`: partitions are spread over at most this many cores.
+pub const MAX_SHARDS: usize = 64;
+
+/// Rewrites Go-style `-flag` / `-flag=value` arguments to `--flag`, because the reference's Go
+/// `flag` package accepts both spellings and manifests in the field use either.
+pub fn normalize_args(args: impl IntoIterator<Item = String>) -> Vec<String> {
+    args.into_iter()
+        .enumerate()
+        .map(|(i, a)| {
+            if i > 0 && a.starts_with('-') && !a.starts_with("--") && a.len() > 2 {
+                format!("-{a}")
+            } else {
+                a
+            }
+        })
+        .collect()
+}
+
+/// Start-up validation of the auth flags (BEHAVIOUR.md §1.1): the first failing rule's message.
+pub fn validate_auth(cli: &Cli) -> Result<(), String> {
+    let sa = &cli.allowed_controller_sa;
+    if !sa.is_empty() && cli.insecure_disable_auth {
+        return Err("--allowed-controller-sa and --insecure-disable-auth are mutually exclusive".into());
+    }
+    if sa.is_empty() && !cli.insecure_disable_auth {
+        return Err("missing --allowed-controller-sa: refusing to serve the controller-facing endpoints unauthenticated (use --insecure-disable-auth for development)".into());
+    }
+    if !sa.is_empty() {
+        if sa.trim() != sa {
+            return Err("--allowed-controller-sa must not have leading or trailing whitespace".into());
+        }
+        for (flag, aud) in [
+            ("--controller-audience", &cli.controller_audience),
+            ("--policy-audience", &cli.policy_audience),
+        ] {
+            if aud.trim().is_empty() {
+                return Err(format!("{flag} must not be empty when --allowed-controller-sa is set"));
+            }
+            if aud.trim() != aud.as_str() {
+                return Err(format!("{flag} must not have leading or trailing whitespace"));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Validates the TLS flag pair: both or neither.
+pub fn validate_tls(cli: &Cli) -> Result<(), String> {
+    match (cli.tls_cert_file.is_empty(), cli.tls_key_file.is_empty()) {
+        (true, true) | (false, false) => Ok(()),
+        _ => Err("--tls-cert-file and --tls-key-file must be set together".into()),
+    }
+}
+
+/// Turns a Go-style listen address (`:9090`, `host:port`) into something `ToSocketAddrs` takes.
+pub fn listen_addr(addr: &str) -> String {
+    if let Some(port) = addr.strip_prefix(':') {
+        format!("0.0.0.0:{port}")
+    } else {
+        addr.to_string()
+    }
+}
+
+/// The effective engine block size: non-positive values keep the default 16.
+pub fn engine_block_size(cli: &Cli) -> i32 {
+    if cli.engine_block_size > 0 && cli.engine_block_size <= i32::MAX as i64 {
+        cli.engine_block_size as i32
+    } else {
+        16
+    }
+}
+
+/// Default shard count for this machine (see [`Cli::shards`]).
+pub fn default_shards(cpus: usize) -> usize {
+    if cpus <= 2 { 1 } else { cpus.min(8) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(args: &[&str]) -> Cli {
+        let mut v = vec!["srv".to_string()];
+        v.extend(args.iter().map(|s| s.to_string()));
+        Cli::try_parse_from(normalize_args(v)).unwrap()
+    }
+
+    #[test]
+    fn defaults_match_reference() {
+        let c = parse(&[]);
+        assert_eq!(c.grpc_bind_address, ":9090");
+        assert_eq!(c.http_bind_address, ":8080");
+        assert_eq!(c.snapshot_bind_address, ":8081");
+        assert_eq!(c.engine_block_size, 16);
+        assert!(!c.insecure_disable_auth);
+    }
+
+    #[test]
+    fn go_style_flags_and_bool_values() {
+        let c = parse(&["-insecure-disable-auth", "-grpc-bind-address=127.0.0.1:1"]);
+        assert!(c.insecure_disable_auth);
+        assert_eq!(c.grpc_bind_address, "127.0.0.1:1");
+        let c = parse(&["--insecure-disable-auth=false"]);
+        assert!(!c.insecure_disable_auth);
+    }
+
+    #[test]
+    fn auth_rules_in_order() {
+        let mut c = parse(&[]);
+        assert!(validate_auth(&c).unwrap_err().starts_with("missing --allowed-controller-sa"));
+        c.allowed_controller_sa = "sa".into();
+        c.insecure_disable_auth = true;
+        assert!(validate_auth(&c).unwrap_err().contains("mutually exclusive"));
+        c.insecure_disable_auth = false;
+        c.allowed_controller_sa = " sa".into();
+        assert!(validate_auth(&c).unwrap_err().contains("whitespace"));
+        c.allowed_controller_sa = "sa".into();
+        c.controller_audience = "  ".into();
+        assert!(validate_auth(&c).unwrap_err().contains("--controller-audience"));
+        c.controller_audience = "a ".into();
+        assert!(validate_auth(&c).unwrap_err().contains("--controller-audience"));
+        c.controller_audience = "a".into();
+        c.policy_audience = "".into();
+        assert!(validate_auth(&c).unwrap_err().contains("--policy-audience"));
+        c.policy_audience = "p".into();
+        assert!(validate_auth(&c).is_ok());
+    }
+
+    #[test]
+    fn block_size_and_addresses() {
+        let c = parse(&["--engine-block-size", "-3"]);
+        assert_eq!(engine_block_size(&c), 16);
+        assert_eq!(listen_addr(":9090"), "0.0.0.0:9090");
+        assert_eq!(listen_addr("127.0.0.1:5"), "127.0.0.1:5");
+        assert_eq!(default_shards(2), 1);
+        assert_eq!(default_shards(4), 4);
+    }
+}

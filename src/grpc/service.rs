@@ -1,0 +1,151 @@
+//! The `inferencecache.v1alpha1.InferenceCache` handlers. Each handler finds the core owning the
+//! request's `(tenant, model)` partition and runs the index operation there: inline when that is
+//! the current core, over the bounded hop otherwise. Every LookupRoute path fails open.
+
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Instant;
+
+use futures_util::Stream;
+use inferencecache_proto::v1alpha1 as pb;
+use inferencecache_proto::v1alpha1::inference_cache_server::InferenceCache;
+use inferencecache_shards::PROBE_TENANT;
+use tonic::{Request, Response, Status, Streaming};
+
+use crate::core_state::owner;
+use crate::runtime::mailbox;
+
+/// Process-wide, immutable handler configuration.
+#[derive(Debug, Clone)]
+pub struct ServiceConfig {
+    /// Tokens per block for the token_ids / prompt_text fingerprint.
+    pub engine_block_size: i32,
+}
+
+/// The InferenceCache service; one cheap instance per core.
+#[derive(Debug, Clone)]
+pub struct CacheService {
+    cfg: Arc<ServiceConfig>,
+}
+
+impl CacheService {
+    /// Creates the handler set over shared configuration.
+    pub fn new(cfg: Arc<ServiceConfig>) -> Self {
+        Self { cfg }
+    }
+}
+
+type EmptyStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send>>;
+
+fn ack() -> Response<pb::Ack> {
+    Response::new(pb::Ack { accepted: true, reason_code: String::new() })
+}
+
+#[tonic::async_trait]
+impl InferenceCache for CacheService {
+    async fn render_template(
+        &self,
+        _request: Request<pb::RenderTemplateRequest>,
+    ) -> Result<Response<pb::RenderTemplateResponse>, Status> {
+        Ok(Response::new(pb::RenderTemplateResponse {
+            reason_code: "OK".into(),
+            ..Default::default()
+        }))
+    }
+
+    async fn lookup_route(
+        &self,
+        request: Request<pb::LookupRouteRequest>,
+    ) -> Result<Response<pb::LookupRouteResponse>, Status> {
+        let start = Instant::now();
+        let deadline = super::deadline::from_metadata(request.metadata(), start);
+        let req = request.into_inner();
+        let _ = (&self.cfg, deadline);
+        let resp = crate::lookup::lookup_route(&self.cfg, req, start, deadline).await;
+        Ok(Response::new(resp))
+    }
+
+    async fn lookup_pd_route(
+        &self,
+        _request: Request<pb::LookupPdRouteRequest>,
+    ) -> Result<Response<pb::LookupPdRouteResponse>, Status> {
+        Ok(Response::new(pb::LookupPdRouteResponse {
+            reason_code: "NO_HINT".into(),
+            ..Default::default()
+        }))
+    }
+
+    async fn get_cache_state(
+        &self,
+        request: Request<pb::GetCacheStateRequest>,
+    ) -> Result<Response<pb::GetCacheStateResponse>, Status> {
+        let req = request.into_inner();
+        if req.tenant_id == PROBE_TENANT {
+            return Ok(Response::new(pb::GetCacheStateResponse {
+                replicas: Vec::new(),
+                summary: Some(pb::CacheSummary::default()),
+            }));
+        }
+        let core = owner(&req.tenant_id, &req.model_id);
+        let resp = mailbox::call(core, move |st| st.cache_state(&req.tenant_id, &req.model_id))
+            .await
+            .unwrap_or_else(|_| pb::GetCacheStateResponse {
+                replicas: Vec::new(),
+                summary: Some(pb::CacheSummary::default()),
+            });
+        Ok(Response::new(resp))
+    }
+
+    async fn report_cache_state(
+        &self,
+        request: Request<Streaming<pb::CacheStateUpdate>>,
+    ) -> Result<Response<pb::Ack>, Status> {
+        let mut stream = request.into_inner();
+        // Each message is applied as soon as it is received (BEHAVIOUR.md §4.1); the await on
+        // the owner's reply bounds this stream to one message in flight, so a slow owner slows
+        // the producer through HTTP/2 flow control instead of growing a queue.
+        while let Some(update) = stream.message().await? {
+            if update.tenant_id == PROBE_TENANT {
+                continue;
+            }
+            let core = owner(&update.tenant_id, &update.model_id);
+            mailbox::call(core, move |st| st.ingest(&update))
+                .await
+                .map_err(|_| Status::unavailable("server shutting down"))?;
+        }
+        Ok(ack())
+    }
+
+    async fn publish_event(
+        &self,
+        request: Request<pb::CacheEvent>,
+    ) -> Result<Response<pb::Ack>, Status> {
+        let event = request.into_inner();
+        if event.tenant_id == PROBE_TENANT {
+            return Ok(ack());
+        }
+        let core = owner(&event.tenant_id, &event.model_id);
+        // An event that cannot be delivered (shutdown) is still acknowledged: PublishEvent never
+        // returns an error in the contract.
+        let _ = mailbox::call(core, move |st| st.apply_event(&event)).await;
+        Ok(ack())
+    }
+
+    type StreamCacheEventsStream = EmptyStream<pb::CacheEvent>;
+
+    async fn stream_cache_events(
+        &self,
+        _request: Request<pb::StreamEventsRequest>,
+    ) -> Result<Response<Self::StreamCacheEventsStream>, Status> {
+        Ok(Response::new(Box::pin(futures_util::stream::empty())))
+    }
+
+    type StreamMetricsStream = EmptyStream<pb::Metric>;
+
+    async fn stream_metrics(
+        &self,
+        _request: Request<pb::StreamMetricsRequest>,
+    ) -> Result<Response<Self::StreamMetricsStream>, Status> {
+        Ok(Response::new(Box::pin(futures_util::stream::empty())))
+    }
+}

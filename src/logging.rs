@@ -1,0 +1,53 @@
+//! Structured logs on stderr: JSON by default, one event name per line in `msg`, as the
+//! reference's slog output (`startup`, `graceful_shutdown_started`, ...). Never prompt text.
+
+use tracing::Level;
+
+/// Parses `--log-format` (json|text, case-insensitive, empty = json).
+pub fn parse_format(s: &str) -> Result<bool, String> {
+    match s.trim().to_ascii_lowercase().as_str() {
+        "" | "json" => Ok(true),
+        "text" => Ok(false),
+        other => Err(format!("invalid --log-format {other:?}: want json or text")),
+    }
+}
+
+/// Parses `--log-level` (debug|info|warn|warning|error, case-insensitive, empty = info).
+pub fn parse_level(s: &str) -> Result<Level, String> {
+    match s.trim().to_ascii_lowercase().as_str() {
+        "" | "info" => Ok(Level::INFO),
+        "debug" => Ok(Level::DEBUG),
+        "warn" | "warning" => Ok(Level::WARN),
+        "error" => Ok(Level::ERROR),
+        other => Err(format!("invalid --log-level {other:?}: want debug, info, warn or error")),
+    }
+}
+
+/// Installs the global subscriber.
+pub fn init(json: bool, level: Level) {
+    let builder = tracing_subscriber::fmt()
+        .with_max_level(level)
+        .with_writer(std::io::stderr)
+        .with_target(false);
+    if json {
+        builder.json().flatten_event(true).with_current_span(false).init();
+    } else {
+        builder.init();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn formats_and_levels() {
+        assert_eq!(parse_format(" JSON "), Ok(true));
+        assert_eq!(parse_format(""), Ok(true));
+        assert_eq!(parse_format("Text"), Ok(false));
+        assert!(parse_format("xml").is_err());
+        assert_eq!(parse_level("WARNING"), Ok(Level::WARN));
+        assert_eq!(parse_level(""), Ok(Level::INFO));
+        assert!(parse_level("trace").is_err());
+    }
+}

@@ -1,0 +1,175 @@
+//! The cross-core hop: one bounded lock-free queue per (sender, owner core) pair, drained by a
+//! task on the owner, with replies on a oneshot (ARCHITECTURE.md §1, §5).
+//!
+//! Bounded everywhere: a full queue is reported to the caller, which either fails open (lookups)
+//! or backs off and retries (ingest, so acknowledged data is never dropped and memory never grows).
+
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use crossbeam_queue::ArrayQueue;
+use futures_util::task::AtomicWaker;
+
+use crate::core_state::CoreState;
+
+/// Operations in flight to one owner core from one sender, before senders see "full".
+pub const MAILBOX_CAPACITY: usize = 1024;
+
+/// Work shipped to the core that owns it.
+pub enum Op {
+    /// Run a closure against the owner's state (index operations, admin gathers).
+    Run(Box<dyn FnOnce(&mut CoreState) + Send>),
+    /// A gRPC connection accepted elsewhere, to be served by this core.
+    Connection(glommio::net::AcceptedTcpStream),
+}
+
+/// Why a hop could not be made.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HopError {
+    /// The owner's queue from this sender is full (back-pressure).
+    Full,
+    /// The owner dropped the reply (it is shutting down).
+    Gone,
+}
+
+/// Inbound queues of one core: one per sender (each core, plus one slot for non-core threads).
+pub struct Inbox {
+    queues: Vec<ArrayQueue<Op>>,
+    waker: AtomicWaker,
+    /// Ops executed by this core on behalf of other senders (a metrics input).
+    pub hopped_in: AtomicU64,
+}
+
+/// All inboxes of the process, indexed by owner core.
+pub struct Mesh {
+    inboxes: Vec<Inbox>,
+}
+
+static MESH: OnceLock<Mesh> = OnceLock::new();
+
+/// Creates the mesh for `cores` executors. Must run once, before any executor starts.
+pub fn init(cores: usize) {
+    assert!(cores >= 1);
+    let senders = cores + 1; // the extra slot is shared by non-core threads (admin, signals)
+    let inboxes = (0..cores)
+        .map(|_| Inbox {
+            queues: (0..senders).map(|_| ArrayQueue::new(MAILBOX_CAPACITY)).collect(),
+            waker: AtomicWaker::new(),
+            hopped_in: AtomicU64::new(0),
+        })
+        .collect();
+    assert!(MESH.set(Mesh { inboxes }).is_ok(), "mailbox mesh initialised twice");
+}
+
+/// Number of cores in the mesh.
+pub fn cores() -> usize {
+    MESH.get().map(|m| m.inboxes.len()).unwrap_or(0)
+}
+
+/// The inbox of `core` (for metrics).
+pub fn inbox(core: usize) -> &'static Inbox {
+    &MESH.get().expect("mesh").inboxes[core]
+}
+
+/// Queue depth of `core`'s inbox summed over senders.
+pub fn depth(core: usize) -> usize {
+    inbox(core).queues.iter().map(|q| q.len()).sum()
+}
+
+/// Pushes `op` to `owner`'s queue from the calling thread's slot, waking the owner.
+pub fn try_push(owner: usize, op: Op) -> Result<(), Op> {
+    let mesh = MESH.get().expect("mesh");
+    let slot = crate::core_state::current_core().unwrap_or(mesh.inboxes.len());
+    let inbox = &mesh.inboxes[owner];
+    inbox.queues[slot].push(op)?;
+    inbox.waker.wake();
+    Ok(())
+}
+
+/// Maximum ops executed per drain pass before yielding to the core's other tasks.
+const DRAIN_BATCH: usize = 64;
+
+/// The owner-side task: executes queued ops forever (until the executor stops).
+pub async fn drain_loop(core: usize) {
+    let inbox = inbox(core);
+    loop {
+        let mut done = 0usize;
+        for q in &inbox.queues {
+            while done < DRAIN_BATCH {
+                let Some(op) = q.pop() else { break };
+                done += 1;
+                match op {
+                    Op::Run(f) => crate::core_state::with_core(f),
+                    Op::Connection(s) => crate::runtime::serve_connection(s.bind_to_executor()),
+                }
+            }
+        }
+        if done > 0 {
+            inbox.hopped_in.fetch_add(done as u64, Ordering::Relaxed);
+            futures_lite::future::yield_now().await;
+            continue;
+        }
+        std::future::poll_fn(|cx| {
+            inbox.waker.register(cx.waker());
+            if inbox.queues.iter().any(|q| !q.is_empty()) {
+                std::task::Poll::Ready(())
+            } else {
+                std::task::Poll::Pending
+            }
+        })
+        .await;
+    }
+}
+
+/// Runs `f` on `owner`: inline when the caller is that core, else over the hop. Fails with
+/// [`HopError::Full`] instead of waiting when the queue is full (the lookup path fails open).
+pub async fn try_call<R, F>(owner: usize, f: F) -> Result<R, HopError>
+where
+    R: Send + 'static,
+    F: FnOnce(&mut CoreState) -> R + Send + 'static,
+{
+    if crate::core_state::current_core() == Some(owner) {
+        return Ok(crate::core_state::with_core(f));
+    }
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let op = Op::Run(Box::new(move |st| {
+        let _ = tx.send(f(st));
+    }));
+    if try_push(owner, op).is_err() {
+        return Err(HopError::Full);
+    }
+    rx.await.map_err(|_| HopError::Gone)
+}
+
+/// Runs `f` on `owner`, waiting (with bounded back-off sleeps) while the queue is full, so an
+/// acknowledged ingest is never dropped and the producer feels back-pressure through HTTP/2.
+pub async fn call<R, F>(owner: usize, f: F) -> Result<R, HopError>
+where
+    R: Send + 'static,
+    F: FnOnce(&mut CoreState) -> R + Send + 'static,
+{
+    if crate::core_state::current_core() == Some(owner) {
+        return Ok(crate::core_state::with_core(f));
+    }
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let mut op = Op::Run(Box::new(move |st| {
+        let _ = tx.send(f(st));
+    }));
+    let mut backoff = Duration::from_micros(20);
+    loop {
+        match try_push(owner, op) {
+            Ok(()) => break,
+            Err(back) => {
+                op = back;
+                if crate::core_state::current_core().is_some() {
+                    crate::runtime::io::sleep(backoff).await;
+                } else {
+                    std::thread::sleep(backoff);
+                }
+                backoff = (backoff * 2).min(Duration::from_millis(5));
+            }
+        }
+    }
+    rx.await.map_err(|_| HopError::Gone)
+}
