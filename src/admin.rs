@@ -37,7 +37,9 @@ pub struct InAdminRuntime<F> {
 impl<F> InAdminRuntime<F> {
     /// Wraps `inner`.
     pub fn new(inner: F) -> Self {
-        Self { inner: Box::pin(inner) }
+        Self {
+            inner: Box::pin(inner),
+        }
     }
 }
 

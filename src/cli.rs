@@ -6,7 +6,11 @@ use clap::{ArgAction, Parser};
 /// Flags of `inference-cache-server`. Go-style single-dash spellings (`-grpc-bind-address`) are
 /// accepted too, see [`normalize_args`].
 #[derive(Debug, Clone, Parser)]
-#[command(name = "inference-cache-server", version, about = "KV-cache-aware routing index for LLM inference")]
+#[command(
+    name = "inference-cache-server",
+    version,
+    about = "KV-cache-aware routing index for LLM inference"
+)]
 pub struct Cli {
     /// Log format: `json` (default) or `text`.
     #[arg(long, default_value = "json")]
@@ -75,24 +79,32 @@ pub fn normalize_args(args: impl IntoIterator<Item = String>) -> Vec<String> {
 pub fn validate_auth(cli: &Cli) -> Result<(), String> {
     let sa = &cli.allowed_controller_sa;
     if !sa.is_empty() && cli.insecure_disable_auth {
-        return Err("--allowed-controller-sa and --insecure-disable-auth are mutually exclusive".into());
+        return Err(
+            "--allowed-controller-sa and --insecure-disable-auth are mutually exclusive".into(),
+        );
     }
     if sa.is_empty() && !cli.insecure_disable_auth {
         return Err("missing --allowed-controller-sa: refusing to serve the controller-facing endpoints unauthenticated (use --insecure-disable-auth for development)".into());
     }
     if !sa.is_empty() {
         if sa.trim() != sa {
-            return Err("--allowed-controller-sa must not have leading or trailing whitespace".into());
+            return Err(
+                "--allowed-controller-sa must not have leading or trailing whitespace".into(),
+            );
         }
         for (flag, aud) in [
             ("--controller-audience", &cli.controller_audience),
             ("--policy-audience", &cli.policy_audience),
         ] {
             if aud.trim().is_empty() {
-                return Err(format!("{flag} must not be empty when --allowed-controller-sa is set"));
+                return Err(format!(
+                    "{flag} must not be empty when --allowed-controller-sa is set"
+                ));
             }
             if aud.trim() != aud.as_str() {
-                return Err(format!("{flag} must not have leading or trailing whitespace"));
+                return Err(format!(
+                    "{flag} must not have leading or trailing whitespace"
+                ));
             }
         }
     }
@@ -162,18 +174,34 @@ mod tests {
     #[test]
     fn auth_rules_in_order() {
         let mut c = parse(&[]);
-        assert!(validate_auth(&c).unwrap_err().starts_with("missing --allowed-controller-sa"));
+        assert!(
+            validate_auth(&c)
+                .unwrap_err()
+                .starts_with("missing --allowed-controller-sa")
+        );
         c.allowed_controller_sa = "sa".into();
         c.insecure_disable_auth = true;
-        assert!(validate_auth(&c).unwrap_err().contains("mutually exclusive"));
+        assert!(
+            validate_auth(&c)
+                .unwrap_err()
+                .contains("mutually exclusive")
+        );
         c.insecure_disable_auth = false;
         c.allowed_controller_sa = " sa".into();
         assert!(validate_auth(&c).unwrap_err().contains("whitespace"));
         c.allowed_controller_sa = "sa".into();
         c.controller_audience = "  ".into();
-        assert!(validate_auth(&c).unwrap_err().contains("--controller-audience"));
+        assert!(
+            validate_auth(&c)
+                .unwrap_err()
+                .contains("--controller-audience")
+        );
         c.controller_audience = "a ".into();
-        assert!(validate_auth(&c).unwrap_err().contains("--controller-audience"));
+        assert!(
+            validate_auth(&c)
+                .unwrap_err()
+                .contains("--controller-audience")
+        );
         c.controller_audience = "a".into();
         c.policy_audience = "".into();
         assert!(validate_auth(&c).unwrap_err().contains("--policy-audience"));

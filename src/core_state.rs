@@ -24,7 +24,10 @@ pub fn owner_of_partition(partition: u32, cores: usize) -> usize {
 
 /// The core owning `(tenant, model)`.
 pub fn owner(tenant: &str, model: &str) -> usize {
-    owner_of_partition(partition(tenant, model), crate::runtime::mailbox::cores().max(1))
+    owner_of_partition(
+        partition(tenant, model),
+        crate::runtime::mailbox::cores().max(1),
+    )
 }
 
 /// Everything one core owns.
@@ -68,8 +71,9 @@ mod tests {
         assert_eq!(partition("t", "m"), partition("t", "m"));
         assert!(partition("t", "m") < PARTITIONS);
         // Not a proof of inequality for all inputs, but the boundary shift must change the input.
-        let many: std::collections::HashSet<u32> =
-            (0..1000).map(|i| partition("t", &format!("m{i}"))).collect();
+        let many: std::collections::HashSet<u32> = (0..1000)
+            .map(|i| partition("t", &format!("m{i}")))
+            .collect();
         assert!(many.len() > 200, "partitions should spread: {}", many.len());
     }
 
@@ -99,6 +103,9 @@ impl CoreState {
 
     /// GetCacheState for `(tenant, model)`.
     pub fn cache_state(&mut self, _tenant: &str, _model: &str) -> pb::GetCacheStateResponse {
-        pb::GetCacheStateResponse { replicas: Vec::new(), summary: Some(pb::CacheSummary::default()) }
+        pb::GetCacheStateResponse {
+            replicas: Vec::new(),
+            summary: Some(pb::CacheSummary::default()),
+        }
     }
 }

@@ -19,7 +19,9 @@ pub fn parse_level(s: &str) -> Result<Level, String> {
         "debug" => Ok(Level::DEBUG),
         "warn" | "warning" => Ok(Level::WARN),
         "error" => Ok(Level::ERROR),
-        other => Err(format!("invalid --log-level {other:?}: want debug, info, warn or error")),
+        other => Err(format!(
+            "invalid --log-level {other:?}: want debug, info, warn or error"
+        )),
     }
 }
 
@@ -30,7 +32,11 @@ pub fn init(json: bool, level: Level) {
         .with_writer(std::io::stderr)
         .with_target(false);
     if json {
-        builder.json().flatten_event(true).with_current_span(false).init();
+        builder
+            .json()
+            .flatten_event(true)
+            .with_current_span(false)
+            .init();
     } else {
         builder.init();
     }

@@ -57,7 +57,9 @@ fn run() -> i32 {
         eprintln!("{e}");
         return 2;
     }
-    let cpus = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+    let cpus = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1);
     let shards = cli.shards.unwrap_or_else(|| cli::default_shards(cpus));
     if shards == 0 || shards > cli::MAX_SHARDS {
         eprintln!("--shards must be between 1 and {}", cli::MAX_SHARDS);
@@ -128,14 +130,16 @@ fn run() -> i32 {
     admin.spawn(http::serve(http_listener, http::public));
     admin.spawn(http::serve(snapshot_listener, http::public));
 
-    let mut signals =
-        match signal_hook::iterator::Signals::new([signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT]) {
-            Ok(s) => s,
-            Err(e) => {
-                tracing::error!(error = %e, "serve_error");
-                return 1;
-            }
-        };
+    let mut signals = match signal_hook::iterator::Signals::new([
+        signal_hook::consts::SIGTERM,
+        signal_hook::consts::SIGINT,
+    ]) {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::error!(error = %e, "serve_error");
+            return 1;
+        }
+    };
     let _ = signals.forever().next();
     tracing::info!("graceful_shutdown_started");
     http::READY.store(false, Ordering::SeqCst);

@@ -7,21 +7,33 @@ mod common;
 use std::process::Command;
 
 use common::*;
-use tonic_health::pb::health_client::HealthClient;
 use tonic_health::pb::HealthCheckRequest;
+use tonic_health::pb::health_client::HealthClient;
 
 async fn every_rpc_answers(shards: usize) {
     let srv = Server::start(shards, &[]);
     let mut c = srv.client().await;
 
-    let r = c.render_template(pb::RenderTemplateRequest::default()).await.unwrap().into_inner();
+    let r = c
+        .render_template(pb::RenderTemplateRequest::default())
+        .await
+        .unwrap()
+        .into_inner();
     assert_eq!(r.reason_code, "OK");
     assert!(r.stable_prefix_hash.is_empty());
 
-    let r = c.lookup_pd_route(pb::LookupPdRouteRequest::default()).await.unwrap().into_inner();
+    let r = c
+        .lookup_pd_route(pb::LookupPdRouteRequest::default())
+        .await
+        .unwrap()
+        .into_inner();
     assert_eq!(r.reason_code, "NO_HINT");
 
-    let r = c.lookup_route(exact_lookup("t", "m", "vllm", b"p", 10)).await.unwrap().into_inner();
+    let r = c
+        .lookup_route(exact_lookup("t", "m", "vllm", b"p", 10))
+        .await
+        .unwrap()
+        .into_inner();
     assert!(!r.reason_code.is_empty());
 
     let ack = report(&mut c, vec![legacy_update("r", "t", "m", "vllm", b"p", 64)]).await;
@@ -29,27 +41,50 @@ async fn every_rpc_answers(shards: usize) {
     assert_eq!(ack.reason_code, "");
 
     let ack = c
-        .publish_event(pb::CacheEvent { r#type: 3, replica_id: "r".into(), tenant_id: "t".into(), model_id: "m".into(), ..Default::default() })
+        .publish_event(pb::CacheEvent {
+            r#type: 3,
+            replica_id: "r".into(),
+            tenant_id: "t".into(),
+            model_id: "m".into(),
+            ..Default::default()
+        })
         .await
         .unwrap()
         .into_inner();
     assert!(ack.accepted);
 
     let st = c
-        .get_cache_state(pb::GetCacheStateRequest { model_id: "m".into(), tenant_id: "t".into() })
+        .get_cache_state(pb::GetCacheStateRequest {
+            model_id: "m".into(),
+            tenant_id: "t".into(),
+        })
         .await
         .unwrap()
         .into_inner();
     assert!(st.summary.is_some());
 
-    let mut s = c.stream_cache_events(pb::StreamEventsRequest::default()).await.unwrap().into_inner();
+    let mut s = c
+        .stream_cache_events(pb::StreamEventsRequest::default())
+        .await
+        .unwrap()
+        .into_inner();
     assert!(s.message().await.unwrap().is_none());
-    let mut s = c.stream_metrics(pb::StreamMetricsRequest::default()).await.unwrap().into_inner();
+    let mut s = c
+        .stream_metrics(pb::StreamMetricsRequest::default())
+        .await
+        .unwrap()
+        .into_inner();
     assert!(s.message().await.unwrap().is_none());
 
     // Health: the overall service "" is SERVING.
     let mut h = HealthClient::new(srv.channel().await);
-    let resp = h.check(HealthCheckRequest { service: String::new() }).await.unwrap().into_inner();
+    let resp = h
+        .check(HealthCheckRequest {
+            service: String::new(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
     assert_eq!(resp.status, 1, "SERVING");
 
     reflection_lists_services(&srv).await;
@@ -61,36 +96,75 @@ async fn reflection_lists_services(srv: &Server) {
     let mut c = r1::server_reflection_client::ServerReflectionClient::new(srv.channel().await);
     let req = r1::ServerReflectionRequest {
         host: String::new(),
-        message_request: Some(r1::server_reflection_request::MessageRequest::ListServices(String::new())),
+        message_request: Some(r1::server_reflection_request::MessageRequest::ListServices(
+            String::new(),
+        )),
     };
-    let mut out = c.server_reflection_info(tokio_stream::iter(vec![req])).await.unwrap().into_inner();
-    let msg = out.message().await.unwrap().expect("reflection v1 response");
-    let Some(r1::server_reflection_response::MessageResponse::ListServicesResponse(list)) = msg.message_response else {
+    let mut out = c
+        .server_reflection_info(tokio_stream::iter(vec![req]))
+        .await
+        .unwrap()
+        .into_inner();
+    let msg = out
+        .message()
+        .await
+        .unwrap()
+        .expect("reflection v1 response");
+    let Some(r1::server_reflection_response::MessageResponse::ListServicesResponse(list)) =
+        msg.message_response
+    else {
         panic!("unexpected reflection answer {msg:?}");
     };
     let names: Vec<String> = list.service.into_iter().map(|s| s.name).collect();
-    assert!(names.contains(&"inferencecache.v1alpha1.InferenceCache".to_string()), "{names:?}");
-    assert!(names.contains(&"grpc.health.v1.Health".to_string()), "{names:?}");
+    assert!(
+        names.contains(&"inferencecache.v1alpha1.InferenceCache".to_string()),
+        "{names:?}"
+    );
+    assert!(
+        names.contains(&"grpc.health.v1.Health".to_string()),
+        "{names:?}"
+    );
 
     // A client resolving a symbol gets the descriptor of our proto file.
     let req = r1::ServerReflectionRequest {
         host: String::new(),
-        message_request: Some(r1::server_reflection_request::MessageRequest::FileContainingSymbol(
-            "inferencecache.v1alpha1.LookupRouteRequest".into(),
-        )),
+        message_request: Some(
+            r1::server_reflection_request::MessageRequest::FileContainingSymbol(
+                "inferencecache.v1alpha1.LookupRouteRequest".into(),
+            ),
+        ),
     };
-    let mut out = c.server_reflection_info(tokio_stream::iter(vec![req])).await.unwrap().into_inner();
+    let mut out = c
+        .server_reflection_info(tokio_stream::iter(vec![req]))
+        .await
+        .unwrap()
+        .into_inner();
     let msg = out.message().await.unwrap().unwrap();
-    assert!(matches!(msg.message_response, Some(r1::server_reflection_response::MessageResponse::FileDescriptorResponse(ref f)) if !f.file_descriptor_proto.is_empty()));
+    assert!(
+        matches!(msg.message_response, Some(r1::server_reflection_response::MessageResponse::FileDescriptorResponse(ref f)) if !f.file_descriptor_proto.is_empty())
+    );
 
     let mut c = r1a::server_reflection_client::ServerReflectionClient::new(srv.channel().await);
     let req = r1a::ServerReflectionRequest {
         host: String::new(),
-        message_request: Some(r1a::server_reflection_request::MessageRequest::ListServices(String::new())),
+        message_request: Some(
+            r1a::server_reflection_request::MessageRequest::ListServices(String::new()),
+        ),
     };
-    let mut out = c.server_reflection_info(tokio_stream::iter(vec![req])).await.unwrap().into_inner();
-    let msg = out.message().await.unwrap().expect("reflection v1alpha response");
-    assert!(matches!(msg.message_response, Some(r1a::server_reflection_response::MessageResponse::ListServicesResponse(_))));
+    let mut out = c
+        .server_reflection_info(tokio_stream::iter(vec![req]))
+        .await
+        .unwrap()
+        .into_inner();
+    let msg = out
+        .message()
+        .await
+        .unwrap()
+        .expect("reflection v1alpha response");
+    assert!(matches!(
+        msg.message_response,
+        Some(r1a::server_reflection_response::MessageResponse::ListServicesResponse(_))
+    ));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -145,7 +219,10 @@ fn flag_validation_exits_2() {
 async fn sigterm_drains_and_exits_zero() {
     let mut srv = Server::start(2, &[]);
     let mut c = srv.client().await;
-    let _ = c.lookup_route(exact_lookup("t", "m", "vllm", b"p", 1)).await.unwrap();
+    let _ = c
+        .lookup_route(exact_lookup("t", "m", "vllm", b"p", 1))
+        .await
+        .unwrap();
     let st = srv.terminate();
     assert_eq!(st.code(), Some(0));
 }

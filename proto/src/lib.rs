@@ -8,4 +8,5 @@ pub mod v1alpha1 {
 }
 
 /// Encoded `FileDescriptorSet` of the contract, served by gRPC server reflection.
-pub const FILE_DESCRIPTOR_SET: &[u8] = tonic::include_file_descriptor_set!("inferencecache_descriptor");
+pub const FILE_DESCRIPTOR_SET: &[u8] =
+    tonic::include_file_descriptor_set!("inferencecache_descriptor");

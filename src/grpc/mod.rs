@@ -18,9 +18,7 @@ use tower_service::Service;
 /// gRPC's 4 MiB default receive limit, as in the reference (grpc-go defaults).
 pub const MAX_MESSAGE_BYTES: usize = 4 * 1024 * 1024;
 
-type HealthSvc = tonic_health::pb::health_server::HealthServer<
-    tonic_health::server::HealthService,
->;
+type HealthSvc = tonic_health::pb::health_server::HealthServer<tonic_health::server::HealthService>;
 /// A type-erased service call (the reflection builders return opaque types).
 type Caller = Box<dyn FnMut(Request<Incoming>) -> RouteFuture>;
 
@@ -37,7 +35,10 @@ thread_local! {
 }
 
 /// Builds this core's services. `health` is shared so every core reports the same status.
-pub fn install(cfg: std::sync::Arc<service::ServiceConfig>, health: &tonic_health::server::HealthReporter) {
+pub fn install(
+    cfg: std::sync::Arc<service::ServiceConfig>,
+    health: &tonic_health::server::HealthReporter,
+) {
     let cache = InferenceCacheServer::new(service::CacheService::new(cfg))
         .max_decoding_message_size(MAX_MESSAGE_BYTES)
         .max_encoding_message_size(usize::MAX);
@@ -50,13 +51,20 @@ pub fn install(cfg: std::sync::Arc<service::ServiceConfig>, health: &tonic_healt
             .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
     };
     let mut v1 = reflection().build_v1().expect("reflection v1 descriptors");
-    let mut v1alpha = reflection().build_v1alpha().expect("reflection v1alpha descriptors");
+    let mut v1alpha = reflection()
+        .build_v1alpha()
+        .expect("reflection v1alpha descriptors");
     let reflect_v1: Caller =
         Box::new(move |req| Box::pin(crate::admin::InAdminRuntime::new(v1.call(req))));
     let reflect_v1alpha: Caller =
         Box::new(move |req| Box::pin(crate::admin::InAdminRuntime::new(v1alpha.call(req))));
     SERVICES.with(|s| {
-        *s.borrow_mut() = Some(Services { cache, health, reflect_v1, reflect_v1alpha })
+        *s.borrow_mut() = Some(Services {
+            cache,
+            health,
+            reflect_v1,
+            reflect_v1alpha,
+        })
     });
 }
 
@@ -75,7 +83,9 @@ pub fn route(req: Request<Incoming>) -> RouteFuture {
     } else if path.starts_with("/grpc.reflection.v1alpha.ServerReflection/") {
         3
     } else {
-        return Box::pin(std::future::ready(Ok(tonic::Status::unimplemented("").into_http())));
+        return Box::pin(std::future::ready(Ok(
+            tonic::Status::unimplemented("").into_http()
+        )));
     };
     SERVICES.with(|s| {
         let mut s = s.borrow_mut();
@@ -101,4 +111,3 @@ impl hyper::service::Service<Request<Incoming>> for Router {
         route(req)
     }
 }
-

@@ -38,7 +38,10 @@ impl CacheService {
 type EmptyStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send>>;
 
 fn ack() -> Response<pb::Ack> {
-    Response::new(pb::Ack { accepted: true, reason_code: String::new() })
+    Response::new(pb::Ack {
+        accepted: true,
+        reason_code: String::new(),
+    })
 }
 
 #[tonic::async_trait]
@@ -87,12 +90,14 @@ impl InferenceCache for CacheService {
             }));
         }
         let core = owner(&req.tenant_id, &req.model_id);
-        let resp = mailbox::call(core, move |st| st.cache_state(&req.tenant_id, &req.model_id))
-            .await
-            .unwrap_or_else(|_| pb::GetCacheStateResponse {
-                replicas: Vec::new(),
-                summary: Some(pb::CacheSummary::default()),
-            });
+        let resp = mailbox::call(core, move |st| {
+            st.cache_state(&req.tenant_id, &req.model_id)
+        })
+        .await
+        .unwrap_or_else(|_| pb::GetCacheStateResponse {
+            replicas: Vec::new(),
+            summary: Some(pb::CacheSummary::default()),
+        });
         Ok(Response::new(resp))
     }
 

@@ -87,7 +87,10 @@ pub struct LocalOnly<F> {
 impl<F> LocalOnly<F> {
     /// Wraps `inner`, recording the current thread as its owner.
     pub fn new(inner: F) -> Self {
-        Self { inner, owner: std::thread::current().id() }
+        Self {
+            inner,
+            owner: std::thread::current().id(),
+        }
     }
 }
 
@@ -97,7 +100,11 @@ unsafe impl<F> Send for LocalOnly<F> {}
 impl<F: Future> Future for LocalOnly<F> {
     type Output = F::Output;
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
-        assert_eq!(std::thread::current().id(), self.owner, "LocalOnly polled off its core");
+        assert_eq!(
+            std::thread::current().id(),
+            self.owner,
+            "LocalOnly polled off its core"
+        );
         // SAFETY: structural pinning of `inner`; it is never moved out.
         unsafe { self.map_unchecked_mut(|s| &mut s.inner) }.poll(cx)
     }
@@ -106,7 +113,11 @@ impl<F: Future> Future for LocalOnly<F> {
 impl<F> Drop for LocalOnly<F> {
     fn drop(&mut self) {
         if !std::thread::panicking() {
-            assert_eq!(std::thread::current().id(), self.owner, "LocalOnly dropped off its core");
+            assert_eq!(
+                std::thread::current().id(),
+                self.owner,
+                "LocalOnly dropped off its core"
+            );
         }
     }
 }

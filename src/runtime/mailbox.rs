@@ -54,12 +54,17 @@ pub fn init(cores: usize) {
     let senders = cores + 1; // the extra slot is shared by non-core threads (admin, signals)
     let inboxes = (0..cores)
         .map(|_| Inbox {
-            queues: (0..senders).map(|_| ArrayQueue::new(MAILBOX_CAPACITY)).collect(),
+            queues: (0..senders)
+                .map(|_| ArrayQueue::new(MAILBOX_CAPACITY))
+                .collect(),
             waker: AtomicWaker::new(),
             hopped_in: AtomicU64::new(0),
         })
         .collect();
-    assert!(MESH.set(Mesh { inboxes }).is_ok(), "mailbox mesh initialised twice");
+    assert!(
+        MESH.set(Mesh { inboxes }).is_ok(),
+        "mailbox mesh initialised twice"
+    );
 }
 
 /// Number of cores in the mesh.

@@ -89,22 +89,26 @@ fn allowed_cpus() -> Vec<usize> {
     unsafe {
         let mut set: libc::cpu_set_t = std::mem::zeroed();
         if libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) == 0 {
-            let cpus: Vec<usize> =
-                (0..libc::CPU_SETSIZE as usize).filter(|&c| libc::CPU_ISSET(c, &set)).collect();
+            let cpus: Vec<usize> = (0..libc::CPU_SETSIZE as usize)
+                .filter(|&c| libc::CPU_ISSET(c, &set))
+                .collect();
             if !cpus.is_empty() {
                 return cpus;
             }
         }
     }
-    (0..std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1)).collect()
+    (0..std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1))
+        .collect()
 }
 
 /// Refuses to start when `addr` is already served: glommio listeners always set SO_REUSEPORT,
 /// so binding next to another server would silently split connections between the two.
 pub fn ensure_port_free(addr: SocketAddr) -> Result<(), String> {
-    std::net::TcpListener::bind(addr)
-        .map(drop)
-        .map_err(|e| format!("gRPC address {addr} is not available ({e}); is another server running on it?"))
+    std::net::TcpListener::bind(addr).map(drop).map_err(|e| {
+        format!("gRPC address {addr} is not available ({e}); is another server running on it?")
+    })
 }
 
 /// Starts the executors, binds the gRPC listener on core 0 and returns once serving.
@@ -168,7 +172,10 @@ pub fn start(cfg: RuntimeConfig) -> Result<Runtime, String> {
             }
         }
     }
-    Ok(Runtime { handles, grpc_addr: bound })
+    Ok(Runtime {
+        handles,
+        grpc_addr: bound,
+    })
 }
 
 impl Runtime {
@@ -185,14 +192,12 @@ async fn accept_loop(listener: TcpListener) {
     let cores = mailbox::cores();
     let mut next = 0usize;
     loop {
-        let accepted = futures_lite::future::or(
-            async { Some(listener.shared_accept().await) },
-            async {
+        let accepted =
+            futures_lite::future::or(async { Some(listener.shared_accept().await) }, async {
                 shutdown_requested().await;
                 None
-            },
-        )
-        .await;
+            })
+            .await;
         let Some(accepted) = accepted else { return };
         let stream = match accepted {
             Ok(s) => s,
@@ -223,13 +228,10 @@ pub fn serve_connection(stream: TcpStream) {
         builder.max_concurrent_streams(MAX_CONCURRENT_STREAMS);
         let conn = builder.serve_connection(io::GlommioIo(stream), crate::grpc::Router);
         let mut conn = std::pin::pin!(conn);
-        let finished = futures_lite::future::or(
-            async { Some(conn.as_mut().await) },
-            async {
-                shutdown_requested().await;
-                None
-            },
-        )
+        let finished = futures_lite::future::or(async { Some(conn.as_mut().await) }, async {
+            shutdown_requested().await;
+            None
+        })
         .await;
         if finished.is_none() {
             conn.as_mut().graceful_shutdown();

@@ -16,7 +16,11 @@ pub const BIN: &str = env!("CARGO_BIN_EXE_inference-cache-server");
 
 /// An ephemeral loopback port (bound then released).
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
 }
 
 /// A running server process, killed on drop.
@@ -49,9 +53,17 @@ impl Server {
         if !extra.iter().any(|f| f.contains("allowed-controller-sa")) {
             cmd.arg("--insecure-disable-auth");
         }
-        cmd.args(extra).stdout(Stdio::null()).stderr(Stdio::inherit());
+        cmd.args(extra)
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit());
         let child = cmd.spawn().expect("spawn server");
-        let s = Server { child, grpc_port: g, http_port: h, admin_port: a, shards };
+        let s = Server {
+            child,
+            grpc_port: g,
+            http_port: h,
+            admin_port: a,
+            shards,
+        };
         let deadline = Instant::now() + Duration::from_secs(20);
         loop {
             if let Ok((200, _)) = http_get(h, "/readyz") {
@@ -70,7 +82,11 @@ impl Server {
 
     /// A fresh channel (one HTTP/2 connection).
     pub async fn channel(&self) -> Channel {
-        Channel::from_shared(self.grpc_url()).unwrap().connect().await.expect("connect")
+        Channel::from_shared(self.grpc_url())
+            .unwrap()
+            .connect()
+            .await
+            .expect("connect")
     }
 
     /// A fresh InferenceCache client on its own connection.
@@ -86,7 +102,10 @@ impl Server {
             if let Some(st) = self.child.try_wait().unwrap() {
                 return st;
             }
-            assert!(Instant::now() < deadline, "server did not exit after SIGTERM");
+            assert!(
+                Instant::now() < deadline,
+                "server did not exit after SIGTERM"
+            );
             std::thread::sleep(Duration::from_millis(20));
         }
     }
@@ -100,10 +119,19 @@ impl Drop for Server {
 }
 
 /// A minimal HTTP/1.1 request over a raw socket: (status, body).
-pub fn http_request(port: u16, method: &str, path: &str, headers: &[(&str, &str)], body: &[u8]) -> std::io::Result<(u16, String)> {
+pub fn http_request(
+    port: u16,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &[u8],
+) -> std::io::Result<(u16, String)> {
     let mut s = TcpStream::connect(("127.0.0.1", port))?;
     s.set_read_timeout(Some(Duration::from_secs(10)))?;
-    let mut req = format!("{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\nContent-Length: {}\r\n", body.len());
+    let mut req = format!(
+        "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\nContent-Length: {}\r\n",
+        body.len()
+    );
     for (k, v) in headers {
         req.push_str(&format!("{k}: {v}\r\n"));
     }
@@ -113,8 +141,15 @@ pub fn http_request(port: u16, method: &str, path: &str, headers: &[(&str, &str)
     let mut out = Vec::new();
     s.read_to_end(&mut out)?;
     let text = String::from_utf8_lossy(&out).to_string();
-    let status = text.split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
-    let body = text.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default();
+    let status = text
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    let body = text
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or_default();
     Ok((status, body))
 }
 
@@ -124,19 +159,33 @@ pub fn http_get(port: u16, path: &str) -> std::io::Result<(u16, String)> {
 }
 
 /// A legacy single-entry update.
-pub fn legacy_update(replica: &str, tenant: &str, model: &str, scheme: &str, hash: &[u8], tokens: i32) -> pb::CacheStateUpdate {
+pub fn legacy_update(
+    replica: &str,
+    tenant: &str,
+    model: &str,
+    scheme: &str,
+    hash: &[u8],
+    tokens: i32,
+) -> pb::CacheStateUpdate {
     pb::CacheStateUpdate {
         replica_id: replica.into(),
         model_id: model.into(),
         tenant_id: tenant.into(),
         hash_scheme: scheme.into(),
-        prefixes: vec![pb::PrefixEntry { prefix_hash: hash.to_vec(), token_count: tokens, ..Default::default() }],
+        prefixes: vec![pb::PrefixEntry {
+            prefix_hash: hash.to_vec(),
+            token_count: tokens,
+            ..Default::default()
+        }],
         ..Default::default()
     }
 }
 
 /// Streams `updates` over one ReportCacheState call and returns the Ack.
-pub async fn report(client: &mut InferenceCacheClient<Channel>, updates: Vec<pb::CacheStateUpdate>) -> pb::Ack {
+pub async fn report(
+    client: &mut InferenceCacheClient<Channel>,
+    updates: Vec<pb::CacheStateUpdate>,
+) -> pb::Ack {
     client
         .report_cache_state(tokio_stream::iter(updates))
         .await
@@ -145,7 +194,13 @@ pub async fn report(client: &mut InferenceCacheClient<Channel>, updates: Vec<pb:
 }
 
 /// A legacy exact lookup request.
-pub fn exact_lookup(tenant: &str, model: &str, scheme: &str, hash: &[u8], tokens: i32) -> pb::LookupRouteRequest {
+pub fn exact_lookup(
+    tenant: &str,
+    model: &str,
+    scheme: &str,
+    hash: &[u8],
+    tokens: i32,
+) -> pb::LookupRouteRequest {
     pb::LookupRouteRequest {
         model_id: model.into(),
         tenant_id: tenant.into(),
