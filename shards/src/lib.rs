@@ -7,3 +7,5 @@ pub mod rules;
 
 /// The reserved tenant used by `/probe`; the gRPC handlers never index or answer for it.
 pub const PROBE_TENANT: &str = "inferencecache.io/probe";
+pub mod policy;
+pub mod resolve;

@@ -1,0 +1,432 @@
+//! Request-side logic of `LookupRoute` that never touches the index (BEHAVIOUR.md §10.1–§10.3,
+//! §10.7): which fingerprint a request resolves to, the gates evaluated on the raw request, the
+//! effective prefix length and the affinity seed.
+//!
+//! Tokenizing `prompt_text` is I/O-bound and belongs to the server, so that path is split:
+//! [`resolve_inputs`] answers [`Resolution::Tokenize`] and the server feeds the tokenizer's output
+//! to [`resolve_tokenized`]. Explicit wire fingerprints are borrowed from the request, never
+//! copied.
+
+use std::borrow::Cow;
+use std::time::Duration;
+
+use inferencecache_proto::v1alpha1::LookupRouteRequest;
+
+use crate::fingerprint;
+
+pub use crate::policy::{
+    DEFAULT_AFFINITY_ROUTING, DEFAULT_ENABLE_CHAIN_MATCHING, DEFAULT_ENABLE_TENANT_HOT,
+    DEFAULT_MINIMUM_MATCHED_TOKENS, DEFAULT_REQUIRE_CHAIN, DEFAULT_ROUTING_FLOOR_SCORE,
+};
+
+/// Block size for fingerprinting `token_ids` / tokenized `prompt_text` unless the flag overrides
+/// it; must match the engines' KV block size or token-derived keys never hit.
+pub const DEFAULT_ENGINE_BLOCK_SIZE: i32 = 16;
+
+/// Safety deadline when `prompt_text` will be tokenized and nothing else bounds the call.
+pub const DEFAULT_TOKENIZE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Largest accepted `token_ids` length and tokenizer output length; beyond it → fail open.
+pub const MAX_LOOKUP_TOKENS: usize = 1 << 20;
+
+/// Largest accepted `prompt_text` in bytes; beyond it → fail open without tokenizing.
+pub const MAX_PROMPT_TEXT_BYTES: usize = 1 << 20;
+
+/// Concurrent `prompt_text` tokenizations; the acquire is non-blocking and a saturated pool
+/// fails open, so tokenizer load can never queue lookups.
+pub const MAX_CONCURRENT_TOKENIZE: usize = 64;
+
+/// Why resolution gave up; every cause answers `NO_HINT` (fail open). Kept for logs/debugging.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FailOpenCause {
+    /// `len(block_hashes) != len(block_token_counts)` with chain matching on.
+    MalformedChain,
+    /// Chain matching off dropped the only fingerprint the request carried.
+    ChainIgnored,
+    /// `token_ids` longer than [`MAX_LOOKUP_TOKENS`].
+    TooManyTokens,
+    /// `token_ids` shorter than one block (or a non-positive block size).
+    SubBlockTokens,
+    /// `prompt_text` longer than [`MAX_PROMPT_TEXT_BYTES`].
+    PromptTooLarge,
+    /// No tokenize slot free (server side).
+    TokenizerBusy,
+    /// Tokenizer unavailable or returned an error (server side).
+    TokenizerFailed,
+    /// Tokenizer returned no tokens.
+    TokenizerEmpty,
+    /// Tokenizer returned more than [`MAX_LOOKUP_TOKENS`] tokens.
+    TokenizerOutputTooLong,
+    /// Tokenized prompt shorter than one block; the tokens are still echoed.
+    SubBlockPrompt,
+}
+
+/// The chain handed to the index. Wire chains are borrowed; token-derived chains own their
+/// 8-byte big-endian hashes and have a uniform per-block count.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ResolvedChain<'a> {
+    /// No chain: exact lookup only (chain matching off, or no chain was sent).
+    None,
+    /// The request's own `block_hashes` / `block_token_counts` (equal, non-zero length).
+    Wire {
+        /// Opaque wire hashes.
+        hashes: &'a [Vec<u8>],
+        /// Per-block token counts, same length as `hashes`.
+        counts: &'a [i32],
+    },
+    /// Fingerprinted from tokens (§17): every block counts `block_size` tokens.
+    Derived {
+        /// Big-endian prefix hashes, one per full block.
+        hashes: Vec<[u8; 8]>,
+        /// Tokens per block.
+        block_size: i32,
+    },
+}
+
+impl ResolvedChain<'_> {
+    /// Number of blocks.
+    pub fn len(&self) -> usize {
+        match self {
+            ResolvedChain::None => 0,
+            ResolvedChain::Wire { hashes, .. } => hashes.len(),
+            ResolvedChain::Derived { hashes, .. } => hashes.len(),
+        }
+    }
+
+    /// Whether the index should skip chain matching.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Hash of block `i`. Panics when `i >= len()`, like slice indexing.
+    pub fn hash(&self, i: usize) -> &[u8] {
+        match self {
+            ResolvedChain::None => panic!("block {i} of an empty chain"),
+            ResolvedChain::Wire { hashes, .. } => &hashes[i],
+            ResolvedChain::Derived { hashes, .. } => &hashes[i],
+        }
+    }
+
+    /// Token count of block `i`. Panics when `i >= len()`.
+    pub fn count(&self, i: usize) -> i32 {
+        match self {
+            ResolvedChain::None => panic!("block {i} of an empty chain"),
+            ResolvedChain::Wire { counts, .. } => counts[i],
+            ResolvedChain::Derived { hashes, block_size } => {
+                assert!(
+                    i < hashes.len(),
+                    "block {i} of a {}-block chain",
+                    hashes.len()
+                );
+                *block_size
+            }
+        }
+    }
+
+    /// `(hash, count)` per block, in order.
+    pub fn iter(&self) -> impl ExactSizeIterator<Item = (&[u8], i32)> + '_ {
+        (0..self.len()).map(move |i| (self.hash(i), self.count(i)))
+    }
+
+    /// Sum of the per-block counts, in i64 so hostile wire counts cannot overflow.
+    pub fn token_sum(&self) -> i64 {
+        match self {
+            ResolvedChain::None => 0,
+            ResolvedChain::Wire { counts, .. } => counts.iter().map(|&c| i64::from(c)).sum(),
+            ResolvedChain::Derived { hashes, block_size } => {
+                hashes.len() as i64 * i64::from(*block_size)
+            }
+        }
+    }
+}
+
+/// The exact-match key: the request's `prefix_hash` (borrowed, possibly empty) or the last
+/// token-derived block hash.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ExactHash<'a> {
+    /// From the wire; empty is a valid (odd) key, §19.11.
+    Wire(&'a [u8]),
+    /// Last block's big-endian prefix hash.
+    Derived([u8; 8]),
+}
+
+impl ExactHash<'_> {
+    /// The key bytes.
+    pub fn as_bytes(&self) -> &[u8] {
+        match self {
+            ExactHash::Wire(b) => b,
+            ExactHash::Derived(b) => b,
+        }
+    }
+}
+
+/// A successfully resolved request: what the index is asked (§10.2 step 11) plus what the
+/// response echoes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ResolvedInputs<'a> {
+    /// Chain for the chain matcher; [`ResolvedChain::None`] whenever chain matching is off.
+    pub chain: ResolvedChain<'a>,
+    /// Exact key.
+    pub exact_hash: ExactHash<'a>,
+    /// Token count of the exact key (`prefix_token_count`, or `n_blocks × block_size`).
+    pub exact_tokens: i32,
+    /// Chain fields were present but dropped because chain matching is off (diagnostics only).
+    pub chain_ignored: bool,
+    /// Tokens to echo in `token_ids` on every later response; only the `prompt_text` path
+    /// fills it.
+    pub echo: Vec<u32>,
+}
+
+impl ResolvedInputs<'_> {
+    /// §10.2 step 9: the resolved chain's token sum if it has blocks, else the exact count.
+    pub fn effective_prefix_tokens(&self) -> i64 {
+        if self.chain.is_empty() {
+            i64::from(self.exact_tokens)
+        } else {
+            self.chain.token_sum()
+        }
+    }
+
+    /// The §10.7 affinity seed: `u32_be(len) ‖ hash` per block of a non-empty resolved chain,
+    /// else the raw exact hash, else `None` (no affinity). Borrows in the exact case.
+    pub fn affinity_seed(&self) -> Option<Cow<'_, [u8]>> {
+        if self.chain.is_empty() {
+            let exact = self.exact_hash.as_bytes();
+            return (!exact.is_empty()).then_some(Cow::Borrowed(exact));
+        }
+        let mut seed = Vec::with_capacity(self.chain.iter().map(|(h, _)| 4 + h.len()).sum());
+        self.feed_affinity_seed(|part| seed.extend_from_slice(part));
+        Some(Cow::Owned(seed))
+    }
+
+    /// Allocation-free form of [`ResolvedInputs::affinity_seed`]: streams the seed bytes into
+    /// `sink` (e.g. a SHA-256 hasher) and returns whether there was any seed.
+    pub fn feed_affinity_seed(&self, mut sink: impl FnMut(&[u8])) -> bool {
+        if self.chain.is_empty() {
+            let exact = self.exact_hash.as_bytes();
+            if exact.is_empty() {
+                return false;
+            }
+            sink(exact);
+            return true;
+        }
+        for (hash, _) in self.chain.iter() {
+            // Wire hashes are bounded by the gRPC message size (< 4 GiB), so the cast is exact.
+            sink(&(hash.len() as u32).to_be_bytes());
+            sink(hash);
+        }
+        true
+    }
+}
+
+/// Outcome of [`resolve_inputs`] / [`resolve_tokenized`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Resolution<'a> {
+    /// Look up these inputs.
+    Resolved(ResolvedInputs<'a>),
+    /// Answer `NO_HINT` without touching the index, echoing `echo` if non-empty.
+    FailOpen {
+        /// Why (for logs).
+        cause: FailOpenCause,
+        /// Tokens to echo (only a sub-block tokenized prompt has any).
+        echo: Vec<u32>,
+    },
+    /// The effective input is `prompt_text` (already size-checked): acquire a tokenize slot
+    /// (none free → [`FailOpenCause::TokenizerBusy`]), tokenize with the chat template and the
+    /// generation prompt, then call [`resolve_tokenized`].
+    Tokenize {
+        /// The text to tokenize as one `user` message.
+        prompt_text: &'a str,
+    },
+}
+
+impl Resolution<'_> {
+    /// A fail-open without echo, for the server-side causes (busy / failed tokenizer).
+    pub fn fail_open(cause: FailOpenCause) -> Resolution<'static> {
+        Resolution::FailOpen {
+            cause,
+            echo: Vec::new(),
+        }
+    }
+}
+
+/// §10.3 input resolution over the raw request. Precedence: explicit fingerprint, then
+/// `token_ids`, then `prompt_text`, then the empty exact key. With chain matching off a
+/// `prefix_hash` wins outright and any chain fields are dropped.
+pub fn resolve_inputs<'a>(
+    req: &'a LookupRouteRequest,
+    enable_chain_matching: bool,
+    engine_block_size: i32,
+) -> Resolution<'a> {
+    let bh = req.block_hashes.as_slice();
+    let btc = req.block_token_counts.as_slice();
+    let ph = req.prefix_hash.as_slice();
+    let ptc = req.prefix_token_count;
+
+    let mut chain_ignored = false;
+    let has_chain_fields = !bh.is_empty() || !btc.is_empty();
+    if !enable_chain_matching {
+        if !ph.is_empty() {
+            return Resolution::Resolved(ResolvedInputs {
+                chain: ResolvedChain::None,
+                exact_hash: ExactHash::Wire(ph),
+                exact_tokens: ptc,
+                chain_ignored: has_chain_fields,
+                echo: Vec::new(),
+            });
+        }
+        chain_ignored = has_chain_fields;
+    } else if has_chain_fields || !ph.is_empty() {
+        if bh.len() != btc.len() {
+            return Resolution::fail_open(FailOpenCause::MalformedChain);
+        }
+        let chain = if bh.is_empty() {
+            ResolvedChain::None
+        } else {
+            ResolvedChain::Wire {
+                hashes: bh,
+                counts: btc,
+            }
+        };
+        return Resolution::Resolved(ResolvedInputs {
+            chain,
+            exact_hash: ExactHash::Wire(ph),
+            exact_tokens: ptc,
+            chain_ignored: false,
+            echo: Vec::new(),
+        });
+    }
+
+    if !req.token_ids.is_empty() {
+        if req.token_ids.len() > MAX_LOOKUP_TOKENS {
+            return Resolution::fail_open(FailOpenCause::TooManyTokens);
+        }
+        return match derive(&req.token_ids, enable_chain_matching, engine_block_size) {
+            Some((chain, exact_hash, exact_tokens)) => Resolution::Resolved(ResolvedInputs {
+                chain,
+                exact_hash,
+                exact_tokens,
+                chain_ignored,
+                echo: Vec::new(),
+            }),
+            None => Resolution::fail_open(FailOpenCause::SubBlockTokens),
+        };
+    }
+
+    if !req.prompt_text.is_empty() {
+        if req.prompt_text.len() > MAX_PROMPT_TEXT_BYTES {
+            return Resolution::fail_open(FailOpenCause::PromptTooLarge);
+        }
+        return Resolution::Tokenize {
+            prompt_text: &req.prompt_text,
+        };
+    }
+
+    if chain_ignored {
+        return Resolution::fail_open(FailOpenCause::ChainIgnored);
+    }
+    Resolution::Resolved(ResolvedInputs {
+        chain: ResolvedChain::None,
+        exact_hash: ExactHash::Wire(ph),
+        exact_tokens: ptc,
+        chain_ignored: false,
+        echo: Vec::new(),
+    })
+}
+
+/// Second half of the `prompt_text` path: turns the tokenizer's output into resolved inputs that
+/// echo the tokens. Empty or over-long output fails open without echo; a sub-block output fails
+/// open but still echoes.
+pub fn resolve_tokenized(
+    tokens: Vec<u32>,
+    enable_chain_matching: bool,
+    engine_block_size: i32,
+) -> Resolution<'static> {
+    if tokens.is_empty() {
+        return Resolution::fail_open(FailOpenCause::TokenizerEmpty);
+    }
+    if tokens.len() > MAX_LOOKUP_TOKENS {
+        return Resolution::fail_open(FailOpenCause::TokenizerOutputTooLong);
+    }
+    match derive(&tokens, enable_chain_matching, engine_block_size) {
+        Some((chain, exact_hash, exact_tokens)) => Resolution::Resolved(ResolvedInputs {
+            chain,
+            exact_hash,
+            exact_tokens,
+            chain_ignored: false,
+            echo: tokens,
+        }),
+        None => Resolution::FailOpen {
+            cause: FailOpenCause::SubBlockPrompt,
+            echo: tokens,
+        },
+    }
+}
+
+/// Fingerprints `tokens` (§17): the chain (only kept with chain matching on) and the exact key
+/// `(last block hash, n_blocks × block_size)`. `None` when there is no full block.
+fn derive(
+    tokens: &[u32],
+    keep_chain: bool,
+    block_size: i32,
+) -> Option<(ResolvedChain<'static>, ExactHash<'static>, i32)> {
+    let mut hashes = Vec::new();
+    let mut last = None;
+    let mut blocks: usize = 0;
+    if keep_chain && block_size > 0 {
+        hashes.reserve_exact(tokens.len() / block_size as usize);
+    }
+    fingerprint::for_each_prefix_hash(tokens, block_size, None, |h| {
+        let be = h.to_be_bytes();
+        if keep_chain {
+            hashes.push(be);
+        }
+        last = Some(be);
+        blocks += 1;
+    });
+    let last = last?;
+    // blocks × block_size <= tokens.len() <= MAX_LOOKUP_TOKENS, so it fits an i32.
+    let exact_tokens = (blocks * block_size as usize) as i32;
+    let chain = if keep_chain {
+        ResolvedChain::Derived { hashes, block_size }
+    } else {
+        ResolvedChain::None
+    };
+    Some((chain, ExactHash::Derived(last), exact_tokens))
+}
+
+/// §10.2 step 3: whether `prompt_text` is the effective input, i.e. whether the default 5 s
+/// tokenize deadline applies when nothing else bounds the call.
+pub fn will_tokenize(req: &LookupRouteRequest, enable_chain_matching: bool) -> bool {
+    !req.prompt_text.is_empty()
+        && (!enable_chain_matching
+            || (req.block_hashes.is_empty() && req.block_token_counts.is_empty()))
+        && req.prefix_hash.is_empty()
+        && req.token_ids.is_empty()
+}
+
+/// §10.2 step 5: the only thing that satisfies `requireChain` — a non-empty, balanced wire
+/// chain. `token_ids` / `prompt_text` never do.
+pub fn has_valid_wire_chain(req: &LookupRouteRequest) -> bool {
+    !req.block_hashes.is_empty() && req.block_hashes.len() == req.block_token_counts.len()
+}
+
+/// §10.2 step 9 on plain values: the chain's token sum if it has blocks, else the exact count
+/// (so a legacy `prefix_token_count` of 0 gives 0, §19.10).
+pub fn effective_prefix_tokens(chain_counts: &[i32], exact_tokens: i32) -> i64 {
+    if chain_counts.is_empty() {
+        i64::from(exact_tokens)
+    } else {
+        chain_counts.iter().map(|&c| i64::from(c)).sum()
+    }
+}
+
+/// §10.7 eligibility on the **raw** request: tenant, model and scheme set, and the chain arrays
+/// both empty or of equal length (a malformed chain never gets an affinity pick, even when chain
+/// matching off ignored it).
+pub fn affinity_eligible(req: &LookupRouteRequest) -> bool {
+    !req.tenant_id.is_empty()
+        && !req.model_id.is_empty()
+        && !req.hash_scheme.is_empty()
+        && req.block_hashes.len() == req.block_token_counts.len()
+}
