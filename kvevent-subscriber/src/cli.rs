@@ -1,0 +1,204 @@
+//! Command-line flags. Every knob of the subscriber is a flag (no config file) so that it can run
+//! as a sidecar next to an engine with its whole configuration visible in the pod spec.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use clap::Parser;
+
+/// Flags of the `kvevent-subscriber` binary (see README.md for a vLLM / SGLang walk-through).
+#[derive(Debug, Clone, Parser)]
+#[command(name = "kvevent-subscriber", version, about)]
+pub struct Args {
+    /// Engine ZMQ PUB endpoint. An endpoint containing `*` is bound (the engine connects to us),
+    /// anything else is connected to (the engine binds, vLLM's default `tcp://*:5557`).
+    #[arg(long, default_value = "tcp://127.0.0.1:5557")]
+    pub endpoint: String,
+
+    /// SUB topic prefix filter; empty subscribes to everything.
+    #[arg(long, default_value = "")]
+    pub topic: String,
+
+    /// Engine replay (ROUTER) endpoint; when set, a seq gap triggers a replay request.
+    #[arg(long)]
+    pub replay_endpoint: Option<String>,
+
+    /// How long one replay may take before the gap is counted as unrecovered.
+    #[arg(long, default_value = "5s", value_parser = parse_duration)]
+    pub replay_timeout: Duration,
+
+    /// InferenceCache gRPC server URL.
+    #[arg(long, default_value = "http://127.0.0.1:9090")]
+    pub server: String,
+
+    /// Replica id reported to the server (the routing target, e.g. the pod's address).
+    #[arg(long)]
+    pub replica_id: String,
+
+    /// When set, a batch carrying a `dp_rank` is reported as replica `<replica-id>-dp<rank>`:
+    /// each data-parallel rank has its own KV cache, so it is its own routing target.
+    #[arg(long)]
+    pub replica_per_dp_rank: bool,
+
+    /// Model id the entries are indexed under.
+    #[arg(long)]
+    pub model_id: String,
+
+    /// Tenant id the entries are indexed under (empty = untenanted).
+    #[arg(long, default_value = "")]
+    pub tenant_id: String,
+
+    /// Hash scheme name reported with every update.
+    #[arg(long, default_value = "vllm")]
+    pub hash_scheme: String,
+
+    /// Engine LoRA number → adapter name, e.g. `1=sql-lora,2=chat-lora`. Engine numbers are
+    /// replica-local, so an unmapped number is dropped (fail-closed).
+    #[arg(long, default_value = "", value_parser = parse_adapter_map)]
+    pub lora_adapter_names: AdapterMap,
+
+    /// Use the event's `lora_name` (vLLM) as the adapter id when `lora_id` is not mapped by
+    /// `--lora-adapter-names`. Names are what operators load adapters as, so they agree across
+    /// replicas, unlike the numbers.
+    #[arg(long)]
+    pub use_lora_name: bool,
+
+    /// Tokens per block; overrides the event's `block_size` (used when an engine omits it).
+    #[arg(long)]
+    pub block_size: Option<i32>,
+
+    /// The engine has an offload tier that keeps a block evicted from GPU: a GPU
+    /// `BlockRemoved` re-reports the block as tier T2 instead of evicting it.
+    #[arg(long)]
+    pub offload_keeps_blocks: bool,
+
+    /// Only events of this KV-cache group (hybrid models) are indexed; events with no group are
+    /// always indexed.
+    #[arg(long, default_value_t = 0)]
+    pub kv_cache_group: i64,
+
+    /// Engine Prometheus endpoint scraped for stats, e.g. `http://127.0.0.1:8000/metrics`.
+    #[arg(long)]
+    pub metrics_url: Option<String>,
+
+    /// Stats scrape / report period.
+    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    pub stats_interval: Duration,
+
+    /// KV-cache size of the engine in bytes; `cache_memory_bytes = usage × this`.
+    #[arg(long, default_value_t = 0)]
+    pub cache_size_bytes: i64,
+
+    /// Running + waiting requests at which pressure reaches 1.0.
+    #[arg(long, default_value_t = 256.0)]
+    pub pressure_ceiling: f64,
+
+    /// Flush pending entries once this many are buffered.
+    #[arg(long, default_value_t = 512)]
+    pub max_batch: usize,
+
+    /// Flush pending entries at least this often.
+    #[arg(long, default_value = "50ms", value_parser = parse_duration)]
+    pub flush_interval: Duration,
+
+    /// Capacity of the engine-hash reverse map (per publisher); least recently used entries
+    /// are forgotten beyond it.
+    #[arg(long, default_value_t = 1_000_000)]
+    pub reverse_map_capacity: usize,
+
+    /// Capacity of the in-process queues (batches from ZMQ, operations to the sender). When
+    /// they are full the ZMQ reader stops reading (back-pressure to the engine's PUB socket).
+    #[arg(long, default_value_t = 1024)]
+    pub queue_capacity: usize,
+
+    /// Messages sent on one `ReportCacheState` stream before it is closed and acknowledged;
+    /// bounds what must be kept for re-sending after a failure.
+    #[arg(long, default_value_t = 256)]
+    pub max_unacked: usize,
+
+    /// Address of this process's own Prometheus `/metrics` endpoint; empty disables it.
+    #[arg(long, default_value = "0.0.0.0:9102")]
+    pub metrics_bind: String,
+}
+
+/// Engine LoRA number → adapter name.
+pub type AdapterMap = HashMap<i64, String>;
+
+/// Parses `1=sql-lora,2=chat-lora` (empty string = no mapping).
+pub fn parse_adapter_map(s: &str) -> Result<AdapterMap, String> {
+    let mut out = HashMap::new();
+    for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        let (id, name) = part
+            .split_once('=')
+            .ok_or_else(|| format!("expected ID=NAME, got {part:?}"))?;
+        let id: i64 = id
+            .trim()
+            .parse()
+            .map_err(|e| format!("bad adapter number {id:?}: {e}"))?;
+        let name = name.trim();
+        if name.is_empty() {
+            return Err(format!("empty adapter name for {id}"));
+        }
+        if out.insert(id, name.to_string()).is_some() {
+            return Err(format!("adapter number {id} given twice"));
+        }
+    }
+    Ok(out)
+}
+
+/// Parses `250ms`, `10s`, `2m` or a bare number of seconds.
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    let s = s.trim();
+    let (num, unit) = match s.find(|c: char| !(c.is_ascii_digit() || c == '.')) {
+        Some(i) => (&s[..i], &s[i..]),
+        None => (s, "s"),
+    };
+    let v: f64 = num
+        .parse()
+        .map_err(|e| format!("bad duration {s:?}: {e}"))?;
+    let secs = match unit {
+        "ms" => v / 1000.0,
+        "s" => v,
+        "m" => v * 60.0,
+        _ => return Err(format!("bad duration unit in {s:?} (use ms, s or m)")),
+    };
+    if !secs.is_finite() || secs <= 0.0 {
+        return Err(format!("duration must be positive: {s:?}"));
+    }
+    Ok(Duration::from_secs_f64(secs))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn adapter_map_parses() {
+        let m = parse_adapter_map("1=sql-lora, 2=chat-lora").unwrap();
+        assert_eq!(m[&1], "sql-lora");
+        assert_eq!(m[&2], "chat-lora");
+        assert!(parse_adapter_map("").unwrap().is_empty());
+        assert!(parse_adapter_map("x=y").is_err());
+        assert!(parse_adapter_map("1=").is_err());
+        assert!(parse_adapter_map("1=a,1=b").is_err());
+    }
+
+    #[test]
+    fn durations_parse() {
+        assert_eq!(parse_duration("10s").unwrap(), Duration::from_secs(10));
+        assert_eq!(parse_duration("50ms").unwrap(), Duration::from_millis(50));
+        assert_eq!(parse_duration("2m").unwrap(), Duration::from_secs(120));
+        assert_eq!(parse_duration("3").unwrap(), Duration::from_secs(3));
+        assert!(parse_duration("0s").is_err());
+        assert!(parse_duration("5h").is_err());
+    }
+
+    #[test]
+    fn defaults_match_the_contract() {
+        let a = Args::parse_from(["x", "--replica-id", "r", "--model-id", "m"]);
+        assert_eq!(a.server, "http://127.0.0.1:9090");
+        assert_eq!(a.hash_scheme, "vllm");
+        assert_eq!(a.stats_interval, Duration::from_secs(10));
+        assert_eq!(a.pressure_ceiling, 256.0);
+    }
+}

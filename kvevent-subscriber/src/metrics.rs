@@ -1,0 +1,218 @@
+//! The subscriber's own Prometheus metrics and the HTTP endpoint serving them. Operators need to
+//! see drops, gaps, restarts and lag to trust the index a subscriber feeds, so every lossy or
+//! recovering path increments a counter here.
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
+
+use bytes::Bytes;
+use http_body_util::Full;
+use hyper::service::service_fn;
+use hyper::{Request, Response, StatusCode};
+use hyper_util::rt::TokioIo;
+use prometheus_client::encoding::text::encode;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+use tokio::net::TcpListener;
+
+/// A single-label set; label values are static strings so cardinality stays bounded.
+pub type Label = [(&'static str, &'static str); 1];
+
+/// All metrics of one subscriber process.
+pub struct Metrics {
+    registry: Registry,
+    /// ZMQ batches decoded (live and replayed).
+    pub batches: Counter,
+    /// Engine events by `type` (BlockStored, BlockRemoved, AllBlocksCleared, unknown, invalid).
+    pub events: Family<Label, Counter>,
+    /// Prefix entries delivered in `ReportCacheState` messages.
+    pub entries_sent: Counter,
+    /// `ReportCacheState` messages delivered (entries and stats-only).
+    pub updates_sent: Counter,
+    /// `PublishEvent` calls delivered by `type`.
+    pub cache_events_sent: Family<Label, Counter>,
+    /// Data dropped by `reason`; each is an index entry or batch that will be missing.
+    pub drops: Family<Label, Counter>,
+    /// Seq gaps detected.
+    pub gaps: Counter,
+    /// Batches missing across all gaps and not recovered by a replay.
+    pub missing_batches: Counter,
+    /// Engine restarts detected (seq went back).
+    pub restarts: Counter,
+    /// Replay attempts by `result` (complete, partial, failed).
+    pub replays: Family<Label, Counter>,
+    /// Batches applied from replay replies.
+    pub replayed_batches: Counter,
+    /// Seconds between the engine's batch timestamp and its processing here.
+    pub lag_seconds: Gauge<f64, AtomicU64>,
+    /// gRPC stream / call failures followed by a reconnect.
+    pub reconnects: Counter,
+    /// Messages re-sent on a new stream after the previous stream failed unacknowledged.
+    pub resent: Counter,
+    /// Engine-hash reverse-map entries across publishers.
+    pub reverse_map_entries: Gauge,
+    /// Engine stats scrapes by `result`.
+    pub scrapes: Family<Label, Counter>,
+    /// Times the ZMQ reader had to wait for a full queue (back-pressure engaged).
+    pub backpressure_waits: Counter,
+}
+
+impl Metrics {
+    /// Creates and registers every metric under the `kvevent_` prefix.
+    pub fn new() -> Arc<Self> {
+        let mut registry = Registry::with_prefix("kvevent");
+        let m = Metrics {
+            batches: Counter::default(),
+            events: Family::default(),
+            entries_sent: Counter::default(),
+            updates_sent: Counter::default(),
+            cache_events_sent: Family::default(),
+            drops: Family::default(),
+            gaps: Counter::default(),
+            missing_batches: Counter::default(),
+            restarts: Counter::default(),
+            replays: Family::default(),
+            replayed_batches: Counter::default(),
+            lag_seconds: Gauge::default(),
+            reconnects: Counter::default(),
+            resent: Counter::default(),
+            reverse_map_entries: Gauge::default(),
+            scrapes: Family::default(),
+            backpressure_waits: Counter::default(),
+            registry: Registry::default(),
+        };
+        let r = &mut registry;
+        r.register("batches", "ZMQ event batches decoded", m.batches.clone());
+        r.register("events", "Engine events by type", m.events.clone());
+        r.register(
+            "entries_sent",
+            "Prefix entries sent via ReportCacheState",
+            m.entries_sent.clone(),
+        );
+        r.register(
+            "updates_sent",
+            "ReportCacheState messages sent",
+            m.updates_sent.clone(),
+        );
+        r.register(
+            "cache_events_sent",
+            "PublishEvent calls sent by type",
+            m.cache_events_sent.clone(),
+        );
+        r.register("dropped", "Data dropped by reason", m.drops.clone());
+        r.register("seq_gaps", "Sequence gaps detected", m.gaps.clone());
+        r.register(
+            "missing_batches",
+            "Batches lost in gaps and not replayed",
+            m.missing_batches.clone(),
+        );
+        r.register(
+            "engine_restarts",
+            "Engine restarts detected (seq went back)",
+            m.restarts.clone(),
+        );
+        r.register("replays", "Replay attempts by result", m.replays.clone());
+        r.register(
+            "replayed_batches",
+            "Batches applied from replay",
+            m.replayed_batches.clone(),
+        );
+        r.register(
+            "lag_seconds",
+            "Engine batch timestamp to processing delay",
+            m.lag_seconds.clone(),
+        );
+        r.register(
+            "reconnects",
+            "gRPC failures followed by reconnect",
+            m.reconnects.clone(),
+        );
+        r.register(
+            "resent_messages",
+            "Unacknowledged messages re-sent after a stream failure",
+            m.resent.clone(),
+        );
+        r.register(
+            "reverse_map_entries",
+            "Engine-hash reverse map size",
+            m.reverse_map_entries.clone(),
+        );
+        r.register(
+            "scrapes",
+            "Engine stats scrapes by result",
+            m.scrapes.clone(),
+        );
+        r.register(
+            "backpressure_waits",
+            "Times the ZMQ reader waited on a full queue",
+            m.backpressure_waits.clone(),
+        );
+        Arc::new(Metrics { registry, ..m })
+    }
+
+    /// Counts one dropped item under `reason`.
+    pub fn drop_n(&self, reason: &'static str, n: u64) {
+        self.drops.get_or_create(&[("reason", reason)]).inc_by(n);
+    }
+
+    /// Current value of a drop counter (tests and logs).
+    pub fn dropped(&self, reason: &'static str) -> u64 {
+        self.drops.get_or_create(&[("reason", reason)]).get()
+    }
+
+    /// Counts one engine event of `kind`.
+    pub fn event(&self, kind: &'static str) {
+        self.events.get_or_create(&[("type", kind)]).inc();
+    }
+
+    /// Renders the registry in the Prometheus text exposition format.
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        // Writing into a String cannot fail.
+        let _ = encode(&mut out, &self.registry);
+        out
+    }
+}
+
+/// Serves `GET /metrics` (anything else is 404) until the process exits.
+pub async fn serve(addr: SocketAddr, metrics: Arc<Metrics>) -> std::io::Result<()> {
+    let listener = TcpListener::bind(addr).await?;
+    tracing::info!(%addr, "metrics endpoint listening");
+    loop {
+        let (stream, _) = match listener.accept().await {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::warn!(error = %e, "metrics accept failed");
+                continue;
+            }
+        };
+        let metrics = metrics.clone();
+        tokio::spawn(async move {
+            let svc = service_fn(move |req: Request<hyper::body::Incoming>| {
+                let metrics = metrics.clone();
+                async move {
+                    let resp = if req.uri().path() == "/metrics" {
+                        Response::builder()
+                            .header(
+                                "content-type",
+                                "application/openmetrics-text; version=1.0.0; charset=utf-8",
+                            )
+                            .body(Full::new(Bytes::from(metrics.render())))
+                    } else {
+                        Response::builder()
+                            .status(StatusCode::NOT_FOUND)
+                            .body(Full::new(Bytes::from_static(b"not found\n")))
+                    };
+                    Ok::<_, Infallible>(resp.expect("static response parts are valid"))
+                }
+            });
+            let _ = hyper::server::conn::http1::Builder::new()
+                .serve_connection(TokioIo::new(stream), svc)
+                .await;
+        });
+    }
+}

@@ -1,0 +1,411 @@
+//! Delivery of index operations to the server.
+//!
+//! Unlike the reference subscriber (one stream per flush), additions go over ONE long-lived
+//! `ReportCacheState` client stream, batched by size (`--max-batch` entries) or time
+//! (`--flush-interval`). The server applies each stream message on receipt but acknowledges
+//! only at end of stream, so:
+//!
+//! * every message sent on the open stream is kept (`unacked`, at most `--max-unacked`) until
+//!   the stream is closed and acknowledged; when a stream fails, a new one is opened (with
+//!   exponential backoff) and the unacknowledged messages are re-sent — upserts are idempotent,
+//!   so a duplicate is harmless while a loss would not be;
+//! * an event (`PREFIX_EVICTED`, `ALL_CLEARED`) must not overtake the additions before it, so it
+//!   is preceded by a *barrier*: pending adds are flushed, the stream is half-closed and its Ack
+//!   awaited; then the unary `PublishEvent` is sent (retried until it succeeds) and the next add
+//!   opens a fresh stream on the same HTTP/2 connection.
+//!
+//! Nothing here drops data: a slow or absent server blocks this task, which fills the bounded
+//! operation queue and so slows the ZMQ reader (back-pressure).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use inferencecache_proto::v1alpha1::cache_event::Type;
+use inferencecache_proto::v1alpha1::inference_cache_client::InferenceCacheClient;
+use inferencecache_proto::v1alpha1::{Ack, CacheEvent, CacheStateUpdate};
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+use tokio::time::{Instant, sleep, timeout};
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::transport::Channel;
+
+use crate::mapping::Op;
+use crate::metrics::Metrics;
+
+/// Delivery knobs, from the flags.
+#[derive(Debug, Clone)]
+pub struct SenderConfig {
+    /// Model id of every message.
+    pub model_id: String,
+    /// Tenant id of every message.
+    pub tenant_id: String,
+    /// Hash scheme of every update.
+    pub hash_scheme: String,
+    /// Flush pending entries at this many.
+    pub max_batch: usize,
+    /// Flush pending entries at least this often.
+    pub flush_interval: Duration,
+    /// Messages per stream before it is closed and acknowledged.
+    pub max_unacked: usize,
+    /// Timeout of one unary call / one stream acknowledgement.
+    pub call_timeout: Duration,
+}
+
+/// Exponential backoff with a little time-derived jitter (100 ms → 10 s).
+#[derive(Debug)]
+pub struct Backoff {
+    next: Duration,
+}
+
+impl Backoff {
+    const MIN: Duration = Duration::from_millis(100);
+    const MAX: Duration = Duration::from_secs(10);
+
+    /// Starts at the minimum delay.
+    pub fn new() -> Self {
+        Self { next: Self::MIN }
+    }
+
+    /// The delay to wait now; doubles the next one up to the cap.
+    pub fn step(&mut self) -> Duration {
+        let d = self.next;
+        self.next = (self.next * 2).min(Self::MAX);
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |t| t.subsec_nanos());
+        d + d.mul_f64(f64::from(nanos % 1000) / 10_000.0)
+    }
+
+    /// Back to the minimum after a success.
+    pub fn reset(&mut self) {
+        self.next = Self::MIN;
+    }
+}
+
+impl Default for Backoff {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+struct OpenStream {
+    tx: mpsc::Sender<CacheStateUpdate>,
+    call: JoinHandle<Result<Ack, tonic::Status>>,
+}
+
+/// The delivery task's state.
+pub struct Sender {
+    cfg: SenderConfig,
+    client: InferenceCacheClient<Channel>,
+    metrics: Arc<Metrics>,
+    stream: Option<OpenStream>,
+    unacked: Vec<CacheStateUpdate>,
+    pending: Vec<CacheStateUpdate>,
+    pending_entries: usize,
+    pending_since: Option<Instant>,
+    backoff: Backoff,
+}
+
+impl Sender {
+    /// A sender over `channel` (lazily connected; reconnects are handled by tonic + backoff).
+    pub fn new(cfg: SenderConfig, channel: Channel, metrics: Arc<Metrics>) -> Self {
+        Self {
+            cfg,
+            client: InferenceCacheClient::new(channel),
+            metrics,
+            stream: None,
+            unacked: Vec::new(),
+            pending: Vec::new(),
+            pending_entries: 0,
+            pending_since: None,
+            backoff: Backoff::new(),
+        }
+    }
+
+    /// Consumes operations until the queue closes, then flushes and acknowledges everything.
+    pub async fn run(mut self, mut rx: mpsc::Receiver<Op>) {
+        // Notices a stream that failed while idle, so what it carried is re-sent promptly
+        // instead of waiting for the next operation.
+        let mut health =
+            tokio::time::interval(self.cfg.flush_interval.max(Duration::from_millis(100)));
+        health.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            let deadline = self.pending_since.map(|t| t + self.cfg.flush_interval);
+            tokio::select! {
+                op = rx.recv() => match op {
+                    Some(op) => self.handle(op).await,
+                    None => break,
+                },
+                _ = sleep_until_opt(deadline), if deadline.is_some() => self.flush_pending().await,
+                _ = health.tick() => {
+                    if self.stream.as_ref().is_some_and(|s| s.call.is_finished()) {
+                        self.recover().await;
+                    }
+                }
+            }
+        }
+        self.flush_pending().await;
+        self.barrier().await;
+        tracing::info!("sender drained");
+    }
+
+    /// Applies one operation (see module docs for the ordering rules).
+    pub async fn handle(&mut self, op: Op) {
+        match op {
+            Op::Add {
+                replica,
+                ts_us,
+                entries,
+            } => {
+                self.pending_entries += entries.len();
+                match self.pending.last_mut() {
+                    Some(last) if last.replica_id == replica && last.timestamp_us == ts_us => {
+                        last.prefixes.extend(entries)
+                    }
+                    _ => {
+                        let u = self.update(replica, ts_us);
+                        self.pending.push(CacheStateUpdate {
+                            prefixes: entries,
+                            ..u
+                        });
+                    }
+                }
+                self.pending_since.get_or_insert_with(Instant::now);
+                if self.pending_entries >= self.cfg.max_batch {
+                    self.flush_pending().await;
+                }
+            }
+            Op::Evict {
+                replica,
+                ts_us,
+                keys,
+            } => {
+                self.flush_pending().await;
+                self.barrier().await;
+                let events = keys
+                    .into_iter()
+                    .map(|(prefix_hash, adapter_id)| CacheEvent {
+                        r#type: Type::PrefixEvicted as i32,
+                        replica_id: replica.clone(),
+                        model_id: self.cfg.model_id.clone(),
+                        tenant_id: self.cfg.tenant_id.clone(),
+                        prefix_hash,
+                        timestamp_us: ts_us,
+                        adapter_id,
+                    })
+                    .collect();
+                self.publish_all(events, "PREFIX_EVICTED").await;
+            }
+            Op::Clear { replica, ts_us } => {
+                let before = self.pending_entries;
+                self.pending.retain(|u| u.replica_id != replica);
+                self.pending_entries = self.pending.iter().map(|u| u.prefixes.len()).sum();
+                if before > self.pending_entries {
+                    let dropped = (before - self.pending_entries) as u64;
+                    self.metrics.drop_n("cleared_before_send", dropped);
+                }
+                self.flush_pending().await;
+                self.barrier().await;
+                let ev = CacheEvent {
+                    r#type: Type::AllCleared as i32,
+                    replica_id: replica,
+                    model_id: self.cfg.model_id.clone(),
+                    tenant_id: self.cfg.tenant_id.clone(),
+                    prefix_hash: Vec::new(),
+                    timestamp_us: ts_us,
+                    adapter_id: String::new(),
+                };
+                self.publish_all(vec![ev], "ALL_CLEARED").await;
+            }
+            Op::Stats { replica, stats } => {
+                self.flush_pending().await;
+                let u = CacheStateUpdate {
+                    stats: Some(stats),
+                    ..self.update(replica, 0)
+                };
+                self.send(u).await;
+            }
+        }
+    }
+
+    fn update(&self, replica: String, ts_us: i64) -> CacheStateUpdate {
+        CacheStateUpdate {
+            replica_id: replica,
+            model_id: self.cfg.model_id.clone(),
+            tenant_id: self.cfg.tenant_id.clone(),
+            hash_scheme: self.cfg.hash_scheme.clone(),
+            timestamp_us: ts_us,
+            prefixes: Vec::new(),
+            stats: None,
+            adapter_id: String::new(),
+        }
+    }
+
+    /// Moves every pending update onto the stream.
+    pub async fn flush_pending(&mut self) {
+        self.pending_since = None;
+        self.pending_entries = 0;
+        for u in std::mem::take(&mut self.pending) {
+            self.send(u).await;
+        }
+    }
+
+    fn open_stream(&mut self) -> &mut OpenStream {
+        self.stream.get_or_insert_with(|| {
+            let (tx, rx) = mpsc::channel(64);
+            let mut client = self.client.clone();
+            let call = tokio::spawn(async move {
+                client
+                    .report_cache_state(ReceiverStream::new(rx))
+                    .await
+                    .map(tonic::Response::into_inner)
+            });
+            OpenStream { tx, call }
+        })
+    }
+
+    /// Sends one message on the stream, recovering from stream failures; keeps it until acked.
+    async fn send(&mut self, u: CacheStateUpdate) {
+        loop {
+            let s = self.open_stream();
+            if !s.call.is_finished() && s.tx.send(u.clone()).await.is_ok() {
+                break;
+            }
+            self.recover().await;
+        }
+        self.unacked.push(u);
+        if self.unacked.len() >= self.cfg.max_unacked {
+            self.barrier().await;
+        }
+    }
+
+    /// Replaces a failed stream: waits out the backoff, opens a new stream and re-sends every
+    /// unacknowledged message on it.
+    async fn recover(&mut self) {
+        'retry: loop {
+            if let Some(s) = self.stream.take() {
+                drop(s.tx);
+                let err = match s.call.await {
+                    Ok(Ok(_)) => "stream ended early".to_string(),
+                    Ok(Err(status)) => status.to_string(),
+                    Err(join) => join.to_string(),
+                };
+                tracing::warn!(error = %err, unacked = self.unacked.len(), "ReportCacheState stream failed; reconnecting");
+            }
+            self.metrics.reconnects.inc();
+            sleep(self.backoff.step()).await;
+            let unacked = std::mem::take(&mut self.unacked);
+            for u in &unacked {
+                let s = self.open_stream();
+                if s.call.is_finished() || s.tx.send(u.clone()).await.is_err() {
+                    self.unacked = unacked;
+                    continue 'retry;
+                }
+                self.metrics.resent.inc();
+            }
+            self.unacked = unacked;
+            return;
+        }
+    }
+
+    /// Closes the stream and waits for its Ack, so that everything sent so far is applied on
+    /// the server before anything that follows; re-sends on failure.
+    pub async fn barrier(&mut self) {
+        loop {
+            let Some(s) = self.stream.take() else {
+                if self.unacked.is_empty() {
+                    return;
+                }
+                // Defensive: unacknowledged messages without a stream are re-sent first.
+                self.recover().await;
+                continue;
+            };
+            drop(s.tx);
+            match timeout(self.cfg.call_timeout, s.call).await {
+                Ok(Ok(Ok(_ack))) => {
+                    let entries: usize = self.unacked.iter().map(|u| u.prefixes.len()).sum();
+                    self.metrics.entries_sent.inc_by(entries as u64);
+                    self.metrics.updates_sent.inc_by(self.unacked.len() as u64);
+                    self.unacked.clear();
+                    self.backoff.reset();
+                    return;
+                }
+                res => {
+                    let err = match res {
+                        Ok(Ok(Err(status))) => status.to_string(),
+                        Ok(Err(join)) => join.to_string(),
+                        Err(_) => "ack timeout".to_string(),
+                        Ok(Ok(Ok(_))) => unreachable!(),
+                    };
+                    tracing::warn!(error = %err, unacked = self.unacked.len(), "ReportCacheState not acknowledged; re-sending");
+                    self.recover().await;
+                }
+            }
+        }
+    }
+
+    /// Sends events concurrently (at most [`MAX_IN_FLIGHT_EVENTS`] at once; their mutual order
+    /// does not matter — they are evictions of distinct keys), each retried with backoff until
+    /// the server accepts it. Returns when all are accepted.
+    async fn publish_all(&mut self, events: Vec<CacheEvent>, kind: &'static str) {
+        let mut queue = events.into_iter();
+        let mut running = tokio::task::JoinSet::new();
+        loop {
+            while running.len() < MAX_IN_FLIGHT_EVENTS {
+                let Some(ev) = queue.next() else { break };
+                running.spawn(publish_one(
+                    self.client.clone(),
+                    ev,
+                    kind,
+                    self.cfg.call_timeout,
+                    self.metrics.clone(),
+                ));
+            }
+            if running.join_next().await.is_none() {
+                break;
+            }
+        }
+        self.backoff.reset();
+    }
+}
+
+/// Unary `PublishEvent` calls in flight at once during an eviction burst.
+pub const MAX_IN_FLIGHT_EVENTS: usize = 32;
+
+/// One `PublishEvent`, retried with its own backoff until accepted.
+async fn publish_one(
+    mut client: InferenceCacheClient<Channel>,
+    ev: CacheEvent,
+    kind: &'static str,
+    call_timeout: Duration,
+    metrics: Arc<Metrics>,
+) {
+    let mut backoff = Backoff::new();
+    loop {
+        match timeout(call_timeout, client.publish_event(ev.clone())).await {
+            Ok(Ok(_)) => {
+                metrics
+                    .cache_events_sent
+                    .get_or_create(&[("type", kind)])
+                    .inc();
+                return;
+            }
+            res => {
+                let err = match res {
+                    Ok(Err(status)) => status.to_string(),
+                    _ => "timeout".to_string(),
+                };
+                tracing::warn!(error = %err, event = kind, "PublishEvent failed; retrying");
+                metrics.reconnects.inc();
+                sleep(backoff.step()).await;
+            }
+        }
+    }
+}
+
+async fn sleep_until_opt(deadline: Option<Instant>) {
+    match deadline {
+        Some(d) => tokio::time::sleep_until(d).await,
+        None => std::future::pending().await,
+    }
+}

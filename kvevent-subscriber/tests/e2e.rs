@@ -1,0 +1,824 @@
+//! End to end over real sockets: a ZMQ publisher in the test (same `zeromq` crate) → the
+//! `kvevent-subscriber` binary → a gRPC test double of the InferenceCache server that records
+//! every `ReportCacheState` message and `PublishEvent` call in arrival order, and keeps an
+//! in-memory index built from them.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use inferencecache_proto::v1alpha1::cache_event::Type;
+use inferencecache_proto::v1alpha1::inference_cache_server::{
+    InferenceCache, InferenceCacheServer,
+};
+use inferencecache_proto::v1alpha1::*;
+use inferencecache_shards::fingerprint::prefix_hashes;
+use rmpv::Value;
+use tokio::net::TcpListener;
+use tonic::transport::Server;
+use tonic::transport::server::TcpIncoming;
+use tonic::{Request, Response, Status, Streaming};
+use zeromq::{PubSocket, RouterSocket, Socket, SocketRecv, SocketSend, ZmqMessage};
+
+const BIG: u64 = 15_760_518_052_499_183_552;
+const BIG_AS_I64: i64 = -2_686_226_021_210_368_064;
+
+// ---------------------------------------------------------------- test double server
+
+/// One piece of traffic the double received.
+#[derive(Debug, Clone, PartialEq)]
+enum Rec {
+    Update(CacheStateUpdate),
+    Event(CacheEvent),
+}
+
+#[derive(Clone, Default)]
+struct Double {
+    log: Arc<Mutex<Vec<Rec>>>,
+    /// When non-zero, the next stream fails (UNAVAILABLE) after applying this many messages,
+    /// like a server crashing mid-stream before its Ack.
+    fail_stream_after: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+#[tonic::async_trait]
+impl InferenceCache for Double {
+    async fn render_template(
+        &self,
+        _: Request<RenderTemplateRequest>,
+    ) -> Result<Response<RenderTemplateResponse>, Status> {
+        Err(Status::unimplemented("double"))
+    }
+    async fn lookup_route(
+        &self,
+        _: Request<LookupRouteRequest>,
+    ) -> Result<Response<LookupRouteResponse>, Status> {
+        Err(Status::unimplemented("double"))
+    }
+    async fn lookup_pd_route(
+        &self,
+        _: Request<LookupPdRouteRequest>,
+    ) -> Result<Response<LookupPdRouteResponse>, Status> {
+        Err(Status::unimplemented("double"))
+    }
+    async fn get_cache_state(
+        &self,
+        _: Request<GetCacheStateRequest>,
+    ) -> Result<Response<GetCacheStateResponse>, Status> {
+        Err(Status::unimplemented("double"))
+    }
+    async fn report_cache_state(
+        &self,
+        req: Request<Streaming<CacheStateUpdate>>,
+    ) -> Result<Response<Ack>, Status> {
+        let mut stream = req.into_inner();
+        // Applied on receipt, acknowledged at end of stream (BEHAVIOUR.md §4.1).
+        let mut n = 0;
+        while let Some(u) = stream.message().await? {
+            self.log.lock().unwrap().push(Rec::Update(u));
+            n += 1;
+            let fail = &self.fail_stream_after;
+            if fail.load(std::sync::atomic::Ordering::SeqCst) == n {
+                fail.store(0, std::sync::atomic::Ordering::SeqCst);
+                return Err(Status::unavailable("simulated crash before Ack"));
+            }
+        }
+        Ok(Response::new(Ack {
+            accepted: true,
+            reason_code: String::new(),
+        }))
+    }
+    async fn publish_event(&self, req: Request<CacheEvent>) -> Result<Response<Ack>, Status> {
+        self.log.lock().unwrap().push(Rec::Event(req.into_inner()));
+        Ok(Response::new(Ack {
+            accepted: true,
+            reason_code: String::new(),
+        }))
+    }
+    type StreamCacheEventsStream = tokio_stream::Empty<Result<CacheEvent, Status>>;
+    async fn stream_cache_events(
+        &self,
+        _: Request<StreamEventsRequest>,
+    ) -> Result<Response<Self::StreamCacheEventsStream>, Status> {
+        Err(Status::unimplemented("double"))
+    }
+    type StreamMetricsStream = tokio_stream::Empty<Result<Metric, Status>>;
+    async fn stream_metrics(
+        &self,
+        _: Request<StreamMetricsRequest>,
+    ) -> Result<Response<Self::StreamMetricsStream>, Status> {
+        Err(Status::unimplemented("double"))
+    }
+}
+
+impl Double {
+    fn records(&self) -> Vec<Rec> {
+        self.log.lock().unwrap().clone()
+    }
+
+    /// Records without stats-only updates.
+    fn traffic(&self) -> Vec<Rec> {
+        self.records()
+            .into_iter()
+            .filter(|r| !matches!(r, Rec::Update(u) if u.stats.is_some()))
+            .collect()
+    }
+
+    /// The index the traffic builds: (replica, adapter, prefix) → (token_count, tier).
+    fn index(&self) -> BTreeMap<(String, String, Vec<u8>), (i32, i32)> {
+        let mut idx = BTreeMap::new();
+        for r in self.records() {
+            match r {
+                Rec::Update(u) => {
+                    for p in u.prefixes {
+                        idx.insert(
+                            (u.replica_id.clone(), p.adapter_id, p.prefix_hash),
+                            (p.token_count, p.tier),
+                        );
+                    }
+                }
+                Rec::Event(e) if e.r#type == Type::PrefixEvicted as i32 => {
+                    idx.retain(|(rep, ad, h), _| {
+                        !(rep == &e.replica_id
+                            && h == &e.prefix_hash
+                            && (e.adapter_id.is_empty() || ad == &e.adapter_id))
+                    });
+                }
+                Rec::Event(e) if e.r#type == Type::AllCleared as i32 => {
+                    idx.retain(|(rep, _, _), _| rep != &e.replica_id);
+                }
+                Rec::Event(_) => {}
+            }
+        }
+        idx
+    }
+}
+
+async fn start_double_on(listener: TcpListener) -> Double {
+    let d = Double::default();
+    let svc = InferenceCacheServer::new(d.clone());
+    tokio::spawn(async move {
+        Server::builder()
+            .serve_with_incoming(svc, TcpIncoming::from(listener))
+            .await
+            .unwrap();
+    });
+    d
+}
+
+async fn start_double() -> (SocketAddr, Double) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    (addr, start_double_on(listener).await)
+}
+
+// ---------------------------------------------------------------- subscriber process
+
+struct Subscriber {
+    child: Child,
+    metrics_url: String,
+}
+
+impl Drop for Subscriber {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn spawn_subscriber(endpoint: &str, server: SocketAddr, extra: &[&str]) -> Subscriber {
+    let mport = free_port();
+    let logs = std::env::var_os("KVEVENT_TEST_LOGS").is_some();
+    let out = || {
+        if logs {
+            Stdio::inherit()
+        } else {
+            Stdio::null()
+        }
+    };
+    let child = Command::new(env!("CARGO_BIN_EXE_kvevent-subscriber"))
+        .args([
+            "--endpoint",
+            endpoint,
+            "--topic",
+            "kv",
+            "--server",
+            &format!("http://{server}"),
+            "--replica-id",
+            "r1",
+            "--model-id",
+            "m",
+            "--tenant-id",
+            "t",
+            "--lora-adapter-names",
+            "1=sql-lora,2=chat-lora",
+            "--flush-interval",
+            "20ms",
+            "--metrics-bind",
+            &format!("127.0.0.1:{mport}"),
+        ])
+        .args(extra)
+        .stdout(out())
+        .stderr(out())
+        .spawn()
+        .expect("spawning kvevent-subscriber");
+    Subscriber {
+        child,
+        metrics_url: format!("http://127.0.0.1:{mport}/metrics"),
+    }
+}
+
+/// Value of one sample line of the subscriber's own metrics (0 when absent).
+async fn sub_metric(s: &Subscriber, series: &str) -> f64 {
+    let Ok(text) = kvevent_subscriber::stats::fetch(&s.metrics_url, Duration::from_secs(2)).await
+    else {
+        return 0.0;
+    };
+    text.lines()
+        .find_map(|l| l.strip_prefix(series)?.trim().parse().ok())
+        .unwrap_or(0.0)
+}
+
+// ---------------------------------------------------------------- publisher helpers
+
+fn payload(ts: f64, events: Vec<Value>) -> Bytes {
+    let mut out = Vec::new();
+    rmpv::encode::write_value(
+        &mut out,
+        &Value::Array(vec![Value::F64(ts), Value::Array(events), Value::from(0)]),
+    )
+    .unwrap();
+    Bytes::from(out)
+}
+
+async fn publish(p: &mut PubSocket, seq: u64, body: Bytes) {
+    let msg = ZmqMessage::try_from(vec![
+        Bytes::from_static(b"kv"),
+        Bytes::copy_from_slice(&seq.to_be_bytes()),
+        body,
+    ])
+    .unwrap();
+    p.send(msg).await.unwrap();
+}
+
+/// Publishes empty batches until the subscriber has seen one (ZMQ "slow joiner"); returns
+/// the next seq to use.
+async fn warm_up(p: &mut PubSocket, s: &Subscriber) -> u64 {
+    for seq in 0..300 {
+        publish(p, seq, payload(1.0, vec![])).await;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        if sub_metric(s, "kvevent_batches_total").await >= 1.0 {
+            return seq + 1;
+        }
+    }
+    panic!("subscriber never received a batch");
+}
+
+async fn wait_for(d: &Double, n: usize) -> Vec<Rec> {
+    for _ in 0..200 {
+        let t = d.traffic();
+        if t.len() >= n {
+            return t;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("expected {n} records, got {:#?}", d.traffic());
+}
+
+fn map_stored(hashes: Vec<Value>, parent: Value, toks: std::ops::RangeInclusive<u32>) -> Value {
+    Value::Map(vec![
+        ("type".into(), "BlockStored".into()),
+        ("block_hashes".into(), Value::Array(hashes)),
+        ("parent_block_hash".into(), parent),
+        (
+            "token_ids".into(),
+            Value::Array(toks.map(Value::from).collect()),
+        ),
+        ("block_size".into(), Value::from(16)),
+        ("lora_id".into(), Value::Nil),
+        ("medium".into(), "GPU".into()),
+        ("lora_name".into(), Value::Nil),
+        ("extra_keys".into(), Value::Nil),
+        ("group_idx".into(), Value::from(0)),
+        ("kv_cache_spec_kind".into(), "full_attention".into()),
+    ])
+}
+
+fn array_stored(
+    hash: Value,
+    parent: Value,
+    toks: std::ops::RangeInclusive<u32>,
+    lora: Value,
+) -> Value {
+    Value::Array(vec![
+        "BlockStored".into(),
+        Value::Array(vec![hash]),
+        parent,
+        Value::Array(toks.map(Value::from).collect()),
+        Value::from(16),
+        lora,
+        "GPU".into(),
+    ])
+}
+
+fn update(ts_us: i64, prefixes: Vec<PrefixEntry>) -> Rec {
+    Rec::Update(CacheStateUpdate {
+        replica_id: "r1".into(),
+        model_id: "m".into(),
+        tenant_id: "t".into(),
+        hash_scheme: "vllm".into(),
+        timestamp_us: ts_us,
+        prefixes,
+        stats: None,
+        adapter_id: String::new(),
+    })
+}
+
+fn entry(prefix: u64, count: i32, adapter: &str) -> PrefixEntry {
+    PrefixEntry {
+        prefix_hash: prefix.to_be_bytes().to_vec(),
+        token_count: count,
+        block_hashes: vec![],
+        block_token_counts: vec![],
+        tier: CacheTier::T1 as i32,
+        adapter_id: adapter.into(),
+    }
+}
+
+fn event(t: Type, ts_us: i64, prefix: Option<u64>, adapter: &str) -> Rec {
+    Rec::Event(CacheEvent {
+        r#type: t as i32,
+        replica_id: "r1".into(),
+        model_id: "m".into(),
+        tenant_id: "t".into(),
+        prefix_hash: prefix.map(|p| p.to_be_bytes().to_vec()).unwrap_or_default(),
+        timestamp_us: ts_us,
+        adapter_id: adapter.into(),
+    })
+}
+
+fn u32s(r: std::ops::RangeInclusive<u32>) -> Vec<u32> {
+    r.collect()
+}
+
+// ---------------------------------------------------------------- scenarios
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stored_removed_cleared_and_restart_produce_exact_traffic() {
+    let (addr, double) = start_double().await;
+    let mut pub_sock = PubSocket::new();
+    let ep = pub_sock.bind("tcp://127.0.0.1:0").await.unwrap();
+    let sub = spawn_subscriber(&ep.to_string(), addr, &[]);
+    let mut seq = warm_up(&mut pub_sock, &sub).await;
+    let p = prefix_hashes(&u32s(1..=48), 16, None);
+
+    // 1. Two blocks stored (map form, one hash ≥ 2^63 as uint64) → one update, two entries.
+    publish(
+        &mut pub_sock,
+        seq,
+        payload(
+            1000.5,
+            vec![map_stored(
+                vec![Value::from(0x1111u64), Value::from(BIG)],
+                Value::Nil,
+                1..=32,
+            )],
+        ),
+    )
+    .await;
+    seq += 1;
+    let mut want = vec![update(
+        1_000_500_000,
+        vec![entry(p[0], 16, ""), entry(p[1], 32, "")],
+    )];
+    assert_eq!(wait_for(&double, want.len()).await, want);
+
+    // 2. A child (legacy array form, parent given as the negative int64 of BIG, LoRA 1).
+    publish(
+        &mut pub_sock,
+        seq,
+        payload(
+            1001.0,
+            vec![array_stored(
+                Value::from(0x2222u64),
+                Value::from(BIG_AS_I64),
+                33..=48,
+                Value::from(1),
+            )],
+        ),
+    )
+    .await;
+    seq += 1;
+    want.push(update(1_001_000_000, vec![entry(p[2], 48, "sql-lora")]));
+    assert_eq!(wait_for(&double, want.len()).await, want);
+
+    // 3. BlockRemoved → PREFIX_EVICTED with the content prefix hash and the adapter.
+    let removed = Value::Array(vec![
+        "BlockRemoved".into(),
+        Value::Array(vec![Value::from(0x2222u64)]),
+        "GPU".into(),
+    ]);
+    publish(&mut pub_sock, seq, payload(1002.0, vec![removed])).await;
+    seq += 1;
+    want.push(event(
+        Type::PrefixEvicted,
+        1_002_000_000,
+        Some(p[2]),
+        "sql-lora",
+    ));
+    assert_eq!(wait_for(&double, want.len()).await, want);
+
+    // 4. AllBlocksCleared → ALL_CLEARED.
+    let cleared = Value::Map(vec![("type".into(), "AllBlocksCleared".into())]);
+    publish(&mut pub_sock, seq, payload(1003.0, vec![cleared])).await;
+    seq += 1;
+    want.push(event(Type::AllCleared, 1_003_000_000, None, ""));
+    assert_eq!(wait_for(&double, want.len()).await, want);
+
+    // 5. A new root after the clear.
+    let q = prefix_hashes(&u32s(100..=115), 16, None);
+    publish(
+        &mut pub_sock,
+        seq,
+        payload(
+            1004.0,
+            vec![map_stored(
+                vec![Value::from(0x3333u64)],
+                Value::Nil,
+                100..=115,
+            )],
+        ),
+    )
+    .await;
+    want.push(update(1_004_000_000, vec![entry(q[0], 16, "")]));
+    assert_eq!(wait_for(&double, want.len()).await, want);
+
+    // 6. Publisher restart: seq back to 0 → ALL_CLEARED, then the new batch.
+    let r = prefix_hashes(&u32s(200..=215), 16, None);
+    publish(
+        &mut pub_sock,
+        0,
+        payload(
+            1005.0,
+            vec![map_stored(
+                vec![Value::from(0x4444u64)],
+                Value::Nil,
+                200..=215,
+            )],
+        ),
+    )
+    .await;
+    want.push(event(Type::AllCleared, 1_005_000_000, None, ""));
+    want.push(update(1_005_000_000, vec![entry(r[0], 16, "")]));
+    assert_eq!(wait_for(&double, want.len()).await, want);
+
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(double.traffic(), want, "no further traffic");
+    let idx = double.index();
+    assert_eq!(
+        idx.into_iter().collect::<Vec<_>>(),
+        vec![(
+            ("r1".to_string(), String::new(), r[0].to_be_bytes().to_vec()),
+            (16, CacheTier::T1 as i32)
+        )]
+    );
+    assert_eq!(sub_metric(&sub, "kvevent_engine_restarts_total").await, 1.0);
+    assert_eq!(
+        sub_metric(&sub, "kvevent_events_total{type=\"BlockStored\"}").await,
+        4.0
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gap_is_filled_from_the_replay_socket() {
+    let (addr, double) = start_double().await;
+    let mut pub_sock = PubSocket::new();
+    let ep = pub_sock.bind("tcp://127.0.0.1:0").await.unwrap();
+
+    // The engine's replay buffer: seq → payload, served by a ROUTER.
+    let buffer: Arc<Mutex<BTreeMap<u64, Bytes>>> = Arc::default();
+    let mut router = RouterSocket::new();
+    let rep = router.bind("tcp://127.0.0.1:0").await.unwrap();
+    let buf = buffer.clone();
+    let requests: Arc<Mutex<Vec<u64>>> = Arc::default();
+    let reqs = requests.clone();
+    tokio::spawn(async move {
+        while let Ok(msg) = router.recv().await {
+            let frames = msg.into_vec();
+            let id = frames[0].clone();
+            let start = u64::from_be_bytes(frames.last().unwrap()[..].try_into().unwrap());
+            reqs.lock().unwrap().push(start);
+            let items: Vec<(u64, Bytes)> = buf
+                .lock()
+                .unwrap()
+                .range(start..)
+                .map(|(k, v)| (*k, v.clone()))
+                .collect();
+            for (i, (s, body)) in items.into_iter().enumerate() {
+                // Alternate the two reply shapes engines use.
+                let mut f = vec![id.clone(), Bytes::new()];
+                if i % 2 == 0 {
+                    f.push(Bytes::from_static(b"kv"));
+                }
+                f.push(Bytes::copy_from_slice(&s.to_be_bytes()));
+                f.push(body);
+                router.send(ZmqMessage::try_from(f).unwrap()).await.unwrap();
+            }
+            let end = vec![
+                id,
+                Bytes::new(),
+                Bytes::from_static(&[0xFF; 8]),
+                Bytes::new(),
+            ];
+            router
+                .send(ZmqMessage::try_from(end).unwrap())
+                .await
+                .unwrap();
+        }
+    });
+
+    let sub = spawn_subscriber(
+        &ep.to_string(),
+        addr,
+        &["--replay-endpoint", &rep.to_string()],
+    );
+    let seq = warm_up(&mut pub_sock, &sub).await;
+    let p = prefix_hashes(&u32s(1..=64), 16, None);
+    let batches: Vec<Bytes> = (0..4u32)
+        .map(|i| {
+            let parent = if i == 0 {
+                Value::Nil
+            } else {
+                Value::from(0x100 + u64::from(i) - 1)
+            };
+            payload(
+                2000.0 + f64::from(i),
+                vec![map_stored(
+                    vec![Value::from(0x100 + u64::from(i))],
+                    parent,
+                    (i * 16 + 1)..=(i * 16 + 16),
+                )],
+            )
+        })
+        .collect();
+    for (i, b) in batches.iter().enumerate() {
+        buffer.lock().unwrap().insert(seq + i as u64, b.clone());
+    }
+    // Batches 1 and 2 are "lost" on the live socket.
+    publish(&mut pub_sock, seq, batches[0].clone()).await;
+    wait_for(&double, 1).await;
+    publish(&mut pub_sock, seq + 3, batches[3].clone()).await;
+    let got = wait_for(&double, 4).await;
+    let entries: Vec<PrefixEntry> = got
+        .into_iter()
+        .flat_map(|r| match r {
+            Rec::Update(u) => u.prefixes,
+            Rec::Event(e) => panic!("unexpected event {e:?}"),
+        })
+        .collect();
+    // Block 3 chains through the replayed blocks 1 and 2.
+    assert_eq!(
+        entries,
+        vec![
+            entry(p[0], 16, ""),
+            entry(p[1], 32, ""),
+            entry(p[2], 48, ""),
+            entry(p[3], 64, "")
+        ]
+    );
+    assert_eq!(*requests.lock().unwrap(), vec![seq + 1]);
+    assert_eq!(
+        sub_metric(&sub, "kvevent_replays_total{result=\"complete\"}").await,
+        1.0
+    );
+    assert_eq!(
+        sub_metric(&sub, "kvevent_replayed_batches_total").await,
+        2.0
+    );
+    assert_eq!(sub_metric(&sub, "kvevent_seq_gaps_total").await, 1.0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn server_coming_up_late_still_gets_everything() {
+    let port = free_port();
+    let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+    let mut pub_sock = PubSocket::new();
+    let ep = pub_sock.bind("tcp://127.0.0.1:0").await.unwrap();
+    let sub = spawn_subscriber(&ep.to_string(), addr, &[]);
+    let seq = warm_up(&mut pub_sock, &sub).await;
+    let p = prefix_hashes(&u32s(1..=16), 16, None);
+    publish(
+        &mut pub_sock,
+        seq,
+        payload(
+            3000.0,
+            vec![map_stored(vec![Value::from(7u64)], Value::Nil, 1..=16)],
+        ),
+    )
+    .await;
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    let double = start_double_on(TcpListener::bind(addr).await.unwrap()).await;
+    let got = wait_for(&double, 1).await;
+    assert_eq!(got[0], update(3_000_000_000, vec![entry(p[0], 16, "")]));
+    assert!(sub_metric(&sub, "kvevent_reconnects_total").await >= 1.0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn engine_metrics_become_stats_only_updates() {
+    // A fake engine /metrics endpoint (vLLM names).
+    let http = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let http_addr = http.local_addr().unwrap();
+    tokio::spawn(async move {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        loop {
+            let (mut s, _) = http.accept().await.unwrap();
+            let mut buf = [0u8; 1024];
+            let _ = s.read(&mut buf).await;
+            let body = "vllm:kv_cache_usage_perc{engine=\"0\"} 0.5\n\
+                        vllm:num_requests_running{engine=\"0\"} 32\n\
+                        vllm:num_requests_waiting{engine=\"0\"} 32\n";
+            let resp = format!(
+                "HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\ncontent-length: {}\r\n\r\n{body}",
+                body.len()
+            );
+            let _ = s.write_all(resp.as_bytes()).await;
+        }
+    });
+    let (addr, double) = start_double().await;
+    let mut pub_sock = PubSocket::new();
+    let ep = pub_sock.bind("tcp://127.0.0.1:0").await.unwrap();
+    let _sub = spawn_subscriber(
+        &ep.to_string(),
+        addr,
+        &[
+            "--metrics-url",
+            &format!("http://{http_addr}/metrics"),
+            "--stats-interval",
+            "100ms",
+            "--cache-size-bytes",
+            "1000",
+        ],
+    );
+    let mut stats = None;
+    for _ in 0..100 {
+        stats = double.records().into_iter().find_map(|r| match r {
+            Rec::Update(u) if u.stats.is_some() => Some(u),
+            _ => None,
+        });
+        if stats.is_some() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let u = stats.expect("a stats-only update");
+    assert_eq!(u.replica_id, "r1");
+    assert!(u.prefixes.is_empty());
+    let s = u.stats.unwrap();
+    assert_eq!(s.cache_memory_bytes, 500);
+    assert_eq!(s.pressure, 0.25);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stream_failing_before_ack_is_resent() {
+    let (addr, double) = start_double().await;
+    double
+        .fail_stream_after
+        .store(1, std::sync::atomic::Ordering::SeqCst);
+    let mut pub_sock = PubSocket::new();
+    let ep = pub_sock.bind("tcp://127.0.0.1:0").await.unwrap();
+    let sub = spawn_subscriber(&ep.to_string(), addr, &[]);
+    let seq = warm_up(&mut pub_sock, &sub).await;
+    let p = prefix_hashes(&u32s(1..=32), 16, None);
+    publish(
+        &mut pub_sock,
+        seq,
+        payload(
+            4000.0,
+            vec![map_stored(vec![Value::from(1u64)], Value::Nil, 1..=16)],
+        ),
+    )
+    .await;
+    // Applied once, then the stream died unacknowledged: the subscriber re-sends it.
+    let a = update(4_000_000_000, vec![entry(p[0], 16, "")]);
+    assert_eq!(wait_for(&double, 2).await, vec![a.clone(), a.clone()]);
+    publish(
+        &mut pub_sock,
+        seq + 1,
+        payload(
+            4001.0,
+            vec![map_stored(
+                vec![Value::from(2u64)],
+                Value::from(1u64),
+                17..=32,
+            )],
+        ),
+    )
+    .await;
+    let b = update(4_001_000_000, vec![entry(p[1], 32, "")]);
+    assert_eq!(wait_for(&double, 3).await, vec![a.clone(), a, b]);
+    assert_eq!(double.index().len(), 2);
+    assert!(sub_metric(&sub, "kvevent_resent_messages_total").await >= 1.0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn star_endpoint_binds_and_dp_rank_names_the_replica() {
+    let (addr, double) = start_double().await;
+    let port = free_port();
+    let sub = spawn_subscriber(&format!("tcp://*:{port}"), addr, &["--replica-per-dp-rank"]);
+    // The engine side connects (the subscriber binds).
+    let mut pub_sock = PubSocket::new();
+    pub_sock
+        .connect(&format!("tcp://127.0.0.1:{port}"))
+        .await
+        .unwrap();
+    let seq = warm_up(&mut pub_sock, &sub).await;
+    publish(
+        &mut pub_sock,
+        seq,
+        payload(
+            5000.0,
+            vec![map_stored(vec![Value::from(1u64)], Value::Nil, 1..=16)],
+        ),
+    )
+    .await;
+    let got = wait_for(&double, 1).await;
+    let Rec::Update(u) = &got[0] else {
+        panic!("{got:?}")
+    };
+    assert_eq!(u.replica_id, "r1-dp0");
+    assert_eq!(u.prefixes.len(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn back_pressure_while_server_is_down_loses_nothing() {
+    let port = free_port();
+    let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+    let mut pub_sock = PubSocket::new();
+    let ep = pub_sock.bind("tcp://127.0.0.1:0").await.unwrap();
+    let sub = spawn_subscriber(
+        &ep.to_string(),
+        addr,
+        &[
+            "--queue-capacity",
+            "1",
+            "--max-unacked",
+            "2",
+            "--max-batch",
+            "1",
+        ],
+    );
+    let seq = warm_up(&mut pub_sock, &sub).await;
+    const N: u32 = 30;
+    for i in 0..N {
+        let toks = (i * 16)..=(i * 16 + 15);
+        publish(
+            &mut pub_sock,
+            seq + u64::from(i),
+            payload(
+                6000.0 + f64::from(i),
+                vec![map_stored(
+                    vec![Value::from(1000 + u64::from(i))],
+                    Value::Nil,
+                    toks,
+                )],
+            ),
+        )
+        .await;
+    }
+    // Everything is stuck behind the absent server: the reader had to wait.
+    for _ in 0..100 {
+        if sub_metric(&sub, "kvevent_backpressure_waits_total").await >= 1.0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(sub_metric(&sub, "kvevent_backpressure_waits_total").await >= 1.0);
+    let double = start_double_on(TcpListener::bind(addr).await.unwrap()).await;
+    for _ in 0..300 {
+        if double.index().len() == N as usize {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let idx = double.index();
+    assert_eq!(
+        idx.len(),
+        N as usize,
+        "every stored block reached the server"
+    );
+    for i in 0..N {
+        let h = prefix_hashes(&u32s((i * 16)..=(i * 16 + 15)), 16, None)[0];
+        assert!(idx.contains_key(&("r1".to_string(), String::new(), h.to_be_bytes().to_vec())));
+    }
+    assert_eq!(sub_metric(&sub, "kvevent_missing_batches_total").await, 0.0);
+}
