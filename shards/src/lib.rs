@@ -7,5 +7,7 @@ pub mod rules;
 
 /// The reserved tenant used by `/probe`; the gRPC handlers never index or answer for it.
 pub const PROBE_TENANT: &str = "inferencecache.io/probe";
+pub mod directory;
+pub mod index;
 pub mod policy;
 pub mod resolve;

@@ -1,0 +1,334 @@
+//! Cross-core facts no single core can answer (BEHAVIOUR.md §7.1, §7.2, §8.5), shared by all
+//! cores through an `Arc<Directory>`:
+//!
+//! 1. does tenant T hold any prefix key on any core (UNKNOWN_TENANT);
+//! 2. is every core's prefix map empty, reserved entries included (cold-start carve-out);
+//! 3. the global count of non-reserved storage entries (global cap);
+//! 4. the per-tenant count of distinct prefix keys across cores (tenant quota).
+//!
+//! Cores push counter deltas once per operation (ingest, event, sweep, eviction batch); every
+//! read is a plain atomic load, so the lookup path never blocks.
+//!
+//! Tenant table: a fixed-capacity open-addressing array of slots. A tenant is identified by a
+//! 128-bit XXH3 fingerprint of its name (no strings are stored, so memory is fixed at
+//! construction); the chance that two live tenants collide is ~n²/2¹²⁹, negligible for any real
+//! tenant count. Each slot packs `state | generation | count` in one `AtomicU64`:
+//! * reads and count changes that stay above zero are lock-free (find + CAS on the word);
+//! * a tenant's first key (slot claim) and its last key going away (slot retire, reclaiming the
+//!   slot as a tombstone that later claims reuse) take a small mutex, so two cores can never
+//!   claim two slots for one tenant. A concurrent lock-free updater whose slot is retired sees
+//!   the generation change, its CAS fails and it retries through the slow path: race-free.
+//! * a reader validates the slot's generation before and after reading the fingerprint
+//!   (seqlock), so it never attributes a count to the wrong tenant.
+//!
+//! If more than `capacity` tenants are live at once the table saturates: such tenants are not
+//! tracked, [`Directory::is_saturated`] turns true and the index then treats unknown tenants as
+//! known (it never answers UNKNOWN_TENANT wrongly) and enforces their quota on local counts.
+
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
+
+const STATE_SHIFT: u32 = 62;
+const GEN_SHIFT: u32 = 40;
+const GEN_MASK: u64 = (1 << 22) - 1;
+const COUNT_MASK: u64 = (1 << 40) - 1;
+const EMPTY: u64 = 0;
+const LIVE: u64 = 1;
+const TOMB: u64 = 2;
+
+/// Default number of tenant slots (fixed memory: 24 bytes each).
+pub const DEFAULT_TENANT_CAPACITY: usize = 1 << 16;
+
+fn state(w: u64) -> u64 {
+    w >> STATE_SHIFT
+}
+fn generation(w: u64) -> u64 {
+    (w >> GEN_SHIFT) & GEN_MASK
+}
+fn count(w: u64) -> u64 {
+    w & COUNT_MASK
+}
+fn word(st: u64, g: u64, c: u64) -> u64 {
+    debug_assert!(c <= COUNT_MASK);
+    st << STATE_SHIFT | (g & GEN_MASK) << GEN_SHIFT | c
+}
+
+/// A tenant's identity in the directory: XXH3-128 of its name. Cores compute it once per tenant.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct TenantFp {
+    hi: u64,
+    lo: u64,
+}
+
+struct Slot {
+    word: AtomicU64,
+    hi: AtomicU64,
+    lo: AtomicU64,
+}
+
+/// The shared cross-core counters. See the module docs for the protocol.
+pub struct Directory {
+    total_entries: AtomicI64,
+    non_reserved_entries: AtomicI64,
+    slots: Box<[Slot]>,
+    mask: usize,
+    slow: Mutex<()>,
+    saturated: AtomicBool,
+}
+
+impl Default for Directory {
+    fn default() -> Self {
+        Directory::new(DEFAULT_TENANT_CAPACITY)
+    }
+}
+
+impl std::fmt::Debug for Directory {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Directory")
+            .field("total_entries", &self.total_entries())
+            .field("non_reserved_entries", &self.non_reserved_entries())
+            .field("live_tenants", &self.live_tenants())
+            .finish()
+    }
+}
+
+impl Directory {
+    /// A directory with room for `tenant_capacity` live tenants (rounded up to a power of two).
+    pub fn new(tenant_capacity: usize) -> Directory {
+        let cap = tenant_capacity.max(8).next_power_of_two();
+        let slots = (0..cap)
+            .map(|_| Slot {
+                word: AtomicU64::new(0),
+                hi: AtomicU64::new(0),
+                lo: AtomicU64::new(0),
+            })
+            .collect::<Vec<_>>()
+            .into_boxed_slice();
+        Directory {
+            total_entries: AtomicI64::new(0),
+            non_reserved_entries: AtomicI64::new(0),
+            slots,
+            mask: cap - 1,
+            slow: Mutex::new(()),
+            saturated: AtomicBool::new(false),
+        }
+    }
+
+    /// The fingerprint under which a tenant's key count is kept.
+    pub fn fingerprint(tenant: &str) -> TenantFp {
+        let h = xxhash_rust::xxh3::xxh3_128_with_seed(tenant.as_bytes(), 0x1c_d1_7e_c7);
+        TenantFp {
+            hi: (h >> 64) as u64,
+            lo: h as u64,
+        }
+    }
+
+    /// Storage entries on all cores, reserved (probe) entries included: 0 ⇔ cold start.
+    pub fn total_entries(&self) -> i64 {
+        self.total_entries.load(Ordering::Acquire)
+    }
+
+    /// Non-reserved storage entries on all cores: the quantity the global cap bounds.
+    pub fn non_reserved_entries(&self) -> i64 {
+        self.non_reserved_entries.load(Ordering::Acquire)
+    }
+
+    /// Applies a core's entry-count deltas.
+    pub fn add_entries(&self, total_delta: i64, non_reserved_delta: i64) {
+        if total_delta != 0 {
+            let before = self.total_entries.fetch_add(total_delta, Ordering::AcqRel);
+            debug_assert!(before + total_delta >= 0, "negative total entries");
+        }
+        if non_reserved_delta != 0 {
+            let before = self
+                .non_reserved_entries
+                .fetch_add(non_reserved_delta, Ordering::AcqRel);
+            debug_assert!(
+                before + non_reserved_delta >= 0,
+                "negative non-reserved entries"
+            );
+        }
+    }
+
+    /// True once some tenant could not be tracked because the table was full.
+    pub fn is_saturated(&self) -> bool {
+        self.saturated.load(Ordering::Relaxed)
+    }
+
+    /// Finds the live slot of `fp`: `(index, word)`.
+    fn find(&self, fp: TenantFp) -> Option<(usize, u64)> {
+        let mut i = (fp.lo as usize) & self.mask;
+        for _ in 0..=self.mask {
+            let s = &self.slots[i];
+            loop {
+                let w1 = s.word.load(Ordering::Acquire);
+                match state(w1) {
+                    EMPTY => return None,
+                    LIVE => {
+                        let hi = s.hi.load(Ordering::Acquire);
+                        let lo = s.lo.load(Ordering::Acquire);
+                        let w2 = s.word.load(Ordering::Acquire);
+                        if state(w2) != LIVE || generation(w2) != generation(w1) {
+                            continue; // the slot changed under us: re-read it
+                        }
+                        if hi == fp.hi && lo == fp.lo {
+                            return Some((i, w2));
+                        }
+                        break;
+                    }
+                    _ => break,
+                }
+            }
+            i = (i + 1) & self.mask;
+        }
+        None
+    }
+
+    /// Distinct prefix keys of a tenant across all cores (0 when unknown).
+    pub fn tenant_keys(&self, fp: TenantFp) -> u64 {
+        self.find(fp).map(|(_, w)| count(w)).unwrap_or(0)
+    }
+
+    /// Applies a core's delta to a tenant's key count.
+    pub fn add_tenant_keys(&self, fp: TenantFp, delta: i64) {
+        if delta == 0 {
+            return;
+        }
+        // Fast path: the slot exists and the count stays positive.
+        if let Some((i, mut w)) = self.find(fp) {
+            let s = &self.slots[i];
+            loop {
+                let c = count(w) as i64 + delta;
+                if c <= 0 {
+                    break; // retiring needs the slow path
+                }
+                let nw = word(LIVE, generation(w), c as u64);
+                match s
+                    .word
+                    .compare_exchange_weak(w, nw, Ordering::AcqRel, Ordering::Acquire)
+                {
+                    Ok(_) => return,
+                    Err(actual) => {
+                        if state(actual) != LIVE || generation(actual) != generation(w) {
+                            break; // retired meanwhile
+                        }
+                        w = actual;
+                    }
+                }
+            }
+        }
+        self.add_slow(fp, delta);
+    }
+
+    fn add_slow(&self, fp: TenantFp, delta: i64) {
+        let _guard = self.slow.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((i, mut w)) = self.find(fp) {
+            let s = &self.slots[i];
+            loop {
+                let c = count(w) as i64 + delta;
+                debug_assert!(c >= 0, "tenant key count below zero");
+                let nw = if c <= 0 {
+                    word(TOMB, generation(w) + 1, 0)
+                } else {
+                    word(LIVE, generation(w), c as u64)
+                };
+                match s
+                    .word
+                    .compare_exchange(w, nw, Ordering::AcqRel, Ordering::Acquire)
+                {
+                    Ok(_) => return,
+                    Err(actual) => w = actual, // only lock-free count changes can race here
+                }
+            }
+        }
+        if delta < 0 {
+            // Untracked tenant (saturated table) going down: nothing to do.
+            debug_assert!(self.is_saturated(), "decrement of an absent tenant");
+            return;
+        }
+        // Claim the first tombstone or empty slot of the probe chain. Absence was just checked
+        // under the lock, and claims only happen under the lock, so no duplicate can appear.
+        let mut i = (fp.lo as usize) & self.mask;
+        for _ in 0..=self.mask {
+            let s = &self.slots[i];
+            let w = s.word.load(Ordering::Acquire);
+            if state(w) != LIVE {
+                s.hi.store(fp.hi, Ordering::Release);
+                s.lo.store(fp.lo, Ordering::Release);
+                s.word.store(
+                    word(LIVE, generation(w) + 1, delta as u64),
+                    Ordering::Release,
+                );
+                return;
+            }
+            i = (i + 1) & self.mask;
+        }
+        self.saturated.store(true, Ordering::Relaxed);
+    }
+
+    /// Number of live tenant slots (tests and debugging; O(capacity)).
+    pub fn live_tenants(&self) -> usize {
+        self.slots
+            .iter()
+            .filter(|s| state(s.word.load(Ordering::Acquire)) == LIVE)
+            .count()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+
+    #[test]
+    fn tenant_counts_and_reclaim() {
+        let d = Directory::new(8);
+        let a = Directory::fingerprint("a");
+        let b = Directory::fingerprint("b");
+        assert_eq!(d.tenant_keys(a), 0);
+        d.add_tenant_keys(a, 3);
+        d.add_tenant_keys(b, 1);
+        assert_eq!(d.tenant_keys(a), 3);
+        d.add_tenant_keys(a, -3);
+        assert_eq!(d.tenant_keys(a), 0);
+        assert_eq!(d.live_tenants(), 1);
+        // Churn far more tenants than slots: reclaimed slots are reused.
+        for i in 0..1000 {
+            let f = Directory::fingerprint(&format!("t{i}"));
+            d.add_tenant_keys(f, 2);
+            assert_eq!(d.tenant_keys(f), 2);
+            d.add_tenant_keys(f, -2);
+        }
+        assert!(!d.is_saturated());
+        assert_eq!(d.tenant_keys(b), 1);
+        assert_eq!(d.live_tenants(), 1);
+    }
+
+    #[test]
+    fn concurrent_updates_are_exact() {
+        let d = Arc::new(Directory::new(64));
+        let threads: Vec<_> = (0..4)
+            .map(|t| {
+                let d = d.clone();
+                std::thread::spawn(move || {
+                    for i in 0..2000 {
+                        let f = Directory::fingerprint(&format!("x{}", i % 5));
+                        d.add_tenant_keys(f, 1);
+                        d.add_tenant_keys(f, -1);
+                        if t == 0 && i % 7 == 0 {
+                            d.add_entries(1, 1);
+                        }
+                    }
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().unwrap();
+        }
+        for i in 0..5 {
+            assert_eq!(d.tenant_keys(Directory::fingerprint(&format!("x{i}"))), 0);
+        }
+        assert_eq!(d.live_tenants(), 0);
+        assert_eq!(d.total_entries(), 286);
+    }
+}

@@ -1,0 +1,626 @@
+//! Eviction (BEHAVIOUR.md §6 sweep, §7.1 tenant quota, §7.2 global cap).
+//!
+//! Cap and quota victims must follow the reference's total orders exactly (tie-breaks by
+//! strings), without sorting every entry on every ingest. Both use a *lazily rebuilt candidate
+//! heap*:
+//!
+//! * Build: scan the relevant entries once and keep the `K` smallest sort keys (bounded max-heap,
+//!   `K = max(MIN_CANDIDATES, entries still to evict, entries / 32)`); the largest kept key is the
+//!   `threshold`
+//!   (no threshold when everything fit, i.e. every entry is a candidate).
+//! * Invariant: every entry whose *current* sort key is `<= threshold` is in the heap under that
+//!   key. So every mutation that gives an entry a key `<= threshold` (new entry, refresh, LFU
+//!   credit, a quota key losing its newest holder) pushes a snapshot.
+//! * Pop: a snapshot that no longer matches the entry's current key is stale and dropped (its
+//!   current key, if still `<= threshold`, was pushed separately). A matching one is the global
+//!   minimum (any smaller entry would be in the heap with a smaller snapshot).
+//! * Empty heap with a threshold → rebuild. Too many stale snapshots (refresh-heavy workloads)
+//!   → drop the heap; it is rebuilt on the next need.
+//! * The cap order depends on each tenant's eviction algorithm: the heap is dropped whenever a
+//!   tenant's resolved algorithm changes (checked before every enforcement, or via
+//!   [`Index::rules_changed`]).
+//!
+//! Snapshots of blob-hash keys hold a blob reference so their bytes stay valid for comparisons.
+//!
+//! Multi-core: the cap bounds the directory's global non-reserved count and the quota the
+//! directory's per-tenant key count, but the ingesting core evicts only from **its own**
+//! entries, in the exact reference order restricted to that core. With one core this is exactly
+//! the reference. With several, the victim may differ from a single global ordering (another
+//! core can hold an older entry), and the total stays `<= cap` after every ingest as long as the
+//! ingesting core has enough evictable entries (otherwise it evicts all it can and the excess
+//! is corrected by the next ingest on a core that has some).
+
+use super::store::KeyId;
+use super::{Catalog, EvictionCounts, Index, SweepOutcome};
+use crate::rules::{Eviction, TenantRules};
+use std::cmp::Ordering;
+
+/// Minimum candidate-set size of a rebuild (amortises the O(n) scan over many evictions).
+pub(crate) const MIN_CANDIDATES: usize = 1024;
+/// A rebuild keeps at least `entries / SCAN_AMORTISATION` candidates, so the O(n) scan is paid
+/// at most once per `n / SCAN_AMORTISATION` evictions (≈ 32 entries scanned per eviction) at a
+/// memory cost of ≈ 1 byte per entry while the heap is live.
+const SCAN_AMORTISATION: usize = 32;
+
+/// A binary heap ordered by an external comparator (the order needs the catalog's strings).
+pub(crate) struct Heap<T> {
+    v: Vec<T>,
+}
+
+impl<T> Default for Heap<T> {
+    fn default() -> Self {
+        Heap { v: Vec::new() }
+    }
+}
+
+impl<T: Copy> Heap<T> {
+    fn len(&self) -> usize {
+        self.v.len()
+    }
+    fn peek(&self) -> Option<&T> {
+        self.v.first()
+    }
+    /// Pushes with `less(a, b)` meaning "a pops before b".
+    fn push(&mut self, x: T, less: &impl Fn(&T, &T) -> bool) {
+        self.v.push(x);
+        let mut i = self.v.len() - 1;
+        while i > 0 {
+            let p = (i - 1) / 2;
+            if less(&self.v[i], &self.v[p]) {
+                self.v.swap(i, p);
+                i = p;
+            } else {
+                break;
+            }
+        }
+    }
+    fn pop(&mut self, less: &impl Fn(&T, &T) -> bool) -> Option<T> {
+        if self.v.is_empty() {
+            return None;
+        }
+        let top = self.v.swap_remove(0);
+        let n = self.v.len();
+        let mut i = 0;
+        loop {
+            let (l, r) = (2 * i + 1, 2 * i + 2);
+            let mut m = i;
+            if l < n && less(&self.v[l], &self.v[m]) {
+                m = l;
+            }
+            if r < n && less(&self.v[r], &self.v[m]) {
+                m = r;
+            }
+            if m == i {
+                break;
+            }
+            self.v.swap(i, m);
+            i = m;
+        }
+        Some(top)
+    }
+    fn drain(&mut self) -> std::vec::Drain<'_, T> {
+        self.v.drain(..)
+    }
+}
+
+/// Cap sort key snapshot of one storage entry (§7.2).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct CapCand {
+    eff: u32,
+    last_seen: i64,
+    key: KeyId,
+    replica: u32,
+}
+
+/// Quota sort key snapshot of one prefix key (§7.1).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct QuotaCand {
+    newest: i64,
+    key: KeyId,
+}
+
+/// Compares two keys' `(model, scheme, adapter, hash bytes)`, optionally tenant first.
+fn key_cmp(cat: &Catalog, a: KeyId, b: KeyId, with_tenant: bool) -> Ordering {
+    if a.part != b.part {
+        let pa = &cat.parts[a.part_id() as usize];
+        let pb = &cat.parts[b.part_id() as usize];
+        if pa.scope != pb.scope {
+            let sa = &cat.scopes[pa.scope as usize];
+            let sb = &cat.scopes[pb.scope as usize];
+            let name = |x: u32, y: u32| {
+                if x == y {
+                    Ordering::Equal
+                } else {
+                    cat.strings.name(x).cmp(cat.strings.name(y))
+                }
+            };
+            let o = if with_tenant {
+                name(sa.tenant, sb.tenant)
+            } else {
+                Ordering::Equal
+            }
+            .then_with(|| name(sa.model, sb.model))
+            .then_with(|| name(sa.scheme, sb.scheme));
+            if o != Ordering::Equal {
+                return o;
+            }
+        }
+        if pa.adapter != pb.adapter {
+            let o = cat
+                .strings
+                .name(pa.adapter)
+                .cmp(cat.strings.name(pb.adapter));
+            if o != Ordering::Equal {
+                return o;
+            }
+        }
+    }
+    if !a.is_blob() && !b.is_blob() {
+        return a.h.cmp(&b.h);
+    }
+    let (mut ba, mut bb) = ([0u8; 8], [0u8; 8]);
+    cat.hash_bytes(a, &mut ba).cmp(cat.hash_bytes(b, &mut bb))
+}
+
+fn cap_cmp(cat: &Catalog, a: &CapCand, b: &CapCand) -> Ordering {
+    a.eff
+        .cmp(&b.eff)
+        .then(a.last_seen.cmp(&b.last_seen))
+        .then_with(|| key_cmp(cat, a.key, b.key, true))
+        .then_with(|| {
+            if a.replica == b.replica {
+                Ordering::Equal
+            } else {
+                cat.strings.name(a.replica).cmp(cat.strings.name(b.replica))
+            }
+        })
+}
+
+fn quota_cmp(cat: &Catalog, a: &QuotaCand, b: &QuotaCand) -> Ordering {
+    a.newest
+        .cmp(&b.newest)
+        .then_with(|| key_cmp(cat, a.key, b.key, false))
+}
+
+/// Global-cap candidate heap.
+#[derive(Default)]
+pub(crate) struct CapState {
+    active: bool,
+    heap: Heap<CapCand>,
+    threshold: Option<CapCand>,
+    built: usize,
+}
+
+/// One tenant's quota candidate heap.
+#[derive(Default)]
+pub(crate) struct QuotaState {
+    heap: Heap<QuotaCand>,
+    threshold: Option<QuotaCand>,
+    built: usize,
+}
+
+impl Index {
+    fn retain_key(&mut self, key: KeyId) {
+        if key.is_blob() {
+            self.cat.blobs.retain(key.h as u32);
+        }
+    }
+
+    fn release_key(&mut self, key: KeyId) {
+        if key.is_blob() {
+            self.cat.blobs.release(key.h as u32);
+        }
+    }
+
+    /// The current cap snapshot of an entry, if it exists and is not reserved. `pos` is the
+    /// key's slab position when the caller already knows it (saves a table probe).
+    fn cap_cand(&self, key: KeyId, replica: u32, pos: Option<u32>) -> Option<CapCand> {
+        let t = &self.cat.tenants[&self.cat.tenant_of(key)];
+        if t.reserved {
+            return None;
+        }
+        let pos = match pos {
+            Some(p) => p,
+            None => self.store.find(key)?,
+        };
+        debug_assert_eq!(self.store.key_at(pos), key);
+        let at = self.store.find_holder(pos, replica)?;
+        let h = self.store.holder(at);
+        let eff = if t.algo == Eviction::Lfu { h.access } else { 0 };
+        Some(CapCand {
+            eff,
+            last_seen: h.last_seen(),
+            key,
+            replica,
+        })
+    }
+
+    /// Drops the cap heap (policy change, too many stale snapshots).
+    pub(crate) fn cap_clear(&mut self) {
+        let keys: Vec<KeyId> = self.cap.heap.drain().map(|c| c.key).collect();
+        for k in keys {
+            self.release_key(k);
+        }
+        self.cap = CapState::default();
+    }
+
+    /// Mutation hook: keeps the cap-heap invariant after an entry's sort key changed.
+    pub(crate) fn cap_touch(&mut self, key: KeyId, replica: u32, pos: Option<u32>) {
+        if !self.cap.active {
+            return;
+        }
+        let Some(c) = self.cap_cand(key, replica, pos) else {
+            return;
+        };
+        let cat = &self.cat;
+        if let Some(t) = &self.cap.threshold
+            && cap_cmp(cat, &c, t) == Ordering::Greater
+        {
+            return;
+        }
+        self.cap
+            .heap
+            .push(c, &|a, b| cap_cmp(cat, a, b) == Ordering::Less);
+        self.retain_key(key);
+        if self.cap.heap.len() > 2 * self.cap.built + self.min_candidates {
+            self.cap_clear();
+        }
+    }
+
+    fn cap_build(&mut self, need: usize) {
+        self.cap_clear();
+        let k = need
+            .max(self.min_candidates)
+            .max(self.store.entry_count() / SCAN_AMORTISATION);
+        // Per-partition policy bits, so the scan does no hash lookups per key.
+        let part_bits: Vec<u8> = self
+            .cat
+            .parts
+            .iter()
+            .map(|p| {
+                let t = &self.cat.tenants[&self.cat.scopes[p.scope as usize].tenant];
+                (t.reserved as u8) | ((t.algo == Eviction::Lfu) as u8) << 1
+            })
+            .collect();
+        let cat = &self.cat;
+        let greater = |a: &CapCand, b: &CapCand| cap_cmp(cat, a, b) == Ordering::Greater;
+        let mut sel: Heap<CapCand> = Heap::default();
+        let mut seen = 0usize;
+        for pos in 0..self.store.key_count() as u32 {
+            let key = self.store.key_at(pos);
+            let bits = part_bits[key.part_id() as usize];
+            if bits & 1 != 0 {
+                continue;
+            }
+            let lfu = bits & 2 != 0;
+            for (_, h) in self.store.holders(pos) {
+                let c = CapCand {
+                    eff: if lfu { h.access } else { 0 },
+                    last_seen: h.last_seen(),
+                    key,
+                    replica: h.replica(),
+                };
+                seen += 1;
+                if sel.len() < k {
+                    sel.push(c, &greater);
+                } else {
+                    let top = sel.peek().expect("non-empty");
+                    // Cheap numeric pre-check before the full (string) comparison.
+                    if (c.eff, c.last_seen) > (top.eff, top.last_seen) {
+                        continue;
+                    }
+                    if greater(top, &c) {
+                        sel.pop(&greater);
+                        sel.push(c, &greater);
+                    }
+                }
+            }
+        }
+        let threshold = if seen > k { sel.peek().copied() } else { None };
+        let less = |a: &CapCand, b: &CapCand| cap_cmp(cat, a, b) == Ordering::Less;
+        let mut heap = Heap::default();
+        let cands: Vec<CapCand> = sel.drain().collect();
+        for c in &cands {
+            heap.push(*c, &less);
+        }
+        for c in cands {
+            self.retain_key(c.key);
+        }
+        self.cap = CapState {
+            active: true,
+            heap,
+            threshold,
+            built: k,
+        };
+    }
+
+    /// Pops the minimum live cap candidate: `(key, replica)`.
+    fn cap_pop(&mut self, need: usize) -> Option<(KeyId, u32)> {
+        if !self.cap.active {
+            self.cap_build(need);
+        }
+        let mut rebuilt = false;
+        loop {
+            let cat = &self.cat;
+            let popped = self
+                .cap
+                .heap
+                .pop(&|a, b| cap_cmp(cat, a, b) == Ordering::Less);
+            let Some(c) = popped else {
+                if rebuilt || self.cap.threshold.is_none() {
+                    return None;
+                }
+                self.cap_build(need);
+                rebuilt = true;
+                continue;
+            };
+            let current = self.cap_cand(c.key, c.replica, None);
+            self.release_key(c.key);
+            if current == Some(c) {
+                return Some((c.key, c.replica));
+            }
+        }
+    }
+
+    /// Re-resolves every tenant's eviction algorithm; drops the cap heap if any changed.
+    fn refresh_algorithms(&mut self, rules: &dyn TenantRules) {
+        let mut changed = false;
+        for (t, rec) in self.cat.tenants.iter_mut() {
+            if rec.reserved || rec.entries == 0 {
+                continue;
+            }
+            let a = rules.eviction(self.cat.strings.name(*t));
+            if a != rec.algo {
+                rec.algo = a;
+                changed = true;
+            }
+        }
+        if changed {
+            self.cap_clear();
+        }
+    }
+
+    /// Global cap (§7.2): while the global non-reserved count exceeds the cap, evict this core's
+    /// minimum entries. Counts removals per algorithm into `out`.
+    pub(crate) fn enforce_cap(&mut self, rules: &dyn TenantRules, out: &mut EvictionCounts) {
+        let max = self.config().max_entries;
+        if max == 0 {
+            return;
+        }
+        self.flush();
+        let mut refreshed = false;
+        loop {
+            let over = self.directory().non_reserved_entries() - max as i64;
+            if over <= 0 || self.non_reserved_entry_count() == 0 {
+                break;
+            }
+            if !refreshed {
+                self.refresh_algorithms(rules);
+                refreshed = true;
+            }
+            let mut evicted = 0i64;
+            while evicted < over {
+                let Some((key, replica)) = self.cap_pop((over - evicted) as usize) else {
+                    break;
+                };
+                let algo = self.cat.tenants[&self.cat.tenant_of(key)].algo;
+                let removed = self.remove_entry(key, replica);
+                debug_assert!(removed.is_some());
+                out.add(algo);
+                evicted += 1;
+            }
+            self.flush();
+            if evicted == 0 {
+                break;
+            }
+        }
+    }
+
+    // ---- quota ------------------------------------------------------------------------------
+
+    fn quota_cand(&self, key: KeyId) -> Option<QuotaCand> {
+        let pos = self.store.find(key)?;
+        let newest = self.store.holders(pos).map(|(_, h)| h.last_seen()).max()?;
+        Some(QuotaCand { newest, key })
+    }
+
+    /// Mutation hook: keeps a tenant's quota-heap invariant after a key's newest time changed.
+    pub(crate) fn quota_touch(&mut self, key: KeyId) {
+        if self.quotas.is_empty() {
+            return;
+        }
+        let tenant = self.cat.tenant_of(key);
+        let Some(q) = self.quotas.get(&tenant) else {
+            return;
+        };
+        let Some(c) = self.quota_cand(key) else {
+            return;
+        };
+        let cat = &self.cat;
+        if let Some(t) = &q.threshold
+            && quota_cmp(cat, &c, t) == Ordering::Greater
+        {
+            return;
+        }
+        let q = self.quotas.get_mut(&tenant).expect("quota state");
+        q.heap
+            .push(c, &|a, b| quota_cmp(cat, a, b) == Ordering::Less);
+        let too_big = q.heap.len() > 2 * q.built + self.min_candidates;
+        self.retain_key(key);
+        if too_big {
+            self.quota_clear(tenant);
+        }
+    }
+
+    pub(crate) fn quota_clear(&mut self, tenant: u32) {
+        if let Some(mut q) = self.quotas.remove(&tenant) {
+            let keys: Vec<KeyId> = q.heap.drain().map(|c| c.key).collect();
+            for k in keys {
+                self.release_key(k);
+            }
+        }
+    }
+
+    fn quota_build(&mut self, tenant: u32, need: usize) {
+        self.quota_clear(tenant);
+        let local = self.cat.tenants[&tenant].prefixes as usize;
+        let k = need.max(self.min_candidates).max(local / SCAN_AMORTISATION);
+        let cat = &self.cat;
+        let greater = |a: &QuotaCand, b: &QuotaCand| quota_cmp(cat, a, b) == Ordering::Greater;
+        let mut sel: Heap<QuotaCand> = Heap::default();
+        let mut seen = 0usize;
+        for pos in 0..self.store.key_count() as u32 {
+            let key = self.store.key_at(pos);
+            if cat.tenant_of(key) != tenant {
+                continue;
+            }
+            let newest = self
+                .store
+                .holders(pos)
+                .map(|(_, h)| h.last_seen())
+                .max()
+                .expect("holder");
+            let c = QuotaCand { newest, key };
+            seen += 1;
+            if sel.len() < k {
+                sel.push(c, &greater);
+            } else if greater(sel.peek().expect("non-empty"), &c) {
+                sel.pop(&greater);
+                sel.push(c, &greater);
+            }
+        }
+        let threshold = if seen > k { sel.peek().copied() } else { None };
+        let less = |a: &QuotaCand, b: &QuotaCand| quota_cmp(cat, a, b) == Ordering::Less;
+        let mut heap = Heap::default();
+        let cands: Vec<QuotaCand> = sel.drain().collect();
+        for c in &cands {
+            heap.push(*c, &less);
+        }
+        for c in cands {
+            self.retain_key(c.key);
+        }
+        self.quotas.insert(
+            tenant,
+            QuotaState {
+                heap,
+                threshold,
+                built: k,
+            },
+        );
+    }
+
+    fn quota_pop(&mut self, tenant: u32, need: usize) -> Option<KeyId> {
+        if !self.quotas.contains_key(&tenant) {
+            self.quota_build(tenant, need);
+        }
+        let mut rebuilt = false;
+        loop {
+            let cat = &self.cat;
+            let q = self.quotas.get_mut(&tenant).expect("quota state");
+            let popped = q.heap.pop(&|a, b| quota_cmp(cat, a, b) == Ordering::Less);
+            let Some(c) = popped else {
+                if rebuilt || q.threshold.is_none() {
+                    return None;
+                }
+                self.quota_build(tenant, need);
+                rebuilt = true;
+                continue;
+            };
+            let current = self.quota_cand(c.key);
+            self.release_key(c.key);
+            if current == Some(c) {
+                return Some(c.key);
+            }
+        }
+    }
+
+    /// The tenant's distinct key count the quota compares against: the directory's global
+    /// count (local count if the directory could not track the tenant).
+    fn global_tenant_keys(&self, tenant: u32) -> u64 {
+        let rec = &self.cat.tenants[&tenant];
+        let d = self.directory().tenant_keys(rec.fp);
+        if d == 0 && self.directory().is_saturated() {
+            rec.prefixes
+        } else {
+            d
+        }
+    }
+
+    /// Tenant quota (§7.1): while the tenant's key count exceeds `budget`, evict its oldest keys
+    /// (newest holder time, then model, scheme, adapter, hash) from this core. Returns the
+    /// number of keys evicted.
+    pub(crate) fn enforce_quota(&mut self, tenant: u32, budget: u64) -> u64 {
+        self.flush();
+        let mut total = 0u64;
+        loop {
+            let global = self.global_tenant_keys(tenant);
+            if global <= budget || self.cat.tenants[&tenant].prefixes == 0 {
+                break;
+            }
+            let over = global - budget;
+            let mut evicted = 0u64;
+            while evicted < over {
+                let Some(key) = self.quota_pop(tenant, over as usize) else {
+                    break;
+                };
+                self.remove_key(key);
+                evicted += 1;
+            }
+            self.flush();
+            total += evicted;
+            if evicted == 0 {
+                break;
+            }
+        }
+        total
+    }
+
+    // ---- TTL sweep (§6) ---------------------------------------------------------------------
+
+    /// The periodic TTL sweep (§6): removes every entry with `now − last_seen ≥ ttl(tenant)`
+    /// (reserved tenants included) and every stats row with `now − last_seen ≥ ttl(tenant)`.
+    /// O(entries); never enforces the cap.
+    pub fn sweep(&mut self, now: i64, rules: &dyn TenantRules) -> SweepOutcome {
+        let mut out = SweepOutcome::default();
+        // Resolve TTL and algorithm once per tenant.
+        let tenants: Vec<u32> = self.cat.tenants.keys().copied().collect();
+        let mut policy: hashbrown::HashMap<u32, (i64, Eviction)> = hashbrown::HashMap::new();
+        for t in tenants {
+            let name = self.cat.strings.name(t);
+            policy.insert(t, (self.ttl_for(rules, name), rules.eviction(name)));
+        }
+        let mut stale: Vec<u32> = Vec::new();
+        let mut pos = 0u32;
+        while (pos as usize) < self.store.key_count() {
+            let key = self.store.key_at(pos);
+            let (ttl, algo) = policy[&self.cat.tenant_of(key)];
+            stale.clear();
+            for (_, h) in self.store.holders(pos) {
+                if ttl > 0 && now.saturating_sub(h.last_seen()) >= ttl {
+                    stale.push(h.replica());
+                }
+            }
+            if stale.is_empty() {
+                pos += 1;
+                continue;
+            }
+            let before = self.store.key_count();
+            for r in &stale {
+                self.remove_entry(key, *r);
+                out.ttl_evicted.add(algo);
+            }
+            if self.store.key_count() == before {
+                pos += 1;
+            }
+        }
+        for m in self.cat.models.iter_mut() {
+            let (ttl, _) = policy[&m.tenant];
+            let before = m.stats.len();
+            m.stats
+                .retain(|_, row| now.saturating_sub(row.last_seen) < ttl);
+            out.stats_rows_removed += (before - m.stats.len()) as u64;
+        }
+        self.flush();
+        out
+    }
+}

@@ -1,0 +1,645 @@
+//! Lookups (BEHAVIOUR.md §8): exact match, chain match, TENANT_HOT, the miss classifier, the
+//! orchestrator, the affinity pick and LFU crediting (§7.4).
+//!
+//! A steady-state lookup does not allocate: scores, LFU hits and chain-run state live in
+//! buffers owned by the index and reused; the result is returned as a view borrowing them.
+
+use super::ranking::{self, Tier, distinguishing_power, freshness, recency};
+use super::store::{KeyId, NIL};
+use super::{Catalog, Index};
+use crate::rules::{Eviction, TenantRules};
+use sha2::{Digest, Sha256};
+use std::cmp::Ordering;
+
+/// Lookup strategy (§8.1). `None` maps to the `NO_HINT` reason code.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum Strategy {
+    /// No hint (`NO_HINT`), or a miss the server may turn into an affinity pick.
+    #[default]
+    None,
+    /// Prefix match scores (`PREFIX_MATCH`).
+    PrefixMatch,
+    /// Warm replicas of the tenant (`TENANT_HOT`).
+    TenantHot,
+    /// Tenant has no prefix key anywhere (`UNKNOWN_TENANT`).
+    UnknownTenant,
+    /// `(tenant, model)` has no prefix key (`UNKNOWN_MODEL`).
+    UnknownModel,
+    /// No replica serves `(tenant, model, scheme)` (`UNKNOWN_HASH_SCHEME`).
+    UnknownHashScheme,
+}
+
+impl Strategy {
+    /// The wire reason code of this strategy.
+    pub fn reason_code(self) -> &'static str {
+        match self {
+            Strategy::None => "NO_HINT",
+            Strategy::PrefixMatch => "PREFIX_MATCH",
+            Strategy::TenantHot => "TENANT_HOT",
+            Strategy::UnknownTenant => "UNKNOWN_TENANT",
+            Strategy::UnknownModel => "UNKNOWN_MODEL",
+            Strategy::UnknownHashScheme => "UNKNOWN_HASH_SCHEME",
+        }
+    }
+}
+
+/// One replica's score (§9.7). The replica is an index-local id; resolve it with
+/// [`LookupView::replica_id`] or [`Index::replica_name`].
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Score {
+    /// Interned replica id (core-local).
+    pub replica: u32,
+    /// §9.2 score (float32).
+    pub score: f32,
+    /// Stored count (exact), request run sum (chain), 0 (TENANT_HOT).
+    pub matched_tokens: i32,
+    /// Freshness (prefix paths) or hit rate (TENANT_HOT).
+    pub estimated_cache_hit_prob: f32,
+    /// Wire tier 0..=3.
+    pub tier: i32,
+}
+
+/// An entry that contributed to a delivered prefix match and is credited for LFU (§7.4).
+/// Identifies the entry by key and replica, so it stays valid across index mutations (a key
+/// removed and re-created with a reused blob id in between could be credited instead; this
+/// needs a same-core mutation between lookup and credit and only affects LFU order).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LfuHit {
+    key: KeyId,
+    replica: u32,
+}
+
+impl LfuHit {
+    /// The credited replica (same id space as [`Score::replica`]).
+    pub fn replica(&self) -> u32 {
+        self.replica
+    }
+}
+
+/// A lookup request (§8.1 inputs). Borrowed so the gRPC request is not copied.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct LookupQuery<'a> {
+    /// Tenant id.
+    pub tenant: &'a str,
+    /// Model id.
+    pub model: &'a str,
+    /// Hash scheme.
+    pub hash_scheme: &'a str,
+    /// Adapter partition ("" = default).
+    pub adapter: &'a str,
+    /// Exact-match key.
+    pub prefix_hash: &'a [u8],
+    /// Exact-match token count (carried; the exact path reports stored counts).
+    pub token_count: i32,
+    /// Chain block hashes.
+    pub block_hashes: &'a [Vec<u8>],
+    /// Chain per-block token counts.
+    pub block_token_counts: &'a [i32],
+    /// SLO time-to-first-token budget.
+    pub ttft_ms: i32,
+    /// SLO time-between-tokens budget (unused by the ranker).
+    pub tbt_ms: i32,
+}
+
+/// The result of a lookup: borrows the index's reusable buffers until the next lookup.
+#[derive(Clone, Copy)]
+pub struct LookupView<'a> {
+    /// Strategy.
+    pub strategy: Strategy,
+    /// Scores in final order (score desc, replica id asc).
+    pub scores: &'a [Score],
+    /// LFU hits of all scored replicas (filter by replica before crediting).
+    pub lfu_hits: &'a [LfuHit],
+    cat: &'a Catalog,
+}
+
+impl<'a> LookupView<'a> {
+    /// The replica id string of a score.
+    pub fn replica_id(&self, s: &Score) -> &'a str {
+        self.cat.strings.name(s.replica)
+    }
+}
+
+impl std::fmt::Debug for LookupView<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let scores: Vec<_> = self
+            .scores
+            .iter()
+            .map(|s| {
+                (
+                    self.replica_id(s),
+                    s.score,
+                    s.matched_tokens,
+                    s.estimated_cache_hit_prob,
+                    s.tier,
+                )
+            })
+            .collect();
+        f.debug_struct("LookupView")
+            .field("strategy", &self.strategy)
+            .field("scores", &scores)
+            .finish()
+    }
+}
+
+#[derive(Clone, Copy, Default)]
+struct Run {
+    replica: u32,
+    matched: i64,
+    oldest: i64,
+    tier: Tier,
+    last_block: u32,
+    scored: bool,
+}
+
+/// Reusable per-lookup buffers.
+#[derive(Default)]
+pub(crate) struct Scratch {
+    runs: Vec<Run>,
+    /// replica id → run index, valid when `stamp[replica] == epoch`.
+    run_of: Vec<u32>,
+    stamp: Vec<u32>,
+    epoch: u32,
+    run_hits: Vec<(u32, LfuHit)>, // (run index, hit)
+}
+
+impl Scratch {
+    fn next_epoch(&mut self, replicas: usize) {
+        if self.stamp.len() < replicas {
+            self.stamp.resize(replicas, 0);
+            self.run_of.resize(replicas, 0);
+        }
+        self.epoch = self.epoch.wrapping_add(1);
+        if self.epoch == 0 {
+            self.stamp.iter_mut().for_each(|s| *s = 0);
+            self.epoch = 1;
+        }
+    }
+}
+
+/// The last lookup's result buffers.
+#[derive(Default)]
+pub(crate) struct LastLookup {
+    strategy: Strategy,
+    tenant: Option<u32>,
+    scores: Vec<Score>,
+    hits: Vec<LfuHit>,
+}
+
+fn sort_scores(cat: &Catalog, scores: &mut [Score]) {
+    scores.sort_unstable_by(|a, b| {
+        // Go's `a.Score > b.Score`: -0 == +0, ties by replica id bytewise.
+        match b.score.partial_cmp(&a.score) {
+            Some(Ordering::Equal) | None => {
+                cat.strings.name(a.replica).cmp(cat.strings.name(b.replica))
+            }
+            Some(o) => o,
+        }
+    });
+}
+
+impl Index {
+    /// The replica id string behind a [`Score::replica`].
+    pub fn replica_name(&self, replica: u32) -> &str {
+        self.cat.strings.name(replica)
+    }
+
+    fn view(&self) -> LookupView<'_> {
+        LookupView {
+            strategy: self.last.strategy,
+            scores: &self.last.scores,
+            lfu_hits: &self.last.hits,
+            cat: &self.cat,
+        }
+    }
+
+    fn reset_last(&mut self) {
+        self.last.strategy = Strategy::None;
+        self.last.tenant = None;
+        self.last.scores.clear();
+        self.last.hits.clear();
+    }
+
+    /// Pressure of a replica for prefix paths: the stats row's, if its payload is fresh under
+    /// the tenant TTL, else 0.
+    fn prefix_pressure(&self, mscope: u32, replica: u32, now: i64, ttl: i64) -> f32 {
+        match self.cat.models[mscope as usize].stats.get(&replica) {
+            Some(row) if freshness(now, row.stats_reported, ttl) > 0.0 => row.pressure,
+            _ => 0.0,
+        }
+    }
+
+    /// Exact match (§8.2) into `self.last`.
+    fn exact_into(&mut self, q: &LookupQuery<'_>, now: i64, rules: &dyn TenantRules) {
+        let Some(scope) = self.cat.find_scope(q.tenant, q.model, q.hash_scheme) else {
+            return;
+        };
+        let Some(part) = self.cat.find_part(scope, q.adapter) else {
+            return;
+        };
+        let Some(key) = self.cat.key_for(part, q.prefix_hash) else {
+            return;
+        };
+        let Some(pos) = self.store.find(key) else {
+            return;
+        };
+        let ttl = self.ttl_for(rules, q.tenant);
+        let srec = &self.cat.scopes[scope as usize];
+        let (total, mscope) = (srec.serving.len(), srec.mscope);
+        let coeff = self.cfg.ranker.slo_coeff(q.ttft_ms);
+        let mut scores = std::mem::take(&mut self.last.scores);
+        let mut hits = std::mem::take(&mut self.last.hits);
+        for (_, h) in self.store.holders(pos) {
+            let f = freshness(now, h.last_seen(), ttl);
+            if f <= 0.0 {
+                continue;
+            }
+            let pressure = self.prefix_pressure(mscope, h.replica(), now, ttl);
+            let score = self
+                .cfg
+                .ranker
+                .prefix_score(h.tokens as i64, f, pressure, coeff);
+            scores.push(Score {
+                replica: h.replica(),
+                score,
+                matched_tokens: h.tokens,
+                estimated_cache_hit_prob: f,
+                tier: ranking::tier_to_wire(h.tier()),
+            });
+            if h.tokens > 0 {
+                hits.push(LfuHit {
+                    key,
+                    replica: h.replica(),
+                });
+            }
+        }
+        let dp = distinguishing_power(scores.len() as i64, total as i64);
+        if dp != 1.0 {
+            for s in scores.iter_mut() {
+                s.score *= dp as f32;
+            }
+        }
+        sort_scores(&self.cat, &mut scores);
+        self.last.scores = scores;
+        self.last.hits = hits;
+    }
+
+    /// Chain match (§8.3) into `self.last`. The caller checked the lengths are equal.
+    fn chain_into(&mut self, q: &LookupQuery<'_>, now: i64, rules: &dyn TenantRules) {
+        debug_assert_eq!(q.block_hashes.len(), q.block_token_counts.len());
+        if q.block_hashes.is_empty() {
+            return;
+        }
+        let Some(scope) = self.cat.find_scope(q.tenant, q.model, q.hash_scheme) else {
+            return;
+        };
+        let Some(part) = self.cat.find_part(scope, q.adapter) else {
+            return;
+        };
+        let ttl = self.ttl_for(rules, q.tenant);
+        let srec = &self.cat.scopes[scope as usize];
+        let (total, mscope) = (srec.serving.len(), srec.mscope);
+        let sc = &mut self.scratch;
+        sc.next_epoch(self.cat.strings.len());
+        sc.runs.clear();
+        sc.run_hits.clear();
+        let epoch = sc.epoch;
+        debug_assert!(ttl > 0, "resolved TTLs are positive");
+        // Blocks are resolved in batches: the table probes of one batch are independent, so
+        // their cache misses overlap instead of serialising block by block.
+        const BATCH: usize = 8;
+        let n = q.block_hashes.len();
+        let mut batch = [(KeyId { part: 0, h: 0 }, NIL); BATCH];
+        let mut start = 0;
+        'walk: while start < n {
+            let end = (start + BATCH).min(n);
+            for (slot, hash) in batch.iter_mut().zip(&q.block_hashes[start..end]) {
+                *slot = match self.cat.key_for(part, hash) {
+                    Some(k) => (k, self.store.find(k).unwrap_or(NIL)),
+                    None => (KeyId { part: 0, h: 0 }, NIL),
+                };
+            }
+            for i in start..end {
+                let (key, pos) = batch[i - start];
+                if pos == NIL {
+                    break 'walk;
+                }
+                let count = q.block_token_counts[i];
+                let mut running = 0usize;
+                for (_, h) in self.store.holders(pos) {
+                    let r = h.replica();
+                    // freshness > 0 ⇔ age < ttl (ttl > 0 here).
+                    if now.saturating_sub(h.last_seen()) >= ttl {
+                        continue;
+                    }
+                    if i == 0 {
+                        sc.stamp[r as usize] = epoch;
+                        sc.run_of[r as usize] = sc.runs.len() as u32;
+                        sc.runs.push(Run {
+                            replica: r,
+                            matched: count as i64,
+                            oldest: h.last_seen(),
+                            tier: h.tier(),
+                            last_block: 0,
+                            scored: false,
+                        });
+                    } else {
+                        if sc.stamp[r as usize] != epoch {
+                            continue;
+                        }
+                        let run = &mut sc.runs[sc.run_of[r as usize] as usize];
+                        if run.last_block as usize != i - 1 {
+                            continue; // frozen earlier: can never rejoin
+                        }
+                        run.matched += count as i64;
+                        run.oldest = run.oldest.min(h.last_seen());
+                        run.tier = ranking::worst_tier(run.tier, h.tier());
+                        run.last_block = i as u32;
+                    }
+                    let run_idx = sc.run_of[r as usize];
+                    sc.run_hits.push((run_idx, LfuHit { key, replica: r }));
+                    running += 1;
+                }
+                if running == 0 {
+                    break 'walk;
+                }
+            }
+            start = end;
+        }
+        let coeff = self.cfg.ranker.slo_coeff(q.ttft_ms);
+        let mut scores = std::mem::take(&mut self.last.scores);
+        for i in 0..self.scratch.runs.len() {
+            let run = self.scratch.runs[i];
+            if run.matched <= 0 {
+                continue;
+            }
+            let f = freshness(now, run.oldest, ttl);
+            if f <= 0.0 {
+                continue;
+            }
+            self.scratch.runs[i].scored = true;
+            let pressure = self.prefix_pressure(mscope, run.replica, now, ttl);
+            scores.push(Score {
+                replica: run.replica,
+                score: self
+                    .cfg
+                    .ranker
+                    .prefix_score(run.matched, f, pressure, coeff),
+                matched_tokens: run.matched as i32,
+                estimated_cache_hit_prob: f,
+                tier: ranking::tier_to_wire(run.tier),
+            });
+        }
+        // LFU hits only for replicas whose run produced a score.
+        for (run_idx, hit) in self.scratch.run_hits.iter() {
+            if self.scratch.runs[*run_idx as usize].scored {
+                self.last.hits.push(*hit);
+            }
+        }
+        // Depth-aware distinguishing power (§9.5).
+        if total > 1 && !scores.is_empty() {
+            let cat = &self.cat;
+            scores.sort_unstable_by(|a, b| {
+                b.matched_tokens
+                    .cmp(&a.matched_tokens)
+                    .then_with(|| cat.strings.name(a.replica).cmp(cat.strings.name(b.replica)))
+            });
+            let mut start = 0;
+            while start < scores.len() {
+                let m = scores[start].matched_tokens;
+                let mut end = start;
+                while end < scores.len() && scores[end].matched_tokens == m {
+                    end += 1;
+                }
+                let dp = distinguishing_power(end as i64, total as i64);
+                if dp != 1.0 {
+                    for s in &mut scores[start..end] {
+                        s.score *= dp as f32;
+                    }
+                }
+                start = end;
+            }
+        }
+        sort_scores(&self.cat, &mut scores);
+        self.last.scores = scores;
+    }
+
+    /// TENANT_HOT candidates (§8.4) into `self.last`.
+    fn tenant_hot_into(&mut self, q: &LookupQuery<'_>, now: i64) {
+        let max_age = self.cfg.ranker.tenant_hot_max_age_ns;
+        if max_age <= 0 || q.hash_scheme.is_empty() {
+            return;
+        }
+        let Some(mscope) = self.cat.find_model(q.tenant, q.model) else {
+            return;
+        };
+        let Some(scope) = self.cat.find_scope(q.tenant, q.model, q.hash_scheme) else {
+            return;
+        };
+        let serving = &self.cat.scopes[scope as usize].serving;
+        let coeff = self.cfg.ranker.slo_coeff(q.ttft_ms);
+        let min_hit = self.cfg.ranker.tenant_hot_min_hit_rate;
+        for (replica, row) in self.cat.models[mscope as usize].stats.iter() {
+            let age = now.saturating_sub(row.stats_reported);
+            if age >= max_age || row.hit_rate < min_hit {
+                continue;
+            }
+            if serving.get(replica).copied().unwrap_or(0) == 0 {
+                continue;
+            }
+            let rec = recency(age, max_age);
+            self.last.scores.push(Score {
+                replica: *replica,
+                score: self
+                    .cfg
+                    .ranker
+                    .hot_score(row.hit_rate, rec, row.pressure, coeff),
+                matched_tokens: 0,
+                estimated_cache_hit_prob: row.hit_rate,
+                tier: 0,
+            });
+        }
+        sort_scores(&self.cat, &mut self.last.scores);
+    }
+
+    /// Miss classifier (§8.5).
+    fn classify_miss(&self, q: &LookupQuery<'_>) -> Strategy {
+        if self.dir.total_entries() == 0 {
+            return Strategy::None;
+        }
+        if !self.tenant_known(q.tenant) {
+            return Strategy::UnknownTenant;
+        }
+        if !self.has_tenant_model(q.tenant, q.model) {
+            return Strategy::UnknownModel;
+        }
+        if !self.has_scope(q.tenant, q.model, q.hash_scheme) {
+            return Strategy::UnknownHashScheme;
+        }
+        Strategy::None
+    }
+
+    /// The orchestrator `LookupRoute(req)` (§8.1): exact / chain match, TENANT_HOT for
+    /// non-chain misses, then the miss classifier. The result borrows the index until the next
+    /// call; [`Index::credit_lfu`] credits it after the server's floors.
+    pub fn lookup_route(
+        &mut self,
+        q: &LookupQuery<'_>,
+        now: i64,
+        rules: &dyn TenantRules,
+    ) -> LookupView<'_> {
+        self.reset_last();
+        if q.tenant.is_empty() || q.model.is_empty() || q.hash_scheme.is_empty() {
+            return self.view();
+        }
+        self.last.tenant = self.cat.strings.get(q.tenant);
+        let chain = !q.block_hashes.is_empty() || !q.block_token_counts.is_empty();
+        if chain {
+            if q.block_hashes.len() != q.block_token_counts.len() {
+                return self.view();
+            }
+            self.chain_into(q, now, rules);
+            if !self.last.scores.is_empty() {
+                self.last.strategy = Strategy::PrefixMatch;
+                return self.view();
+            }
+        } else {
+            self.exact_into(q, now, rules);
+            if !self.last.scores.is_empty() {
+                self.last.strategy = Strategy::PrefixMatch;
+                return self.view();
+            }
+            self.last.hits.clear();
+            self.tenant_hot_into(q, now);
+            if !self.last.scores.is_empty() {
+                self.last.strategy = Strategy::TenantHot;
+                return self.view();
+            }
+        }
+        self.last.hits.clear();
+        self.last.strategy = self.classify_miss(q);
+        self.view()
+    }
+
+    /// The lower-level prefix-only `Lookup(req)` (§8.1 last paragraph, used by `/probe`): empty
+    /// scheme or malformed chain → empty; chain → chain match; else exact match. Strategy is
+    /// `PrefixMatch` when scores are non-empty, else `None`.
+    pub fn lookup(
+        &mut self,
+        q: &LookupQuery<'_>,
+        now: i64,
+        rules: &dyn TenantRules,
+    ) -> LookupView<'_> {
+        self.reset_last();
+        if q.hash_scheme.is_empty() {
+            return self.view();
+        }
+        self.last.tenant = self.cat.strings.get(q.tenant);
+        if !q.block_hashes.is_empty() || !q.block_token_counts.is_empty() {
+            if q.block_hashes.len() != q.block_token_counts.len() {
+                return self.view();
+            }
+            self.chain_into(q, now, rules);
+        } else {
+            self.exact_into(q, now, rules);
+        }
+        if !self.last.scores.is_empty() {
+            self.last.strategy = Strategy::PrefixMatch;
+        }
+        self.view()
+    }
+
+    /// Credits LFU counters (§7.4) for the **last** lookup's hits of the replicas for which
+    /// `keep(replica_id)` is true (the server passes the replicas that survived its floors).
+    /// No-op unless the last result was `PrefixMatch` and the tenant resolves to LFU.
+    /// Returns the number of entries credited.
+    pub fn credit_lfu(&mut self, keep: impl FnMut(&str) -> bool, rules: &dyn TenantRules) -> u64 {
+        if self.last.strategy != Strategy::PrefixMatch {
+            return 0;
+        }
+        let Some(tenant) = self.last.tenant else {
+            return 0;
+        };
+        let hits = std::mem::take(&mut self.last.hits);
+        let n = self.credit_hits_filtered(tenant, &hits, keep, rules);
+        self.last.hits = hits;
+        n
+    }
+
+    /// Credits an owned hit list (for servers that carry hits across a core hop): `tenant` is
+    /// the lookup's tenant; only hits whose replica satisfies `keep` are credited.
+    pub fn credit_hits(
+        &mut self,
+        tenant: &str,
+        hits: &[LfuHit],
+        keep: impl FnMut(&str) -> bool,
+        rules: &dyn TenantRules,
+    ) -> u64 {
+        let Some(t) = self.cat.strings.get(tenant) else {
+            return 0;
+        };
+        self.credit_hits_filtered(t, hits, keep, rules)
+    }
+
+    fn credit_hits_filtered(
+        &mut self,
+        tenant: u32,
+        hits: &[LfuHit],
+        mut keep: impl FnMut(&str) -> bool,
+        rules: &dyn TenantRules,
+    ) -> u64 {
+        if rules.eviction(self.cat.strings.name(tenant)) != Eviction::Lfu {
+            return 0;
+        }
+        let mut n = 0;
+        let mut last: Option<(u32, bool)> = None;
+        for hit in hits {
+            let kept = match last {
+                Some((r, k)) if r == hit.replica => k,
+                _ => {
+                    let k = keep(self.cat.strings.name(hit.replica));
+                    last = Some((hit.replica, k));
+                    k
+                }
+            };
+            if !kept {
+                continue;
+            }
+            debug_assert_eq!(self.cat.tenant_of(hit.key), tenant);
+            let Some(pos) = self.store.find(hit.key) else {
+                continue;
+            };
+            let Some(at) = self.store.find_holder(pos, hit.replica) else {
+                continue;
+            };
+            let h = self.store.holder_mut(at);
+            h.access = h.access.saturating_add(1);
+            n += 1;
+            self.cap_touch(hit.key, hit.replica, Some(pos));
+        }
+        n
+    }
+
+    /// Affinity pick (§8.6): `sorted(serving replicas)[BE-u64(SHA-256(seed)[..8]) mod n]`.
+    pub fn affinity_hint(
+        &self,
+        tenant: &str,
+        model: &str,
+        scheme: &str,
+        seed: &[u8],
+    ) -> Option<&str> {
+        if seed.is_empty() || scheme.is_empty() {
+            return None;
+        }
+        let scope = self.cat.find_scope(tenant, model, scheme)?;
+        let sorted = &self.cat.scopes[scope as usize].sorted;
+        if sorted.is_empty() {
+            return None;
+        }
+        let digest = Sha256::digest(seed);
+        let mut b = [0u8; 8];
+        b.copy_from_slice(&digest[..8]);
+        let idx = u64::from_be_bytes(b) % sorted.len() as u64;
+        Some(self.cat.strings.name(sorted[idx as usize]))
+    }
+}

@@ -1,0 +1,928 @@
+//! One core's KV-cache routing index (BEHAVIOUR.md §3–§9, §11, §14, §16).
+//!
+//! The server owns one [`Index`] per core and routes every request of a `(tenant, model)` pair to
+//! the same core, so every per-(tenant, model) and per-scope structure here is core-local. The
+//! index is single-threaded (`&mut self`, no locks); time is always passed in (`now`, unix ns)
+//! so tests inject the clock. The few facts that span cores (is a tenant known anywhere, is the
+//! whole index empty, global entry count, per-tenant key count) live in the shared
+//! [`Directory`](crate::directory::Directory).
+//!
+//! Module map:
+//! * [`ranking`] — pure float32 formulas (freshness, distinguishing power, scores, tiers);
+//! * `intern` — string ids and out-of-line hash blobs;
+//! * `store` — the compact prefix map (key records, holders, hash table);
+//! * this file — the catalog (scopes, partitions, model scopes, tenants), the upsert/remove
+//!   primitives with their secondary counters, ingest (§4) and events (§5);
+//! * `lookup` — exact, chain, TENANT_HOT, miss classifier, orchestrator, affinity, LFU credit;
+//! * `eviction` — TTL sweep, tenant quota, global cap (candidate heaps);
+//! * `aggregate` — GetCacheState, `/snapshot` parts and their merge, the entries gauge.
+
+mod aggregate;
+mod eviction;
+mod intern;
+mod lookup;
+pub mod ranking;
+mod store;
+
+pub use aggregate::{
+    CacheState, EntriesGauge, PartReplica, PartStats, ReplicaRow, SnapshotPart, SnapshotRows,
+    TenantRow, merge_snapshot_parts,
+};
+pub use lookup::{LfuHit, LookupQuery, LookupView, Score, Strategy};
+pub use ranking::RankerConfig;
+
+use crate::PROBE_TENANT;
+use crate::directory::{Directory, TenantFp};
+use crate::rules::{Eviction, TenantRules};
+use eviction::{CapState, QuotaState};
+use hashbrown::HashMap;
+use inferencecache_proto::v1alpha1::{CacheEvent, CacheStateUpdate, cache_event};
+use intern::{Blobs, Strings};
+use std::sync::Arc;
+use store::{BLOB_FLAG, Holder, KeyId, Store};
+
+/// Default TTL (§3.1): 30 minutes in ns.
+pub const DEFAULT_TTL_NS: i64 = 30 * 60 * 1_000_000_000;
+/// Default global cap (§3.1) in storage entries; 0 = unbounded.
+pub const DEFAULT_MAX_ENTRIES: u64 = 1_000_000;
+
+/// Construction parameters of one core's index.
+#[derive(Clone, Debug)]
+pub struct IndexConfig {
+    /// TTL for tenants whose policy gives none; non-positive → [`DEFAULT_TTL_NS`].
+    pub default_ttl_ns: i64,
+    /// Global cap on non-reserved storage entries across all cores; 0 = unbounded. Enforced at
+    /// ingest against the directory's global count; victims come from the ingesting core only
+    /// (exact reference order with one core; see the `eviction` module docs for several).
+    pub max_entries: u64,
+    /// Ranker knobs (§9.1).
+    pub ranker: RankerConfig,
+    /// Cross-core counters, shared by every core's index.
+    pub directory: Arc<Directory>,
+    /// This core's number (diagnostics only).
+    pub core_id: usize,
+}
+
+impl Default for IndexConfig {
+    /// A single-core configuration with its own directory and the spec defaults.
+    fn default() -> Self {
+        IndexConfig {
+            default_ttl_ns: DEFAULT_TTL_NS,
+            max_entries: DEFAULT_MAX_ENTRIES,
+            ranker: RankerConfig::default(),
+            directory: Arc::new(Directory::default()),
+            core_id: 0,
+        }
+    }
+}
+
+/// Removals counted per resolved eviction algorithm (the `algorithm` label of
+/// `inferencecache_index_evictions_total`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct EvictionCounts {
+    /// Entries of LRU tenants.
+    pub lru: u64,
+    /// Entries of LFU tenants.
+    pub lfu: u64,
+}
+
+impl EvictionCounts {
+    fn add(&mut self, algo: Eviction) {
+        match algo {
+            Eviction::Lru => self.lru += 1,
+            Eviction::Lfu => self.lfu += 1,
+        }
+    }
+    /// Total removals.
+    pub fn total(&self) -> u64 {
+        self.lru + self.lfu
+    }
+}
+
+/// What one ingest did, so the server can count metrics (§4.2 step 6).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct IngestOutcome {
+    /// Upserts performed (chain blocks + legacy keys).
+    pub upserts: u64,
+    /// `PrefixEntry`s dropped because their chain arrays had different lengths.
+    pub malformed_dropped: u64,
+    /// Distinct prefix keys of the update's tenant evicted by its quota
+    /// (`inferencecache_tenant_evictions_total{tenant_id, reason="over_entries"}`).
+    pub quota_evicted_keys: u64,
+    /// Storage entries evicted by the global cap (`index_evictions_total{algorithm, reason="cap"}`).
+    pub cap_evicted: EvictionCounts,
+}
+
+/// What one sweep did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SweepOutcome {
+    /// Entries removed by TTL (`index_evictions_total{algorithm, reason="ttl"}`).
+    pub ttl_evicted: EvictionCounts,
+    /// Stats rows deleted by TTL.
+    pub stats_rows_removed: u64,
+}
+
+/// What one event did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct EventOutcome {
+    /// Storage entries removed.
+    pub entries_removed: u64,
+    /// Whether a stats row was touched (REPLICA_UPDATED) or deleted (ALL_CLEARED).
+    pub stats_changed: bool,
+}
+
+/// One stats row (§3.2 store 2). `client_version` is never stored.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) struct StatsRow {
+    pub cache_memory_bytes: i64,
+    pub hit_rate: f32,
+    pub pressure: f32,
+    pub t2_hit_tokens: i64,
+    pub t2_query_tokens: i64,
+    /// Liveness (REPLICA_UPDATED advances it).
+    pub last_seen: i64,
+    /// Time of the last stats payload (drives pressure freshness and TENANT_HOT).
+    pub stats_reported: i64,
+}
+
+/// `(tenant, model, scheme)`: serving membership lives here.
+pub(crate) struct ScopeRec {
+    pub tenant: u32,
+    pub model: u32,
+    pub scheme: u32,
+    pub mscope: u32,
+    /// replica → number of prefix keys it holds in the scope (`serving_by_scope`).
+    pub serving: HashMap<u32, u32>,
+    /// The serving replicas sorted by name (affinity candidates), kept in lock-step.
+    pub sorted: Vec<u32>,
+    /// Partition ids `(scope, adapter)` of this scope.
+    pub parts: Vec<u32>,
+}
+
+/// `(scope, adapter)`: the namespace of prefix hashes.
+pub(crate) struct PartRec {
+    pub scope: u32,
+    pub adapter: u32,
+}
+
+/// `(tenant, model)`: stats rows and the per-model-scope key count.
+pub(crate) struct ModelRec {
+    pub tenant: u32,
+    pub model: u32,
+    /// `prefixes_by_tenant_model`.
+    pub prefixes: u64,
+    /// `stats` rows; their keys are `replicas_by_model`.
+    pub stats: HashMap<u32, StatsRow>,
+    pub scopes: Vec<u32>,
+}
+
+/// Per-tenant state on this core.
+pub(crate) struct TenantRec {
+    /// Distinct prefix keys on this core (`prefixes_by_tenant`, local part).
+    pub prefixes: u64,
+    /// Storage entries on this core.
+    pub entries: u64,
+    pub reserved: bool,
+    pub fp: TenantFp,
+    /// Eviction algorithm as last resolved; the cap candidate heap is keyed on it.
+    pub algo: Eviction,
+}
+
+/// Interned names and the scope/partition/model-scope/tenant records. Split from the rest of
+/// [`Index`] so eviction comparators can borrow it while heaps are mutated.
+#[derive(Default)]
+pub(crate) struct Catalog {
+    pub strings: Strings,
+    pub blobs: Blobs,
+    pub scopes: Vec<ScopeRec>,
+    pub scope_ids: HashMap<(u32, u32, u32), u32>,
+    pub parts: Vec<PartRec>,
+    pub part_ids: HashMap<(u32, u32), u32>,
+    pub models: Vec<ModelRec>,
+    pub model_ids: HashMap<(u32, u32), u32>,
+    pub tenants: HashMap<u32, TenantRec>,
+}
+
+impl Catalog {
+    /// The scope record of a key.
+    pub fn scope_of(&self, k: KeyId) -> &ScopeRec {
+        &self.scopes[self.parts[k.part_id() as usize].scope as usize]
+    }
+    /// Tenant string id of a key.
+    pub fn tenant_of(&self, k: KeyId) -> u32 {
+        self.scope_of(k).tenant
+    }
+    /// The wire bytes of a key's hash, without allocating (8-byte hashes are materialised in
+    /// `buf`).
+    pub fn hash_bytes<'a>(&'a self, k: KeyId, buf: &'a mut [u8; 8]) -> &'a [u8] {
+        if k.is_blob() {
+            self.blobs.bytes(k.h as u32)
+        } else {
+            *buf = k.h.to_be_bytes();
+            &buf[..]
+        }
+    }
+    /// Resolves an existing key id from a partition and wire bytes (no allocation).
+    pub fn key_for(&self, part: u32, bytes: &[u8]) -> Option<KeyId> {
+        if bytes.len() == 8 {
+            let mut b = [0u8; 8];
+            b.copy_from_slice(bytes);
+            Some(KeyId {
+                part,
+                h: u64::from_be_bytes(b),
+            })
+        } else {
+            self.blobs.get(bytes).map(|id| KeyId {
+                part: part | BLOB_FLAG,
+                h: id as u64,
+            })
+        }
+    }
+    /// Existing scope id for strings (no allocation, no interning).
+    pub fn find_scope(&self, tenant: &str, model: &str, scheme: &str) -> Option<u32> {
+        let t = self.strings.get(tenant)?;
+        let m = self.strings.get(model)?;
+        let s = self.strings.get(scheme)?;
+        self.scope_ids.get(&(t, m, s)).copied()
+    }
+    /// Existing model-scope id for strings.
+    pub fn find_model(&self, tenant: &str, model: &str) -> Option<u32> {
+        let t = self.strings.get(tenant)?;
+        let m = self.strings.get(model)?;
+        self.model_ids.get(&(t, m)).copied()
+    }
+    /// Existing partition id of a scope and adapter string.
+    pub fn find_part(&self, scope: u32, adapter: &str) -> Option<u32> {
+        let a = self.strings.get(adapter)?;
+        self.part_ids.get(&(scope, a)).copied()
+    }
+}
+
+/// Counter deltas not yet pushed to the directory (flushed at the end of every operation and
+/// before every cross-core read that must include them).
+#[derive(Default)]
+struct Pending {
+    total: i64,
+    non_reserved: i64,
+    tenants: Vec<(u32, i64)>,
+}
+
+/// Per-model non-reserved key counts for the entries gauge.
+#[derive(Default)]
+struct ModelGauge {
+    /// model string id → (count, dirty).
+    counts: HashMap<u32, (u64, bool)>,
+    dirty: Vec<u32>,
+}
+
+impl ModelGauge {
+    fn add(&mut self, model: u32, delta: i64) {
+        let e = self.counts.entry(model).or_insert((0, false));
+        e.0 = (e.0 as i64 + delta) as u64;
+        if !e.1 {
+            e.1 = true;
+            self.dirty.push(model);
+        }
+    }
+}
+
+/// One core's index. See the module docs.
+pub struct Index {
+    cfg: IndexConfig,
+    dir: Arc<Directory>,
+    pub(crate) cat: Catalog,
+    pub(crate) store: Store,
+    reserved_entries: u64,
+    pending: Pending,
+    gauge: ModelGauge,
+    cap: CapState,
+    quotas: HashMap<u32, QuotaState>,
+    scratch: lookup::Scratch,
+    last: lookup::LastLookup,
+    min_candidates: usize,
+}
+
+impl Default for Index {
+    fn default() -> Self {
+        Index::new(IndexConfig::default())
+    }
+}
+
+impl Index {
+    /// Builds an empty index. A non-positive default TTL is clamped back to 30 min (§3.1).
+    pub fn new(mut config: IndexConfig) -> Index {
+        if config.default_ttl_ns <= 0 {
+            config.default_ttl_ns = DEFAULT_TTL_NS;
+        }
+        let dir = config.directory.clone();
+        Index {
+            cfg: config,
+            dir,
+            cat: Catalog::default(),
+            store: Store::new(),
+            reserved_entries: 0,
+            pending: Pending::default(),
+            gauge: ModelGauge::default(),
+            cap: CapState::default(),
+            quotas: HashMap::new(),
+            scratch: lookup::Scratch::default(),
+            last: lookup::LastLookup::default(),
+            min_candidates: eviction::MIN_CANDIDATES,
+        }
+    }
+
+    /// The configuration in force.
+    pub fn config(&self) -> &IndexConfig {
+        &self.cfg
+    }
+
+    /// The shared directory.
+    pub fn directory(&self) -> &Arc<Directory> {
+        &self.dir
+    }
+
+    /// Changes the global cap (tests and the server's flag); takes effect at the next ingest.
+    pub fn set_max_entries(&mut self, max: u64) {
+        self.cfg.max_entries = max;
+    }
+
+    /// Changes the ranker knobs (tests).
+    pub fn set_ranker(&mut self, ranker: RankerConfig) {
+        self.cfg.ranker = ranker;
+    }
+
+    /// Test knob: minimum candidate-set size of the cap/quota heaps (default 1024). Tiny values
+    /// exercise the threshold, stale-snapshot and rebuild paths with few entries.
+    #[doc(hidden)]
+    pub fn set_min_candidates(&mut self, k: usize) {
+        self.cap_clear();
+        for t in self.quotas.keys().copied().collect::<Vec<_>>() {
+            self.quota_clear(t);
+        }
+        self.min_candidates = k.max(1);
+    }
+
+    /// Tells the index that tenant policies changed (eviction algorithm switch). Optional: the
+    /// index also detects algorithm changes itself before every cap enforcement.
+    pub fn rules_changed(&mut self) {
+        self.cap_clear();
+    }
+
+    /// Number of storage entries on this core (reserved included).
+    pub fn entry_count(&self) -> u64 {
+        self.store.entry_count() as u64
+    }
+
+    /// Number of distinct prefix keys on this core (reserved included).
+    pub fn key_count(&self) -> u64 {
+        self.store.key_count() as u64
+    }
+
+    /// Non-reserved storage entries on this core (what this core contributes to the cap).
+    pub fn non_reserved_entry_count(&self) -> u64 {
+        self.store.entry_count() as u64 - self.reserved_entries
+    }
+
+    /// Resolved TTL of a tenant: its policy TTL if positive, else the index default (§6).
+    pub fn ttl_for(&self, rules: &dyn TenantRules, tenant: &str) -> i64 {
+        let t = rules.ttl_ns(tenant);
+        if t > 0 { t } else { self.cfg.default_ttl_ns }
+    }
+
+    // ---- catalog helpers -------------------------------------------------------------------
+
+    fn ensure_tenant(&mut self, tenant: u32) {
+        if !self.cat.tenants.contains_key(&tenant) {
+            let name = self.cat.strings.name(tenant);
+            let rec = TenantRec {
+                prefixes: 0,
+                entries: 0,
+                reserved: name == PROBE_TENANT,
+                fp: Directory::fingerprint(name),
+                algo: Eviction::Lru,
+            };
+            self.cat.tenants.insert(tenant, rec);
+        }
+    }
+
+    fn ensure_model(&mut self, tenant: u32, model: u32) -> u32 {
+        if let Some(id) = self.cat.model_ids.get(&(tenant, model)) {
+            return *id;
+        }
+        let id = self.cat.models.len() as u32;
+        self.cat.models.push(ModelRec {
+            tenant,
+            model,
+            prefixes: 0,
+            stats: HashMap::new(),
+            scopes: Vec::new(),
+        });
+        self.cat.model_ids.insert((tenant, model), id);
+        id
+    }
+
+    fn ensure_scope(&mut self, tenant: u32, model: u32, scheme: u32) -> u32 {
+        if let Some(id) = self.cat.scope_ids.get(&(tenant, model, scheme)) {
+            return *id;
+        }
+        let mscope = self.ensure_model(tenant, model);
+        let id = self.cat.scopes.len() as u32;
+        self.cat.scopes.push(ScopeRec {
+            tenant,
+            model,
+            scheme,
+            mscope,
+            serving: HashMap::new(),
+            sorted: Vec::new(),
+            parts: Vec::new(),
+        });
+        self.cat.scope_ids.insert((tenant, model, scheme), id);
+        self.cat.models[mscope as usize].scopes.push(id);
+        id
+    }
+
+    fn ensure_part(&mut self, scope: u32, adapter: u32) -> u32 {
+        if let Some(id) = self.cat.part_ids.get(&(scope, adapter)) {
+            return *id;
+        }
+        let id = self.cat.parts.len() as u32;
+        assert!(id < BLOB_FLAG, "too many partitions");
+        self.cat.parts.push(PartRec { scope, adapter });
+        self.cat.part_ids.insert((scope, adapter), id);
+        self.cat.scopes[scope as usize].parts.push(id);
+        id
+    }
+
+    fn pending_tenant(&mut self, tenant: u32, delta: i64) {
+        if let Some(e) = self.pending.tenants.iter_mut().find(|(t, _)| *t == tenant) {
+            e.1 += delta;
+        } else {
+            self.pending.tenants.push((tenant, delta));
+        }
+    }
+
+    /// Pushes pending counter deltas to the directory.
+    fn flush(&mut self) {
+        self.dir
+            .add_entries(self.pending.total, self.pending.non_reserved);
+        self.pending.total = 0;
+        self.pending.non_reserved = 0;
+        for (t, d) in self.pending.tenants.drain(..) {
+            if d != 0 {
+                let fp = self.cat.tenants[&t].fp;
+                self.dir.add_tenant_keys(fp, d);
+            }
+        }
+    }
+
+    // ---- primitives (§3.3) ------------------------------------------------------------------
+
+    /// *Upsert(key, replica, token_count, tier, ts)* of §3.3 for a key given as wire bytes.
+    fn upsert(&mut self, part: u32, bytes: &[u8], replica: u32, tokens: i32, tier: u8, ts: i64) {
+        let (key, fresh_blob) = match self.cat.key_for(part, bytes) {
+            Some(k) => (k, false),
+            None => {
+                let id = self.cat.blobs.acquire(bytes);
+                (
+                    KeyId {
+                        part: part | BLOB_FLAG,
+                        h: id as u64,
+                    },
+                    true,
+                )
+            }
+        };
+        let (pos, created) = self
+            .store
+            .find_or_insert(key, Holder::new(replica, tier, tokens, ts));
+        if created {
+            if key.is_blob() && !fresh_blob {
+                self.cat.blobs.retain(key.h as u32);
+            }
+            self.on_key_created(key);
+            self.on_entry_created(key, replica);
+        } else {
+            debug_assert!(!fresh_blob, "a new blob cannot name an existing key");
+            match self.store.find_holder(pos, replica) {
+                Some(at) => {
+                    let h = self.store.holder_mut(at);
+                    h.tokens = tokens;
+                    h.set_last_seen(ts);
+                    h.set_tier(tier);
+                }
+                None => {
+                    self.store
+                        .add_holder(pos, Holder::new(replica, tier, tokens, ts));
+                    self.on_entry_created(key, replica);
+                }
+            }
+        }
+        self.cap_touch(key, replica, Some(pos));
+        self.quota_touch(key);
+    }
+
+    fn on_key_created(&mut self, key: KeyId) {
+        let scope = self.cat.scope_of(key);
+        let (tenant, model, mscope) = (scope.tenant, scope.model, scope.mscope);
+        let t = self.cat.tenants.get_mut(&tenant).expect("tenant record");
+        t.prefixes += 1;
+        let reserved = t.reserved;
+        self.cat.models[mscope as usize].prefixes += 1;
+        self.pending_tenant(tenant, 1);
+        if !reserved {
+            self.gauge.add(model, 1);
+        }
+    }
+
+    fn on_key_removed(&mut self, key: KeyId) {
+        let scope = self.cat.scope_of(key);
+        let (tenant, model, mscope) = (scope.tenant, scope.model, scope.mscope);
+        let t = self.cat.tenants.get_mut(&tenant).expect("tenant record");
+        debug_assert!(t.prefixes > 0);
+        t.prefixes -= 1;
+        let reserved = t.reserved;
+        let m = &mut self.cat.models[mscope as usize];
+        debug_assert!(m.prefixes > 0);
+        m.prefixes -= 1;
+        self.pending_tenant(tenant, -1);
+        if !reserved {
+            self.gauge.add(model, -1);
+        }
+        if key.is_blob() {
+            self.cat.blobs.release(key.h as u32);
+        }
+    }
+
+    fn on_entry_created(&mut self, key: KeyId, replica: u32) {
+        let scope_id = self.cat.parts[key.part_id() as usize].scope;
+        let tenant = self.cat.scopes[scope_id as usize].tenant;
+        let t = self.cat.tenants.get_mut(&tenant).expect("tenant record");
+        t.entries += 1;
+        self.pending.total += 1;
+        if t.reserved {
+            self.reserved_entries += 1;
+        } else {
+            self.pending.non_reserved += 1;
+        }
+        let strings = &self.cat.strings;
+        let scope = &mut self.cat.scopes[scope_id as usize];
+        let c = scope.serving.entry(replica).or_insert(0);
+        *c += 1;
+        if *c == 1 {
+            let name = strings.name(replica);
+            let at = scope
+                .sorted
+                .binary_search_by(|r| strings.name(*r).cmp(name))
+                .expect_err("replica already serving");
+            scope.sorted.insert(at, replica);
+        }
+    }
+
+    fn on_entry_removed(&mut self, key: KeyId, replica: u32) {
+        let scope_id = self.cat.parts[key.part_id() as usize].scope;
+        let tenant = self.cat.scopes[scope_id as usize].tenant;
+        let t = self.cat.tenants.get_mut(&tenant).expect("tenant record");
+        debug_assert!(t.entries > 0);
+        t.entries -= 1;
+        self.pending.total -= 1;
+        if t.reserved {
+            self.reserved_entries -= 1;
+        } else {
+            self.pending.non_reserved -= 1;
+        }
+        let strings = &self.cat.strings;
+        let scope = &mut self.cat.scopes[scope_id as usize];
+        let c = scope.serving.get_mut(&replica).expect("serving count");
+        *c -= 1;
+        if *c == 0 {
+            scope.serving.remove(&replica);
+            let name = strings.name(replica);
+            let at = scope
+                .sorted
+                .binary_search_by(|r| strings.name(*r).cmp(name))
+                .expect("serving replica in sorted list");
+            scope.sorted.remove(at);
+        }
+    }
+
+    /// *Remove(key, replica)* of §3.3. Returns the removed holder. May move another key record
+    /// into `key`'s slab position.
+    fn remove_entry(&mut self, key: KeyId, replica: u32) -> Option<Holder> {
+        let pos = self.store.find(key)?;
+        let (holder, key_gone) = self.store.remove_holder(pos, replica)?;
+        self.on_entry_removed(key, replica);
+        if key_gone {
+            self.on_key_removed(key);
+        } else {
+            self.quota_touch(key);
+        }
+        Some(holder)
+    }
+
+    /// Removes every holder of a key (quota victim). Returns the number of entries removed.
+    fn remove_key(&mut self, key: KeyId) -> u64 {
+        let mut n = 0;
+        while let Some(pos) = self.store.find(key) {
+            let replica = self
+                .store
+                .holders(pos)
+                .next()
+                .expect("key without holder")
+                .1
+                .replica();
+            let removed = self.remove_entry(key, replica);
+            debug_assert!(removed.is_some());
+            n += 1;
+        }
+        n
+    }
+
+    // ---- ingest (§4.2) -----------------------------------------------------------------------
+
+    /// Applies one `CacheStateUpdate` (§4.2): prefixes (chain and legacy forms), stats, then the
+    /// tenant quota and the global cap. The gRPC handler skips the probe tenant; `/probe` ingests
+    /// under it directly, and its entries are reserved (never counted toward or evicted by the
+    /// cap, excluded from aggregates).
+    pub fn ingest(
+        &mut self,
+        u: &CacheStateUpdate,
+        now: i64,
+        rules: &dyn TenantRules,
+    ) -> IngestOutcome {
+        let mut out = IngestOutcome::default();
+        let ts = if u.timestamp_us == 0 {
+            now
+        } else {
+            u.timestamp_us.saturating_mul(1000)
+        };
+        let reserved = u.tenant_id == PROBE_TENANT;
+        let budget = if reserved {
+            None
+        } else {
+            rules.quota(&u.tenant_id)
+        };
+        let tenant = self.cat.strings.intern(&u.tenant_id);
+        self.ensure_tenant(tenant);
+
+        if !u.hash_scheme.is_empty() && !u.prefixes.is_empty() {
+            let model = self.cat.strings.intern(&u.model_id);
+            let scheme = self.cat.strings.intern(&u.hash_scheme);
+            let replica = self.cat.strings.intern(&u.replica_id);
+            let scope = self.ensure_scope(tenant, model, scheme);
+            let default_adapter = self.cat.strings.intern(&u.adapter_id);
+            for p in &u.prefixes {
+                let tier = ranking::tier_from_wire(p.tier);
+                let adapter = if p.adapter_id.is_empty() {
+                    default_adapter
+                } else {
+                    self.cat.strings.intern(&p.adapter_id)
+                };
+                let part = self.ensure_part(scope, adapter);
+                if !p.block_hashes.is_empty() || !p.block_token_counts.is_empty() {
+                    if p.block_hashes.len() != p.block_token_counts.len() {
+                        out.malformed_dropped += 1;
+                        continue;
+                    }
+                    let mut cum: i32 = 0;
+                    for (h, c) in p.block_hashes.iter().zip(&p.block_token_counts) {
+                        cum = cum.wrapping_add(*c);
+                        self.upsert(part, h, replica, cum, tier, ts);
+                        out.upserts += 1;
+                    }
+                    if !p.prefix_hash.is_empty() {
+                        self.upsert(part, &p.prefix_hash, replica, p.token_count, tier, ts);
+                        out.upserts += 1;
+                    }
+                } else {
+                    self.upsert(part, &p.prefix_hash, replica, p.token_count, tier, ts);
+                    out.upserts += 1;
+                }
+            }
+        }
+
+        if let Some(s) = &u.stats {
+            let model = self.cat.strings.intern(&u.model_id);
+            let replica = self.cat.strings.intern(&u.replica_id);
+            let mscope = self.ensure_model(tenant, model);
+            let sanitize = |v: f32| if v.is_finite() { v } else { 0.0 };
+            let row = StatsRow {
+                cache_memory_bytes: s.cache_memory_bytes,
+                hit_rate: sanitize(s.hit_rate),
+                pressure: sanitize(s.pressure),
+                t2_hit_tokens: s.t2_hit_tokens,
+                t2_query_tokens: s.t2_query_tokens,
+                last_seen: ts,
+                stats_reported: ts,
+            };
+            self.cat.models[mscope as usize].stats.insert(replica, row);
+        }
+
+        if let Some(b) = budget {
+            out.quota_evicted_keys = self.enforce_quota(tenant, b);
+        }
+        self.enforce_cap(rules, &mut out.cap_evicted);
+        self.flush();
+        out
+    }
+
+    // ---- events (§5) -------------------------------------------------------------------------
+
+    /// Applies one `CacheEvent` (§5). `PREFIX_ADDED`, unspecified and unknown types do nothing.
+    pub fn apply_event(
+        &mut self,
+        e: &CacheEvent,
+        now: i64,
+        _rules: &dyn TenantRules,
+    ) -> EventOutcome {
+        let mut out = EventOutcome::default();
+        let ts = if e.timestamp_us == 0 {
+            now
+        } else {
+            e.timestamp_us.saturating_mul(1000)
+        };
+        let Some(mscope) = self.cat.find_model(&e.tenant_id, &e.model_id) else {
+            return out;
+        };
+        let Some(replica) = self.cat.strings.get(&e.replica_id) else {
+            return out;
+        };
+        match cache_event::Type::try_from(e.r#type) {
+            Ok(cache_event::Type::PrefixEvicted) => {
+                let adapter = if e.adapter_id.is_empty() {
+                    None
+                } else {
+                    match self.cat.strings.get(&e.adapter_id) {
+                        Some(a) => Some(a),
+                        None => return out,
+                    }
+                };
+                // Index loops: removals never change the scope/partition lists.
+                for si in 0..self.cat.models[mscope as usize].scopes.len() {
+                    let s = self.cat.models[mscope as usize].scopes[si];
+                    for pi in 0..self.cat.scopes[s as usize].parts.len() {
+                        let p = self.cat.scopes[s as usize].parts[pi];
+                        if adapter.is_some_and(|a| self.cat.parts[p as usize].adapter != a) {
+                            continue;
+                        }
+                        if let Some(k) = self.cat.key_for(p, &e.prefix_hash)
+                            && self.remove_entry(k, replica).is_some()
+                        {
+                            out.entries_removed += 1;
+                        }
+                    }
+                }
+            }
+            Ok(cache_event::Type::ReplicaUpdated) => {
+                if let Some(row) = self.cat.models[mscope as usize].stats.get_mut(&replica) {
+                    row.last_seen = ts;
+                    out.stats_changed = true;
+                }
+            }
+            Ok(cache_event::Type::AllCleared) => {
+                out.entries_removed = self.clear_replica(mscope, replica);
+                out.stats_changed = self.cat.models[mscope as usize]
+                    .stats
+                    .remove(&replica)
+                    .is_some();
+            }
+            _ => {}
+        }
+        self.flush();
+        out
+    }
+
+    /// Removes `replica` from every key of a model scope (ALL_CLEARED). A full scan of this
+    /// core's keys that stops as soon as the replica's known entry count is reached; skipped
+    /// entirely when the replica serves nothing in the model scope.
+    fn clear_replica(&mut self, mscope: u32, replica: u32) -> u64 {
+        let mut expected: u64 = 0;
+        for s in &self.cat.models[mscope as usize].scopes {
+            expected += *self.cat.scopes[*s as usize]
+                .serving
+                .get(&replica)
+                .unwrap_or(&0) as u64;
+        }
+        let mut removed = 0;
+        let mut pos = 0u32;
+        while removed < expected && (pos as usize) < self.store.key_count() {
+            let key = self.store.key_at(pos);
+            if self.cat.scope_of(key).mscope == mscope
+                && self.store.find_holder(pos, replica).is_some()
+            {
+                let before = self.store.key_count();
+                self.remove_entry(key, replica);
+                removed += 1;
+                if self.store.key_count() < before {
+                    continue; // another record moved into `pos`
+                }
+            }
+            pos += 1;
+        }
+        debug_assert_eq!(removed, expected);
+        removed
+    }
+
+    // ---- presence helpers (C049) -------------------------------------------------------------
+
+    /// Whether the tenant holds any prefix key on any core.
+    pub fn has_tenant(&self, tenant: &str) -> bool {
+        self.tenant_known(tenant)
+    }
+
+    /// Whether `(tenant, model)` holds any prefix key (core-local by routing).
+    pub fn has_tenant_model(&self, tenant: &str, model: &str) -> bool {
+        self.cat
+            .find_model(tenant, model)
+            .is_some_and(|m| self.cat.models[m as usize].prefixes > 0)
+    }
+
+    /// Whether any replica serves `(tenant, model, scheme)`.
+    pub fn has_scope(&self, tenant: &str, model: &str, scheme: &str) -> bool {
+        self.cat
+            .find_scope(tenant, model, scheme)
+            .is_some_and(|s| !self.cat.scopes[s as usize].serving.is_empty())
+    }
+
+    /// Tenant known anywhere: local keys, else the directory.
+    pub(crate) fn tenant_known(&self, tenant: &str) -> bool {
+        let (local, fp) = match self
+            .cat
+            .strings
+            .get(tenant)
+            .and_then(|t| self.cat.tenants.get(&t))
+        {
+            Some(rec) => (rec.prefixes, rec.fp),
+            None => (0, Directory::fingerprint(tenant)),
+        };
+        local > 0 || self.dir.tenant_keys(fp) > 0 || self.dir.is_saturated()
+    }
+
+    /// Distinct prefix keys of a tenant on this core.
+    pub fn tenant_prefix_count(&self, tenant: &str) -> u64 {
+        self.cat
+            .strings
+            .get(tenant)
+            .and_then(|t| self.cat.tenants.get(&t))
+            .map_or(0, |r| r.prefixes)
+    }
+
+    /// Every storage entry on this core as `(tenant, model, scheme, adapter, hash, replica,
+    /// token_count, last_seen, wire tier, access_count)`, sorted. For tests and debugging
+    /// (allocates).
+    pub fn dump_entries(&self) -> Vec<EntryDump> {
+        let mut out = Vec::with_capacity(self.store.entry_count());
+        for pos in 0..self.store.key_count() as u32 {
+            let key = self.store.key_at(pos);
+            let scope = self.cat.scope_of(key);
+            let part = &self.cat.parts[key.part_id() as usize];
+            let mut buf = [0u8; 8];
+            let hash = self.cat.hash_bytes(key, &mut buf).to_vec();
+            for (_, h) in self.store.holders(pos) {
+                out.push(EntryDump {
+                    tenant: self.cat.strings.name(scope.tenant).to_string(),
+                    model: self.cat.strings.name(scope.model).to_string(),
+                    scheme: self.cat.strings.name(scope.scheme).to_string(),
+                    adapter: self.cat.strings.name(part.adapter).to_string(),
+                    hash: hash.clone(),
+                    replica: self.cat.strings.name(h.replica()).to_string(),
+                    token_count: h.tokens,
+                    last_seen: h.last_seen(),
+                    tier: ranking::tier_to_wire(h.tier()),
+                    access_count: h.access as u64,
+                });
+            }
+        }
+        out.sort();
+        out
+    }
+
+    /// Approximate heap bytes of this core's index structures (the store dominates).
+    pub fn approx_heap_bytes(&self) -> usize {
+        self.store.heap_bytes() + self.cat.strings.heap_bytes()
+    }
+}
+
+/// One storage entry, flattened (see [`Index::dump_entries`]).
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct EntryDump {
+    /// Tenant id.
+    pub tenant: String,
+    /// Model id.
+    pub model: String,
+    /// Hash scheme.
+    pub scheme: String,
+    /// Adapter partition ("" = default).
+    pub adapter: String,
+    /// Prefix hash bytes.
+    pub hash: Vec<u8>,
+    /// Holder replica.
+    pub replica: String,
+    /// Stored token count.
+    pub token_count: i32,
+    /// Last seen, unix ns.
+    pub last_seen: i64,
+    /// Tier as reported on the wire (0..=3).
+    pub tier: i32,
+    /// LFU counter.
+    pub access_count: u64,
+}

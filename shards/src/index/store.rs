@@ -1,0 +1,488 @@
+//! The prefix map's storage: one compact record per prefix key with its first holder inline,
+//! further holders in an overflow slab, and an index-only hash table over the key records.
+//!
+//! Layout (the memory target is < 48 bytes per storage entry, ARCHITECTURE.md §3):
+//! * `KeyRec` (36 bytes, align 4): the key's 8-byte hash (or blob id), its partition id
+//!   (`(scope, adapter)`, top bit = "hash is a blob id"), the first holder, and the head of the
+//!   overflow chain.
+//! * `OverRec` (24 bytes): a further holder and the next link.
+//! * `HashTable<u32>`: slab positions, ~5 bytes per bucket.
+//!
+//! Key records live in a chunked slab (no doubling slack) and are removed by swap-remove, so a
+//! position is only valid until the next key removal; everything that must survive mutations
+//! identifies a key by its [`KeyId`] instead.
+
+use hashbrown::{DefaultHashBuilder, HashTable};
+use std::hash::BuildHasher;
+
+/// "No link" marker for slab links.
+pub(crate) const NIL: u32 = u32::MAX;
+/// Top bit of [`KeyId::part`]: the hash word is a blob id, not an inline 8-byte hash.
+pub(crate) const BLOB_FLAG: u32 = 1 << 31;
+/// Replica ids are stored in 24 bits next to the tier byte.
+pub(crate) const REPLICA_MASK: u32 = (1 << 24) - 1;
+
+/// Stable identity of a prefix key on one core: partition (scope + adapter) and hash word.
+/// Inline hashes are the big-endian u64 of the 8 wire bytes, so their numeric order is the
+/// bytewise order the eviction tie-breaks need.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) struct KeyId {
+    pub part: u32,
+    pub h: u64,
+}
+
+impl KeyId {
+    /// The partition id without the blob flag.
+    pub fn part_id(&self) -> u32 {
+        self.part & !BLOB_FLAG
+    }
+    /// Whether `h` is a blob id.
+    pub fn is_blob(&self) -> bool {
+        self.part & BLOB_FLAG != 0
+    }
+}
+
+/// One (key, replica) entry's payload: 20 bytes, align 4.
+#[derive(Clone, Copy, Debug)]
+#[repr(C)]
+pub(crate) struct Holder {
+    ls: [u32; 2],
+    rep_tier: u32,
+    /// Stored token count (cumulative for chain blocks).
+    pub tokens: i32,
+    /// LFU delivered-lookup counter (saturating; never reset by a refresh).
+    pub access: u32,
+}
+
+impl Holder {
+    /// A fresh entry with access count 0.
+    pub fn new(replica: u32, tier: u8, tokens: i32, last_seen: i64) -> Holder {
+        debug_assert!(replica <= REPLICA_MASK);
+        let mut h = Holder {
+            ls: [0; 2],
+            rep_tier: replica | (tier as u32) << 24,
+            tokens,
+            access: 0,
+        };
+        h.set_last_seen(last_seen);
+        h
+    }
+    /// Replica id.
+    pub fn replica(&self) -> u32 {
+        self.rep_tier & REPLICA_MASK
+    }
+    /// Stored tier.
+    pub fn tier(&self) -> u8 {
+        (self.rep_tier >> 24) as u8
+    }
+    /// Overwrites the tier.
+    pub fn set_tier(&mut self, tier: u8) {
+        self.rep_tier = (self.rep_tier & REPLICA_MASK) | (tier as u32) << 24;
+    }
+    /// `last_seen` in unix ns.
+    pub fn last_seen(&self) -> i64 {
+        ((self.ls[1] as u64) << 32 | self.ls[0] as u64) as i64
+    }
+    /// Overwrites `last_seen`.
+    pub fn set_last_seen(&mut self, ts: i64) {
+        let u = ts as u64;
+        self.ls = [u as u32, (u >> 32) as u32];
+    }
+}
+
+#[repr(C)]
+struct KeyRec {
+    h: [u32; 2],
+    part: u32,
+    first: Holder,
+    next: u32,
+}
+
+#[repr(C)]
+struct OverRec {
+    holder: Holder,
+    next: u32,
+}
+
+const _: () = assert!(std::mem::size_of::<KeyRec>() == 36);
+const _: () = assert!(std::mem::size_of::<OverRec>() == 24);
+
+const CHUNK_SHIFT: u32 = 14;
+const CHUNK: usize = 1 << CHUNK_SHIFT;
+
+/// A vector in fixed 16 Ki-element chunks: growth never copies and never over-allocates by
+/// more than one chunk.
+struct Chunked<T> {
+    chunks: Vec<Vec<T>>,
+    len: usize,
+}
+
+impl<T> Chunked<T> {
+    fn new() -> Self {
+        Chunked {
+            chunks: Vec::new(),
+            len: 0,
+        }
+    }
+    fn push(&mut self, v: T) -> u32 {
+        assert!(self.len < NIL as usize, "slab full");
+        if self.len == self.chunks.len() * CHUNK {
+            self.chunks.push(Vec::with_capacity(CHUNK));
+        }
+        self.chunks.last_mut().expect("chunk").push(v);
+        self.len += 1;
+        (self.len - 1) as u32
+    }
+    fn get(&self, i: u32) -> &T {
+        &self.chunks[(i >> CHUNK_SHIFT) as usize][(i as usize) & (CHUNK - 1)]
+    }
+    fn get_mut(&mut self, i: u32) -> &mut T {
+        &mut self.chunks[(i >> CHUNK_SHIFT) as usize][(i as usize) & (CHUNK - 1)]
+    }
+    fn pop(&mut self) -> T {
+        let last = self.chunks.last_mut().expect("pop from empty");
+        let v = last.pop().expect("pop from empty chunk");
+        if last.is_empty() {
+            self.chunks.pop();
+        }
+        self.len -= 1;
+        v
+    }
+    /// Removes element `i`, moving the last element into its place.
+    fn swap_remove(&mut self, i: u32) -> T {
+        debug_assert!((i as usize) < self.len);
+        let last = self.pop();
+        if i as usize == self.len {
+            last
+        } else {
+            std::mem::replace(self.get_mut(i), last)
+        }
+    }
+    fn bytes(&self) -> usize {
+        self.chunks.len() * CHUNK * std::mem::size_of::<T>()
+    }
+}
+
+/// Where a holder lives: inline in its key record, or at an overflow position.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum HolderPos {
+    Inline(u32),
+    Over(u32),
+}
+
+/// The prefix map.
+pub(crate) struct Store {
+    keys: Chunked<KeyRec>,
+    over: Chunked<OverRec>,
+    over_free: u32,
+    over_live: usize,
+    table: HashTable<u32>,
+    hasher: DefaultHashBuilder,
+    entries: usize,
+}
+
+impl Store {
+    pub fn new() -> Store {
+        Store {
+            keys: Chunked::new(),
+            over: Chunked::new(),
+            over_free: NIL,
+            over_live: 0,
+            table: HashTable::new(),
+            hasher: DefaultHashBuilder::default(),
+            entries: 0,
+        }
+    }
+
+    fn hash(hasher: &DefaultHashBuilder, k: KeyId) -> u64 {
+        hasher.hash_one((k.part, k.h))
+    }
+
+    fn rec_key(rec: &KeyRec) -> KeyId {
+        KeyId {
+            part: rec.part,
+            h: (rec.h[1] as u64) << 32 | rec.h[0] as u64,
+        }
+    }
+
+    /// Number of prefix keys.
+    pub fn key_count(&self) -> usize {
+        self.keys.len
+    }
+
+    /// Number of storage entries (key, replica).
+    pub fn entry_count(&self) -> usize {
+        self.entries
+    }
+
+    /// Slab position of a key.
+    pub fn find(&self, k: KeyId) -> Option<u32> {
+        let h = Self::hash(&self.hasher, k);
+        self.table
+            .find(h, |&i| Self::rec_key(self.keys.get(i)) == k)
+            .copied()
+    }
+
+    /// The key at a slab position (`pos < key_count()`).
+    pub fn key_at(&self, pos: u32) -> KeyId {
+        Self::rec_key(self.keys.get(pos))
+    }
+
+    /// Iterates the holders of the key at `pos`.
+    pub fn holders(&self, pos: u32) -> Holders<'_> {
+        Holders {
+            store: self,
+            at: Some(HolderPos::Inline(pos)),
+        }
+    }
+
+    /// The holder of `replica` in the key at `pos`.
+    pub fn find_holder(&self, pos: u32, replica: u32) -> Option<HolderPos> {
+        self.holders(pos)
+            .find(|(_, h)| h.replica() == replica)
+            .map(|(p, _)| p)
+    }
+
+    /// Read access to one holder.
+    pub fn holder(&self, at: HolderPos) -> &Holder {
+        match at {
+            HolderPos::Inline(p) => &self.keys.get(p).first,
+            HolderPos::Over(o) => &self.over.get(o).holder,
+        }
+    }
+
+    /// Write access to one holder.
+    pub fn holder_mut(&mut self, at: HolderPos) -> &mut Holder {
+        match at {
+            HolderPos::Inline(p) => &mut self.keys.get_mut(p).first,
+            HolderPos::Over(o) => &mut self.over.get_mut(o).holder,
+        }
+    }
+
+    /// Creates a key with its first holder; the key must be absent (tests; ingest uses
+    /// [`Store::find_or_insert`]).
+    #[cfg(test)]
+    pub fn insert_key(&mut self, k: KeyId, first: Holder) -> u32 {
+        debug_assert!(self.find(k).is_none());
+        let rec = KeyRec {
+            h: [k.h as u32, (k.h >> 32) as u32],
+            part: k.part,
+            first,
+            next: NIL,
+        };
+        let pos = self.keys.push(rec);
+        let h = Self::hash(&self.hasher, k);
+        let keys = &self.keys;
+        let hasher = &self.hasher;
+        self.table
+            .insert_unique(h, pos, |&i| Self::hash(hasher, Self::rec_key(keys.get(i))));
+        self.entries += 1;
+        pos
+    }
+
+    /// Finds the key or creates it with `first` as its only holder, in one table probe.
+    /// Returns `(slab position, created)`.
+    pub fn find_or_insert(&mut self, k: KeyId, first: Holder) -> (u32, bool) {
+        let h = Self::hash(&self.hasher, k);
+        let keys = &self.keys;
+        let hasher = &self.hasher;
+        let entry = self.table.entry(
+            h,
+            |&i| Self::rec_key(keys.get(i)) == k,
+            |&i| Self::hash(hasher, Self::rec_key(keys.get(i))),
+        );
+        match entry {
+            hashbrown::hash_table::Entry::Occupied(o) => (*o.get(), false),
+            hashbrown::hash_table::Entry::Vacant(v) => {
+                let rec = KeyRec {
+                    h: [k.h as u32, (k.h >> 32) as u32],
+                    part: k.part,
+                    first,
+                    next: NIL,
+                };
+                let pos = self.keys.push(rec);
+                v.insert(pos);
+                self.entries += 1;
+                (pos, true)
+            }
+        }
+    }
+
+    /// Adds a holder to an existing key (the replica must not hold it yet).
+    pub fn add_holder(&mut self, pos: u32, holder: Holder) {
+        debug_assert!(self.find_holder(pos, holder.replica()).is_none());
+        let next = self.keys.get(pos).next;
+        let rec = OverRec { holder, next };
+        let o = if self.over_free != NIL {
+            let o = self.over_free;
+            let slot = self.over.get_mut(o);
+            self.over_free = slot.next;
+            *slot = rec;
+            o
+        } else {
+            self.over.push(rec)
+        };
+        self.keys.get_mut(pos).next = o;
+        self.over_live += 1;
+        self.entries += 1;
+    }
+
+    fn free_over(&mut self, o: u32) {
+        let slot = self.over.get_mut(o);
+        slot.next = self.over_free;
+        self.over_free = o;
+        self.over_live -= 1;
+    }
+
+    /// Removes `replica`'s holder from the key at `pos`. Returns the removed holder and whether
+    /// the key itself was removed (it had no other holder). Removing a key swap-moves the last
+    /// key record into `pos`.
+    pub fn remove_holder(&mut self, pos: u32, replica: u32) -> Option<(Holder, bool)> {
+        let at = self.find_holder(pos, replica)?;
+        self.entries -= 1;
+        match at {
+            HolderPos::Inline(_) => {
+                let rec = self.keys.get(pos);
+                let removed = rec.first;
+                let next = rec.next;
+                if next == NIL {
+                    self.remove_key_record(pos);
+                    return Some((removed, true));
+                }
+                let o = self.over.get(next);
+                let (promoted, after) = (o.holder, o.next);
+                let rec = self.keys.get_mut(pos);
+                rec.first = promoted;
+                rec.next = after;
+                self.free_over(next);
+                Some((removed, false))
+            }
+            HolderPos::Over(o) => {
+                // Unlink o from the chain starting at keys[pos].next.
+                let removed = self.over.get(o).holder;
+                let after = self.over.get(o).next;
+                let head = self.keys.get(pos).next;
+                if head == o {
+                    self.keys.get_mut(pos).next = after;
+                } else {
+                    let mut cur = head;
+                    loop {
+                        debug_assert!(cur != NIL, "overflow holder not in its chain");
+                        let n = self.over.get(cur).next;
+                        if n == o {
+                            self.over.get_mut(cur).next = after;
+                            break;
+                        }
+                        cur = n;
+                    }
+                }
+                self.free_over(o);
+                Some((removed, false))
+            }
+        }
+    }
+
+    fn remove_key_record(&mut self, pos: u32) {
+        let k = self.key_at(pos);
+        debug_assert!(self.keys.get(pos).next == NIL);
+        let h = Self::hash(&self.hasher, k);
+        match self.table.find_entry(h, |&i| i == pos) {
+            Ok(e) => {
+                e.remove();
+            }
+            Err(_) => panic!("key record missing from the table"),
+        }
+        let last = (self.keys.len - 1) as u32;
+        if pos != last {
+            let moved = self.key_at(last);
+            let mh = Self::hash(&self.hasher, moved);
+            match self.table.find_mut(mh, |&i| i == last) {
+                Some(slot) => *slot = pos,
+                None => panic!("moved key record missing from the table"),
+            }
+        }
+        self.keys.swap_remove(pos);
+    }
+
+    /// Approximate heap bytes held by the store (for the memory report).
+    pub fn heap_bytes(&self) -> usize {
+        self.keys.bytes() + self.over.bytes() + self.table.capacity() * 5
+    }
+
+    /// Number of overflow holders in use.
+    #[allow(dead_code)]
+    pub fn overflow_holders(&self) -> usize {
+        self.over_live
+    }
+}
+
+/// Iterator over a key's holders: the inline one, then the overflow chain.
+pub(crate) struct Holders<'a> {
+    store: &'a Store,
+    at: Option<HolderPos>,
+}
+
+impl<'a> Iterator for Holders<'a> {
+    type Item = (HolderPos, &'a Holder);
+    fn next(&mut self) -> Option<Self::Item> {
+        let at = self.at?;
+        let (h, next) = match at {
+            HolderPos::Inline(p) => {
+                let r = self.store.keys.get(p);
+                (&r.first, r.next)
+            }
+            HolderPos::Over(o) => {
+                let r = self.store.over.get(o);
+                (&r.holder, r.next)
+            }
+        };
+        self.at = if next == NIL {
+            None
+        } else {
+            Some(HolderPos::Over(next))
+        };
+        Some((at, h))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn insert_remove_swap_keeps_table_consistent() {
+        let mut s = Store::new();
+        let ks: Vec<KeyId> = (0..100u64)
+            .map(|i| KeyId {
+                part: (i % 3) as u32,
+                h: i * 7,
+            })
+            .collect();
+        for (i, k) in ks.iter().enumerate() {
+            let p = s.insert_key(*k, Holder::new(1, 1, i as i32, i as i64));
+            s.add_holder(p, Holder::new(2, 2, 5, 5));
+            s.add_holder(p, Holder::new(3, 3, 6, 6));
+        }
+        assert_eq!(s.entry_count(), 300);
+        for k in ks.iter().step_by(2) {
+            let p = s.find(*k).unwrap();
+            assert!(!s.remove_holder(p, 2).unwrap().1);
+            assert!(!s.remove_holder(p, 1).unwrap().1);
+            assert!(s.remove_holder(p, 1).is_none());
+            assert!(s.remove_holder(p, 3).unwrap().1);
+        }
+        assert_eq!(s.key_count(), 50);
+        assert_eq!(s.entry_count(), 150);
+        for (i, k) in ks.iter().enumerate() {
+            match s.find(*k) {
+                Some(p) => {
+                    assert_eq!(i % 2, 1);
+                    assert_eq!(s.key_at(p), *k);
+                    let reps: Vec<u32> = s.holders(p).map(|(_, h)| h.replica()).collect();
+                    assert_eq!(reps.len(), 3);
+                }
+                None => assert_eq!(i % 2, 0),
+            }
+        }
+    }
+}

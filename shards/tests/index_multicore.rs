@@ -1,0 +1,241 @@
+//! Several cores' indexes sharing one `Directory`: UNKNOWN_TENANT and the cold-start carve-out
+//! are answered globally, the global cap and tenant quotas hold across cores, and the directory
+//! reclaims tenants that left every core.
+
+mod index_support;
+
+use index_support::*;
+use inferencecache_proto::v1alpha1::cache_event::Type;
+use inferencecache_shards::PROBE_TENANT;
+use inferencecache_shards::directory::Directory;
+use inferencecache_shards::index::{Index, IndexConfig, LookupQuery, Strategy};
+use inferencecache_shards::rules::NoRules;
+use std::sync::Arc;
+
+fn cores(n: usize, cap: u64) -> (Arc<Directory>, Vec<Index>) {
+    let dir = Arc::new(Directory::default());
+    let ix = (0..n)
+        .map(|core_id| {
+            Index::new(IndexConfig {
+                max_entries: cap,
+                directory: dir.clone(),
+                core_id,
+                ..IndexConfig::default()
+            })
+        })
+        .collect();
+    (dir, ix)
+}
+
+fn q<'a>(t: &'a str, m: &'a str, h: &'a [u8]) -> LookupQuery<'a> {
+    LookupQuery {
+        tenant: t,
+        model: m,
+        hash_scheme: "vllm",
+        prefix_hash: h,
+        ..Default::default()
+    }
+}
+
+#[test]
+fn unknown_tenant_and_cold_start_are_global() {
+    let (dir, mut ix) = cores(2, 0);
+    // Cold start on both cores.
+    for c in ix.iter_mut() {
+        assert_eq!(
+            c.lookup_route(&q("x", "m", b"p"), T0, &NoRules).strategy,
+            Strategy::None
+        );
+    }
+    // Only a reserved (probe) entry on core 0: core 1 is no longer "cold" (§8.5 step 1, §19.15).
+    ix[0].ingest(
+        &upd(
+            PROBE_TENANT,
+            "m",
+            "vllm",
+            "__probe-b",
+            vec![legacy(b"probe", 16)],
+        ),
+        T0,
+        &NoRules,
+    );
+    assert_eq!(
+        ix[1]
+            .lookup_route(&q("x", "m", b"p"), T0, &NoRules)
+            .strategy,
+        Strategy::UnknownTenant
+    );
+    ix[0].apply_event(
+        &event(Type::AllCleared, PROBE_TENANT, "m", "__probe-b", b""),
+        T0,
+        &NoRules,
+    );
+    assert_eq!(dir.total_entries(), 0);
+    assert_eq!(
+        ix[1]
+            .lookup_route(&q("x", "m", b"p"), T0, &NoRules)
+            .strategy,
+        Strategy::None
+    );
+
+    // Tenant "t" has (t, m1) on core 0; (t, m2) lives on core 1 and has nothing.
+    ix[0].ingest(
+        &upd("t", "m1", "vllm", "r", vec![legacy(b"p", 16)]),
+        T0,
+        &NoRules,
+    );
+    assert_eq!(
+        ix[1]
+            .lookup_route(&q("t", "m2", b"p"), T0, &NoRules)
+            .strategy,
+        Strategy::UnknownModel
+    );
+    assert_eq!(
+        ix[1]
+            .lookup_route(&q("u", "m2", b"p"), T0, &NoRules)
+            .strategy,
+        Strategy::UnknownTenant
+    );
+    assert!(ix[1].has_tenant("t"));
+    assert_eq!(
+        ix[0]
+            .lookup_route(&q("t", "m1", b"p"), T0, &NoRules)
+            .strategy,
+        Strategy::PrefixMatch
+    );
+
+    // The tenant leaves core 0: unknown everywhere, and its directory slot is reclaimed.
+    assert_eq!(dir.live_tenants(), 1);
+    ix[0].apply_event(&event(Type::AllCleared, "t", "m1", "r", b""), T0, &NoRules);
+    assert_eq!(dir.live_tenants(), 0);
+    ix[1].ingest(
+        &upd("other", "m", "vllm", "r", vec![legacy(b"z", 16)]),
+        T0,
+        &NoRules,
+    );
+    assert_eq!(
+        ix[1]
+            .lookup_route(&q("t", "m2", b"p"), T0, &NoRules)
+            .strategy,
+        Strategy::UnknownTenant
+    );
+}
+
+#[test]
+fn global_cap_holds_across_cores() {
+    let cap = 10;
+    let (dir, mut ix) = cores(2, cap);
+    let mut x: u64 = 0x2545_f491_4f6c_dd1d;
+    for i in 0..400u64 {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        let core = (x % 2) as usize;
+        let model = if core == 0 { "m0" } else { "m1" };
+        let n = 1 + (x >> 8) % 3;
+        let prefixes = (0..n)
+            .map(|j| legacy(&(i * 8 + j).to_be_bytes(), 16))
+            .collect();
+        let out = ix[core].ingest(
+            &upd("t", model, "vllm", "r", prefixes),
+            T0 + i as i64 * SEC,
+            &NoRules,
+        );
+        // The ingesting core always has evictable entries here (it just added some).
+        assert!(
+            dir.non_reserved_entries() <= cap as i64,
+            "step {i}: {}",
+            dir.non_reserved_entries()
+        );
+        assert_eq!(
+            dir.non_reserved_entries(),
+            (ix[0].non_reserved_entry_count() + ix[1].non_reserved_entry_count()) as i64
+        );
+        assert!(out.cap_evicted.lru <= n + cap);
+    }
+    // Reserved entries do not count and are never victims.
+    ix[1].ingest(
+        &upd(
+            PROBE_TENANT,
+            "m1",
+            "vllm",
+            "__probe-x",
+            vec![legacy(b"probe", 16)],
+        ),
+        T0 + 500 * SEC,
+        &NoRules,
+    );
+    ix[1].ingest(
+        &upd("t", "m1", "vllm", "r", vec![legacy(b"late", 16)]),
+        T0 + 501 * SEC,
+        &NoRules,
+    );
+    assert_eq!(dir.non_reserved_entries(), cap as i64);
+    assert_eq!(dir.total_entries(), cap as i64 + 1);
+}
+
+#[test]
+fn tenant_quota_holds_across_cores() {
+    let rules = Rules::quota("team", 3);
+    let (dir, mut ix) = cores(2, 0);
+    for i in 0..20u32 {
+        let core = (i % 2) as usize;
+        let model = if core == 0 { "m0" } else { "m1" };
+        ix[core].ingest(
+            &upd(
+                "team",
+                model,
+                "vllm",
+                "r",
+                vec![legacy(&i.to_be_bytes(), 16)],
+            ),
+            T0 + i as i64 * SEC,
+            &rules,
+        );
+        let total = ix[0].tenant_prefix_count("team") + ix[1].tenant_prefix_count("team");
+        assert!(total <= 3, "step {i}: {total}");
+        assert_eq!(dir.tenant_keys(Directory::fingerprint("team")), total);
+    }
+}
+
+#[test]
+fn concurrent_cores_keep_directory_exact() {
+    let (dir, ix) = cores(2, 0);
+    let handles: Vec<_> = ix
+        .into_iter()
+        .enumerate()
+        .map(|(c, mut ix)| {
+            std::thread::spawn(move || {
+                let model = format!("m{c}");
+                for i in 0..2000u32 {
+                    let t = format!("t{}", i % 7);
+                    ix.ingest(
+                        &upd(&t, &model, "vllm", "r", vec![legacy(&i.to_be_bytes(), 16)]),
+                        T0,
+                        &NoRules,
+                    );
+                    if i % 5 == 0 {
+                        ix.apply_event(
+                            &event(Type::AllCleared, &t, &model, "r", b""),
+                            T0,
+                            &NoRules,
+                        );
+                    }
+                }
+                ix
+            })
+        })
+        .collect();
+    let ix: Vec<Index> = handles.into_iter().map(|h| h.join().unwrap()).collect();
+    let total: u64 = ix.iter().map(|i| i.entry_count()).sum();
+    assert_eq!(dir.total_entries(), total as i64);
+    for t in 0..7 {
+        let name = format!("t{t}");
+        let sum: u64 = ix.iter().map(|i| i.tenant_prefix_count(&name)).sum();
+        assert_eq!(
+            dir.tenant_keys(Directory::fingerprint(&name)),
+            sum,
+            "{name}"
+        );
+    }
+}
