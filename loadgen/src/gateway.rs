@@ -1,0 +1,102 @@
+//! Gateways: turn a [`RequestSpec`] into a `LookupRoute` call, the way an inference gateway asks
+//! the index where to send a prompt, and record the outcome.
+//!
+//! The lookup covers exactly the prompt's full blocks, fingerprinted like the producers'
+//! reports, so a correct server answers PREFIX_MATCH whenever a replica reported the leading
+//! blocks (BEHAVIOUR.md §8.3, §10.3).
+
+use std::time::Duration;
+
+use inferencecache_proto::v1alpha1::inference_cache_client::InferenceCacheClient;
+use inferencecache_proto::v1alpha1::{LookupRouteRequest, LookupRouteResponse};
+use serde::Serialize;
+use tokio::time::Instant;
+use tonic::transport::Channel;
+
+use crate::histogram::{LookupOutcome, Recorder, Rpc};
+use crate::workload::{Names, RequestSpec};
+
+/// How a gateway identifies the prompt in `LookupRoute`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, clap::ValueEnum)]
+#[serde(rename_all = "kebab-case")]
+pub enum LookupInput {
+    /// `block_hashes` + `block_token_counts` computed client-side (the fingerprint chain).
+    Chain,
+    /// Raw `token_ids`; the server fingerprints them with its `--engine-block-size`.
+    Tokens,
+    /// Legacy exact key: `prefix_hash` = last full block's hash, `prefix_token_count` = its
+    /// cumulative token count.
+    Exact,
+}
+
+/// The `LookupRoute` request for `spec`.
+pub fn lookup_request(
+    spec: &RequestSpec,
+    names: &Names,
+    hash_scheme: &str,
+    block_size: u32,
+    input: LookupInput,
+) -> LookupRouteRequest {
+    let mut req = LookupRouteRequest {
+        model_id: names.models[spec.scope.model as usize].clone(),
+        tenant_id: names.tenants[spec.scope.tenant as usize].clone(),
+        hash_scheme: hash_scheme.to_string(),
+        adapter_id: names.adapters[spec.scope.adapter as usize].clone(),
+        ..Default::default()
+    };
+    let n = spec.n_blocks.min(spec.hashes.len());
+    match input {
+        LookupInput::Chain => {
+            req.block_hashes = spec.hashes[..n]
+                .iter()
+                .map(|h| h.to_be_bytes().to_vec())
+                .collect();
+            req.block_token_counts = vec![block_size as i32; n];
+        }
+        LookupInput::Tokens => {
+            req.token_ids = spec.tokens[..spec.n_tokens].to_vec();
+        }
+        LookupInput::Exact => {
+            if n > 0 {
+                req.prefix_hash = spec.hashes[n - 1].to_be_bytes().to_vec();
+                req.prefix_token_count = (n as u64 * block_size as u64) as i32;
+            }
+        }
+    }
+    req
+}
+
+/// Sends one lookup (bounded by `timeout`, also sent as the gRPC deadline) and records latency
+/// measured from `from` — the ticket's intended time — plus reason code and scores.
+pub async fn lookup(
+    mut client: InferenceCacheClient<Channel>,
+    req: LookupRouteRequest,
+    prompt_tokens: u64,
+    timeout: Duration,
+    from: Instant,
+    rec: &Recorder,
+) -> Option<LookupRouteResponse> {
+    let mut request = tonic::Request::new(req);
+    request.set_timeout(timeout);
+    match tokio::time::timeout(timeout, client.lookup_route(request)).await {
+        Ok(Ok(resp)) => {
+            rec.record_ok(Rpc::LookupRoute, from);
+            let resp = resp.into_inner();
+            rec.record_lookup(LookupOutcome {
+                reason: &resp.reason_code,
+                scores: resp.replica_scores.len(),
+                top_matched_tokens: resp.replica_scores.first().map_or(0, |s| s.matched_tokens),
+                prompt_tokens,
+            });
+            Some(resp)
+        }
+        Ok(Err(st)) => {
+            rec.record_error(Rpc::LookupRoute, st.code());
+            None
+        }
+        Err(_) => {
+            rec.record_error(Rpc::LookupRoute, tonic::Code::DeadlineExceeded);
+            None
+        }
+    }
+}

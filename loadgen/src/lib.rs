@@ -1,0 +1,22 @@
+//! `loadgen`: load generator and capacity planner for InferenceCache servers.
+//!
+//! It drives any server speaking `inferencecache.v1alpha1.InferenceCache` at a given address
+//! with realistic traffic on both sides of the index: producers stream KV-block reports like
+//! engine event subscribers, gateways ask `LookupRoute` where to send prompts built from the same
+//! seeded workload, so hits happen the way they would in production. Latency is measured
+//! coordinated-omission-correct in open loop and summarised with HDR histograms.
+//!
+//! Modules follow the concepts: [`cli`] (flags), [`workload`] (seeded prompts and blocks),
+//! [`producer`] (ingest side), [`gateway`] (lookup side), [`driver`] (open/closed loop),
+//! [`histogram`] (recording), [`report`] (table/JSON), [`capacity`] (rate search) and [`run`]
+//! (orchestration).
+
+pub mod capacity;
+pub mod cli;
+pub mod driver;
+pub mod gateway;
+pub mod histogram;
+pub mod producer;
+pub mod report;
+pub mod run;
+pub mod workload;

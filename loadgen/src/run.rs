@@ -1,0 +1,471 @@
+//! Orchestration of one measurement window and of the three subcommands: connect, optionally
+//! preload, start producers, drive gateways (open or closed loop) with a live progress line,
+//! stop everything within bounded time, and build the report.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use inferencecache_proto::v1alpha1::inference_cache_client::InferenceCacheClient;
+use tokio::time::Instant;
+use tonic::transport::{Channel, Endpoint};
+
+use crate::capacity::{Measurement, Outcome, Search};
+use crate::cli::{self, CapacityArgs, OutputFormat, PreloadArgs, RunArgs};
+use crate::driver::{self, Bounds, DriveStats, Ticket};
+use crate::gateway::{self, LookupInput};
+use crate::histogram::{Recorder, Rpc, quantile_ms};
+use crate::producer::{IngestStats, ProducerConfig, Producers};
+use crate::report::{Report, RunFacts};
+use crate::workload::{Generator, Names, WorkloadConfig};
+
+/// The client type every module uses.
+pub type Client = InferenceCacheClient<Channel>;
+
+/// Normalises `--addr`: a bare `host:port` gets `http://`.
+pub fn normalize_addr(addr: &str) -> String {
+    if addr.contains("://") {
+        addr.to_string()
+    } else {
+        format!("http://{addr}")
+    }
+}
+
+/// Opens `n` HTTP/2 connections to `addr` (each fails after 5 s); only ever this address.
+pub async fn connect(addr: &str, n: u32) -> Result<Vec<Client>, String> {
+    let addr = normalize_addr(addr);
+    let ep = Endpoint::from_shared(addr.clone())
+        .map_err(|e| format!("invalid --addr {addr}: {e}"))?
+        .connect_timeout(Duration::from_secs(5))
+        .tcp_nodelay(true)
+        .http2_keep_alive_interval(Duration::from_secs(30))
+        .keep_alive_while_idle(true);
+    let mut out = Vec::new();
+    for _ in 0..n.max(1) {
+        let ch = ep
+            .connect()
+            .await
+            .map_err(|e| format!("cannot connect to {addr}: {e}"))?;
+        out.push(InferenceCacheClient::new(ch).max_decoding_message_size(64 << 20));
+    }
+    Ok(out)
+}
+
+/// Stop flag set by Ctrl-C, so an interrupted run still prints its report.
+pub fn ctrl_c_flag() -> Arc<AtomicBool> {
+    let stop = Arc::new(AtomicBool::new(false));
+    let s = stop.clone();
+    tokio::spawn(async move {
+        if tokio::signal::ctrl_c().await.is_ok() {
+            eprintln!("interrupted: finishing the current window");
+            s.store(true, Ordering::Relaxed);
+        }
+    });
+    stop
+}
+
+/// Ingests the workload's initial population through `producers` and waits until the server
+/// acknowledged all of it. `wgen` is advanced to the post-preload state (chat conversations
+/// already some turns in) even when nothing is sent, so runs with and without preload replay the
+/// same request sequence.
+pub async fn preload(
+    producers: &Producers,
+    wgen: &mut Generator,
+    send: bool,
+) -> Option<IngestStats> {
+    let ops = wgen.preload_ops();
+    if !send {
+        return None;
+    }
+    for (replica, op) in ops {
+        producers.store(replica, op).await;
+    }
+    Some(producers.sync(Arc::new(Recorder::new(&[]))).await)
+}
+
+/// Load shape of one window.
+#[derive(Clone, Copy, Debug)]
+pub enum Load {
+    /// Fixed arrival rate (req/s).
+    Open(f64),
+    /// Fixed concurrency.
+    Closed(u32),
+}
+
+/// Everything one measurement window needs.
+#[derive(Clone, Debug)]
+pub struct WindowConfig {
+    /// Server address (for the report).
+    pub target: String,
+    /// Load shape.
+    pub load: Load,
+    /// Stop conditions.
+    pub bounds: Bounds,
+    /// Lookup input kind.
+    pub input: LookupInput,
+    /// Budgets counted.
+    pub budgets: Vec<Duration>,
+    /// Unary deadline.
+    pub rpc_timeout: Duration,
+    /// Open-loop in-flight cap.
+    pub max_inflight: usize,
+    /// Producer config, for the report (None = no producers during the window).
+    pub producer: Option<ProducerConfig>,
+    /// Print a progress line every second.
+    pub progress: bool,
+}
+
+/// Runs one window of lookups and returns its report. With `producers`, every looked-up prompt
+/// is then "executed" on its replica (its blocks stored and reported), and the window ends with
+/// a producer barrier so its ingest counters and latencies are complete.
+pub async fn run_window(
+    clients: &[Client],
+    mut wgen: Generator,
+    cfg: &WindowConfig,
+    producers: Option<Arc<Producers>>,
+    preload: Option<IngestStats>,
+    stop: Arc<AtomicBool>,
+) -> Report {
+    let wl: WorkloadConfig = wgen.config().clone();
+    let rec = Arc::new(Recorder::new(&cfg.budgets));
+    if let Some(p) = &producers {
+        // Start this window's accounting: earlier background activity is not counted.
+        p.sync(rec.clone()).await;
+    }
+    let names = Arc::new(Names::new(&wl));
+    let clients_arc: Arc<Vec<Client>> = Arc::new(clients.to_vec());
+
+    let mut make = {
+        let (rec, producers, names, clients) = (
+            rec.clone(),
+            producers.clone(),
+            names.clone(),
+            clients_arc.clone(),
+        );
+        let (scheme, bs, input, timeout) = (
+            wl.hash_scheme.clone(),
+            wl.block_size,
+            cfg.input,
+            cfg.rpc_timeout,
+        );
+        move |t: Ticket| {
+            let spec = wgen.next_request();
+            let req = gateway::lookup_request(&spec, &names, &scheme, bs, input);
+            let client = clients[(t.index % clients.len() as u64) as usize].clone();
+            let (rec, producers) = (rec.clone(), producers.clone());
+            let prompt_tokens = (spec.n_blocks as u64) * bs as u64;
+            async move {
+                gateway::lookup(client, req, prompt_tokens, timeout, t.intended, &rec).await;
+                // The prompt now "executes" on its replica, which caches its blocks.
+                if let Some(p) = &producers {
+                    p.try_store(spec.replica, spec.store_op());
+                }
+            }
+        }
+    };
+
+    let progress = cfg.progress.then(|| spawn_progress(rec.clone(), cfg.load));
+    let drain = cfg.rpc_timeout + Duration::from_secs(1);
+    let stats: DriveStats = match cfg.load {
+        Load::Open(rate) => {
+            let lag_rec = rec.clone();
+            let make = move |t: Ticket| {
+                lag_rec.record_send_lag(t.intended.elapsed());
+                make(t)
+            };
+            driver::open_loop(rate, cfg.bounds, cfg.max_inflight, drain, stop, make).await
+        }
+        Load::Closed(c) => driver::closed_loop(c as usize, cfg.bounds, stop, make).await,
+    };
+    if let Some(p) = progress {
+        p.abort();
+    }
+    let ingest = match &producers {
+        Some(p) => Some(p.sync(Arc::new(Recorder::new(&[]))).await),
+        None => None,
+    };
+    let snap = rec.snapshot();
+    Report::build(
+        &snap,
+        RunFacts {
+            target: cfg.target.clone(),
+            rate: match cfg.load {
+                Load::Open(r) => Some(r),
+                Load::Closed(_) => None,
+            },
+            concurrency: match cfg.load {
+                Load::Closed(c) => Some(c),
+                Load::Open(_) => None,
+            },
+            connections: clients.len() as u32,
+            lookup_input: format!("{:?}", cfg.input).to_lowercase(),
+            workload: wl,
+            producer: cfg.producer.clone(),
+            elapsed_s: stats.elapsed.as_secs_f64(),
+            started: stats.started,
+            abandoned: stats.abandoned,
+            ingest,
+            preload,
+        },
+    )
+}
+
+/// Prints one line per second on stderr: cumulative counts and this second's rate and
+/// latencies.
+fn spawn_progress(rec: Arc<Recorder>, load: Load) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        let start = Instant::now();
+        let mut tick = tokio::time::interval(Duration::from_secs(1));
+        tick.tick().await;
+        let mut last_done = 0;
+        // Bounded: the task is aborted at the end of the window; the cap is a safety net.
+        for _ in 0..86_400 {
+            tick.tick().await;
+            let (ok, err) = rec.counts(Rpc::LookupRoute);
+            let h = rec.take_interval();
+            let pm = rec.reason_count("PREFIX_MATCH");
+            let target = match load {
+                Load::Open(r) => format!("target {r:.0}/s"),
+                Load::Closed(c) => format!("concurrency {c}"),
+            };
+            eprintln!(
+                "[{:>5.0}s] {target} lookups ok {ok} err {err} | {:.0}/s p50 {:.3} ms p99 {:.3} ms max {:.3} ms | PREFIX_MATCH {:.1}%",
+                start.elapsed().as_secs_f64(),
+                (ok + err - last_done) as f64,
+                quantile_ms(&h, 0.5),
+                quantile_ms(&h, 0.99),
+                if h.is_empty() {
+                    0.0
+                } else {
+                    h.max() as f64 / 1000.0
+                },
+                if ok == 0 {
+                    0.0
+                } else {
+                    100.0 * pm as f64 / ok as f64
+                },
+            );
+            last_done = ok + err;
+        }
+    })
+}
+
+fn write_json(path: &std::path::Path, body: &str) -> Result<(), String> {
+    std::fs::write(path, body).map_err(|e| format!("cannot write {}: {e}", path.display()))
+}
+
+/// `loadgen run`.
+pub async fn cmd_run(a: RunArgs) -> Result<Report, String> {
+    let wl = a.workload.config()?;
+    let bounds = cli::bounds(a.requests, a.duration)?;
+    let load = match (a.rate, a.concurrency) {
+        (Some(r), _) if r.is_finite() && r > 0.0 => Load::Open(r),
+        (Some(_), _) => return Err("--rate must be > 0".into()),
+        (None, Some(c)) if c > 0 => Load::Closed(c),
+        (None, Some(_)) => return Err("--concurrency must be > 0".into()),
+        (None, None) => return Err("give --rate (open loop) or --concurrency (closed loop)".into()),
+    };
+    let rpc_timeout = Duration::from_millis(a.conn.rpc_timeout_ms.max(1));
+    let pcfg = a.producer.config(wl.seed, rpc_timeout)?;
+    let budgets = a.measure.budgets()?;
+    let clients = connect(&a.conn.addr, a.conn.connections).await?;
+    let stop = ctrl_c_flag();
+    let producers = Arc::new(Producers::start(
+        &wl,
+        &pcfg,
+        &clients,
+        Arc::new(Recorder::new(&[])),
+    ));
+    let mut wgen = Generator::new(wl);
+    let pre = preload(&producers, &mut wgen, !a.measure.no_preload).await;
+    let window_producers = (!a.measure.no_producers).then(|| producers.clone());
+    let cfg = WindowConfig {
+        target: normalize_addr(&a.conn.addr),
+        load,
+        bounds,
+        input: a.measure.lookup_input,
+        budgets,
+        rpc_timeout,
+        max_inflight: a.measure.max_inflight,
+        producer: (!a.measure.no_producers).then_some(pcfg),
+        progress: !a.measure.quiet,
+    };
+    let report = run_window(&clients, wgen, &cfg, window_producers, pre, stop).await;
+    producers.finish().await;
+    let json = report.to_json();
+    if let Some(p) = &a.measure.json {
+        write_json(p, &json)?;
+    }
+    match a.measure.output {
+        OutputFormat::Table => print!("{}", report.to_table()),
+        OutputFormat::Json => println!("{json}"),
+    }
+    Ok(report)
+}
+
+/// `loadgen capacity`.
+pub async fn cmd_capacity(a: CapacityArgs) -> Result<Outcome, String> {
+    let wl = a.workload.config()?;
+    let scfg = a.search()?;
+    let rpc_timeout = Duration::from_millis(a.conn.rpc_timeout_ms.max(1));
+    let pcfg = a.producer.config(wl.seed, rpc_timeout)?;
+    let budgets = a.measure.budgets()?;
+    let clients = connect(&a.conn.addr, a.conn.connections).await?;
+    let stop = ctrl_c_flag();
+    let producers = Arc::new(Producers::start(
+        &wl,
+        &pcfg,
+        &clients,
+        Arc::new(Recorder::new(&[])),
+    ));
+    let mut wgen = Generator::new(wl.clone());
+    let pre = preload(&producers, &mut wgen, !a.measure.no_preload).await;
+    let window_producers = (!a.measure.no_producers).then(|| producers.clone());
+    let mut search = Search::new(scfg);
+    let mut reports = Vec::new();
+    eprintln!(
+        "capacity search: p99 <= {} ms, error rate <= {}, {} s per step",
+        a.p99_budget_ms, a.max_error_rate, a.step_duration
+    );
+    while let Some(rate) = search.next_rate() {
+        if stop.load(Ordering::Relaxed) {
+            break;
+        }
+        // Every step replays the same seeded sequence from the post-preload state.
+        let mut g = Generator::new(wl.clone());
+        g.preload_ops();
+        let cfg = WindowConfig {
+            target: normalize_addr(&a.conn.addr),
+            load: Load::Open(rate),
+            bounds: Bounds {
+                requests: Some((rate * a.step_duration).ceil().max(1.0) as u64),
+                duration: Some(Duration::from_secs_f64(a.step_duration)),
+            },
+            input: a.measure.lookup_input,
+            budgets: budgets.clone(),
+            rpc_timeout,
+            max_inflight: a.measure.max_inflight,
+            producer: (!a.measure.no_producers).then(|| pcfg.clone()),
+            progress: !a.measure.quiet,
+        };
+        let r = run_window(
+            &clients,
+            g,
+            &cfg,
+            window_producers.clone(),
+            None,
+            stop.clone(),
+        )
+        .await;
+        let l = &r.rpcs[Rpc::LookupRoute.name()];
+        let m = Measurement {
+            achieved_rate: r.achieved_rate,
+            p99_ms: l.p99_ms,
+            error_rate: r.lookup_error_rate(),
+        };
+        let step = search.observe(rate, m);
+        eprintln!(
+            "step {:>2}: rate {:>10.1} req/s → achieved {:>10.1}, p99 {:>9.3} ms, errors {:.4}  {}{}",
+            reports.len() + 1,
+            rate,
+            m.achieved_rate,
+            m.p99_ms,
+            m.error_rate,
+            if step.pass { "PASS" } else { "FAIL: " },
+            step.reason
+        );
+        reports.push(r);
+    }
+    producers.finish().await;
+    let outcome = search.outcome();
+    let mut table =
+        String::from("\nstep  target req/s  achieved req/s   p99 ms    err rate  verdict\n");
+    for (i, s) in outcome.steps.iter().enumerate() {
+        table.push_str(&format!(
+            "{:>4}  {:>12.1}  {:>14.1}  {:>8.3}  {:>9.5}  {}\n",
+            i + 1,
+            s.rate,
+            s.measured.achieved_rate,
+            s.measured.p99_ms,
+            s.measured.error_rate,
+            if s.pass {
+                "PASS".to_string()
+            } else {
+                format!("FAIL ({})", s.reason)
+            }
+        ));
+    }
+    match outcome.capacity_rate {
+        Some(r) => table.push_str(&format!(
+            "capacity: {r:.1} req/s with LookupRoute p99 <= {} ms ({})\n",
+            a.p99_budget_ms, outcome.stopped
+        )),
+        None => table.push_str(&format!("capacity: no rate passed ({})\n", outcome.stopped)),
+    }
+    let json = serde_json::to_string_pretty(&serde_json::json!({
+        "tool": "loadgen",
+        "version": env!("CARGO_PKG_VERSION"),
+        "target": normalize_addr(&a.conn.addr),
+        "criteria": search.config(),
+        "preload": pre,
+        "result": outcome,
+        "step_reports": reports,
+    }))
+    .expect("capacity JSON is serializable");
+    if let Some(p) = &a.measure.json {
+        write_json(p, &json)?;
+    }
+    match a.measure.output {
+        OutputFormat::Table => print!("{table}"),
+        OutputFormat::Json => println!("{json}"),
+    }
+    Ok(outcome)
+}
+
+/// `loadgen preload`.
+pub async fn cmd_preload(a: PreloadArgs) -> Result<IngestStats, String> {
+    let wl = a.workload.config()?;
+    let rpc_timeout = Duration::from_millis(a.conn.rpc_timeout_ms.max(1));
+    let pcfg = a.producer.config(wl.seed, rpc_timeout)?;
+    let clients = connect(&a.conn.addr, a.conn.connections).await?;
+    // Exactly the population: no churn, no stats.
+    let pcfg = ProducerConfig {
+        churn_per_sec: 0.0,
+        stats_interval: None,
+        ..pcfg
+    };
+    let producers = Producers::start(&wl, &pcfg, &clients, Arc::new(Recorder::new(&[])));
+    let mut wgen = Generator::new(wl);
+    let t0 = Instant::now();
+    let stats = preload(&producers, &mut wgen, true)
+        .await
+        .unwrap_or_default();
+    producers.finish().await;
+    let secs = t0.elapsed().as_secs_f64();
+    println!(
+        "preloaded {} prefixes in {} messages on {} streams ({} stream errors) in {:.2} s ({:.0} prefixes/s)",
+        stats.prefixes_reported,
+        stats.messages,
+        stats.streams_opened,
+        stats.stream_errors,
+        secs,
+        stats.prefixes_reported as f64 / secs.max(1e-9)
+    );
+    if let Some(p) = &a.json {
+        let body = serde_json::to_string_pretty(&serde_json::json!({
+            "tool": "loadgen",
+            "target": normalize_addr(&a.conn.addr),
+            "elapsed_s": secs,
+            "preload": stats,
+        }))
+        .expect("preload JSON is serializable");
+        write_json(p, &body)?;
+    }
+    if stats.stream_errors > 0 {
+        return Err(format!(
+            "{} ReportCacheState streams failed",
+            stats.stream_errors
+        ));
+    }
+    Ok(stats)
+}
