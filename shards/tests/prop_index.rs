@@ -1128,3 +1128,44 @@ proptest! {
         run(ops, RankerConfig::default(), cap, k)?;
     }
 }
+
+/// Regression (found by the 40k-case run): the cap threshold named the blob id of a key that was
+/// then evicted; the id was reused by the next new blob key, which then compared as "below the
+/// threshold" and was evicted instead of the true minimum. Thresholds now hold a blob reference.
+#[test]
+fn regression_cap_threshold_blob_reuse() {
+    let legacy = |hash, adapter| PE::Legacy {
+        hash,
+        tokens: 0,
+        tier: 0,
+        adapter,
+    };
+    let ingest = |tenant, model, replica, adapter, prefixes| Op::Ingest {
+        tenant,
+        model,
+        scheme: 0,
+        replica,
+        adapter,
+        ts: None,
+        prefixes,
+        stats: None,
+    };
+    let ops = vec![
+        ingest(
+            2,
+            1,
+            1,
+            2,
+            vec![PE::Chain {
+                hashes: vec![0, 1],
+                counts: vec![16, 16],
+                coset: Some(3),
+                tier: 0,
+                adapter: None,
+            }],
+        ),
+        ingest(1, 0, 0, 0, vec![legacy(1, None)]),
+        ingest(2, 1, 0, 0, vec![legacy(2, Some(2))]),
+    ];
+    run(ops, RankerConfig::default(), 3, 1).unwrap();
+}

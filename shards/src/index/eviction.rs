@@ -20,7 +20,8 @@
 //!   tenant's resolved algorithm changes (checked before every enforcement, or via
 //!   [`Index::rules_changed`]).
 //!
-//! Snapshots of blob-hash keys hold a blob reference so their bytes stay valid for comparisons.
+//! Snapshots of blob-hash keys (heap entries and thresholds) hold a blob reference, so their
+//! bytes stay valid for comparisons and a freed blob id is never reused under them.
 //!
 //! Multi-core: the cap bounds the directory's global non-reserved count and the quota the
 //! directory's per-tenant key count, but the ingesting core evicts only from **its own**
@@ -237,7 +238,8 @@ impl Index {
 
     /// Drops the cap heap (policy change, too many stale snapshots).
     pub(crate) fn cap_clear(&mut self) {
-        let keys: Vec<KeyId> = self.cap.heap.drain().map(|c| c.key).collect();
+        let mut keys: Vec<KeyId> = self.cap.heap.drain().map(|c| c.key).collect();
+        keys.extend(self.cap.threshold.take().map(|c| c.key));
         for k in keys {
             self.release_key(k);
         }
@@ -323,7 +325,9 @@ impl Index {
         for c in &cands {
             heap.push(*c, &less);
         }
-        for c in cands {
+        // Every snapshot that names a blob-hash key (heap entries and the threshold) holds a
+        // blob reference, so a freed key's blob id cannot be reused under it.
+        for c in cands.iter().chain(threshold.iter()) {
             self.retain_key(c.key);
         }
         self.cap = CapState {
@@ -454,7 +458,8 @@ impl Index {
 
     pub(crate) fn quota_clear(&mut self, tenant: u32) {
         if let Some(mut q) = self.quotas.remove(&tenant) {
-            let keys: Vec<KeyId> = q.heap.drain().map(|c| c.key).collect();
+            let mut keys: Vec<KeyId> = q.heap.drain().map(|c| c.key).collect();
+            keys.extend(q.threshold.take().map(|c| c.key));
             for k in keys {
                 self.release_key(k);
             }
@@ -496,7 +501,9 @@ impl Index {
         for c in &cands {
             heap.push(*c, &less);
         }
-        for c in cands {
+        // Every snapshot that names a blob-hash key (heap entries and the threshold) holds a
+        // blob reference, so a freed key's blob id cannot be reused under it.
+        for c in cands.iter().chain(threshold.iter()) {
             self.retain_key(c.key);
         }
         self.quotas.insert(
