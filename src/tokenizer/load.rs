@@ -1,0 +1,323 @@
+//! Start-up discovery and loading of per-model tokenizer artifacts (BEHAVIOUR.md §18).
+//!
+//! Every directory under the models root that holds a `tokenizer.json` is a model whose id is
+//! its slash-separated path relative to the root. Ids come only from directory names we walked,
+//! and a request's `model_id` is only ever a key into the resulting map, so request data never
+//! reaches the filesystem.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Instant;
+
+use serde_json::Value as Json;
+
+use super::TokenizeError;
+use super::template::{ChatTemplate, SpecialTokens};
+
+/// The file that makes a directory a (supported) model.
+pub const TOKENIZER_FILE: &str = "tokenizer.json";
+/// HF tokenizer settings next to `tokenizer.json`: chat template and special tokens.
+pub const TOKENIZER_CONFIG_FILE: &str = "tokenizer_config.json";
+/// Standalone chat template written by recent `transformers`; wins over the config's field.
+pub const CHAT_TEMPLATE_FILE: &str = "chat_template.jinja";
+/// Processor-style chat template file (`{"chat_template": "..."}`), the last resort.
+pub const CHAT_TEMPLATE_JSON_FILE: &str = "chat_template.json";
+/// Extension of tiktoken BPE rank files: recognised so they are reported, but not loadable
+/// (their split regex and special tokens live in Python code, not in the file).
+pub const TIKTOKEN_EXTENSION: &str = "tiktoken";
+
+/// Largest `tokenizer.json` we read; real ones are at most a few tens of MiB.
+pub const MAX_TOKENIZER_FILE_BYTES: u64 = 256 << 20;
+/// Largest `tokenizer_config.json` / `chat_template.json` we read.
+pub const MAX_CONFIG_FILE_BYTES: u64 = 16 << 20;
+/// Largest `chat_template.jinja` we read.
+pub const MAX_TEMPLATE_FILE_BYTES: u64 = 1 << 20;
+/// Directory depth below the root that is walked; deeper trees are not model layouts.
+pub const MAX_WALK_DEPTH: usize = 16;
+/// Models loaded at most; each costs tens of MiB of memory, so a runaway tree must not OOM us.
+pub const MAX_MODELS: usize = 256;
+
+/// One loaded model: its tokenizer and (optional) chat template, immutable after start-up.
+pub struct Model {
+    backend: Backend,
+}
+
+enum Backend {
+    Hf(Box<HfModel>),
+    /// Test hook: a scripted encoder (e.g. one that blocks until released).
+    #[cfg(test)]
+    Fake(FakeEncoder),
+}
+
+struct HfModel {
+    tokenizer: tokenizers::Tokenizer,
+    /// `None` = the model ships no chat template: the raw text is tokenized.
+    template: Option<ChatTemplate>,
+}
+
+/// A scripted encoder for pool tests.
+#[cfg(test)]
+pub type FakeEncoder = Box<dyn Fn(&str) -> Result<Vec<u32>, TokenizeError> + Send + Sync>;
+
+impl Model {
+    /// A model backed by a scripted encoder, for tests of the pool and the handle.
+    #[cfg(test)]
+    pub fn fake(encode: FakeEncoder) -> Self {
+        Self {
+            backend: Backend::Fake(encode),
+        }
+    }
+
+    /// Renders `text` as the single user message (with the generation prompt) and tokenizes the
+    /// result without adding special tokens: what the engine's chat path feeds the model.
+    pub fn encode_chat(&self, text: &str) -> Result<Vec<u32>, TokenizeError> {
+        match &self.backend {
+            Backend::Hf(hf) => {
+                let rendered;
+                let input = match &hf.template {
+                    Some(t) => {
+                        rendered = t.render_user_prompt(text)?;
+                        rendered.as_str()
+                    }
+                    None => text,
+                };
+                // The library's error text may quote input pieces: keep it out of the error.
+                let encoding = hf
+                    .tokenizer
+                    .encode_fast(input, false)
+                    .map_err(|_| TokenizeError::Failed("encoding failed".into()))?;
+                Ok(encoding.get_ids().to_vec())
+            }
+            #[cfg(test)]
+            Backend::Fake(f) => f(text),
+        }
+    }
+
+    /// Whether the model renders a chat template (false = raw-text fallback).
+    pub fn has_chat_template(&self) -> bool {
+        match &self.backend {
+            Backend::Hf(hf) => hf.template.is_some(),
+            #[cfg(test)]
+            Backend::Fake(_) => false,
+        }
+    }
+}
+
+/// Builds a model id from a path relative to the models root, or `None` when the id would be
+/// unsafe (absolute, `.`/`..`, empty segments, backslashes, drive prefixes, non-UTF-8).
+pub fn model_id_from_relative(rel: &Path) -> Option<String> {
+    let mut segments = Vec::new();
+    for c in rel.components() {
+        match c {
+            std::path::Component::Normal(s) => segments.push(s.to_str()?),
+            _ => return None,
+        }
+    }
+    let id = segments.join("/");
+    is_safe_model_id(&id).then_some(id)
+}
+
+/// Whether `id` is a clean, relative, slash-separated model id that cannot name anything
+/// outside the models root (the §18 rules, plus no control characters).
+pub fn is_safe_model_id(id: &str) -> bool {
+    if id.is_empty() || id.starts_with('/') || id.contains('\\') {
+        return false;
+    }
+    if id.chars().any(char::is_control) {
+        return false;
+    }
+    let bytes = id.as_bytes();
+    if bytes.len() >= 2 && bytes[0].is_ascii_alphabetic() && bytes[1] == b':' {
+        return false;
+    }
+    id.split('/')
+        .all(|s| !s.is_empty() && s != "." && s != "..")
+}
+
+/// Walks `root` and loads every model found; failures are logged and skipped, never fatal.
+pub fn load_models_dir(root: &Path) -> HashMap<String, Arc<Model>> {
+    let started = Instant::now();
+    let mut models = HashMap::new();
+    let mut skipped = 0usize;
+    // Depth-first, children in name order so logs and the model cap are deterministic.
+    let mut stack: Vec<(PathBuf, usize)> = vec![(root.to_path_buf(), 0)];
+    let mut first = true;
+    while let Some((dir, depth)) = stack.pop() {
+        let rel = dir.strip_prefix(root).unwrap_or(Path::new(""));
+        let entries = match std::fs::read_dir(&dir) {
+            Ok(e) => e,
+            Err(e) => {
+                if first {
+                    tracing::error!(dir = %root.display(), error = %e, "tokenizer_models_dir_unreadable");
+                } else {
+                    tracing::warn!(path = %rel.display(), error = %e, "tokenizer_models_subdir_unreadable");
+                }
+                first = false;
+                continue;
+            }
+        };
+        first = false;
+        let mut children = Vec::new();
+        let mut has_tiktoken = false;
+        for entry in entries.flatten() {
+            let name = entry.file_name();
+            // file_type() does not follow symlinks: symlinked directories are not walked
+            // (no cycles, no escaping the root), symlinked files are read normally.
+            let Ok(ft) = entry.file_type() else { continue };
+            if ft.is_dir() {
+                children.push(name);
+            } else if Path::new(&name)
+                .extension()
+                .is_some_and(|e| e == TIKTOKEN_EXTENSION)
+            {
+                has_tiktoken = true;
+            }
+        }
+        let has_tokenizer = dir.join(TOKENIZER_FILE).is_file();
+        if has_tokenizer || has_tiktoken {
+            match model_id_from_relative(rel) {
+                None => {
+                    skipped += 1;
+                    tracing::warn!(path = %rel.display(), reason = "unsafe_model_id", "tokenizer_model_skipped");
+                }
+                Some(id) if !has_tokenizer => {
+                    skipped += 1;
+                    tracing::warn!(model = %id, reason = "tiktoken_unsupported", "tokenizer_model_skipped");
+                }
+                Some(id) if models.len() >= MAX_MODELS => {
+                    skipped += 1;
+                    tracing::warn!(model = %id, reason = "too_many_models", limit = MAX_MODELS, "tokenizer_model_skipped");
+                }
+                Some(id) => {
+                    let t0 = Instant::now();
+                    match load_hf_model(&dir) {
+                        Ok(model) => {
+                            tracing::info!(
+                                model = %id,
+                                chat_template = model.has_chat_template(),
+                                load_ms = t0.elapsed().as_millis() as u64,
+                                "tokenizer_model_loaded"
+                            );
+                            if !model.has_chat_template() {
+                                tracing::warn!(model = %id, "tokenizer_model_without_chat_template");
+                            }
+                            models.insert(id, Arc::new(model));
+                        }
+                        Err(reason) => {
+                            skipped += 1;
+                            tracing::warn!(model = %id, reason = %reason, "tokenizer_model_skipped");
+                        }
+                    }
+                }
+            }
+        }
+        if depth < MAX_WALK_DEPTH {
+            children.sort();
+            for name in children.into_iter().rev() {
+                stack.push((dir.join(name), depth + 1));
+            }
+        }
+    }
+    tracing::info!(
+        dir = %root.display(),
+        models = models.len(),
+        skipped,
+        elapsed_ms = started.elapsed().as_millis() as u64,
+        "tokenizer_models_loaded"
+    );
+    models
+}
+
+/// Reads a whole file refusing anything larger than `limit` (checked on the opened file, so a
+/// symlink to something huge is refused too).
+fn read_limited(path: &Path, limit: u64) -> Result<Vec<u8>, String> {
+    use std::io::Read;
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let f = std::fs::File::open(path).map_err(|e| format!("{name}: {e}"))?;
+    let mut buf = Vec::new();
+    f.take(limit + 1)
+        .read_to_end(&mut buf)
+        .map_err(|e| format!("{name}: {e}"))?;
+    if buf.len() as u64 > limit {
+        return Err(format!("{name}: larger than {limit} bytes"));
+    }
+    Ok(buf)
+}
+
+/// Reads an optional JSON object file; `Ok(None)` when absent.
+fn read_json(path: &Path) -> Result<Option<Json>, String> {
+    if !path.is_file() {
+        return Ok(None);
+    }
+    let bytes = read_limited(path, MAX_CONFIG_FILE_BYTES)?;
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    serde_json::from_slice(&bytes)
+        .map(Some)
+        .map_err(|e| format!("{name}: invalid JSON: {e}"))
+}
+
+/// Loads one HF model directory: `tokenizer.json`, then its chat template and special tokens.
+pub fn load_hf_model(dir: &Path) -> Result<Model, String> {
+    let bytes = read_limited(&dir.join(TOKENIZER_FILE), MAX_TOKENIZER_FILE_BYTES)?;
+    let mut tokenizer =
+        tokenizers::Tokenizer::from_bytes(&bytes).map_err(|e| format!("{TOKENIZER_FILE}: {e}"))?;
+    // Engines encode chat prompts untruncated and unpadded, whatever tokenizer.json presets.
+    tokenizer
+        .with_truncation(None)
+        .map_err(|e| format!("{TOKENIZER_FILE}: {e}"))?;
+    tokenizer.with_padding(None);
+
+    let config = read_json(&dir.join(TOKENIZER_CONFIG_FILE))?;
+    let specials = config
+        .as_ref()
+        .map(SpecialTokens::from_config)
+        .unwrap_or_default();
+    let source = chat_template_source(dir, config.as_ref())?;
+    let template = source
+        .map(|s| ChatTemplate::new(&s, specials))
+        .transpose()?;
+    Ok(Model {
+        backend: Backend::Hf(Box::new(HfModel {
+            tokenizer,
+            template,
+        })),
+    })
+}
+
+/// Finds the chat template: `chat_template.jinja`, else `tokenizer_config.json`'s
+/// `chat_template`, else `chat_template.json`; `Ok(None)` when the model has none.
+fn chat_template_source(dir: &Path, config: Option<&Json>) -> Result<Option<String>, String> {
+    let jinja = dir.join(CHAT_TEMPLATE_FILE);
+    if jinja.is_file() {
+        let bytes = read_limited(&jinja, MAX_TEMPLATE_FILE_BYTES)?;
+        return String::from_utf8(bytes)
+            .map(Some)
+            .map_err(|_| format!("{CHAT_TEMPLATE_FILE}: not UTF-8"));
+    }
+    if let Some(t) = config.and_then(|c| template_from_field(c.get("chat_template"))) {
+        return Ok(Some(t));
+    }
+    let processor = read_json(&dir.join(CHAT_TEMPLATE_JSON_FILE))?;
+    Ok(processor.and_then(|c| template_from_field(c.get("chat_template"))))
+}
+
+/// A `chat_template` field is a string, or a list of `{name, template}` from which HF uses the
+/// one named `default` (a list without one has no usable default).
+fn template_from_field(field: Option<&Json>) -> Option<String> {
+    match field? {
+        Json::String(s) => Some(s.clone()),
+        Json::Array(items) => items.iter().find_map(|item| {
+            (item.get("name")?.as_str()? == "default")
+                .then(|| item.get("template")?.as_str().map(str::to_owned))
+                .flatten()
+        }),
+        _ => None,
+    }
+}

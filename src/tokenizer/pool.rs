@@ -1,0 +1,281 @@
+//! The tokenizer worker pool: a few dedicated std threads behind a bounded, non-blocking
+//! admission gate.
+//!
+//! The serving cores only ever take a slot (one atomic CAS) and push onto a short queue; the
+//! CPU work happens here. A slot is held by the job itself, so it is released when a worker is
+//! done with the job, whether or not anyone still waits for the answer.
+
+use std::collections::VecDeque;
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+
+use tokio::sync::oneshot;
+
+use super::TokenizeError;
+use super::load::Model;
+
+/// Default worker threads: tokenization is a side path, and on small machines every extra
+/// thread competes with the serving cores, so a couple of workers is enough to hide one slow
+/// prompt behind another.
+pub const DEFAULT_WORKERS: usize = 2;
+
+/// Upper bound on worker threads, whatever the configuration says.
+pub const MAX_WORKERS: usize = 16;
+
+/// Niceness of workers that share CPUs with the serving cores: under contention the kernel
+/// favours the lookup hot path over tokenization (which fails open on its deadline anyway).
+const SHARED_CPU_NICE: libc::c_int = 5;
+
+/// Where and how many tokenizer workers run.
+#[derive(Debug, Clone)]
+pub struct PoolConfig {
+    /// Worker threads (clamped to `1..=MAX_WORKERS`).
+    pub workers: usize,
+    /// CPUs the workers are pinned to; `None` = unpinned (they then run at a lower priority,
+    /// since they share CPUs with the serving cores).
+    pub cpus: Option<Vec<usize>>,
+}
+
+impl Default for PoolConfig {
+    fn default() -> Self {
+        Self {
+            workers: DEFAULT_WORKERS,
+            cpus: None,
+        }
+    }
+}
+
+impl PoolConfig {
+    /// A configuration that keeps the workers off the CPUs the per-core runtime pins its first
+    /// `shards` executors to (the runtime takes the allowed CPUs in order). When every allowed CPU
+    /// serves, the workers stay unpinned and deprioritised instead.
+    pub fn sparing_serving_cores(shards: usize) -> Self {
+        let cpus = allowed_cpus();
+        let spare: Vec<usize> = cpus.into_iter().skip(shards).collect();
+        Self {
+            workers: DEFAULT_WORKERS,
+            cpus: (!spare.is_empty()).then_some(spare),
+        }
+    }
+}
+
+/// CPUs this process may run on, in ascending order (respects taskset/cgroup limits).
+fn allowed_cpus() -> Vec<usize> {
+    // SAFETY: plain libc calls on a zeroed cpu_set_t owned by this frame.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        if libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) == 0 {
+            return (0..libc::CPU_SETSIZE as usize)
+                .filter(|&c| libc::CPU_ISSET(c, &set))
+                .collect();
+        }
+    }
+    Vec::new()
+}
+
+/// Best-effort placement of the calling worker thread; failures only cost isolation.
+fn place_current_thread(cpus: Option<&[usize]>) {
+    match cpus {
+        Some(cpus) => {
+            // SAFETY: plain libc calls on a zeroed cpu_set_t owned by this frame; pid 0 = the
+            // calling thread.
+            unsafe {
+                let mut set: libc::cpu_set_t = std::mem::zeroed();
+                for &c in cpus.iter().filter(|&&c| c < libc::CPU_SETSIZE as usize) {
+                    libc::CPU_SET(c, &mut set);
+                }
+                let _ = libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
+            }
+        }
+        None => {
+            // SAFETY: on Linux PRIO_PROCESS with a thread id sets that thread's nice value.
+            unsafe {
+                let tid = libc::gettid() as libc::id_t;
+                let _ = libc::setpriority(libc::PRIO_PROCESS, tid, SHARED_CPU_NICE);
+            }
+        }
+    }
+}
+
+/// One admitted concurrency slot; released when dropped (i.e. when its job is finished or
+/// discarded).
+struct Permit {
+    in_flight: Arc<AtomicUsize>,
+}
+
+impl Permit {
+    /// Non-blocking acquire: fails at once when all slots are taken.
+    fn try_acquire(in_flight: &Arc<AtomicUsize>, limit: usize) -> Option<Self> {
+        in_flight
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < limit).then_some(n + 1)
+            })
+            .ok()
+            .map(|_| Self {
+                in_flight: in_flight.clone(),
+            })
+    }
+}
+
+impl Drop for Permit {
+    fn drop(&mut self) {
+        self.in_flight.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+type Reply = oneshot::Sender<Result<Vec<u32>, TokenizeError>>;
+
+struct Job {
+    model: Arc<Model>,
+    text: String,
+    reply: Reply,
+    _permit: Permit,
+}
+
+struct Queue {
+    jobs: VecDeque<Job>,
+    shutdown: bool,
+}
+
+struct Shared {
+    queue: Mutex<Queue>,
+    ready: Condvar,
+}
+
+impl Shared {
+    /// The queue only holds plain data, so a panic elsewhere cannot leave it inconsistent.
+    fn lock(&self) -> MutexGuard<'_, Queue> {
+        self.queue.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// The worker threads and their admission gate. Dropping it stops the workers once they finish
+/// the job at hand; queued jobs are dropped, which their callers observe as a failure.
+pub struct Pool {
+    shared: Arc<Shared>,
+    in_flight: Arc<AtomicUsize>,
+    limit: usize,
+    /// False when no worker thread could be spawned: jobs would never run, so none are admitted.
+    has_workers: bool,
+}
+
+impl Pool {
+    /// Spawns the workers; `limit` concurrent jobs, outputs above `max_tokens` refused.
+    pub(super) fn start_with_limits(cfg: PoolConfig, limit: usize, max_tokens: usize) -> Self {
+        let shared = Arc::new(Shared {
+            queue: Mutex::new(Queue {
+                jobs: VecDeque::with_capacity(limit),
+                shutdown: false,
+            }),
+            ready: Condvar::new(),
+        });
+        let workers = cfg.workers.clamp(1, MAX_WORKERS);
+        let mut spawned_ok = 0;
+        for i in 0..workers {
+            let shared = shared.clone();
+            let cpus = cfg.cpus.clone();
+            let spawned = std::thread::Builder::new()
+                .name(format!("tokenizer-{i}"))
+                .spawn(move || {
+                    place_current_thread(cpus.as_deref());
+                    worker_loop(&shared, max_tokens);
+                });
+            match spawned {
+                Ok(_) => spawned_ok += 1,
+                Err(e) => tracing::error!(error = %e, worker = i, "tokenizer_worker_spawn_failed"),
+            }
+        }
+        Self {
+            shared,
+            in_flight: Arc::new(AtomicUsize::new(0)),
+            limit,
+            has_workers: spawned_ok > 0,
+        }
+    }
+
+    /// Jobs admitted and not yet finished or discarded.
+    pub fn in_flight(&self) -> usize {
+        self.in_flight.load(Ordering::Acquire)
+    }
+
+    /// Admits and queues one job without blocking; `Saturated` when every slot is taken.
+    pub fn submit(
+        &self,
+        model: Arc<Model>,
+        text: String,
+    ) -> Result<oneshot::Receiver<Result<Vec<u32>, TokenizeError>>, TokenizeError> {
+        if !self.has_workers {
+            return Err(TokenizeError::Unavailable);
+        }
+        let permit =
+            Permit::try_acquire(&self.in_flight, self.limit).ok_or(TokenizeError::Saturated)?;
+        let (reply, rx) = oneshot::channel();
+        let job = Job {
+            model,
+            text,
+            reply,
+            _permit: permit,
+        };
+        {
+            let mut q = self.shared.lock();
+            if q.shutdown {
+                return Err(TokenizeError::Unavailable);
+            }
+            // Never grows past `limit`: every queued job holds a permit.
+            q.jobs.push_back(job);
+        }
+        self.shared.ready.notify_one();
+        Ok(rx)
+    }
+}
+
+impl Drop for Pool {
+    fn drop(&mut self) {
+        let dropped = {
+            let mut q = self.shared.lock();
+            q.shutdown = true;
+            std::mem::take(&mut q.jobs)
+        };
+        // Outside the lock: dropping jobs releases permits and wakes waiting callers.
+        drop(dropped);
+        self.shared.ready.notify_all();
+    }
+}
+
+fn worker_loop(shared: &Shared, max_tokens: usize) {
+    loop {
+        let job = {
+            let mut q = shared.lock();
+            loop {
+                if q.shutdown {
+                    return;
+                }
+                if let Some(job) = q.jobs.pop_front() {
+                    break job;
+                }
+                q = shared.ready.wait(q).unwrap_or_else(|e| e.into_inner());
+            }
+        };
+        run_job(job, max_tokens);
+    }
+}
+
+/// Runs one job; the permit is released when `job` goes out of scope at the end.
+fn run_job(job: Job, max_tokens: usize) {
+    // The caller stopped waiting (deadline, cancellation) before we started: skip the work.
+    if job.reply.is_closed() {
+        return;
+    }
+    let result = catch_unwind(AssertUnwindSafe(|| job.model.encode_chat(&job.text)))
+        .unwrap_or_else(|_| Err(TokenizeError::Failed("tokenizer panicked".into())))
+        .and_then(|ids| {
+            if ids.len() > max_tokens {
+                Err(TokenizeError::TooLong)
+            } else {
+                Ok(ids)
+            }
+        });
+    // A dropped receiver means nobody waits any more: the result is discarded.
+    let _ = job.reply.send(result);
+}

@@ -1,0 +1,186 @@
+//! End-to-end conformance for the `prompt_text` path with a real (tiny) HF tokenizer loaded from
+//! `--tokenizer-models-dir` (BEHAVIOUR.md §10.3, §10.4, §18; conformance-cases.md C134, C136,
+//! C137). The model directory is generated per test: a WordLevel `tokenizer.json` with a
+//! whitespace pre-tokenizer ("wN" → 1000+N, "GEN" → 7) and a chat template that emits the user
+//! content followed by " GEN" when `add_generation_prompt` is set, so a prompt of words
+//! w0..w(k-1) tokenizes to [1000, …, 1000+k-1, 7].
+//!
+//! Ignored until the tokenizer is wired into LookupRoute (src/lookup.rs `tokenize` is a stub
+//! that always fails open); run with `cargo test --test rpc_prompt_text -- --ignored`.
+
+mod common;
+
+use std::path::PathBuf;
+
+use common::*;
+
+macro_rules! shards_1_and_2 {
+    ($f:ident, $t1:ident, $t2:ident) => {
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn $t1() {
+            $f(1).await
+        }
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn $t2() {
+            $f(2).await
+        }
+    };
+}
+
+const MODEL: &str = "acme/tiny-wl";
+
+/// Writes the tiny model under a fresh temp root and returns the root.
+fn model_root(tag: &str) -> PathBuf {
+    let root = std::env::temp_dir().join(format!(
+        "rpc-prompt-text-{}-{tag}-{}",
+        std::process::id(),
+        now_us()
+    ));
+    let dir = root.join(MODEL);
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut vocab = serde_json::Map::new();
+    vocab.insert("[UNK]".into(), 0.into());
+    vocab.insert("GEN".into(), 7.into());
+    for n in 0..200u32 {
+        vocab.insert(format!("w{n}"), (1000 + n).into());
+    }
+    let tok = serde_json::json!({
+        "version": "1.0",
+        "truncation": null,
+        "padding": null,
+        "added_tokens": [],
+        "normalizer": null,
+        "pre_tokenizer": {"type": "WhitespaceSplit"},
+        "post_processor": null,
+        "decoder": null,
+        "model": {"type": "WordLevel", "vocab": vocab, "unk_token": "[UNK]"}
+    });
+    std::fs::write(dir.join("tokenizer.json"), tok.to_string()).unwrap();
+    let cfg = serde_json::json!({
+        "chat_template": "{% for message in messages %}{{ message['content'] }}{% endfor %}{% if add_generation_prompt %} GEN{% endif %}"
+    });
+    std::fs::write(dir.join("tokenizer_config.json"), cfg.to_string()).unwrap();
+    root
+}
+
+/// Self-check that the generated tokenizer.json loads and encodes as the tests assume.
+fn check_tokenizer(root: &std::path::Path) {
+    let t = tokenizers::Tokenizer::from_file(root.join(MODEL).join("tokenizer.json"))
+        .expect("tiny tokenizer loads");
+    let enc = t.encode("w0 w1 w2 GEN", false).unwrap();
+    assert_eq!(enc.get_ids(), &[1000, 1001, 1002, 7]);
+}
+
+fn words(k: u32) -> String {
+    (0..k)
+        .map(|n| format!("w{n}"))
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// The tokens the server must produce for `words(k)` (template + generation prompt).
+fn expected_tokens(k: u32) -> Vec<u32> {
+    let mut v: Vec<u32> = (1000..1000 + k).collect();
+    v.push(7);
+    v
+}
+
+fn prompt_lookup(tenant: &str, model: &str, text: String) -> pb::LookupRouteRequest {
+    pb::LookupRouteRequest {
+        model_id: model.into(),
+        tenant_id: tenant.into(),
+        hash_scheme: "vllm".into(),
+        prompt_text: text,
+        ..Default::default()
+    }
+}
+
+/// C136 (prompt_text parts): min prefix 1000 with affinity on, empty index: a prompt that
+/// tokenizes to 64 tokens → NO_HINT echoing those 64 tokens; one that tokenizes to 8 tokens
+/// (sub-block) → NO_HINT echoing the 8 tokens.
+async fn c136_prompt_text(shards: usize) {
+    let root = model_root("c136");
+    check_tokenizer(&root);
+    let srv = Server::start(shards, &["--tokenizer-models-dir", root.to_str().unwrap()]);
+    install_policy(
+        &srv,
+        r#"{"version":7,"policies":[{"namespace":"tenant-x","minimumPrefixTokens":1000}]}"#,
+    );
+    let mut c = srv.client().await;
+    let r = lookup(&mut c, prompt_lookup("tenant-x", MODEL, words(63))).await;
+    assert_resp(&r, "NO_HINT", &[]);
+    assert_eq!(r.token_ids, expected_tokens(63), "64 tokens echoed");
+    let r = lookup(&mut c, prompt_lookup("tenant-x", MODEL, words(7))).await;
+    assert_resp(&r, "NO_HINT", &[]);
+    assert_eq!(
+        r.token_ids,
+        expected_tokens(7),
+        "sub-block: 8 tokens echoed"
+    );
+    let _ = std::fs::remove_dir_all(root);
+}
+shards_1_and_2!(
+    c136_prompt_text,
+    c136_prompt_text_no_hint_with_echo_shards_1,
+    c136_prompt_text_no_hint_with_echo_shards_2
+);
+
+/// C134: r1 stores the fingerprint of the prompt's tokens → PREFIX_MATCH [r1] with the echo.
+async fn c134_prompt_text_prefix_match(shards: usize) {
+    let root = model_root("c134");
+    check_tokenizer(&root);
+    let srv = Server::start(shards, &["--tokenizer-models-dir", root.to_str().unwrap()]);
+    let mut c = srv.client().await;
+    let toks = expected_tokens(63);
+    let (h, cnt) = fingerprint_chain(&toks, 16);
+    let hr: Vec<&[u8]> = h.iter().map(|x| x.as_slice()).collect();
+    assert!(
+        report(
+            &mut c,
+            vec![chain_update("r1", "t", MODEL, "vllm", &hr, &cnt)]
+        )
+        .await
+        .accepted
+    );
+    let r = lookup(&mut c, prompt_lookup("t", MODEL, words(63))).await;
+    assert_resp(&r, "PREFIX_MATCH", &[exp("r1", 64.0, 64, T1)]);
+    assert_eq!(r.token_ids, toks);
+    let _ = std::fs::remove_dir_all(root);
+}
+shards_1_and_2!(
+    c134_prompt_text_prefix_match,
+    c134_prompt_text_prefix_match_with_echo_shards_1,
+    c134_prompt_text_prefix_match_with_echo_shards_2
+);
+
+/// C137 (prompt_text parts with a tokenizer loaded): prompt_text over 1 MiB → NO_HINT without
+/// tokenizing (no echo, although this text would tokenize fine); a model the tokenizer does not
+/// know → NO_HINT, no echo.
+async fn c137_prompt_text_fail_open(shards: usize) {
+    let root = model_root("c137");
+    check_tokenizer(&root);
+    let srv = Server::start(shards, &["--tokenizer-models-dir", root.to_str().unwrap()]);
+    let mut c = srv.client().await;
+    let mut big = "w1 ".repeat((1 << 20) / 3 + 1);
+    big.truncate((1 << 20) + 1);
+    assert_eq!(big.len(), (1 << 20) + 1);
+    let r = lookup(&mut c, prompt_lookup("t", MODEL, big)).await;
+    assert_resp(&r, "NO_HINT", &[]);
+    assert!(
+        r.token_ids.is_empty(),
+        "oversized prompt is never tokenized"
+    );
+    let r = lookup(&mut c, prompt_lookup("t", "unknown/model", words(63))).await;
+    assert_resp(&r, "NO_HINT", &[]);
+    assert!(r.token_ids.is_empty());
+    // Control: the known model does tokenize (cold index → NO_HINT with the echo).
+    let r = lookup(&mut c, prompt_lookup("t", MODEL, words(63))).await;
+    assert_resp(&r, "NO_HINT", &[]);
+    assert_eq!(r.token_ids, expected_tokens(63));
+    let _ = std::fs::remove_dir_all(root);
+}
+shards_1_and_2!(
+    c137_prompt_text_fail_open,
+    c137_prompt_text_oversized_and_unknown_model_shards_1,
+    c137_prompt_text_oversized_and_unknown_model_shards_2
+);
