@@ -55,6 +55,28 @@ pub struct Cli {
     /// fewer CPUs (a cross-core hop costs more than it buys there), else one per CPU up to 8.
     #[arg(long)]
     pub shards: Option<usize>,
+    /// Global cap on storage entries (the reference's compile-time 1,000,000; 0 = unbounded).
+    /// Hidden: an operations/test knob, not part of the reference's flag set.
+    #[arg(long, default_value_t = inferencecache_shards::index::DEFAULT_MAX_ENTRIES, hide = true)]
+    pub index_max_entries: u64,
+    /// TTL sweep interval in milliseconds (the reference's fixed 1 min). Hidden test knob.
+    #[arg(long, default_value_t = 60_000, hide = true)]
+    pub sweep_interval_ms: u64,
+    /// File holding a static bearer token accepted on the controller-facing listener, for
+    /// deployments without Kubernetes TokenReview. Counts as "auth configured"; may be combined
+    /// with --allowed-controller-sa (either source of trust is accepted).
+    #[arg(long, default_value = "", env = "INFERENCECACHE_CONTROLLER_TOKEN_FILE")]
+    pub controller_token_file: String,
+    /// Kubernetes API server URL for TokenReview (default: in-cluster from
+    /// KUBERNETES_SERVICE_HOST/PORT).
+    #[arg(long, default_value = "", env = "INFERENCECACHE_KUBE_API_SERVER")]
+    pub kube_api_server: String,
+    /// CA bundle for the Kubernetes API server (default: the service-account mount).
+    #[arg(long, default_value = "", env = "INFERENCECACHE_KUBE_CA_FILE")]
+    pub kube_ca_file: String,
+    /// Bearer token file used to call TokenReview (default: the service-account mount).
+    #[arg(long, default_value = "", env = "INFERENCECACHE_KUBE_TOKEN_FILE")]
+    pub kube_token_file: String,
 }
 
 /// Upper bound on `--shards`: partitions are spread over at most this many cores.
@@ -83,7 +105,12 @@ pub fn validate_auth(cli: &Cli) -> Result<(), String> {
             "--allowed-controller-sa and --insecure-disable-auth are mutually exclusive".into(),
         );
     }
-    if sa.is_empty() && !cli.insecure_disable_auth {
+    if !cli.controller_token_file.is_empty() && cli.insecure_disable_auth {
+        return Err(
+            "--controller-token-file and --insecure-disable-auth are mutually exclusive".into(),
+        );
+    }
+    if sa.is_empty() && cli.controller_token_file.is_empty() && !cli.insecure_disable_auth {
         return Err("missing --allowed-controller-sa: refusing to serve the controller-facing endpoints unauthenticated (use --insecure-disable-auth for development)".into());
     }
     if !sa.is_empty() {
@@ -206,6 +233,25 @@ mod tests {
         c.policy_audience = "".into();
         assert!(validate_auth(&c).unwrap_err().contains("--policy-audience"));
         c.policy_audience = "p".into();
+        assert!(validate_auth(&c).is_ok());
+    }
+
+    #[test]
+    fn token_file_counts_as_auth() {
+        let mut c = parse(&["--controller-token-file", "/t"]);
+        assert!(validate_auth(&c).is_ok());
+        c.insecure_disable_auth = true;
+        assert!(
+            validate_auth(&c)
+                .unwrap_err()
+                .contains("mutually exclusive")
+        );
+        let c = parse(&[
+            "--controller-token-file",
+            "/t",
+            "--allowed-controller-sa",
+            "sa",
+        ]);
         assert!(validate_auth(&c).is_ok());
     }
 

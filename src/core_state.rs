@@ -3,6 +3,10 @@
 
 use std::cell::{Cell, RefCell};
 
+use std::sync::Arc;
+
+use inferencecache_shards::index::{Index, IndexConfig};
+use inferencecache_shards::policy::PolicyStore;
 use xxhash_rust::xxh3::{xxh3_64, xxh3_64_with_seed};
 
 /// Fixed number of index partitions; larger than any core count so `--shards` never rehashes keys.
@@ -36,6 +40,10 @@ pub struct CoreState {
     pub core: usize,
     /// Ingest messages applied on this core (routing is observable in tests through the index).
     pub ingested: u64,
+    /// This core's copy of the current policy snapshot (swapped whole by `/policy`).
+    pub policy: Arc<PolicyStore>,
+    /// The index partitions this core owns (one index holds all of them).
+    pub index: Index,
 }
 
 thread_local! {
@@ -88,24 +96,80 @@ mod tests {
 use inferencecache_proto::v1alpha1 as pb;
 
 impl CoreState {
-    /// Fresh state for `core`.
-    pub fn new(core: usize) -> Self {
-        Self { core, ingested: 0 }
+    /// Fresh state for `core` with an empty index configured by `config`.
+    pub fn new(core: usize, config: IndexConfig) -> Self {
+        let config = IndexConfig {
+            core_id: core,
+            ..config
+        };
+        Self {
+            core,
+            ingested: 0,
+            policy: Arc::new(PolicyStore::empty()),
+            index: Index::new(config),
+        }
+    }
+
+    /// Replaces this core's policy snapshot. The eviction order may depend on it, so the index
+    /// is told to drop cached victim candidates.
+    pub fn set_policy(&mut self, policy: Arc<PolicyStore>) {
+        self.policy = policy;
+        self.index.rules_changed();
     }
 
     /// Applies one ReportCacheState message.
-    pub fn ingest(&mut self, _update: &pb::CacheStateUpdate) {
+    pub fn ingest(&mut self, update: &pb::CacheStateUpdate) {
         self.ingested += 1;
+        let out = self
+            .index
+            .ingest(update, crate::route::unix_now_ns(), &*self.policy);
+        crate::metrics::record_ingest(out.upserts);
+        if out.quota_evicted_keys > 0 {
+            crate::metrics::record_tenant_evictions(&update.tenant_id, out.quota_evicted_keys);
+        }
+        record_evictions(out.cap_evicted, "cap");
+        self.publish_gauge();
     }
 
     /// Applies one PublishEvent.
-    pub fn apply_event(&mut self, _event: &pb::CacheEvent) {}
+    pub fn apply_event(&mut self, event: &pb::CacheEvent) {
+        self.index
+            .apply_event(event, crate::route::unix_now_ns(), &*self.policy);
+        self.publish_gauge();
+    }
+
+    /// Runs the TTL sweep (§6).
+    pub fn sweep(&mut self) {
+        let out = self.index.sweep(crate::route::unix_now_ns(), &*self.policy);
+        record_evictions(out.ttl_evicted, "ttl");
+        self.publish_gauge();
+    }
 
     /// GetCacheState for `(tenant, model)`.
-    pub fn cache_state(&mut self, _tenant: &str, _model: &str) -> pb::GetCacheStateResponse {
+    pub fn cache_state(&mut self, tenant: &str, model: &str) -> pb::GetCacheStateResponse {
+        let st = self.index.cache_state(tenant, model);
         pb::GetCacheStateResponse {
-            replicas: Vec::new(),
-            summary: Some(pb::CacheSummary::default()),
+            replicas: st.replicas,
+            summary: Some(pb::CacheSummary {
+                total_prefixes: st.total_prefixes,
+                hot_prefixes: 0,
+            }),
         }
+    }
+
+    /// Re-publishes the per-model entries gauge for models whose count changed on this core.
+    fn publish_gauge(&mut self) {
+        self.index.drain_gauge_updates(|model, count| {
+            crate::metrics::publish_index_entries(model, count as i64)
+        });
+    }
+}
+
+fn record_evictions(c: inferencecache_shards::index::EvictionCounts, reason: &'static str) {
+    if c.lru > 0 {
+        crate::metrics::record_index_evictions("lru", reason, c.lru);
+    }
+    if c.lfu > 0 {
+        crate::metrics::record_index_evictions("lfu", reason, c.lfu);
     }
 }

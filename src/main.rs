@@ -5,13 +5,20 @@
 //! until SIGTERM/SIGINT, which drains in-flight calls and exits 0.
 
 mod admin;
+mod auth;
 mod cli;
+mod control;
 mod core_state;
 mod grpc;
 mod http;
 mod logging;
 mod lookup;
+mod metrics;
+mod probe;
+mod route;
 mod runtime;
+mod tls;
+mod tokenizer;
 
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::sync::Arc;
@@ -66,9 +73,29 @@ fn run() -> i32 {
         return 2;
     }
     logging::init(json, level);
-    if cli.insecure_disable_auth {
-        tracing::warn!("controller_auth_disabled");
+    // Tokenizers load eagerly, before serving, on threads that never serve lookups.
+    let tokenizers = if cli.tokenizer_models_dir.is_empty() {
+        tokenizer::Tokenizers::disabled()
+    } else {
+        tokenizer::Tokenizers::load_with(
+            std::path::Path::new(&cli.tokenizer_models_dir),
+            tokenizer::PoolConfig::sparing_serving_cores(shards),
+        )
+    };
+    let _ = tokenizer::install_global(tokenizers);
+    let controller_auth = match auth::setup(&cli) {
+        Ok(a) => a,
+        Err(e) => {
+            tracing::error!(error = %e, "controller_auth_setup");
+            return 1;
+        }
+    };
+    let grpc_tls = !cli.tls_cert_file.is_empty();
+    if grpc_tls && let Err(e) = tls::install(&cli.tls_cert_file, &cli.tls_key_file) {
+        tracing::error!(error = %e, "grpc_tls_load");
+        return 1;
     }
+    metrics::set_grpc_tls_enabled(grpc_tls);
 
     let admin = admin::start();
     let addrs = (|| -> Result<_, String> {
@@ -101,13 +128,22 @@ fn run() -> i32 {
     let service_cfg = Arc::new(grpc::service::ServiceConfig {
         engine_block_size: cli::engine_block_size(&cli),
     });
+    let index_config = inferencecache_shards::index::IndexConfig {
+        max_entries: cli.index_max_entries,
+        directory: Arc::new(inferencecache_shards::directory::Directory::default()),
+        ..Default::default()
+    };
     let (health, _) = tonic_health::server::health_reporter();
     let health = Arc::new(health);
     let runtime = runtime::start(runtime::RuntimeConfig {
         shards,
         grpc_addr,
-        init: Arc::new(core_state::CoreState::new),
+        init: {
+            let config = index_config.clone();
+            Arc::new(move |core| core_state::CoreState::new(core, config.clone()))
+        },
         install_services: Arc::new(move || grpc::install(service_cfg.clone(), &health)),
+        sweep_interval: std::time::Duration::from_millis(cli.sweep_interval_ms),
     });
     let runtime = match runtime {
         Ok(r) => r,
@@ -118,17 +154,22 @@ fn run() -> i32 {
         }
     };
     http::READY.store(true, Ordering::SeqCst);
+    metrics::set_server_up(true);
     tracing::info!(
         version = env!("CARGO_PKG_VERSION"),
+        commit = option_env!("INFERENCECACHE_COMMIT").unwrap_or("unknown"),
         grpc_addr = %runtime.grpc_addr,
-        grpc_tls = false,
+        grpc_tls,
         http_addr = %http_listener.local_addr().map(|a| a.to_string()).unwrap_or_default(),
         snapshot_addr = %snapshot_listener.local_addr().map(|a| a.to_string()).unwrap_or_default(),
         shards,
         "startup"
     );
     admin.spawn(http::serve(http_listener, http::public));
-    admin.spawn(http::serve(snapshot_listener, http::public));
+    let controller = Arc::new(http::Controller {
+        auth: controller_auth,
+    });
+    admin.spawn(http::serve(snapshot_listener, controller.handler()));
 
     let mut signals = match signal_hook::iterator::Signals::new([
         signal_hook::consts::SIGTERM,
@@ -143,8 +184,10 @@ fn run() -> i32 {
     let _ = signals.forever().next();
     tracing::info!("graceful_shutdown_started");
     http::READY.store(false, Ordering::SeqCst);
+    metrics::set_server_up(false);
     runtime::request_shutdown();
     runtime.join();
+    admin.block_on(http::shutdown(http::SHUTDOWN_BUDGET));
     tracing::info!("graceful_shutdown_done");
     0
 }

@@ -226,3 +226,71 @@ async fn sigterm_drains_and_exits_zero() {
     let st = srv.terminate();
     assert_eq!(st.code(), Some(0));
 }
+
+/// Reports over one connection and reads back over another, for models whose partitions are
+/// owned by each core: with `--shards 2` the two connections are served by different cores
+/// (round-robin dealing), so one side of every pair crosses the hop.
+async fn state_crosses_cores(shards: usize) {
+    let srv = Server::start(shards, &[]);
+    let mut writer = srv.client().await;
+    let mut reader = srv.client().await;
+    let models = models_per_core("t", shards.max(2));
+    for (i, model) in models.iter().enumerate() {
+        let hash = format!("prefix-{i}");
+        let ack = report(
+            &mut writer,
+            vec![legacy_update(
+                "r1",
+                "t",
+                model,
+                "vllm",
+                hash.as_bytes(),
+                128,
+            )],
+        )
+        .await;
+        assert!(ack.accepted);
+        let st = reader
+            .get_cache_state(pb::GetCacheStateRequest {
+                model_id: model.clone(),
+                tenant_id: "t".into(),
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(st.summary.unwrap().total_prefixes, 1, "model {model}");
+        let r = reader
+            .lookup_route(exact_lookup("t", model, "vllm", hash.as_bytes(), 128))
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(r.reason_code, "PREFIX_MATCH", "model {model}");
+        assert_eq!(r.replica_scores.len(), 1);
+        assert_eq!(r.replica_scores[0].replica_id, "r1");
+        assert_eq!(r.replica_scores[0].matched_tokens, 128);
+    }
+    // Both cores served connections and executed hops.
+    if shards == 2 {
+        let (_, metrics) = http_get(srv.http_port, "/metrics").unwrap();
+        for core in ["0", "1"] {
+            let hopped = metrics
+                .lines()
+                .filter(|l| l.contains(&format!("core=\"{core}\"")) && l.contains("hop"))
+                .count();
+            assert!(
+                hopped > 0,
+                "no per-core hop series for core {core}:\n{metrics}"
+            );
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn state_reported_on_one_core_is_read_on_another_shards_1() {
+    state_crosses_cores(1).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn state_reported_on_one_core_is_read_on_another_shards_2() {
+    state_crosses_cores(2).await;
+}

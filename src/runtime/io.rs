@@ -9,10 +9,11 @@ use std::task::{Context, Poll};
 use futures_lite::{AsyncRead, AsyncWrite};
 use glommio::net::TcpStream;
 
-/// A glommio TCP stream speaking hyper's `Read`/`Write` traits.
-pub struct GlommioIo(pub TcpStream);
+/// A futures-io stream (a glommio TCP stream, or a TLS stream over one) speaking hyper's
+/// `Read`/`Write` traits.
+pub struct GlommioIo<S = TcpStream>(pub S);
 
-impl hyper::rt::Read for GlommioIo {
+impl<S: AsyncRead + Unpin> hyper::rt::Read for GlommioIo<S> {
     fn poll_read(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -39,7 +40,7 @@ impl hyper::rt::Read for GlommioIo {
     }
 }
 
-impl hyper::rt::Write for GlommioIo {
+impl<S: AsyncWrite + Unpin> hyper::rt::Write for GlommioIo<S> {
     fn poll_write(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,

@@ -135,8 +135,10 @@ where
     F: FnOnce(&mut CoreState) -> R + Send + 'static,
 {
     if crate::core_state::current_core() == Some(owner) {
+        crate::metrics::record_hop(true);
         return Ok(crate::core_state::with_core(f));
     }
+    crate::metrics::record_hop(false);
     let (tx, rx) = tokio::sync::oneshot::channel();
     let op = Op::Run(Box::new(move |st| {
         let _ = tx.send(f(st));

@@ -74,6 +74,8 @@ pub struct RuntimeConfig {
     pub init: CoreInit,
     /// Per-core service installation (runs on the core).
     pub install_services: Arc<dyn Fn() + Send + Sync>,
+    /// Period of each core's TTL sweep (BEHAVIOUR.md §6: 1 min).
+    pub sweep_interval: Duration,
 }
 
 /// A running set of executors.
@@ -126,6 +128,7 @@ pub fn start(cfg: RuntimeConfig) -> Result<Runtime, String> {
         let install = cfg.install_services.clone();
         let ready = ready_tx.clone();
         let addr = cfg.grpc_addr;
+        let sweep_interval = cfg.sweep_interval;
         let handle = LocalExecutorBuilder::new(Placement::Fixed(cpu))
             .name(&format!("core-{core}"))
             .io_memory(IO_MEMORY_BYTES)
@@ -133,6 +136,7 @@ pub fn start(cfg: RuntimeConfig) -> Result<Runtime, String> {
                 core_state::install(init(core));
                 install();
                 glommio::spawn_local(mailbox::drain_loop(core)).detach();
+                glommio::spawn_local(sweep_loop(sweep_interval)).detach();
                 if core == 0 {
                     match TcpListener::bind(addr) {
                         Ok(listener) => {
@@ -187,6 +191,28 @@ impl Runtime {
     }
 }
 
+/// Sweeps this core's partitions every `interval` until shutdown (the reference's ticker).
+async fn sweep_loop(interval: Duration) {
+    let interval = interval.max(Duration::from_millis(1));
+    loop {
+        let tick = futures_lite::future::or(
+            async {
+                glommio::timer::sleep(interval).await;
+                true
+            },
+            async {
+                shutdown_requested().await;
+                false
+            },
+        )
+        .await;
+        if !tick {
+            return;
+        }
+        core_state::with_core(|st| st.sweep());
+    }
+}
+
 /// Core 0's accept loop: deals accepted connections round-robin over all cores.
 async fn accept_loop(listener: TcpListener) {
     let cores = mailbox::cores();
@@ -224,26 +250,42 @@ pub fn serve_connection(stream: TcpStream) {
     LIVE_CONNECTIONS.with(|c| c.set(c.get() + 1));
     glommio::spawn_local(async move {
         let _ = stream.set_nodelay(true);
-        let mut builder = hyper::server::conn::http2::Builder::new(io::LocalExec);
-        builder.max_concurrent_streams(MAX_CONCURRENT_STREAMS);
-        let conn = builder.serve_connection(io::GlommioIo(stream), crate::grpc::Router);
-        let mut conn = std::pin::pin!(conn);
-        let finished = futures_lite::future::or(async { Some(conn.as_mut().await) }, async {
-            shutdown_requested().await;
-            None
-        })
-        .await;
-        if finished.is_none() {
-            conn.as_mut().graceful_shutdown();
-            let _ = futures_lite::future::or(async { conn.await.map(|_| ()) }, async {
-                glommio::timer::sleep(DRAIN_TIMEOUT).await;
-                Ok(())
-            })
-            .await;
+        match crate::tls::acceptor() {
+            None => serve_http2(io::GlommioIo(stream)).await,
+            Some(acceptor) => {
+                if let Some(tls) = crate::tls::handshake(acceptor, stream).await {
+                    serve_http2(io::GlommioIo(tls)).await;
+                }
+            }
         }
         LIVE_CONNECTIONS.with(|c| c.set(c.get() - 1));
     })
     .detach();
+}
+
+/// Serves gRPC over HTTP/2 on one established (plaintext or TLS) stream until it closes or the
+/// drain ends it.
+async fn serve_http2<S>(io: io::GlommioIo<S>)
+where
+    S: futures_lite::AsyncRead + futures_lite::AsyncWrite + Unpin + 'static,
+{
+    let mut builder = hyper::server::conn::http2::Builder::new(io::LocalExec);
+    builder.max_concurrent_streams(MAX_CONCURRENT_STREAMS);
+    let conn = builder.serve_connection(io, crate::grpc::Router);
+    let mut conn = std::pin::pin!(conn);
+    let finished = futures_lite::future::or(async { Some(conn.as_mut().await) }, async {
+        shutdown_requested().await;
+        None
+    })
+    .await;
+    if finished.is_none() {
+        conn.as_mut().graceful_shutdown();
+        let _ = futures_lite::future::or(async { conn.await.map(|_| ()) }, async {
+            glommio::timer::sleep(DRAIN_TIMEOUT).await;
+            Ok(())
+        })
+        .await;
+    }
 }
 
 /// After shutdown: waits for this core's connections to close, then for every other core, so

@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# Unary LookupRoute latency and server CPU per request over loopback, one call in flight:
+# our server with --shards 1 and --shards 2 next to the plain single-threaded baseline
+# (examples/baseline_server.rs), interleaved in one run so machine noise hits all variants.
+#
+# Usage: perf/unary.sh [requests-per-run] [rounds]
+# Needs: cargo build --release -p loadgen -p inference-cache --bins --examples
+set -euo pipefail
+cd "$(dirname "$0")/.."
+REQ=${1:-20000}
+ROUNDS=${2:-3}
+T=${CARGO_TARGET_DIR:-target}/release
+SRV=$T/inference-cache-server
+BASE=$T/examples/baseline_server
+LG=$T/loadgen
+PORT=19190
+TICK=$(getconf CLK_TCK)
+OUT=$(mktemp -d)
+
+cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
+
+start() {
+  case "$1" in
+    baseline) "$BASE" "127.0.0.1:$PORT" 2>/dev/null & ;;
+    n1) "$SRV" --insecure-disable-auth --log-level error --shards 1 --grpc-bind-address "127.0.0.1:$PORT" --http-bind-address 127.0.0.1:0 --snapshot-bind-address 127.0.0.1:0 & ;;
+    n2) "$SRV" --insecure-disable-auth --log-level error --shards 2 --grpc-bind-address "127.0.0.1:$PORT" --http-bind-address 127.0.0.1:0 --snapshot-bind-address 127.0.0.1:0 & ;;
+  esac
+  PID=$!
+  for _ in $(seq 100); do (echo >/dev/tcp/127.0.0.1/$PORT) 2>/dev/null && return; sleep 0.05; done
+  echo "server $1 did not start" >&2; exit 1
+}
+
+COMMON=(--addr "http://127.0.0.1:$PORT" --workload chat --seed 7 --population 2000 --replicas 8 --tenants 4)
+printf '%-9s %5s %10s %10s %10s %12s\n' variant round p50_us p99_us rps cpu_us_per_req
+for round in $(seq "$ROUNDS"); do
+  for v in baseline n1 n2; do
+    start "$v"
+    "$LG" preload "${COMMON[@]}" --quiet >/dev/null
+    c0=$(cpu_ticks "$PID")
+    "$LG" run "${COMMON[@]}" --no-preload --no-producers --concurrency 1 --requests "$REQ" --quiet --json "$OUT/$v-$round.json" >/dev/null
+    c1=$(cpu_ticks "$PID")
+    kill "$PID"; wait "$PID" 2>/dev/null || true
+    python3 - "$OUT/$v-$round.json" "$v" "$round" "$c0" "$c1" "$TICK" "$REQ" <<'PY'
+import json, sys
+path, v, rnd, c0, c1, tick, req = sys.argv[1:]
+r = json.load(open(path))
+lk = r["rpcs"]["LookupRoute"]
+cpu_us = (int(c1) - int(c0)) / int(tick) * 1e6 / int(req)
+mix = ",".join(f"{k}={n}" for k, n in sorted(r["reason_codes"].items()))
+print(f"{v:<9} {rnd:>5} {lk['p50_ms']*1000:>10.1f} {lk['p99_ms']*1000:>10.1f} {r['achieved_rate']:>10.0f} {cpu_us:>12.1f}  {mix}")
+PY
+  done
+done
