@@ -13,7 +13,7 @@ T=${CARGO_TARGET_DIR:-target}/release
 SRV=$T/inference-cache-server
 BASE=$T/examples/baseline_server
 LG=$T/loadgen
-PORT=19190
+PORT=$(python3 -c "import socket; s=socket.socket(); s.bind(('127.0.0.1',0)); print(s.getsockname()[1])")
 TICK=$(getconf CLK_TCK)
 OUT=$(mktemp -d)
 
@@ -35,7 +35,7 @@ printf '%-9s %5s %10s %10s %10s %12s\n' variant round p50_us p99_us rps cpu_us_p
 for round in $(seq "$ROUNDS"); do
   for v in baseline n1 n2; do
     start "$v"
-    "$LG" preload "${COMMON[@]}" --quiet >/dev/null
+    "$LG" preload "${COMMON[@]}" >/dev/null 2>&1
     c0=$(cpu_ticks "$PID")
     "$LG" run "${COMMON[@]}" --no-preload --no-producers --concurrency 1 --requests "$REQ" --quiet --json "$OUT/$v-$round.json" >/dev/null
     c1=$(cpu_ticks "$PID")

@@ -26,6 +26,10 @@ use std::sync::atomic::Ordering;
 
 use clap::Parser;
 
+/// mimalloc: per-thread heaps for the per-request prost/h2 allocations (see Cargo.toml).
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() {
     std::process::exit(run());
 }
