@@ -67,7 +67,9 @@ pub fn for_each_prefix_hash(
 /// block, exactly what a per-block producer reports. Empty when there is no full block.
 pub fn chain(tokens: &[u32], block_size: i32) -> (Vec<Vec<u8>>, Vec<i32>) {
     let mut hashes = Vec::new();
-    for_each_prefix_hash(tokens, block_size, None, |h| hashes.push(h.to_be_bytes().to_vec()));
+    for_each_prefix_hash(tokens, block_size, None, |h| {
+        hashes.push(h.to_be_bytes().to_vec())
+    });
     let counts = vec![block_size; hashes.len()];
     (hashes, counts)
 }
