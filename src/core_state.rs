@@ -5,6 +5,7 @@ use std::cell::{Cell, RefCell};
 
 use std::sync::Arc;
 
+use inferencecache_proto::v1alpha1 as pb;
 use inferencecache_shards::index::{Index, IndexConfig};
 use inferencecache_shards::policy::PolicyStore;
 use xxhash_rust::xxh3::{xxh3_64, xxh3_64_with_seed};
@@ -69,31 +70,6 @@ pub fn with_core<R>(f: impl FnOnce(&mut CoreState) -> R) -> R {
         f(guard.as_mut().expect("with_core called off a core thread"))
     })
 }
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn partition_is_stable_and_length_prefixed() {
-        assert_eq!(partition("t", "m"), partition("t", "m"));
-        assert!(partition("t", "m") < PARTITIONS);
-        // Not a proof of inequality for all inputs, but the boundary shift must change the input.
-        let many: std::collections::HashSet<u32> = (0..1000)
-            .map(|i| partition("t", &format!("m{i}")))
-            .collect();
-        assert!(many.len() > 200, "partitions should spread: {}", many.len());
-    }
-
-    #[test]
-    fn owners_cover_all_cores() {
-        let owners: std::collections::HashSet<usize> =
-            (0..PARTITIONS).map(|p| owner_of_partition(p, 2)).collect();
-        assert_eq!(owners.len(), 2);
-    }
-}
-
-use inferencecache_proto::v1alpha1 as pb;
 
 impl CoreState {
     /// Fresh state for `core` with an empty index configured by `config`.
@@ -171,5 +147,28 @@ fn record_evictions(c: inferencecache_shards::index::EvictionCounts, reason: &'s
     }
     if c.lfu > 0 {
         crate::metrics::record_index_evictions("lfu", reason, c.lfu);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn partition_is_stable_and_length_prefixed() {
+        assert_eq!(partition("t", "m"), partition("t", "m"));
+        assert!(partition("t", "m") < PARTITIONS);
+        // Not a proof of inequality for all inputs, but the boundary shift must change the input.
+        let many: std::collections::HashSet<u32> = (0..1000)
+            .map(|i| partition("t", &format!("m{i}")))
+            .collect();
+        assert!(many.len() > 200, "partitions should spread: {}", many.len());
+    }
+
+    #[test]
+    fn owners_cover_all_cores() {
+        let owners: std::collections::HashSet<usize> =
+            (0..PARTITIONS).map(|p| owner_of_partition(p, 2)).collect();
+        assert_eq!(owners.len(), 2);
     }
 }

@@ -184,23 +184,22 @@ impl CoreState {
                 && !model.is_empty()
                 && !req.hash_scheme.is_empty()
                 && req.block_hashes.len() == req.block_token_counts.len();
-            if policy.affinity_routing && eligible {
-                if let Some(seed) = inputs.affinity_seed() {
-                    if let Some(pick) =
-                        self.index
-                            .affinity_hint(&req.tenant_id, &model, &req.hash_scheme, &seed)
-                    {
-                        let pick = pb::ReplicaScore {
-                            replica_id: pick.to_string(),
-                            ..Default::default()
-                        };
-                        let adapter = req.adapter_id;
-                        return (
-                            response(reason::AFFINITY_HINT, start, vec![pick], echo, adapter),
-                            model,
-                        );
-                    }
-                }
+            if policy.affinity_routing
+                && eligible
+                && let Some(seed) = inputs.affinity_seed()
+                && let Some(pick) =
+                    self.index
+                        .affinity_hint(&req.tenant_id, &model, &req.hash_scheme, &seed)
+            {
+                let pick = pb::ReplicaScore {
+                    replica_id: pick.to_string(),
+                    ..Default::default()
+                };
+                let adapter = req.adapter_id;
+                return (
+                    response(reason::AFFINITY_HINT, start, vec![pick], echo, adapter),
+                    model,
+                );
             }
         } else if strategy == Strategy::PrefixMatch {
             // Credit LFU only for replicas delivered in the response.

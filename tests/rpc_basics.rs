@@ -538,7 +538,7 @@ async fn c102_other_rpcs(shards: usize) {
     });
     assert!(report(&mut c, vec![u]).await.accepted);
     let s = cache_state(&mut c, "t", "m").await;
-    let sum = s.summary.clone().expect("summary");
+    let sum = s.summary.expect("summary");
     assert_eq!((sum.total_prefixes, sum.hot_prefixes), (1, 0), "{s:?}");
     assert_eq!(
         s.replicas,
@@ -563,7 +563,7 @@ async fn c102_other_rpcs(shards: usize) {
     });
     assert!(report(&mut c, vec![u]).await.accepted);
     let s = cache_state(&mut c, "t", "m").await;
-    assert_eq!(s.summary.clone().unwrap().total_prefixes, 1, "{s:?}");
+    assert_eq!(s.summary.unwrap().total_prefixes, 1, "{s:?}");
     let ids: Vec<&str> = s.replicas.iter().map(|r| r.replica_id.as_str()).collect();
     assert_eq!(ids, ["replica-0", "replica-a"]);
     assert_eq!(

@@ -151,6 +151,7 @@ impl Tokenizers {
     /// Walks `dir` once, loads every model found (failures are logged and skipped, never fatal)
     /// and starts the default worker pool. Call it from the main thread before the per-core
     /// runtime starts, so the workers do not inherit a serving core's CPU pinning.
+    #[cfg(test)]
     pub fn load(dir: &Path) -> Self {
         Self::load_with(dir, PoolConfig::default())
     }
@@ -185,11 +186,13 @@ impl Tokenizers {
     }
 
     /// Whether a `--tokenizer-models-dir` was configured, even if it yielded no model.
+    #[cfg(test)]
     pub fn is_enabled(&self) -> bool {
         self.inner.models.is_some()
     }
 
     /// Whether `model` was loaded at start-up, i.e. whether [`Tokenizers::submit`] can serve it.
+    #[cfg(test)]
     pub fn is_loaded(&self, model: &str) -> bool {
         self.inner
             .models
@@ -210,6 +213,7 @@ impl Tokenizers {
     }
 
     /// Tokenizations currently admitted (queued or running); for gauges and tests.
+    #[cfg(test)]
     pub fn in_flight(&self) -> usize {
         self.inner.pool.as_ref().map_or(0, |p| p.in_flight())
     }

@@ -195,6 +195,7 @@ impl Pool {
     }
 
     /// Jobs admitted and not yet finished or discarded.
+    #[cfg(test)]
     pub fn in_flight(&self) -> usize {
         self.in_flight.load(Ordering::Acquire)
     }
