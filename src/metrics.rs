@@ -510,6 +510,13 @@ impl Collector for Scrape {
         }
 
         // Operator families (not part of the reference contract).
+        let tokenizing = crate::tokenizer::global().in_flight() as i64;
+        fams.push((
+            "inferencecache_tokenizer_in_flight",
+            "prompt_text tokenizations admitted and not yet finished (at most 64; more fail open).",
+            MetricType::Gauge,
+            Box::new(move |e| gauge(e, &[], tokenizing)),
+        ));
         if t.ingest_entries > 0 {
             fams.push((
                 "inferencecache_ingest_entries",

@@ -184,3 +184,97 @@ shards_1_and_2!(
     c137_prompt_text_oversized_and_unknown_model_shards_1,
     c137_prompt_text_oversized_and_unknown_model_shards_2
 );
+
+/// A prompt that takes far longer than 20 ms to tokenize (hundreds of thousands of words).
+fn slow_prompt() -> String {
+    let w = words(200);
+    let mut s = String::with_capacity(900 * 1024);
+    while s.len() + w.len() + 1 < 900 * 1024 {
+        s.push_str(&w);
+        s.push(' ');
+    }
+    s
+}
+
+/// C138: `lookupTimeoutMs: 20` and a tokenization that outlasts it → TIMEOUT (never an error
+/// status), answered at the deadline rather than when the tokenizer finishes.
+async fn c138_tokenize_deadline(shards: usize) {
+    let root = model_root("c138");
+    let srv = Server::start(shards, &["--tokenizer-models-dir", root.to_str().unwrap()]);
+    install_policy(
+        &srv,
+        r#"{"version":7,"policies":[{"namespace":"tenant-x","lookupTimeoutMs":20}]}"#,
+    );
+    let mut c = srv.client().await;
+    let started = std::time::Instant::now();
+    let r = lookup(&mut c, prompt_lookup("tenant-x", MODEL, slow_prompt())).await;
+    assert_resp(&r, "TIMEOUT", &[]);
+    assert!(
+        r.token_ids.is_empty(),
+        "no echo when the deadline fires during tokenization"
+    );
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(3),
+        "{:?}",
+        started.elapsed()
+    );
+    let _ = std::fs::remove_dir_all(root);
+}
+shards_1_and_2!(
+    c138_tokenize_deadline,
+    c138_tokenize_deadline_timeout_shards_1,
+    c138_tokenize_deadline_timeout_shards_2
+);
+
+/// C137 (saturation): while 64 tokenizations are admitted, the 65th fails open at once with
+/// NO_HINT and no echo, instead of queueing behind them.
+async fn c137_tokenizer_saturation(shards: usize) {
+    let root = model_root("c137s");
+    let srv = Server::start(shards, &["--tokenizer-models-dir", root.to_str().unwrap()]);
+    install_policy(
+        &srv,
+        r#"{"version":7,"policies":[{"namespace":"tenant-x","lookupTimeoutMs":30000}]}"#,
+    );
+    let big = slow_prompt();
+    let mut busy = Vec::new();
+    for _ in 0..64 {
+        let mut c = srv.client().await;
+        let text = big.clone();
+        busy.push(tokio::spawn(async move {
+            let _ = c.lookup_route(prompt_lookup("tenant-x", MODEL, text)).await;
+        }));
+    }
+    // Wait until all 64 hold a slot (the operator gauge shows admitted tokenizations).
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    loop {
+        let (_, m) = http_get(srv.http_port, "/metrics").unwrap();
+        if m.contains("inferencecache_tokenizer_in_flight 64\n") {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "64 tokenizations never admitted:\n{m}");
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    let mut c = srv.client().await;
+    let started = std::time::Instant::now();
+    let r = lookup(&mut c, prompt_lookup("tenant-x", MODEL, words(63))).await;
+    assert_resp(&r, "NO_HINT", &[]);
+    assert!(
+        r.token_ids.is_empty(),
+        "a shed request is not tokenized, so nothing is echoed"
+    );
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(1),
+        "{:?}",
+        started.elapsed()
+    );
+    for b in busy {
+        b.abort();
+    }
+    drop(srv);
+    let _ = std::fs::remove_dir_all(root);
+}
+shards_1_and_2!(
+    c137_tokenizer_saturation,
+    c137_tokenizer_saturation_fails_open_shards_1,
+    c137_tokenizer_saturation_fails_open_shards_2
+);

@@ -213,7 +213,6 @@ impl Tokenizers {
     }
 
     /// Tokenizations currently admitted (queued or running); for gauges and tests.
-    #[cfg(test)]
     pub fn in_flight(&self) -> usize {
         self.inner.pool.as_ref().map_or(0, |p| p.in_flight())
     }

@@ -195,7 +195,6 @@ impl Pool {
     }
 
     /// Jobs admitted and not yet finished or discarded.
-    #[cfg(test)]
     pub fn in_flight(&self) -> usize {
         self.in_flight.load(Ordering::Acquire)
     }
