@@ -57,6 +57,19 @@ impl CoreState {
             Some(tokens) => resolve::resolve_tokenized(tokens, chain_on, block_size),
             None => resolve::resolve_inputs(&req, chain_on, block_size),
         };
+        // 7. The deadline after resolution wins over a fail-open answer (TIMEOUT, echoing any
+        // tokens the server produced).
+        if expired(deadline) {
+            let echo = match &resolution {
+                Resolution::Resolved(inputs) => inputs.echo.clone(),
+                Resolution::FailOpen { echo, .. } => echo.clone(),
+                Resolution::Tokenize { .. } => Vec::new(),
+            };
+            return (
+                response(reason::TIMEOUT, start, Vec::new(), echo, String::new()),
+                model,
+            );
+        }
         let inputs = match resolution {
             Resolution::Resolved(inputs) => inputs,
             // 8. Fail open (echoing the server's tokens when it produced any).
@@ -68,26 +81,16 @@ impl CoreState {
             }
             Resolution::Tokenize { .. } => {
                 // The receiving core tokenizes before the hop; reaching here means it could not.
-                return (
-                    response(
-                        reason::NO_HINT,
-                        start,
-                        Vec::new(),
-                        Vec::new(),
-                        String::new(),
-                    ),
-                    model,
+                let r = response(
+                    reason::NO_HINT,
+                    start,
+                    Vec::new(),
+                    Vec::new(),
+                    String::new(),
                 );
+                return (r, model);
             }
         };
-        // 7. Deadline after resolution.
-        if expired(deadline) {
-            let echo = inputs.echo.clone();
-            return (
-                response(reason::TIMEOUT, start, Vec::new(), echo, String::new()),
-                model,
-            );
-        }
         // 9. minimumPrefixTokens: a pre-gate only when affinity is off, else a downgrade.
         let min_prefix = i64::from(policy.minimum_prefix_tokens);
         let below_min = min_prefix > 0 && inputs.effective_prefix_tokens() < min_prefix;

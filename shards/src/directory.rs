@@ -21,12 +21,16 @@
 //! * a reader validates the slot's generation before and after reading the fingerprint
 //!   (seqlock), so it never attributes a count to the wrong tenant.
 //!
-//! If more than `capacity` tenants are live at once the table saturates: such tenants are not
-//! tracked, [`Directory::is_saturated`] turns true and the index then treats unknown tenants as
-//! known (it never answers UNKNOWN_TENANT wrongly) and enforces their quota on local counts.
+//! If more than `capacity` tenants are live at once, the extra tenants are counted exactly in an
+//! overflow map under the slow-path mutex. While that map is non-empty,
+//! [`Directory::is_saturated`] is true and the lookup path (which never takes the mutex) treats
+//! tenants absent from the table as known, so it never answers UNKNOWN_TENANT wrongly; quota
+//! enforcement (ingest path) reads the exact count with [`Directory::tenant_keys_exact`]. The
+//! state clears as soon as the overflowing tenants drain.
 
+use std::collections::HashMap;
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU64, AtomicUsize, Ordering};
 
 const STATE_SHIFT: u32 = 62;
 const GEN_SHIFT: u32 = 40;
@@ -72,8 +76,10 @@ pub struct Directory {
     non_reserved_entries: AtomicI64,
     slots: Box<[Slot]>,
     mask: usize,
-    slow: Mutex<()>,
-    saturated: AtomicBool,
+    /// Slow-path lock; guards claims/retires and the overflow counts of untracked tenants.
+    slow: Mutex<HashMap<TenantFp, u64>>,
+    /// Number of tenants in the overflow map (read lock-free by the lookup path).
+    overflow_live: AtomicUsize,
 }
 
 impl Default for Directory {
@@ -109,8 +115,8 @@ impl Directory {
             non_reserved_entries: AtomicI64::new(0),
             slots,
             mask: cap - 1,
-            slow: Mutex::new(()),
-            saturated: AtomicBool::new(false),
+            slow: Mutex::new(HashMap::new()),
+            overflow_live: AtomicUsize::new(0),
         }
     }
 
@@ -150,9 +156,10 @@ impl Directory {
         }
     }
 
-    /// True once some tenant could not be tracked because the table was full.
+    /// True while some live tenant could not get a table slot (it is counted in the overflow
+    /// map instead).
     pub fn is_saturated(&self) -> bool {
-        self.saturated.load(Ordering::Relaxed)
+        self.overflow_live.load(Ordering::Acquire) > 0
     }
 
     /// Finds the live slot of `fp`: `(index, word)`.
@@ -184,9 +191,26 @@ impl Directory {
         None
     }
 
-    /// Distinct prefix keys of a tenant across all cores (0 when unknown).
+    /// Distinct prefix keys of a tenant across all cores, lock-free (0 when unknown, and for a
+    /// tenant held in the overflow map: callers check [`Directory::is_saturated`]).
     pub fn tenant_keys(&self, fp: TenantFp) -> u64 {
         self.find(fp).map(|(_, w)| count(w)).unwrap_or(0)
+    }
+
+    /// Exact distinct key count, including overflow tenants (may take the slow-path lock when
+    /// the table is saturated; ingest path only).
+    pub fn tenant_keys_exact(&self, fp: TenantFp) -> u64 {
+        if let Some((_, w)) = self.find(fp) {
+            return count(w);
+        }
+        if !self.is_saturated() {
+            return 0;
+        }
+        let overflow = self.slow.lock().unwrap_or_else(|e| e.into_inner());
+        match self.find(fp) {
+            Some((_, w)) => count(w),
+            None => overflow.get(&fp).copied().unwrap_or(0),
+        }
     }
 
     /// Applies a core's delta to a tenant's key count.
@@ -221,7 +245,19 @@ impl Directory {
     }
 
     fn add_slow(&self, fp: TenantFp, delta: i64) {
-        let _guard = self.slow.lock().unwrap_or_else(|e| e.into_inner());
+        let mut overflow = self.slow.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(c) = overflow.get_mut(&fp) {
+            // An overflow tenant stays there until it drains, so its count never splits.
+            let n = *c as i64 + delta;
+            debug_assert!(n >= 0, "tenant key count below zero");
+            if n <= 0 {
+                overflow.remove(&fp);
+                self.overflow_live.store(overflow.len(), Ordering::Release);
+            } else {
+                *c = n as u64;
+            }
+            return;
+        }
         if let Some((i, mut w)) = self.find(fp) {
             let s = &self.slots[i];
             loop {
@@ -242,8 +278,7 @@ impl Directory {
             }
         }
         if delta < 0 {
-            // Untracked tenant (saturated table) going down: nothing to do.
-            debug_assert!(self.is_saturated(), "decrement of an absent tenant");
+            debug_assert!(delta >= 0, "decrement of an absent tenant");
             return;
         }
         // Claim the first tombstone or empty slot of the probe chain. Absence was just checked
@@ -263,7 +298,9 @@ impl Directory {
             }
             i = (i + 1) & self.mask;
         }
-        self.saturated.store(true, Ordering::Relaxed);
+        // The table is full: count the tenant exactly in the overflow map.
+        overflow.insert(fp, delta as u64);
+        self.overflow_live.store(overflow.len(), Ordering::Release);
     }
 
     /// Number of live tenant slots (tests and debugging; O(capacity)).

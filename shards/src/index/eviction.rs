@@ -542,15 +542,10 @@ impl Index {
     }
 
     /// The tenant's distinct key count the quota compares against: the directory's global
-    /// count (local count if the directory could not track the tenant).
+    /// count (exact even for tenants in the directory's overflow map).
     fn global_tenant_keys(&self, tenant: u32) -> u64 {
         let rec = &self.cat.tenants[&tenant];
-        let d = self.directory().tenant_keys(rec.fp);
-        if d == 0 && self.directory().is_saturated() {
-            rec.prefixes
-        } else {
-            d
-        }
+        self.directory().tenant_keys_exact(rec.fp)
     }
 
     /// Tenant quota (§7.1): while the tenant's key count exceeds `budget`, evict its oldest keys

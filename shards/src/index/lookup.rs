@@ -145,7 +145,9 @@ impl std::fmt::Debug for LookupView<'_> {
 #[derive(Clone, Copy, Default)]
 struct Run {
     replica: u32,
-    matched: i64,
+    /// Sum of the request's block counts over the run, in the wire's int32 with wrap-around
+    /// (as the stored cumulative counts), so an overflowing sum is a non-positive run and dropped.
+    matched: i32,
     oldest: i64,
     tier: Tier,
     last_block: u32,
@@ -337,7 +339,7 @@ impl Index {
                         sc.run_of[r as usize] = sc.runs.len() as u32;
                         sc.runs.push(Run {
                             replica: r,
-                            matched: count as i64,
+                            matched: count,
                             oldest: h.last_seen(),
                             tier: h.tier(),
                             last_block: 0,
@@ -351,7 +353,7 @@ impl Index {
                         if run.last_block as usize != i - 1 {
                             continue; // frozen earlier: can never rejoin
                         }
-                        run.matched += count as i64;
+                        run.matched = run.matched.wrapping_add(count);
                         run.oldest = run.oldest.min(h.last_seen());
                         run.tier = ranking::worst_tier(run.tier, h.tier());
                         run.last_block = i as u32;
@@ -384,8 +386,8 @@ impl Index {
                 score: self
                     .cfg
                     .ranker
-                    .prefix_score(run.matched, f, pressure, coeff),
-                matched_tokens: run.matched as i32,
+                    .prefix_score(i64::from(run.matched), f, pressure, coeff),
+                matched_tokens: run.matched,
                 estimated_cache_hit_prob: f,
                 tier: ranking::tier_to_wire(run.tier),
             });
