@@ -251,7 +251,10 @@ async fn c137_tokenizer_saturation(shards: usize) {
         if m.contains("inferencecache_tokenizer_in_flight 64\n") {
             break;
         }
-        assert!(std::time::Instant::now() < deadline, "64 tokenizations never admitted:\n{m}");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "64 tokenizations never admitted:\n{m}"
+        );
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
     }
     let mut c = srv.client().await;
