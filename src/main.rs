@@ -6,6 +6,7 @@
 
 mod admin;
 mod auth;
+mod civil;
 mod cli;
 mod control;
 mod core_state;

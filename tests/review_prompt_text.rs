@@ -3,93 +3,12 @@
 //! WordLevel tokenizer (same fixture as rpc_prompt_text.rs: "wN" → 1000+N, generation prompt
 //! " GEN" → 7).
 
+#[macro_use]
 mod common;
 
-use std::path::PathBuf;
-
+use common::tiny_model::*;
 use common::*;
 use sha2::{Digest, Sha256};
-
-macro_rules! shards_1_and_2 {
-    ($f:ident, $t1:ident, $t2:ident) => {
-        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-        async fn $t1() {
-            $f(1).await
-        }
-        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-        async fn $t2() {
-            $f(2).await
-        }
-    };
-}
-
-const MODEL: &str = "acme/tiny-wl";
-
-/// Writes the tiny model under a fresh temp root and returns the root.
-fn model_root(tag: &str) -> PathBuf {
-    let root = std::env::temp_dir().join(format!(
-        "review-prompt-text-{}-{tag}-{}",
-        std::process::id(),
-        now_us()
-    ));
-    let dir = root.join(MODEL);
-    std::fs::create_dir_all(&dir).unwrap();
-    let mut vocab = serde_json::Map::new();
-    vocab.insert("[UNK]".into(), 0.into());
-    vocab.insert("GEN".into(), 7.into());
-    for n in 0..200u32 {
-        vocab.insert(format!("w{n}"), (1000 + n).into());
-    }
-    let tok = serde_json::json!({
-        "version": "1.0",
-        "truncation": null,
-        "padding": null,
-        "added_tokens": [],
-        "normalizer": null,
-        "pre_tokenizer": {"type": "WhitespaceSplit"},
-        "post_processor": null,
-        "decoder": null,
-        "model": {"type": "WordLevel", "vocab": vocab, "unk_token": "[UNK]"}
-    });
-    std::fs::write(dir.join("tokenizer.json"), tok.to_string()).unwrap();
-    let cfg = serde_json::json!({
-        "chat_template": "{% for message in messages %}{{ message['content'] }}{% endfor %}{% if add_generation_prompt %} GEN{% endif %}"
-    });
-    std::fs::write(dir.join("tokenizer_config.json"), cfg.to_string()).unwrap();
-    root
-}
-
-/// Self-check that the generated tokenizer.json loads and encodes as the tests assume.
-fn check_tokenizer(root: &std::path::Path) {
-    let t = tokenizers::Tokenizer::from_file(root.join(MODEL).join("tokenizer.json"))
-        .expect("tiny tokenizer loads");
-    let enc = t.encode("w0 w1 w2 GEN", false).unwrap();
-    assert_eq!(enc.get_ids(), &[1000, 1001, 1002, 7]);
-}
-
-fn words(k: u32) -> String {
-    (0..k)
-        .map(|n| format!("w{n}"))
-        .collect::<Vec<_>>()
-        .join(" ")
-}
-
-/// The tokens the server must produce for `words(k)` (template + generation prompt).
-fn expected_tokens(k: u32) -> Vec<u32> {
-    let mut v: Vec<u32> = (1000..1000 + k).collect();
-    v.push(7);
-    v
-}
-
-fn prompt_lookup(tenant: &str, model: &str, text: String) -> pb::LookupRouteRequest {
-    pb::LookupRouteRequest {
-        model_id: model.into(),
-        tenant_id: tenant.into(),
-        hash_scheme: "vllm".into(),
-        prompt_text: text,
-        ..Default::default()
-    }
-}
 
 fn pick<'a>(sorted: &[&'a str], seed: &[u8]) -> &'a str {
     let d = Sha256::digest(seed);

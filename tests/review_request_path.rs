@@ -2,23 +2,11 @@
 //! ingest/event RPCs against BEHAVIOUR.md (§4, §5, §7.4, §8, §10, §16, §19, §21). Each test is
 //! named after the rule it pins and runs with `--shards 1` and `--shards 2`.
 
+#[macro_use]
 mod common;
 
 use common::*;
 use sha2::{Digest, Sha256};
-
-macro_rules! shards_1_and_2 {
-    ($f:ident, $t1:ident, $t2:ident) => {
-        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-        async fn $t1() {
-            $f(1).await
-        }
-        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-        async fn $t2() {
-            $f(2).await
-        }
-    };
-}
 
 const MIN_US: i64 = 60_000_000;
 

@@ -2,22 +2,10 @@
 //! §10.7; conformance-cases.md C120–C126). Computed picks (SHA-256 of the seed, BE u64 of the
 //! first 8 bytes, mod the byte-sorted replica list) are the ones given in the scenarios.
 
+#[macro_use]
 mod common;
 
 use common::*;
-
-macro_rules! shards_1_and_2 {
-    ($f:ident, $t1:ident, $t2:ident) => {
-        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-        async fn $t1() {
-            $f(1).await
-        }
-        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-        async fn $t2() {
-            $f(2).await
-        }
-    };
-}
 
 const TA: &str = "tenantA";
 const MX: &str = "modelX";

@@ -2,24 +2,12 @@
 //! the probe tenant, other RPCs, the entries gauge under concurrency and cross-core routing
 //! (BEHAVIOUR.md §4, §8, §10, §11, §16; conformance-cases.md C033, C089, C092–C102).
 
+#[macro_use]
 mod common;
 
 use std::time::{Duration, Instant};
 
 use common::*;
-
-macro_rules! shards_1_and_2 {
-    ($f:ident, $t1:ident, $t2:ident) => {
-        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-        async fn $t1() {
-            $f(1).await
-        }
-        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-        async fn $t2() {
-            $f(2).await
-        }
-    };
-}
 
 const PROBE: &str = "inferencecache.io/probe";
 

@@ -3,24 +3,12 @@
 //! (`Server::raw_client`) so that an already-expired `grpc-timeout` reaches the server instead of
 //! being enforced by tonic's client channel.
 
+#[macro_use]
 mod common;
 
 use std::time::Duration;
 
 use common::*;
-
-macro_rules! shards_1_and_2 {
-    ($f:ident, $t1:ident, $t2:ident) => {
-        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-        async fn $t1() {
-            $f(1).await
-        }
-        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-        async fn $t2() {
-            $f(2).await
-        }
-    };
-}
 
 async fn lookup_with_timeout(
     c: &mut pb::inference_cache_client::InferenceCacheClient<RawH2>,

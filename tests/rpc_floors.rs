@@ -1,22 +1,10 @@
 //! End-to-end conformance: result-side floors (BEHAVIOUR.md §10.6 stages 1–2, §12.4;
 //! conformance-cases.md C104–C109).
 
+#[macro_use]
 mod common;
 
 use common::*;
-
-macro_rules! shards_1_and_2 {
-    ($f:ident, $t1:ident, $t2:ident) => {
-        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-        async fn $t1() {
-            $f(1).await
-        }
-        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-        async fn $t2() {
-            $f(2).await
-        }
-    };
-}
 
 /// C104: no policy (floor 64, inclusive): single replica "p"=64 → PREFIX_MATCH matched 64.
 /// Just below the floor ("q"=63) the only score is dropped → NONE → AFFINITY_HINT on the only

@@ -6,22 +6,10 @@
 //! empty `adapter_id`, whereas index-derived answers echo the request's adapter_id; and a model
 //! the index has never seen would classify as UNKNOWN_MODEL if the index were consulted.
 
+#[macro_use]
 mod common;
 
 use common::*;
-
-macro_rules! shards_1_and_2 {
-    ($f:ident, $t1:ident, $t2:ident) => {
-        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-        async fn $t1() {
-            $f(1).await
-        }
-        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-        async fn $t2() {
-            $f(2).await
-        }
-    };
-}
 
 fn with_adapter(mut r: pb::LookupRouteRequest, a: &str) -> pb::LookupRouteRequest {
     r.adapter_id = a.into();

@@ -2,22 +2,10 @@
 //! §7.2–§7.4, §10.6; conformance-cases.md C074, C076). The cap is set with the hidden flag
 //! `--index-max-entries N`.
 
+#[macro_use]
 mod common;
 
 use common::*;
-
-macro_rules! shards_1_and_2 {
-    ($f:ident, $t1:ident, $t2:ident) => {
-        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-        async fn $t1() {
-            $f(1).await
-        }
-        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-        async fn $t2() {
-            $f(2).await
-        }
-    };
-}
 
 /// The `prefixCount` of (tenant, replica) in /snapshot, 0 when the row is absent.
 fn prefix_count(snap: &serde_json::Value, tenant: &str, replica: &str) -> i64 {

@@ -2,22 +2,10 @@
 //! §17; conformance-cases.md C130, C132, C136, C137). Tokenizer-dependent parts of C136 are
 //! not covered here (see the report).
 
+#[macro_use]
 mod common;
 
 use common::*;
-
-macro_rules! shards_1_and_2 {
-    ($f:ident, $t1:ident, $t2:ident) => {
-        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-        async fn $t1() {
-            $f(1).await
-        }
-        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-        async fn $t2() {
-            $f(2).await
-        }
-    };
-}
 
 const TEN: &str = "ic-smoke";
 const MOD: &str = "vllm-model";

@@ -37,19 +37,6 @@ pub fn push_f32(out: &mut String, v: f32) {
     }
 }
 
-/// Days since 1970-01-01 → (year, month, day) in the proleptic Gregorian calendar.
-fn civil_from_days(z: i64) -> (i64, u32, u32) {
-    let z = z + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let y = yoe + era * 400;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
-    (if m <= 2 { y + 1 } else { y }, m, d)
-}
 
 /// Unix nanoseconds as RFC 3339 in UTC with trailing zeros of the fraction trimmed (Go's
 /// `time.RFC3339Nano`); `None` is Go's zero time.
@@ -59,7 +46,7 @@ pub fn rfc3339_nano(ns: Option<i64>) -> String {
     };
     let secs = ns.div_euclid(1_000_000_000);
     let frac = ns.rem_euclid(1_000_000_000);
-    let (y, mo, d) = civil_from_days(secs.div_euclid(86_400));
+    let (y, mo, d) = crate::civil::civil_from_days(secs.div_euclid(86_400));
     let sod = secs.rem_euclid(86_400);
     let mut out = format!(
         "{y:04}-{mo:02}-{d:02}T{:02}:{:02}:{:02}",

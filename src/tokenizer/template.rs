@@ -446,26 +446,13 @@ const WEEKDAYS: [&str; 7] = [
     "Sunday",
 ];
 
-/// Civil date (year, month 1-12, day 1-31) of a day count since 1970-01-01.
-fn civil_from_days(z: i64) -> (i64, u32, u32) {
-    let z = z + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let y = yoe + era * 400;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
-    (if m <= 2 { y + 1 } else { y }, m, d)
-}
 
 /// `strftime` in UTC for the directives chat templates use (date stamps in system prompts);
 /// unknown directives are copied verbatim.
 pub fn strftime_utc(format: &str, unix_secs: i64) -> String {
     let days = unix_secs.div_euclid(86_400);
     let secs = unix_secs.rem_euclid(86_400);
-    let (y, m, d) = civil_from_days(days);
+    let (y, m, d) = crate::civil::civil_from_days(days);
     let (hh, mm, ss) = (secs / 3600, secs / 60 % 60, secs % 60);
     // 1970-01-01 was a Thursday (index 3 from Monday).
     let wd = (days + 3).rem_euclid(7) as usize;

@@ -2,6 +2,25 @@
 //! generated gRPC clients, so end-to-end tests exercise exactly what users deploy.
 #![allow(dead_code)]
 
+pub mod tiny_model;
+
+/// Defines `$t1` and `$t2` running the async scenario `$f(shards)` with `--shards 1` and
+/// `--shards 2`, so every end-to-end scenario exercises both the inline and the hop path.
+/// (Test files declare `#[macro_use] mod common;`.)
+#[allow(unused_macros)]
+macro_rules! shards_1_and_2 {
+    ($f:ident, $t1:ident, $t2:ident) => {
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn $t1() {
+            $f(1).await
+        }
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn $t2() {
+            $f(2).await
+        }
+    };
+}
+
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::process::{Child, Command, Stdio};
