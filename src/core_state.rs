@@ -45,6 +45,8 @@ pub struct CoreState {
     pub policy: Arc<PolicyStore>,
     /// The index partitions this core owns (one index holds all of them).
     pub index: Index,
+    /// Whether `index_string_table_full` was already logged on this core.
+    warned_string_table_full: bool,
 }
 
 thread_local! {
@@ -83,6 +85,7 @@ impl CoreState {
             ingested: 0,
             policy: Arc::new(PolicyStore::empty()),
             index: Index::new(config),
+            warned_string_table_full: false,
         }
     }
 
@@ -99,6 +102,11 @@ impl CoreState {
         let out = self
             .index
             .ingest(update, crate::route::unix_now_ns(), &*self.policy);
+        if out.rejected_string_table_full && !self.warned_string_table_full {
+            // Once per core: every later refusal has the same cause.
+            self.warned_string_table_full = true;
+            tracing::warn!(core = self.core, "index_string_table_full");
+        }
         crate::metrics::record_ingest(out.upserts);
         if out.quota_evicted_keys > 0 {
             crate::metrics::record_tenant_evictions(&update.tenant_id, out.quota_evicted_keys);

@@ -482,3 +482,39 @@ fn s8_3_run_sum_overflow_never_emits_nonpositive_matched() {
         );
     }
 }
+
+/// Bad input never crashes the server: once a core's string table is full, an update that would
+/// intern new strings is refused whole (and reported), while updates using known strings apply.
+#[test]
+fn full_string_table_refuses_updates_instead_of_panicking() {
+    use inferencecache_proto::v1alpha1::{CacheStateUpdate, PrefixEntry};
+    use inferencecache_shards::index::Index;
+    use inferencecache_shards::rules::NoRules;
+    let mut ix = Index::default();
+    ix.set_string_capacity(5);
+    let upd = |replica: &str, hash: &[u8]| CacheStateUpdate {
+        replica_id: replica.into(),
+        model_id: "m".into(),
+        tenant_id: "t".into(),
+        hash_scheme: "vllm".into(),
+        prefixes: vec![PrefixEntry {
+            prefix_hash: hash.to_vec(),
+            token_count: 16,
+            ..Default::default()
+        }],
+        ..Default::default()
+    };
+    // t, m, vllm, r1, "" = 5 strings: fits exactly.
+    let out = ix.ingest(&upd("r1", b"a"), 1, &NoRules);
+    assert!(!out.rejected_string_table_full);
+    assert_eq!(out.upserts, 1);
+    // A new replica id would be a 6th string: refused, nothing applied.
+    let out = ix.ingest(&upd("r2", b"b"), 1, &NoRules);
+    assert!(out.rejected_string_table_full);
+    assert_eq!(out.upserts, 0);
+    assert_eq!(ix.key_count(), 1);
+    // Known strings still ingest.
+    let out = ix.ingest(&upd("r1", b"c"), 1, &NoRules);
+    assert!(!out.rejected_string_table_full);
+    assert_eq!(ix.key_count(), 2);
+}

@@ -37,7 +37,6 @@ pub fn push_f32(out: &mut String, v: f32) {
     }
 }
 
-
 /// Unix nanoseconds as RFC 3339 in UTC with trailing zeros of the fraction trimmed (Go's
 /// `time.RFC3339Nano`); `None` is Go's zero time.
 pub fn rfc3339_nano(ns: Option<i64>) -> String {

@@ -446,7 +446,6 @@ const WEEKDAYS: [&str; 7] = [
     "Sunday",
 ];
 
-
 /// `strftime` in UTC for the directives chat templates use (date stamps in system prompts);
 /// unknown directives are copied verbatim.
 pub fn strftime_utc(format: &str, unix_secs: i64) -> String {

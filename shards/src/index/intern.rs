@@ -16,6 +16,8 @@ pub(crate) const MAX_STRINGS: usize = 1 << 24;
 pub(crate) struct Strings {
     ids: HashMap<Box<str>, u32>,
     names: Vec<Box<str>>,
+    /// Lower capacity than [`MAX_STRINGS`] when set (tests of the full-table path).
+    limit: Option<usize>,
 }
 
 impl Strings {
@@ -24,7 +26,22 @@ impl Strings {
         self.ids.get(s).copied()
     }
 
-    /// Id of `s`, interning it on first sight.
+    /// How many more distinct strings fit.
+    pub fn room(&self) -> usize {
+        self.limit
+            .unwrap_or(MAX_STRINGS)
+            .min(MAX_STRINGS)
+            .saturating_sub(self.names.len())
+    }
+
+    /// Lowers the capacity (tests only reach the full-table path this way).
+    pub fn set_limit(&mut self, limit: usize) {
+        self.limit = Some(limit);
+    }
+
+    /// Id of `s`, interning it on first sight. Callers check [`Strings::room`] first (ingest
+    /// refuses updates that would not fit), so the assertion below is an invariant, not a
+    /// reachable input check.
     pub fn intern(&mut self, s: &str) -> u32 {
         if let Some(id) = self.ids.get(s) {
             return *id;

@@ -111,6 +111,9 @@ pub struct IngestOutcome {
     pub quota_evicted_keys: u64,
     /// Storage entries evicted by the global cap (`index_evictions_total{algorithm, reason="cap"}`).
     pub cap_evicted: EvictionCounts,
+    /// The whole update was refused because this core's string table is full (ids would not
+    /// fit the compact layout); nothing of it was applied.
+    pub rejected_string_table_full: bool,
 }
 
 /// What one sweep did.
@@ -349,6 +352,13 @@ impl Index {
     /// Changes the ranker knobs (tests).
     pub fn set_ranker(&mut self, ranker: RankerConfig) {
         self.cfg.ranker = ranker;
+    }
+
+    /// Test knob: lowers this core's string-table capacity so the "table full" refusal of
+    /// [`Index::ingest`] can be exercised without interning 2^24 strings.
+    #[doc(hidden)]
+    pub fn set_string_capacity(&mut self, n: usize) {
+        self.cat.strings.set_limit(n);
     }
 
     /// Test knob: minimum candidate-set size of the cap/quota heaps (default 1024). Tiny values
@@ -639,6 +649,35 @@ impl Index {
 
     // ---- ingest (§4.2) -----------------------------------------------------------------------
 
+    /// Whether every string `u` may intern still fits this core's string table (at most
+    /// [`intern::MAX_STRINGS`]); an update that does not fit is refused whole instead of
+    /// overflowing the 24-bit replica ids. Counts unseen strings without deduplicating, so it
+    /// can only refuse early, never late.
+    fn strings_fit(&self, u: &CacheStateUpdate) -> bool {
+        let room = self.cat.strings.room();
+        let fixed = [
+            &u.tenant_id,
+            &u.model_id,
+            &u.hash_scheme,
+            &u.replica_id,
+            &u.adapter_id,
+        ];
+        if room >= fixed.len() + u.prefixes.len() {
+            return true; // fast path: cannot overflow even if every string were new
+        }
+        let unseen = fixed
+            .iter()
+            .filter(|s| self.cat.strings.get(s).is_none())
+            .count()
+            + u.prefixes
+                .iter()
+                .filter(|p| {
+                    !p.adapter_id.is_empty() && self.cat.strings.get(&p.adapter_id).is_none()
+                })
+                .count();
+        unseen <= room
+    }
+
     /// Applies one `CacheStateUpdate` (§4.2): prefixes (chain and legacy forms), stats, then the
     /// tenant quota and the global cap. The gRPC handler skips the probe tenant; `/probe` ingests
     /// under it directly, and its entries are reserved (never counted toward or evicted by the
@@ -650,6 +689,10 @@ impl Index {
         rules: &dyn TenantRules,
     ) -> IngestOutcome {
         let mut out = IngestOutcome::default();
+        if !self.strings_fit(u) {
+            out.rejected_string_table_full = true;
+            return out;
+        }
         let ts = if u.timestamp_us == 0 {
             now
         } else {
