@@ -1,14 +1,17 @@
 //! The tokenizer worker pool: a few dedicated std threads behind a bounded, non-blocking
 //! admission gate.
 //!
-//! The serving cores only ever take a slot (one atomic CAS) and push onto a short queue; the
-//! CPU work happens here. A slot is held by the job itself, so it is released when a worker is
-//! done with the job, whether or not anyone still waits for the answer.
+//! The serving cores only ever take a slot (one atomic CAS), push onto a bounded lock-free
+//! queue and unpark the workers: no lock is taken on the lookup path. The CPU work happens here.
+//! A slot is held by the job itself, so it is released when a worker is done with the job,
+//! whether or not anyone still waits for the answer.
 
-use std::collections::VecDeque;
 use std::panic::{AssertUnwindSafe, catch_unwind};
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::thread::Thread;
+
+use crossbeam_queue::ArrayQueue;
 
 use tokio::sync::oneshot;
 
@@ -133,20 +136,25 @@ struct Job {
     _permit: Permit,
 }
 
-struct Queue {
-    jobs: VecDeque<Job>,
-    shutdown: bool,
-}
-
+/// State shared by the submitters (serving cores) and the workers.
 struct Shared {
-    queue: Mutex<Queue>,
-    ready: Condvar,
+    /// Admitted jobs; its capacity is the admission limit, so a push after a successful
+    /// permit acquire cannot fail.
+    jobs: ArrayQueue<Job>,
+    shutdown: AtomicBool,
+    /// Worker handles to unpark after a push (set once the workers are spawned).
+    workers: OnceLock<Vec<Thread>>,
 }
 
 impl Shared {
-    /// The queue only holds plain data, so a panic elsewhere cannot leave it inconsistent.
-    fn lock(&self) -> MutexGuard<'_, Queue> {
-        self.queue.lock().unwrap_or_else(|e| e.into_inner())
+    /// Wakes every worker; `unpark` before `park` makes that `park` return at once, so a job
+    /// pushed between a worker's empty check and its park is never missed.
+    fn wake_workers(&self) {
+        if let Some(ws) = self.workers.get() {
+            for w in ws {
+                w.unpark();
+            }
+        }
     }
 }
 
@@ -164,14 +172,12 @@ impl Pool {
     /// Spawns the workers; `limit` concurrent jobs, outputs above `max_tokens` refused.
     pub(super) fn start_with_limits(cfg: PoolConfig, limit: usize, max_tokens: usize) -> Self {
         let shared = Arc::new(Shared {
-            queue: Mutex::new(Queue {
-                jobs: VecDeque::with_capacity(limit),
-                shutdown: false,
-            }),
-            ready: Condvar::new(),
+            jobs: ArrayQueue::new(limit.max(1)),
+            shutdown: AtomicBool::new(false),
+            workers: OnceLock::new(),
         });
         let workers = cfg.workers.clamp(1, MAX_WORKERS);
-        let mut spawned_ok = 0;
+        let mut handles = Vec::with_capacity(workers);
         for i in 0..workers {
             let shared = shared.clone();
             let cpus = cfg.cpus.clone();
@@ -182,15 +188,18 @@ impl Pool {
                     worker_loop(&shared, max_tokens);
                 });
             match spawned {
-                Ok(_) => spawned_ok += 1,
+                Ok(h) => handles.push(h.thread().clone()),
                 Err(e) => tracing::error!(error = %e, worker = i, "tokenizer_worker_spawn_failed"),
             }
         }
+        let has_workers = !handles.is_empty();
+        let _ = shared.workers.set(handles);
+        shared.wake_workers();
         Self {
             shared,
             in_flight: Arc::new(AtomicUsize::new(0)),
             limit,
-            has_workers: spawned_ok > 0,
+            has_workers,
         }
     }
 
@@ -217,47 +226,38 @@ impl Pool {
             reply,
             _permit: permit,
         };
-        {
-            let mut q = self.shared.lock();
-            if q.shutdown {
-                return Err(TokenizeError::Unavailable);
-            }
-            // Never grows past `limit`: every queued job holds a permit.
-            q.jobs.push_back(job);
+        if self.shared.shutdown.load(Ordering::Acquire) {
+            return Err(TokenizeError::Unavailable);
         }
-        self.shared.ready.notify_one();
+        // Every queued job holds a permit and the queue's capacity is the permit limit, so this
+        // cannot fail; if it ever did, the job (and its permit) is dropped and the caller sheds.
+        if self.shared.jobs.push(job).is_err() {
+            return Err(TokenizeError::Saturated);
+        }
+        self.shared.wake_workers();
         Ok(rx)
     }
 }
 
 impl Drop for Pool {
     fn drop(&mut self) {
-        let dropped = {
-            let mut q = self.shared.lock();
-            q.shutdown = true;
-            std::mem::take(&mut q.jobs)
-        };
-        // Outside the lock: dropping jobs releases permits and wakes waiting callers.
-        drop(dropped);
-        self.shared.ready.notify_all();
+        self.shared.shutdown.store(true, Ordering::Release);
+        // Dropping queued jobs releases their permits and fails their waiting callers.
+        while self.shared.jobs.pop().is_some() {}
+        self.shared.wake_workers();
     }
 }
 
 fn worker_loop(shared: &Shared, max_tokens: usize) {
     loop {
-        let job = {
-            let mut q = shared.lock();
-            loop {
-                if q.shutdown {
-                    return;
-                }
-                if let Some(job) = q.jobs.pop_front() {
-                    break job;
-                }
-                q = shared.ready.wait(q).unwrap_or_else(|e| e.into_inner());
-            }
-        };
-        run_job(job, max_tokens);
+        if shared.shutdown.load(Ordering::Acquire) {
+            return;
+        }
+        match shared.jobs.pop() {
+            Some(job) => run_job(job, max_tokens),
+            // Empty: sleep until a submitter (or shutdown) unparks this thread.
+            None => std::thread::park(),
+        }
     }
 }
 
