@@ -200,3 +200,61 @@ shards_1_and_2!(
     c137_tokenizer_saturation_fails_open_shards_1,
     c137_tokenizer_saturation_fails_open_shards_2
 );
+
+/// Issue 6: a model directory holding only a `*.tiktoken` rank file (plus its
+/// tokenizer_config.json) is loaded; prompt_text is rendered with its chat template, tokenized
+/// with its BPE ranks and the tokens echoed (sub-block prompt on an empty index → NO_HINT).
+async fn tiktoken_model_prompt_text(shards: usize) {
+    use base64::Engine as _;
+    let root = std::env::temp_dir().join(format!(
+        "tiktoken-e2e-{}-{}-{shards}",
+        std::process::id(),
+        now_us()
+    ));
+    let dir = root.join("org/tiny-tik");
+    std::fs::create_dir_all(&dir).unwrap();
+    let b64 = |b: &[u8]| base64::engine::general_purpose::STANDARD.encode(b);
+    let mut ranks = String::new();
+    let mut enc = std::collections::HashMap::new();
+    for b in 0u8..=255 {
+        ranks.push_str(&format!("{} {}\n", b64(&[b]), b));
+        enc.insert(vec![b], u32::from(b));
+    }
+    for (i, m) in [&b"ab"[..], b"abc"].iter().enumerate() {
+        ranks.push_str(&format!("{} {}\n", b64(m), 256 + i));
+        enc.insert(m.to_vec(), 256 + i as u32);
+    }
+    std::fs::write(dir.join("tiny.tiktoken"), ranks).unwrap();
+    let cfg = serde_json::json!({
+        "added_tokens_decoder": {"300": {"content": "<|gen|>", "special": true}},
+        "chat_template": "{{ messages[0]['content'] }}{% if add_generation_prompt %}<|gen|>{% endif %}"
+    });
+    std::fs::write(dir.join("tokenizer_config.json"), cfg.to_string()).unwrap();
+    // The CL100K split pattern the server uses for rank files without `pat_str`.
+    let pattern = "'(?i:[sdmt]|ll|ve|re)|[^\\r\\n\\p{L}\\p{N}]?+\\p{L}++|\\p{N}{1,3}+| ?[^\\s\\p{L}\\p{N}]++[\\r\\n]*+|\\s++$|\\s*[\\r\\n]|\\s+(?!\\S)|\\s";
+    let special = std::collections::HashMap::from([("<|gen|>".to_string(), 300u32)]);
+    let bpe = tiktoken_rs::CoreBPE::new(
+        enc.into_iter().collect(),
+        special.into_iter().collect(),
+        pattern,
+    )
+    .unwrap();
+    let want = bpe.encode_with_special_tokens("abc abc ab<|gen|>");
+
+    let srv = Server::start(shards, &["--tokenizer-models-dir", root.to_str().unwrap()]);
+    let mut c = srv.client().await;
+    let r = lookup(
+        &mut c,
+        prompt_lookup("t", "org/tiny-tik", "abc abc ab".into()),
+    )
+    .await;
+    assert_resp(&r, "NO_HINT", &[]);
+    assert_eq!(r.token_ids, want);
+    assert_eq!(r.token_ids.last(), Some(&300));
+    let _ = std::fs::remove_dir_all(root);
+}
+shards_1_and_2!(
+    tiktoken_model_prompt_text,
+    tiktoken_model_prompt_text_echo_shards_1,
+    tiktoken_model_prompt_text_echo_shards_2
+);

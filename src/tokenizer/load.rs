@@ -45,9 +45,20 @@ pub struct Model {
 
 enum Backend {
     Hf(Box<HfModel>),
+    Tiktoken(Box<TiktokenModel>),
     /// Test hook: a scripted encoder (e.g. one that blocks until released).
     #[cfg(test)]
     Fake(FakeEncoder),
+}
+
+/// A tiktoken BPE rank file (`*.tiktoken`) with the split pattern and special tokens resolved
+/// at load time (see [`load_tiktoken_model`]).
+struct TiktokenModel {
+    bpe: tiktoken_rs::CoreBPE,
+    /// Special tokens exist: rendered templates contain them as text and they must map to their
+    /// ids, as HF tokenizers do with added tokens even without adding special tokens.
+    has_specials: bool,
+    template: Option<ChatTemplate>,
 }
 
 struct HfModel {
@@ -89,6 +100,21 @@ impl Model {
                     .map_err(|_| TokenizeError::Failed("encoding failed".into()))?;
                 Ok(encoding.get_ids().to_vec())
             }
+            Backend::Tiktoken(tk) => {
+                let rendered;
+                let input = match &tk.template {
+                    Some(t) => {
+                        rendered = t.render_user_prompt(text)?;
+                        rendered.as_str()
+                    }
+                    None => text,
+                };
+                Ok(if tk.has_specials {
+                    tk.bpe.encode_with_special_tokens(input)
+                } else {
+                    tk.bpe.encode_ordinary(input)
+                })
+            }
             #[cfg(test)]
             Backend::Fake(f) => f(text),
         }
@@ -98,6 +124,7 @@ impl Model {
     pub fn has_chat_template(&self) -> bool {
         match &self.backend {
             Backend::Hf(hf) => hf.template.is_some(),
+            Backend::Tiktoken(tk) => tk.template.is_some(),
             #[cfg(test)]
             Backend::Fake(_) => false,
         }
@@ -159,7 +186,7 @@ pub fn load_models_dir(root: &Path) -> HashMap<String, Arc<Model>> {
         };
         first = false;
         let mut children = Vec::new();
-        let mut has_tiktoken = false;
+        let mut tiktoken_files: Vec<std::ffi::OsString> = Vec::new();
         for entry in entries.flatten() {
             let name = entry.file_name();
             // file_type() does not follow symlinks: symlinked directories are not walked
@@ -171,9 +198,11 @@ pub fn load_models_dir(root: &Path) -> HashMap<String, Arc<Model>> {
                 .extension()
                 .is_some_and(|e| e == TIKTOKEN_EXTENSION)
             {
-                has_tiktoken = true;
+                tiktoken_files.push(name);
             }
         }
+        tiktoken_files.sort();
+        let has_tiktoken = !tiktoken_files.is_empty();
         let has_tokenizer = dir.join(TOKENIZER_FILE).is_file();
         if has_tokenizer || has_tiktoken {
             match model_id_from_relative(rel) {
@@ -181,17 +210,19 @@ pub fn load_models_dir(root: &Path) -> HashMap<String, Arc<Model>> {
                     skipped += 1;
                     tracing::warn!(path = %rel.display(), reason = "unsafe_model_id", "tokenizer_model_skipped");
                 }
-                Some(id) if !has_tokenizer => {
-                    skipped += 1;
-                    tracing::warn!(model = %id, reason = "tiktoken_unsupported", "tokenizer_model_skipped");
-                }
                 Some(id) if models.len() >= MAX_MODELS => {
                     skipped += 1;
                     tracing::warn!(model = %id, reason = "too_many_models", limit = MAX_MODELS, "tokenizer_model_skipped");
                 }
                 Some(id) => {
                     let t0 = Instant::now();
-                    match load_hf_model(&dir) {
+                    // tokenizer.json wins; otherwise the first *.tiktoken file by name.
+                    let loaded = if has_tokenizer {
+                        load_hf_model(&dir)
+                    } else {
+                        load_tiktoken_model(&dir, &dir.join(&tiktoken_files[0]))
+                    };
+                    match loaded {
                         Ok(model) => {
                             tracing::info!(
                                 model = %id,
@@ -286,6 +317,105 @@ pub fn load_hf_model(dir: &Path) -> Result<Model, String> {
     Ok(Model {
         backend: Backend::Hf(Box::new(HfModel {
             tokenizer,
+            template,
+        })),
+    })
+}
+
+/// Split pattern of OpenAI's `cl100k_base`: the default for tiktoken rank files, whose pattern is
+/// not stored in the file.
+pub const CL100K_PATTERN: &str = "'(?i:[sdmt]|ll|ve|re)|[^\\r\\n\\p{L}\\p{N}]?+\\p{L}++|\\p{N}{1,3}+| ?[^\\s\\p{L}\\p{N}]++[\\r\\n]*+|\\s++$|\\s*[\\r\\n]|\\s+(?!\\S)|\\s";
+
+/// Upper bound on ranks in a tiktoken file (o200k has ~200K).
+const MAX_TIKTOKEN_RANKS: usize = 4 << 20;
+
+/// Loads a tiktoken model directory: the BPE ranks from `rank_file` (`<base64 token> <rank>`
+/// per line), the split pattern, special tokens and chat template from `tokenizer_config.json`.
+///
+/// A rank file does not carry its split regex: it is taken from the config's `pat_str` when
+/// present, else `o200k_base`'s for a file named `o200k*`, else `cl100k_base`'s. Special tokens
+/// are the config's `added_tokens_decoder` entries (id → content).
+pub fn load_tiktoken_model(dir: &Path, rank_file: &Path) -> Result<Model, String> {
+    use base64::Engine as _;
+    let name = rank_file
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let bytes = read_limited(rank_file, MAX_TOKENIZER_FILE_BYTES)?;
+    let text = std::str::from_utf8(&bytes).map_err(|_| format!("{name}: not UTF-8"))?;
+    let mut encoder: std::collections::HashMap<Vec<u8>, u32> = std::collections::HashMap::new();
+    let mut ranks = std::collections::HashSet::new();
+    for (n, line) in text.lines().enumerate() {
+        let line = line.trim();
+        if line.is_empty() {
+            continue;
+        }
+        let (tok, rank) = line
+            .split_once(' ')
+            .ok_or_else(|| format!("{name}:{}: expected `<base64> <rank>`", n + 1))?;
+        let tok = base64::engine::general_purpose::STANDARD
+            .decode(tok)
+            .map_err(|_| format!("{name}:{}: invalid base64", n + 1))?;
+        let rank: u32 = rank
+            .trim()
+            .parse()
+            .map_err(|_| format!("{name}:{}: invalid rank", n + 1))?;
+        // CoreBPE asserts on duplicates: refuse them here so a bad file skips the model.
+        if !ranks.insert(rank) || encoder.insert(tok, rank).is_some() {
+            return Err(format!("{name}:{}: duplicate token or rank", n + 1));
+        }
+        if encoder.len() > MAX_TIKTOKEN_RANKS {
+            return Err(format!("{name}: more than {MAX_TIKTOKEN_RANKS} ranks"));
+        }
+    }
+    if encoder.is_empty() {
+        return Err(format!("{name}: no ranks"));
+    }
+    let config = read_json(&dir.join(TOKENIZER_CONFIG_FILE))?;
+    let mut special = std::collections::HashMap::new();
+    if let Some(added) = config
+        .as_ref()
+        .and_then(|c| c.get("added_tokens_decoder"))
+        .and_then(Json::as_object)
+    {
+        for (id, v) in added {
+            let Ok(id) = id.parse::<u32>() else { continue };
+            if let Some(content) = v.get("content").and_then(Json::as_str) {
+                if ranks.contains(&id) {
+                    return Err(format!("special token id {id} collides with a rank"));
+                }
+                special.insert(content.to_owned(), id);
+            }
+        }
+    }
+    let pattern = match config
+        .as_ref()
+        .and_then(|c| c.get("pat_str"))
+        .and_then(Json::as_str)
+    {
+        Some(p) => p.to_owned(),
+        None if name.starts_with("o200k") => tiktoken_rs::O200K_BASE_PAT_STR.to_owned(),
+        None => CL100K_PATTERN.to_owned(),
+    };
+    let has_specials = !special.is_empty();
+    let bpe = tiktoken_rs::CoreBPE::new(
+        encoder.into_iter().collect(),
+        special.into_iter().collect(),
+        &pattern,
+    )
+    .map_err(|e| format!("{name}: {e}"))?;
+    let specials = config
+        .as_ref()
+        .map(SpecialTokens::from_config)
+        .unwrap_or_default();
+    let source = chat_template_source(dir, config.as_ref())?;
+    let template = source
+        .map(|s| ChatTemplate::new(&s, specials))
+        .transpose()?;
+    Ok(Model {
+        backend: Backend::Tiktoken(Box::new(TiktokenModel {
+            bpe,
+            has_specials,
             template,
         })),
     })

@@ -325,8 +325,8 @@ fn walk_finds_nested_ids_and_skips_unsafe_broken_and_unsupported() {
         &tok,
         Some(serde_json::json!({"chat_template": "{% for x in %}"})),
     );
-    // tiktoken-only models are reported and skipped.
-    std::fs::write(root.dir("tik").join("cl100k.tiktoken"), "aGVsbG8= 0\n").unwrap();
+    // A tiktoken rank file that does not parse (a line without a rank) is skipped.
+    std::fs::write(root.dir("tik").join("cl100k.tiktoken"), "aGVsbG8=\n").unwrap();
     // A symlinked directory is not followed.
     let outside = TempDir::new("walk-outside");
     write_model(&outside.dir("m"), &tok, None);
@@ -858,4 +858,63 @@ fn truncation_and_padding_presets_are_ignored() {
     let ids = tokenize(&t, "m", "the cat hello world").unwrap();
     let id = |s: &str| tok.token_to_id(s).unwrap();
     assert_eq!(ids, vec![id("the"), id("cat"), id("hello"), id("world")]);
+}
+
+/// Writes a tiny tiktoken model: ranks 0..=255 for single bytes, then merges "ab", "abc",
+/// " a" (ranks 256..=258), one special token `<|gen|>` (id 300) and a chat template that
+/// appends it as the generation prompt.
+fn write_tiktoken_model(dir: &std::path::Path) {
+    use base64::Engine as _;
+    let b64 = |b: &[u8]| base64::engine::general_purpose::STANDARD.encode(b);
+    let mut ranks = String::new();
+    for b in 0u8..=255 {
+        ranks.push_str(&format!("{} {}\n", b64(&[b]), b));
+    }
+    for (i, m) in [&b"ab"[..], b"abc", b" a"].iter().enumerate() {
+        ranks.push_str(&format!("{} {}\n", b64(m), 256 + i));
+    }
+    std::fs::write(dir.join("tiny.tiktoken"), ranks).unwrap();
+    let cfg = serde_json::json!({
+        "added_tokens_decoder": {"300": {"content": "<|gen|>", "special": true}},
+        "chat_template": "{{ messages[0]['content'] }}{% if add_generation_prompt %}<|gen|>{% endif %}"
+    });
+    std::fs::write(dir.join("tokenizer_config.json"), cfg.to_string()).unwrap();
+}
+
+#[test]
+fn tiktoken_model_matches_the_library_encoding() {
+    let root = TempDir::new("tiktoken");
+    write_tiktoken_model(&root.dir("org/tiny-tik"));
+    let t = Tokenizers::load(root.path());
+    assert_eq!(t.models(), vec!["org/tiny-tik"]);
+    let ids = tokenize(&t, "org/tiny-tik", "abc ab").unwrap();
+
+    // The library's own encoding of the rendered prompt, with the same ranks and pattern.
+    let mut enc = std::collections::HashMap::new();
+    for b in 0u8..=255 {
+        enc.insert(vec![b], u32::from(b));
+    }
+    for (i, m) in [&b"ab"[..], b"abc", b" a"].iter().enumerate() {
+        enc.insert(m.to_vec(), 256 + i as u32);
+    }
+    let special = std::collections::HashMap::from([("<|gen|>".to_string(), 300u32)]);
+    let bpe = tiktoken_rs::CoreBPE::new(
+        enc.into_iter().collect(),
+        special.into_iter().collect(),
+        super::load::CL100K_PATTERN,
+    )
+    .unwrap();
+    assert_eq!(ids, bpe.encode_with_special_tokens("abc ab<|gen|>"));
+    // And concretely: "abc" " a" "b" "<|gen|>" under the cl100k split (" ab" is one piece).
+    assert_eq!(ids.last(), Some(&300));
+    assert_eq!(ids[0], 257);
+}
+
+#[test]
+fn tiktoken_duplicate_ranks_skip_the_model_without_panicking() {
+    let root = TempDir::new("tiktoken-dup");
+    let dir = root.dir("dup");
+    std::fs::write(dir.join("x.tiktoken"), "YQ== 0\nYg== 0\n").unwrap();
+    let t = Tokenizers::load(root.path());
+    assert!(t.models().is_empty());
 }
