@@ -19,6 +19,8 @@ use glommio::{LocalExecutorBuilder, Placement};
 
 use crate::core_state::{self, CoreState};
 
+/// gRPC connections one core serves at once; beyond it new connections are closed.
+pub const MAX_CONNECTIONS_PER_CORE: usize = 16_384;
 /// Concurrent HTTP/2 streams allowed per gRPC connection.
 pub const MAX_CONCURRENT_STREAMS: u32 = 1024;
 /// io_uring registered memory per executor: small, since the cores do no file I/O and this
@@ -247,6 +249,13 @@ async fn accept_loop(listener: TcpListener) {
 
 /// Serves one gRPC connection on the current core until it closes or the drain ends it.
 pub fn serve_connection(stream: TcpStream) {
+    // Bounded: past the limit a new connection is closed at once (clients retry or go
+    // elsewhere) instead of growing tasks and buffers without bound.
+    if LIVE_CONNECTIONS.with(|c| c.get()) >= MAX_CONNECTIONS_PER_CORE {
+        tracing::warn!(limit = MAX_CONNECTIONS_PER_CORE, "grpc_connection_refused");
+        drop(stream);
+        return;
+    }
     LIVE_CONNECTIONS.with(|c| c.set(c.get() + 1));
     glommio::spawn_local(async move {
         let _ = stream.set_nodelay(true);
