@@ -59,6 +59,9 @@ pub struct Cli {
     /// Hidden: an operations/test knob, not part of the reference's flag set.
     #[arg(long, default_value_t = inferencecache_shards::index::DEFAULT_MAX_ENTRIES, hide = true)]
     pub index_max_entries: u64,
+    /// gRPC connections each core serves at once; further connections are closed.
+    #[arg(long, default_value_t = crate::runtime::DEFAULT_MAX_CONNECTIONS_PER_CORE)]
+    pub max_connections_per_core: usize,
     /// TTL sweep interval in milliseconds (the reference's fixed 1 min). Hidden test knob.
     #[arg(long, default_value_t = 60_000, hide = true)]
     pub sweep_interval_ms: u64,

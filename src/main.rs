@@ -140,6 +140,7 @@ fn run() -> i32 {
     };
     let (health, _) = tonic_health::server::health_reporter();
     let health = Arc::new(health);
+    runtime::set_max_connections_per_core(cli.max_connections_per_core);
     let runtime = runtime::start(runtime::RuntimeConfig {
         shards,
         grpc_addr,

@@ -294,3 +294,32 @@ async fn state_reported_on_one_core_is_read_on_another_shards_1() {
 async fn state_reported_on_one_core_is_read_on_another_shards_2() {
     state_crosses_cores(2).await;
 }
+
+/// Connections are bounded per core: past `--max-connections-per-core`, a new connection is
+/// closed at once while the admitted ones keep working.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_beyond_the_per_core_bound_are_closed() {
+    let srv = Server::start(1, &["--max-connections-per-core", "2"]);
+    let mut a = srv.client().await;
+    let mut b = srv.client().await;
+    for c in [&mut a, &mut b] {
+        c.lookup_route(exact_lookup("t", "m", "vllm", b"p", 1))
+            .await
+            .unwrap();
+    }
+    let refused = tonic::transport::Channel::from_shared(srv.grpc_url())
+        .unwrap()
+        .connect()
+        .await;
+    let third_works = match refused {
+        Err(_) => false,
+        Ok(ch) => pb::inference_cache_client::InferenceCacheClient::new(ch)
+            .lookup_route(exact_lookup("t", "m", "vllm", b"p", 1))
+            .await
+            .is_ok(),
+    };
+    assert!(!third_works, "a third connection must be refused");
+    a.lookup_route(exact_lookup("t", "m", "vllm", b"p", 1))
+        .await
+        .unwrap();
+}

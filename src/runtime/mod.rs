@@ -19,8 +19,15 @@ use glommio::{LocalExecutorBuilder, Placement};
 
 use crate::core_state::{self, CoreState};
 
-/// gRPC connections one core serves at once; beyond it new connections are closed.
-pub const MAX_CONNECTIONS_PER_CORE: usize = 16_384;
+/// Default bound on gRPC connections one core serves at once; beyond it new connections are
+/// closed (`--max-connections-per-core`).
+pub const DEFAULT_MAX_CONNECTIONS_PER_CORE: usize = 16_384;
+static MAX_CONNECTIONS_PER_CORE: AtomicUsize = AtomicUsize::new(DEFAULT_MAX_CONNECTIONS_PER_CORE);
+
+/// Sets the per-core connection bound (before [`start`]).
+pub fn set_max_connections_per_core(n: usize) {
+    MAX_CONNECTIONS_PER_CORE.store(n.max(1), Ordering::SeqCst);
+}
 /// Concurrent HTTP/2 streams allowed per gRPC connection.
 pub const MAX_CONCURRENT_STREAMS: u32 = 1024;
 /// io_uring registered memory per executor: small, since the cores do no file I/O and this
@@ -251,8 +258,9 @@ async fn accept_loop(listener: TcpListener) {
 pub fn serve_connection(stream: TcpStream) {
     // Bounded: past the limit a new connection is closed at once (clients retry or go
     // elsewhere) instead of growing tasks and buffers without bound.
-    if LIVE_CONNECTIONS.with(|c| c.get()) >= MAX_CONNECTIONS_PER_CORE {
-        tracing::warn!(limit = MAX_CONNECTIONS_PER_CORE, "grpc_connection_refused");
+    let limit = MAX_CONNECTIONS_PER_CORE.load(Ordering::Relaxed);
+    if LIVE_CONNECTIONS.with(|c| c.get()) >= limit {
+        tracing::warn!(limit, "grpc_connection_refused");
         drop(stream);
         return;
     }
