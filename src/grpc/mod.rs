@@ -91,12 +91,51 @@ pub fn route(req: Request<Incoming>) -> RouteFuture {
         let mut s = s.borrow_mut();
         let s = s.as_mut().expect("grpc services installed on this core");
         match target {
-            0 => Box::pin(s.cache.call(req)),
+            0 => {
+                let call = s.cache.call(req);
+                let fut: RouteFuture = Box::pin(async move {
+                    let mut resp = call.await?;
+                    oversize_as_resource_exhausted(resp.headers_mut());
+                    let (parts, body) = resp.into_parts();
+                    let body = http_body_util::BodyExt::map_frame(body, |mut frame| {
+                        if let Some(trailers) = frame.trailers_mut() {
+                            oversize_as_resource_exhausted(trailers);
+                        }
+                        frame
+                    });
+                    Ok(Response::from_parts(parts, Body::new(body)))
+                });
+                fut
+            }
             1 => Box::pin(s.health.call(req)),
             2 => (s.reflect_v1)(req),
             _ => (s.reflect_v1alpha)(req),
         }
     })
+}
+
+/// tonic's decoder reports a request over [`MAX_MESSAGE_BYTES`] as OUT_OF_RANGE; grpc-go (the
+/// reference's defaults, BEHAVIOUR.md §1.3) answers RESOURCE_EXHAUSTED, which clients retry and
+/// alert on. Rewrites that status in headers (trailers-only responses) and in trailers (how
+/// tonic answers a unary request it could not decode).
+fn oversize_as_resource_exhausted(headers: &mut http::HeaderMap) {
+    let oversize = headers.get("grpc-status").is_some_and(|v| v == "11")
+        && headers
+            .get("grpc-message")
+            .and_then(|m| m.to_str().ok())
+            .is_some_and(|m| is_oversize_message(&m.replace("%20", " ")));
+    if oversize {
+        headers.insert("grpc-status", http::HeaderValue::from_static("8"));
+        headers.insert(
+            "grpc-message",
+            http::HeaderValue::from_static("grpc: received message larger than max"),
+        );
+    }
+}
+
+/// Whether a (decoded) status message is tonic's "message too large" decode error.
+pub fn is_oversize_message(msg: &str) -> bool {
+    msg.contains("message length too large")
 }
 
 /// Adapts [`route`] to hyper's service trait.

@@ -37,6 +37,16 @@ impl CacheService {
 
 type EmptyStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send>>;
 
+/// A receive error as returned to the producer: tonic's "message too large" (OUT_OF_RANGE)
+/// becomes grpc-go's RESOURCE_EXHAUSTED (BEHAVIOUR.md §1.3); anything else is passed on.
+fn oversize_status(s: Status) -> Status {
+    if s.code() == tonic::Code::OutOfRange && super::is_oversize_message(s.message()) {
+        Status::resource_exhausted("grpc: received message larger than max")
+    } else {
+        s
+    }
+}
+
 fn ack() -> Response<pb::Ack> {
     Response::new(pb::Ack {
         accepted: true,
@@ -109,7 +119,7 @@ impl InferenceCache for CacheService {
         // Each message is applied as soon as it is received (BEHAVIOUR.md §4.1); the await on
         // the owner's reply bounds this stream to one message in flight, so a slow owner slows
         // the producer through HTTP/2 flow control instead of growing a queue.
-        while let Some(update) = stream.message().await? {
+        while let Some(update) = stream.message().await.map_err(oversize_status)? {
             if update.tenant_id == PROBE_TENANT {
                 continue;
             }
