@@ -656,14 +656,7 @@ async fn s19_14_prefix_evicted(shards: usize) {
     let q = |scheme: &str, adapter: &str| {
         with_adapter(exact_lookup("t", "m", scheme, b"p", 64), adapter)
     };
-    assert_eq!(
-        cache_state(&mut c, "t", "m")
-            .await
-            .summary
-            .unwrap()
-            .total_prefixes,
-        4
-    );
+    assert_eq!(total_prefixes(&mut c, "t", "m").await, 4);
     // Adapter a1 only.
     publish(
         &mut c,
@@ -677,14 +670,7 @@ async fn s19_14_prefix_evicted(shards: usize) {
         ),
     )
     .await;
-    assert_eq!(
-        cache_state(&mut c, "t", "m")
-            .await
-            .summary
-            .unwrap()
-            .total_prefixes,
-        3
-    );
+    assert_eq!(total_prefixes(&mut c, "t", "m").await, 3);
     let r = lookup(&mut c, q("vllm", "a1")).await;
     assert_ne!(r.reason_code, "PREFIX_MATCH", "{r:?}");
     let r = lookup(&mut c, q("sglang", "a2")).await;
@@ -702,14 +688,7 @@ async fn s19_14_prefix_evicted(shards: usize) {
         ),
     )
     .await;
-    assert_eq!(
-        cache_state(&mut c, "t", "m")
-            .await
-            .summary
-            .unwrap()
-            .total_prefixes,
-        3
-    );
+    assert_eq!(total_prefixes(&mut c, "t", "m").await, 3);
     // Empty adapter: every partition, every scheme; r2 and other keys untouched.
     publish(
         &mut c,
@@ -723,14 +702,7 @@ async fn s19_14_prefix_evicted(shards: usize) {
         ),
     )
     .await;
-    assert_eq!(
-        cache_state(&mut c, "t", "m")
-            .await
-            .summary
-            .unwrap()
-            .total_prefixes,
-        2
-    );
+    assert_eq!(total_prefixes(&mut c, "t", "m").await, 2);
     let r = lookup(&mut c, q("sglang", "a2")).await;
     assert_resp(&r, "UNKNOWN_HASH_SCHEME", &[]);
     let r = lookup(&mut c, q("vllm", "")).await;
@@ -788,14 +760,7 @@ async fn s7_4_lfu_no_credit(shards: usize) {
         let mut n = legacy_update("r", "t", "m", "vllm", b"N", 32);
         n.timestamp_us = t0 + 2_000_000;
         assert!(report(&mut c, vec![n]).await.accepted);
-        assert_eq!(
-            cache_state(&mut c, "t", "m")
-                .await
-                .summary
-                .unwrap()
-                .total_prefixes,
-            2
-        );
+        assert_eq!(total_prefixes(&mut c, "t", "m").await, 2);
         install_policy(
             &srv,
             r#"{"version":7,"policies":[{"namespace":"t","routingFloorScore":0}]}"#,

@@ -565,6 +565,19 @@ pub async fn cache_state(
     .into_inner()
 }
 
+/// GetCacheState's `summary.total_prefixes` for (tenant, model).
+pub async fn total_prefixes(
+    c: &mut InferenceCacheClient<Channel>,
+    tenant: &str,
+    model: &str,
+) -> i64 {
+    cache_state(c, tenant, model)
+        .await
+        .summary
+        .expect("summary")
+        .total_prefixes
+}
+
 /// One expected replica score.
 #[derive(Debug, Clone)]
 pub struct Exp {
