@@ -10,9 +10,9 @@ mod common;
 
 use common::{Built, build_index};
 use criterion::{BatchSize, BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
-use inferencecache_shards::fingerprint;
-use inferencecache_shards::index::Strategy;
-use inferencecache_shards::rules::NoRules;
+use inferencecache_index::fingerprint;
+use inferencecache_index::index::Strategy;
+use inferencecache_index::rules::NoRules;
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 

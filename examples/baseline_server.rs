@@ -14,8 +14,8 @@ use inferencecache_proto::v1alpha1 as pb;
 use inferencecache_proto::v1alpha1::inference_cache_server::{
     InferenceCache, InferenceCacheServer,
 };
-use inferencecache_shards::index::{Index, LookupQuery};
-use inferencecache_shards::rules::NoRules;
+use inferencecache_index::index::{Index, LookupQuery};
+use inferencecache_index::rules::NoRules;
 use tonic::{Request, Response, Status, Streaming};
 
 fn now_ns() -> i64 {

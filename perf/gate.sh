@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # CI performance regression gate: instruction counts (callgrind "Ir") of fixed, deterministic
-# index workloads (shards/examples/perf_gate.rs) compared with perf/gate-baseline.json.
+# index workloads (index/examples/perf_gate.rs) compared with perf/gate-baseline.json.
 # Instruction counts do not depend on machine load, so this works on a noisy shared VM where
 # wall-clock benches cannot gate anything. Details and how to update: perf/README.md.
 #
@@ -34,7 +34,7 @@ if ! command -v valgrind >/dev/null; then
 fi
 
 T=${CARGO_TARGET_DIR:-target}
-cargo build --release --quiet -p inferencecache-shards --example perf_gate || exit 2
+cargo build --release --quiet -p inferencecache-index --example perf_gate || exit 2
 BIN=$T/release/examples/perf_gate
 OUT=$(mktemp -d)
 trap 'rm -rf "$OUT"' EXIT
@@ -100,7 +100,7 @@ if base and base.get("rustc") != rustc:
     print(f"note: baseline made with {base.get('rustc')}, now {rustc}; counts may shift with the compiler")
 if update == "1":
     json.dump({
-        "tool": f"callgrind Ir ({valgrind}), shards/examples/perf_gate.rs",
+        "tool": f"callgrind Ir ({valgrind}), index/examples/perf_gate.rs",
         "rustc": rustc,
         "tolerance_pct": tol,
         "workloads": {k: {"ir": counts[k], "ops": ops[k]} for k in ops},

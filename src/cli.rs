@@ -57,7 +57,7 @@ pub struct Cli {
     pub shards: Option<usize>,
     /// Global cap on storage entries (the reference's compile-time 1,000,000; 0 = unbounded).
     /// Hidden: an operations/test knob, not part of the reference's flag set.
-    #[arg(long, default_value_t = inferencecache_shards::index::DEFAULT_MAX_ENTRIES, hide = true)]
+    #[arg(long, default_value_t = inferencecache_index::index::DEFAULT_MAX_ENTRIES, hide = true)]
     pub index_max_entries: u64,
     /// gRPC connections each core serves at once; further connections are closed.
     #[arg(long, default_value_t = crate::runtime::DEFAULT_MAX_CONNECTIONS_PER_CORE)]

@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use inferencecache_shards::policy::PolicyStore;
+use inferencecache_index::policy::PolicyStore;
 
 use crate::runtime::mailbox;
 

@@ -6,8 +6,8 @@ use std::cell::{Cell, RefCell};
 use std::sync::Arc;
 
 use inferencecache_proto::v1alpha1 as pb;
-use inferencecache_shards::index::{Index, IndexConfig};
-use inferencecache_shards::policy::PolicyStore;
+use inferencecache_index::index::{Index, IndexConfig};
+use inferencecache_index::policy::PolicyStore;
 use xxhash_rust::xxh3::{xxh3_64, xxh3_64_with_seed};
 
 /// Fixed number of index partitions; larger than any core count so `--shards` never rehashes keys.
@@ -149,7 +149,7 @@ impl CoreState {
     }
 }
 
-fn record_evictions(c: inferencecache_shards::index::EvictionCounts, reason: &'static str) {
+fn record_evictions(c: inferencecache_index::index::EvictionCounts, reason: &'static str) {
     if c.lru > 0 {
         crate::metrics::record_index_evictions("lru", reason, c.lru);
     }

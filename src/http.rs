@@ -16,7 +16,7 @@ use http::{Method, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioIo, TokioTimer};
-use inferencecache_shards::policy::MAX_POLICY_BODY_BYTES;
+use inferencecache_index::policy::MAX_POLICY_BODY_BYTES;
 
 use crate::auth::ControllerAuth;
 
@@ -152,7 +152,7 @@ async fn handle_snapshot(req: Request<Incoming>) -> Resp {
         return method_not_allowed("GET");
     }
     let parts = crate::control::gather(|st| st.index.snapshot_part()).await;
-    let rows = inferencecache_shards::index::merge_snapshot_parts(&parts);
+    let rows = inferencecache_index::index::merge_snapshot_parts(&parts);
     json(StatusCode::OK, snapshot::render(&rows))
 }
 
@@ -173,7 +173,7 @@ async fn handle_policy(req: Request<Incoming>) -> Resp {
             );
         }
     };
-    match inferencecache_shards::policy::parse_policy_body(&body) {
+    match inferencecache_index::policy::parse_policy_body(&body) {
         Ok(store) => {
             // One push at a time, so two concurrent pushes cannot interleave core by core and
             // leave the cores with different snapshots.

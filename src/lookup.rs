@@ -6,9 +6,9 @@
 use std::time::{Duration, Instant};
 
 use inferencecache_proto::v1alpha1 as pb;
-use inferencecache_shards::PROBE_TENANT;
-use inferencecache_shards::policy::ResolvedPolicy;
-use inferencecache_shards::resolve::{self, DEFAULT_TOKENIZE_TIMEOUT};
+use inferencecache_index::PROBE_TENANT;
+use inferencecache_index::policy::ResolvedPolicy;
+use inferencecache_index::resolve::{self, DEFAULT_TOKENIZE_TIMEOUT};
 
 use crate::core_state::{owner, with_core};
 use crate::grpc::service::ServiceConfig;

@@ -133,9 +133,9 @@ fn run() -> i32 {
     let service_cfg = Arc::new(grpc::service::ServiceConfig {
         engine_block_size: cli::engine_block_size(&cli),
     });
-    let index_config = inferencecache_shards::index::IndexConfig {
+    let index_config = inferencecache_index::index::IndexConfig {
         max_entries: cli.index_max_entries,
-        directory: Arc::new(inferencecache_shards::directory::Directory::default()),
+        directory: Arc::new(inferencecache_index::directory::Directory::default()),
         ..Default::default()
     };
     let (health, _) = tonic_health::server::health_reporter();

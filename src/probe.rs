@@ -11,8 +11,8 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use inferencecache_proto::v1alpha1 as pb;
-use inferencecache_shards::PROBE_TENANT;
-use inferencecache_shards::index::{LookupQuery, Strategy};
+use inferencecache_index::PROBE_TENANT;
+use inferencecache_index::index::{LookupQuery, Strategy};
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
 

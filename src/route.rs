@@ -5,8 +5,8 @@
 use std::time::Instant;
 
 use inferencecache_proto::v1alpha1 as pb;
-use inferencecache_shards::index::{LookupQuery, Strategy};
-use inferencecache_shards::resolve::{self, Resolution, ResolvedChain};
+use inferencecache_index::index::{LookupQuery, Strategy};
+use inferencecache_index::resolve::{self, Resolution, ResolvedChain};
 
 use crate::core_state::CoreState;
 use crate::lookup::{OwnerCall, reason};

@@ -188,7 +188,7 @@ shards_1_and_2!(
     c076_lfu_floor_pruned_replica_not_credited_shards_2
 );
 
-/// Global cap across cores (§7.2 and the multi-core note in shards/src/index/eviction.rs): LRU,
+/// Global cap across cores (§7.2 and the multi-core note in index/src/index/eviction.rs): LRU,
 /// cap 2, models owned by different cores (m0, m1 with `--shards 2`). A(m0,t0), B(m1,t0+1m),
 /// C(m0,t0+2m) → A evicted (oldest overall and on the ingesting core). D(m0,t0+3m) → with one
 /// core the global oldest B goes (§7.2 exactly); with two cores the implementation documents

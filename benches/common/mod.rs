@@ -1,5 +1,5 @@
 //! Deterministic index workloads shared by the criterion benches (`benches/index.rs`) and the
-//! CI instruction-count gate (`shards/examples/perf_gate.rs`, which includes this file by path).
+//! CI instruction-count gate (`index/examples/perf_gate.rs`, which includes this file by path).
 //!
 //! Index shape (one core's index, one tenant/model/scheme, 16 replicas, per-block entries):
 //! chains of [`CHAIN_BLOCKS`] 8-byte block hashes; replica `c % 16` holds the whole chain `c`
@@ -10,11 +10,11 @@
 #![allow(dead_code)] // each includer uses a subset
 
 use inferencecache_proto::v1alpha1::{CacheStateUpdate, PrefixEntry};
-use inferencecache_shards::index::{Index, IndexConfig, LookupQuery, Strategy};
-use inferencecache_shards::policy::{
+use inferencecache_index::index::{Index, IndexConfig, LookupQuery, Strategy};
+use inferencecache_index::policy::{
     CURRENT_POLICY_VERSION, PolicySnapshot, PolicySpec, PolicyStore, parse_policy_body,
 };
-use inferencecache_shards::rules::NoRules;
+use inferencecache_index::rules::NoRules;
 
 pub const TENANT: &str = "team-a";
 pub const MODEL: &str = "meta-llama/Llama-3.1-8B-Instruct";

@@ -7,7 +7,7 @@
 use std::collections::{HashMap, HashSet};
 
 use inferencecache_proto::v1alpha1::{CacheTier, LookupRouteRequest};
-use inferencecache_shards::fingerprint;
+use inferencecache_index::fingerprint;
 use loadgen::gateway::{LookupInput, lookup_request};
 use loadgen::producer::block_entries;
 use loadgen::workload::{

@@ -9,7 +9,7 @@ use std::time::Instant;
 use futures_util::Stream;
 use inferencecache_proto::v1alpha1 as pb;
 use inferencecache_proto::v1alpha1::inference_cache_server::InferenceCache;
-use inferencecache_shards::PROBE_TENANT;
+use inferencecache_index::PROBE_TENANT;
 use tonic::{Request, Response, Status, Streaming};
 
 use crate::core_state::owner;

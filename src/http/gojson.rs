@@ -31,7 +31,7 @@ pub fn push_str(out: &mut String, s: &str) {
 /// Appends a float32 as Go renders it (`0`, `0.75`, `1e-7`); NaN/Inf (never stored: ingest
 /// sanitises them) render as 0 rather than producing invalid JSON.
 pub fn push_f32(out: &mut String, v: f32) {
-    match inferencecache_shards::policy::go_json_f32(v) {
+    match inferencecache_index::policy::go_json_f32(v) {
         Some(t) => out.push_str(&t),
         None => out.push('0'),
     }

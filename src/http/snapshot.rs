@@ -2,7 +2,7 @@
 //! key order as emitted by Go, `null` for empty arrays, omitted-when-false/zero fields, the
 //! zero-time sentinel, float32 formatting and the encoder's trailing newline.
 
-use inferencecache_shards::index::{ReplicaRow, SnapshotRows, TenantRow};
+use inferencecache_index::index::{ReplicaRow, SnapshotRows, TenantRow};
 
 use super::gojson::{push_f32, push_str, rfc3339_nano};
 

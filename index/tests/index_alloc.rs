@@ -4,7 +4,7 @@
 mod index_support;
 
 use index_support::*;
-use inferencecache_shards::index::Strategy;
+use inferencecache_index::index::Strategy;
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
 
@@ -60,7 +60,7 @@ fn steady_state_lookups_do_not_allocate() {
     );
     let c = chain(&[b"b1", b"b2", b"b3"], 16);
     let c8 = chain(&[&[7u8; 8], &[1u8; 8]], 16);
-    let run = |ix: &mut inferencecache_shards::index::Index| {
+    let run = |ix: &mut inferencecache_index::index::Index| {
         assert_eq!(
             ix.lookup_route(&c.q(), T0, &rules).strategy,
             Strategy::PrefixMatch

@@ -2,7 +2,7 @@
 //! upstream fixture `tests/data/golden_vectors.json`, a byte-identical copy of
 //! `shared/testdata/golden_vectors.json`.
 
-use inferencecache_shards::fingerprint::{chain, content_hash, prefix_hashes};
+use inferencecache_index::fingerprint::{chain, content_hash, prefix_hashes};
 use serde_json::Value;
 
 const GOLDEN: &str = include_str!("data/golden_vectors.json");

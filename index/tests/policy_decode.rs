@@ -1,7 +1,7 @@
 //! `/policy` body decoding and wire shape (BEHAVIOUR.md §12.3; conformance C142, C144, C145 and
 //! the decode error cases of the HTTP contract).
 
-use inferencecache_shards::policy::{
+use inferencecache_index::policy::{
     MAX_POLICY_BODY_BYTES, PolicyError, PolicySnapshot, PolicySpec, StrategySpec, TenantSpec,
     decode_snapshot, go_json_f32, parse_policy_body,
 };

@@ -6,14 +6,14 @@ mod index_support;
 use index_support::*;
 use inferencecache_proto::v1alpha1::cache_event::Type;
 use inferencecache_proto::v1alpha1::{PrefixEntry, ReplicaStats};
-use inferencecache_shards::PROBE_TENANT;
-use inferencecache_shards::index::ranking::{distinguishing_power, freshness, pressure_factor};
-use inferencecache_shards::index::{LookupQuery, Strategy};
-use inferencecache_shards::rules::NoRules;
+use inferencecache_index::PROBE_TENANT;
+use inferencecache_index::index::ranking::{distinguishing_power, freshness, pressure_factor};
+use inferencecache_index::index::{LookupQuery, Strategy};
+use inferencecache_index::rules::NoRules;
 
 const NR: NoRules = NoRules;
 
-fn hashes(ix: &inferencecache_shards::index::Index) -> Vec<Vec<u8>> {
+fn hashes(ix: &inferencecache_index::index::Index) -> Vec<Vec<u8>> {
     let mut v: Vec<Vec<u8>> = ix.dump_entries().into_iter().map(|e| e.hash).collect();
     v.sort();
     v.dedup();
@@ -431,14 +431,14 @@ fn s4_2_prefixes_only_update_does_not_refresh_stats() {
 }
 
 /// §8.5 / §19.15: UNKNOWN_TENANT depends only on whether the tenant holds prefix keys now. The
-/// directory's fixed-capacity tenant table (shards/src/directory.rs) saturates once more than
+/// directory's fixed-capacity tenant table (index/src/directory.rs) saturates once more than
 /// `capacity` tenants were live at the same time and then stays saturated for the life of the
 /// process: from then on an unknown tenant is classified as known (UNKNOWN_MODEL instead of
 /// UNKNOWN_TENANT) even after the tenant count dropped back.
 #[test]
 fn s8_5_unknown_tenant_after_tenant_table_saturation() {
-    use inferencecache_shards::directory::Directory;
-    use inferencecache_shards::index::{Index, IndexConfig};
+    use inferencecache_index::directory::Directory;
+    use inferencecache_index::index::{Index, IndexConfig};
     use std::sync::Arc;
     let mut ix = Index::new(IndexConfig {
         directory: Arc::new(Directory::new(8)),
@@ -488,8 +488,8 @@ fn s8_3_run_sum_overflow_never_emits_nonpositive_matched() {
 #[test]
 fn full_string_table_refuses_updates_instead_of_panicking() {
     use inferencecache_proto::v1alpha1::{CacheStateUpdate, PrefixEntry};
-    use inferencecache_shards::index::Index;
-    use inferencecache_shards::rules::NoRules;
+    use inferencecache_index::index::Index;
+    use inferencecache_index::rules::NoRules;
     let mut ix = Index::default();
     ix.set_string_capacity(5);
     let upd = |replica: &str, hash: &[u8]| CacheStateUpdate {

@@ -5,8 +5,8 @@
 use inferencecache_proto::v1alpha1::{
     CacheEvent, CacheStateUpdate, PrefixEntry, ReplicaStats, cache_event,
 };
-use inferencecache_shards::index::{Index, IndexConfig, LookupQuery, RankerConfig, Strategy};
-use inferencecache_shards::rules::{Eviction, TenantRules};
+use inferencecache_index::index::{Index, IndexConfig, LookupQuery, RankerConfig, Strategy};
+use inferencecache_index::rules::{Eviction, TenantRules};
 use std::collections::HashMap;
 
 /// A fixed "now" (2023-11-14T22:13:20Z) in unix ns.

@@ -7,11 +7,11 @@ mod index_support;
 
 use index_support::Rules;
 use inferencecache_proto::v1alpha1::{CacheEvent, CacheStateUpdate, PrefixEntry, ReplicaStats};
-use inferencecache_shards::PROBE_TENANT;
-use inferencecache_shards::index::{
+use inferencecache_index::PROBE_TENANT;
+use inferencecache_index::index::{
     EntryDump, Index, IndexConfig, LookupQuery, RankerConfig, Strategy as S,
 };
-use inferencecache_shards::rules::{Eviction, TenantRules};
+use inferencecache_index::rules::{Eviction, TenantRules};
 use proptest::prelude::*;
 use std::collections::{BTreeMap, BTreeSet};
 

@@ -5,10 +5,10 @@ mod index_support;
 
 use index_support::*;
 use inferencecache_proto::v1alpha1::cache_event::Type;
-use inferencecache_shards::PROBE_TENANT;
-use inferencecache_shards::index::ranking::{self, distinguishing_power, worst_tier};
-use inferencecache_shards::index::{LookupQuery, RankerConfig, Strategy};
-use inferencecache_shards::rules::NoRules;
+use inferencecache_index::PROBE_TENANT;
+use inferencecache_index::index::ranking::{self, distinguishing_power, worst_tier};
+use inferencecache_index::index::{LookupQuery, RankerConfig, Strategy};
+use inferencecache_index::rules::NoRules;
 
 const NR: NoRules = NoRules;
 
@@ -917,7 +917,7 @@ fn c066_prefix_added_refreshes_nothing() {
 // ---- J. LFU ------------------------------------------------------------------------------------
 
 fn deliver(
-    ix: &mut inferencecache_shards::index::Index,
+    ix: &mut inferencecache_index::index::Index,
     q: &LookupQuery<'_>,
     now: i64,
     rules: &Rules,
@@ -932,7 +932,7 @@ fn deliver(
     }
 }
 
-fn hashes(ix: &inferencecache_shards::index::Index) -> Vec<Vec<u8>> {
+fn hashes(ix: &inferencecache_index::index::Index) -> Vec<Vec<u8>> {
     let mut v: Vec<Vec<u8>> = ix.dump_entries().into_iter().map(|e| e.hash).collect();
     v.sort();
     v.dedup();
@@ -1016,7 +1016,7 @@ fn c073_eviction_counters_by_algorithm() {
     let out = ix.ingest(&upd_r("r", vec![legacy(b"b", 16)]), T0 + SEC, &lfu);
     assert_eq!(
         out.cap_evicted,
-        inferencecache_shards::index::EvictionCounts { lru: 0, lfu: 1 }
+        inferencecache_index::index::EvictionCounts { lru: 0, lfu: 1 }
     );
 
     let mut ix = index_with(HOUR, 1);
@@ -1024,7 +1024,7 @@ fn c073_eviction_counters_by_algorithm() {
     let out = ix.ingest(&upd_r("r", vec![legacy(b"b", 16)]), T0 + SEC, &NR);
     assert_eq!(
         out.cap_evicted,
-        inferencecache_shards::index::EvictionCounts { lru: 1, lfu: 0 }
+        inferencecache_index::index::EvictionCounts { lru: 1, lfu: 0 }
     );
 
     let mut ix = index_with(10 * MIN, 0);
@@ -1032,7 +1032,7 @@ fn c073_eviction_counters_by_algorithm() {
     let out = ix.sweep(T0 + 11 * MIN, &lfu);
     assert_eq!(
         out.ttl_evicted,
-        inferencecache_shards::index::EvictionCounts { lru: 0, lfu: 1 }
+        inferencecache_index::index::EvictionCounts { lru: 0, lfu: 1 }
     );
 }
 
@@ -1042,7 +1042,7 @@ fn team(replica: &str, h: &[u8]) -> inferencecache_proto::v1alpha1::CacheStateUp
     upd("team", "m", "vllm", replica, vec![legacy(h, 16)])
 }
 
-fn index_entries(ix: &inferencecache_shards::index::Index, tenant: &str) -> u64 {
+fn index_entries(ix: &inferencecache_index::index::Index, tenant: &str) -> u64 {
     ix.snapshot()
         .tenants
         .iter()
@@ -1255,7 +1255,7 @@ fn c085_prefix_only_replica_row() {
 
 #[test]
 fn c086_tenant_entries_sum_to_total() {
-    let check = |ix: &inferencecache_shards::index::Index, total: u64| {
+    let check = |ix: &inferencecache_index::index::Index, total: u64| {
         let s = ix.snapshot();
         assert_eq!(s.total_prefixes, total);
         assert_eq!(

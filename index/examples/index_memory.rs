@@ -4,11 +4,11 @@
 //! 8-byte hashes per update, 16 replicas, one tenant/model/scheme) and reports live heap bytes
 //! per entry from a counting global allocator, plus the RSS growth.
 //!
-//! `cargo run --release -p inferencecache-shards --example index_memory -- [N] [holders-per-key]`
+//! `cargo run --release -p inferencecache-index --example index_memory -- [N] [holders-per-key]`
 
 use inferencecache_proto::v1alpha1::{CacheStateUpdate, PrefixEntry};
-use inferencecache_shards::index::{Index, IndexConfig, LookupQuery, Strategy};
-use inferencecache_shards::rules::NoRules;
+use inferencecache_index::index::{Index, IndexConfig, LookupQuery, Strategy};
+use inferencecache_index::rules::NoRules;
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicUsize, Ordering};
 

@@ -14,10 +14,10 @@
 mod common;
 
 use common::{Built, build_index};
-use inferencecache_shards::fingerprint;
-use inferencecache_shards::index::Strategy;
-use inferencecache_shards::policy::PolicyStore;
-use inferencecache_shards::rules::NoRules;
+use inferencecache_index::fingerprint;
+use inferencecache_index::index::Strategy;
+use inferencecache_index::policy::PolicyStore;
+use inferencecache_index::rules::NoRules;
 use std::hint::black_box;
 
 /// Index size of the lookup and ingest workloads.

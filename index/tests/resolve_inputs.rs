@@ -2,8 +2,8 @@
 //! C114, C116, C118, C120, C130, C136, C137).
 
 use inferencecache_proto::v1alpha1::LookupRouteRequest;
-use inferencecache_shards::fingerprint;
-use inferencecache_shards::resolve::{
+use inferencecache_index::fingerprint;
+use inferencecache_index::resolve::{
     DEFAULT_ENGINE_BLOCK_SIZE, ExactHash, FailOpenCause, MAX_LOOKUP_TOKENS, MAX_PROMPT_TEXT_BYTES,
     Resolution, ResolvedChain, ResolvedInputs, affinity_eligible, effective_prefix_tokens,
     has_valid_wire_chain, resolve_inputs, resolve_tokenized, will_tokenize,
@@ -47,17 +47,17 @@ fn constants_match_spec() {
     assert_eq!(DEFAULT_ENGINE_BLOCK_SIZE, 16);
     assert_eq!(MAX_LOOKUP_TOKENS, 1_048_576);
     assert_eq!(MAX_PROMPT_TEXT_BYTES, 1_048_576);
-    assert_eq!(inferencecache_shards::resolve::MAX_CONCURRENT_TOKENIZE, 64);
+    assert_eq!(inferencecache_index::resolve::MAX_CONCURRENT_TOKENIZE, 64);
     assert_eq!(
-        inferencecache_shards::resolve::DEFAULT_TOKENIZE_TIMEOUT,
+        inferencecache_index::resolve::DEFAULT_TOKENIZE_TIMEOUT,
         std::time::Duration::from_secs(5)
     );
     assert_eq!(
-        inferencecache_shards::resolve::DEFAULT_MINIMUM_MATCHED_TOKENS,
+        inferencecache_index::resolve::DEFAULT_MINIMUM_MATCHED_TOKENS,
         64
     );
     assert_eq!(
-        inferencecache_shards::resolve::DEFAULT_ROUTING_FLOOR_SCORE,
+        inferencecache_index::resolve::DEFAULT_ROUTING_FLOOR_SCORE,
         0.1
     );
 }

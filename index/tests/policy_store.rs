@@ -1,11 +1,11 @@
 //! Policy normalisation, store rules and the §12.4 resolution table (BEHAVIOUR.md §12;
 //! conformance C082, C110, C142, C144).
 
-use inferencecache_shards::PROBE_TENANT;
-use inferencecache_shards::policy::{
+use inferencecache_index::PROBE_TENANT;
+use inferencecache_index::policy::{
     PolicySnapshot, PolicySpec, PolicyStore, ResolvedPolicy, StrategySpec, parse_policy_body,
 };
-use inferencecache_shards::rules::{Eviction, TenantRules};
+use inferencecache_index::rules::{Eviction, TenantRules};
 
 fn store(body: &str) -> PolicyStore {
     parse_policy_body(body.as_bytes()).unwrap_or_else(|e| panic!("{body}: {e}"))
