@@ -1,5 +1,5 @@
 //! Adapters that let hyper 1.x serve HTTP/2 over glommio sockets on a glommio executor, with no
-//! tokio runtime on the serving cores (ARCHITECTURE.md §5).
+//! tokio runtime on the serving cores (docs/ARCHITECTURE.md §5).
 
 use std::future::Future;
 use std::io;
@@ -31,6 +31,8 @@ impl<S: AsyncRead + Unpin> hyper::rt::Read for GlommioIo<S> {
         };
         match Pin::new(&mut self.0).poll_read(cx, slice) {
             Poll::Ready(Ok(n)) => {
+                // SAFETY: the socket filled `n` bytes of the slice, which was fully initialised
+                // above, so advancing by `n` never exposes uninitialised memory.
                 unsafe { buf.advance(n) };
                 Poll::Ready(Ok(()))
             }

@@ -14,6 +14,10 @@ use serde_json::Value as Json;
 
 use super::TokenizeError;
 use super::template::{ChatTemplate, SpecialTokens};
+use crate::limits::{
+    MAX_MODEL_DIR_DEPTH, MAX_TEMPLATE_FILE_BYTES, MAX_TOKENIZER_CONFIG_FILE_BYTES,
+    MAX_TOKENIZER_FILE_BYTES, MAX_TOKENIZER_MODELS,
+};
 
 /// The file that makes a directory a (supported) model.
 pub const TOKENIZER_FILE: &str = "tokenizer.json";
@@ -26,17 +30,6 @@ pub const CHAT_TEMPLATE_JSON_FILE: &str = "chat_template.json";
 /// Extension of tiktoken BPE rank files: recognised so they are reported, but not loadable
 /// (their split regex and special tokens live in Python code, not in the file).
 pub const TIKTOKEN_EXTENSION: &str = "tiktoken";
-
-/// Largest `tokenizer.json` we read; real ones are at most a few tens of MiB.
-pub const MAX_TOKENIZER_FILE_BYTES: u64 = 256 << 20;
-/// Largest `tokenizer_config.json` / `chat_template.json` we read.
-pub const MAX_CONFIG_FILE_BYTES: u64 = 16 << 20;
-/// Largest `chat_template.jinja` we read.
-pub const MAX_TEMPLATE_FILE_BYTES: u64 = 1 << 20;
-/// Directory depth below the root that is walked; deeper trees are not model layouts.
-pub const MAX_WALK_DEPTH: usize = 16;
-/// Models loaded at most; each costs tens of MiB of memory, so a runaway tree must not OOM us.
-pub const MAX_MODELS: usize = 256;
 
 /// One loaded model: its tokenizer and (optional) chat template, immutable after start-up.
 pub struct Model {
@@ -210,9 +203,9 @@ pub fn load_models_dir(root: &Path) -> HashMap<String, Arc<Model>> {
                     skipped += 1;
                     tracing::warn!(path = %rel.display(), reason = "unsafe_model_id", "tokenizer_model_skipped");
                 }
-                Some(id) if models.len() >= MAX_MODELS => {
+                Some(id) if models.len() >= MAX_TOKENIZER_MODELS => {
                     skipped += 1;
-                    tracing::warn!(model = %id, reason = "too_many_models", limit = MAX_MODELS, "tokenizer_model_skipped");
+                    tracing::warn!(model = %id, reason = "too_many_models", limit = MAX_TOKENIZER_MODELS, "tokenizer_model_skipped");
                 }
                 Some(id) => {
                     let t0 = Instant::now();
@@ -243,7 +236,7 @@ pub fn load_models_dir(root: &Path) -> HashMap<String, Arc<Model>> {
                 }
             }
         }
-        if depth < MAX_WALK_DEPTH {
+        if depth < MAX_MODEL_DIR_DEPTH {
             children.sort();
             for name in children.into_iter().rev() {
                 stack.push((dir.join(name), depth + 1));
@@ -284,7 +277,7 @@ fn read_json(path: &Path) -> Result<Option<Json>, String> {
     if !path.is_file() {
         return Ok(None);
     }
-    let bytes = read_limited(path, MAX_CONFIG_FILE_BYTES)?;
+    let bytes = read_limited(path, MAX_TOKENIZER_CONFIG_FILE_BYTES)?;
     let name = path
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())

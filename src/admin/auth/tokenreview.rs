@@ -11,7 +11,6 @@
 
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::Duration;
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full, Limited};
@@ -20,17 +19,14 @@ use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, ServerName};
 use serde::{Deserialize, Serialize};
 
+use crate::limits::{MAX_TOKEN_REVIEW_RESPONSE_BYTES, TOKEN_REVIEW_TIMEOUT};
+
 /// Service-account token mounted into every pod.
 pub const IN_CLUSTER_TOKEN_FILE: &str = "/var/run/secrets/kubernetes.io/serviceaccount/token";
 /// Cluster CA bundle mounted into every pod.
 pub const IN_CLUSTER_CA_FILE: &str = "/var/run/secrets/kubernetes.io/serviceaccount/ca.crt";
 /// TokenReview collection path.
 pub const TOKENREVIEW_PATH: &str = "/apis/authentication.k8s.io/v1/tokenreviews";
-/// Upper bound of one review (connect, TLS, request, response); past it the review is
-/// "unavailable" (503), never a hang of the controller's request.
-pub const REVIEW_TIMEOUT: Duration = Duration::from_secs(10);
-/// Largest TokenReview response body read.
-pub const MAX_RESPONSE_BYTES: usize = 1 << 20;
 
 /// Where the API server is and how to authenticate to it.
 #[derive(Clone, Debug, Default)]
@@ -201,9 +197,11 @@ impl TokenReviewer {
         token: &str,
         audience: Option<&str>,
     ) -> Result<ReviewStatus, String> {
-        match tokio::time::timeout(REVIEW_TIMEOUT, self.review_inner(token, audience)).await {
+        match tokio::time::timeout(TOKEN_REVIEW_TIMEOUT, self.review_inner(token, audience)).await {
             Ok(r) => r,
-            Err(_) => Err(format!("token review timed out after {REVIEW_TIMEOUT:?}")),
+            Err(_) => Err(format!(
+                "token review timed out after {TOKEN_REVIEW_TIMEOUT:?}"
+            )),
         }
     }
 
@@ -283,7 +281,7 @@ where
             .await
             .map_err(|e| format!("token review request: {e}"))?;
         let status = resp.status();
-        let body = Limited::new(resp.into_body(), MAX_RESPONSE_BYTES)
+        let body = Limited::new(resp.into_body(), MAX_TOKEN_REVIEW_RESPONSE_BYTES)
             .collect()
             .await
             .map_err(|e| format!("token review response: {e}"))?

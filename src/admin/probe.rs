@@ -1,4 +1,4 @@
-//! `/probe`: the controller's functional self-test of the routing path (BEHAVIOUR.md §15).
+//! `/probe`: the controller's functional self-test of the routing path (docs/BEHAVIOUR.md §15).
 //!
 //! A run ingests one synthetic chain for a reserved tenant and replica, checks that the plain
 //! prefix lookup and the orchestrated lookup both find it, and always cleans up with an
@@ -10,24 +10,22 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use inferencecache_proto::v1alpha1 as pb;
 use inferencecache_index::PROBE_TENANT;
 use inferencecache_index::index::{LookupQuery, Strategy};
+use inferencecache_proto::v1alpha1 as pb;
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
 
-use crate::core_state::CoreState;
-use crate::http::gojson::push_str;
+use super::gojson::push_str;
+use crate::limits::{MAX_PROBE_BODY_BYTES, PROBE_TIMEOUT};
 use crate::runtime::mailbox;
+use crate::shard::CoreState;
+use crate::sys::clock::unix_now_ns;
 
-/// Largest accepted request body.
-pub const MAX_PROBE_BODY_BYTES: usize = 4 * 1024;
 /// Tokens of the single synthetic block.
 pub const PROBE_BLOCK_TOKENS: i32 = 16;
 /// Domain separator of the probe hash (versioned so a future scheme cannot collide).
 pub const PROBE_HASH_DOMAIN: &[u8] = b"inferencecache.io/probe/v1\n";
-/// Longest a run waits for the owner core (a core that stopped during shutdown never answers).
-pub const PROBE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 /// Prefix of the synthetic replica id.
 pub const PROBE_REPLICA_PREFIX: &str = "__probe-";
 /// Message of a request missing a required field (400 body without the newline).
@@ -186,7 +184,7 @@ pub fn run_on_core(st: &mut CoreState, req: &ProbeRequest) -> ProbeResult {
         backend: req.backend.clone(),
         ..Default::default()
     };
-    let now = crate::route::unix_now_ns();
+    let now = unix_now_ns();
     let update = pb::CacheStateUpdate {
         replica_id: rid.clone(),
         model_id: req.model.clone(),
@@ -285,7 +283,7 @@ fn pair_lock(backend: &str, model: &str) -> Arc<tokio::sync::Mutex<()>> {
 pub async fn run(req: ProbeRequest) -> ProbeResult {
     let lock = pair_lock(&req.backend, &req.model);
     let _held = lock.lock().await;
-    let owner = crate::core_state::owner(PROBE_TENANT, &req.model);
+    let owner = crate::shard::owner(PROBE_TENANT, &req.model);
     let backend = req.backend.clone();
     let call = mailbox::call(owner, move |st| run_on_core(st, &req));
     match tokio::time::timeout(PROBE_TIMEOUT, call)

@@ -1,18 +1,14 @@
 //! The per-endpoint cache of successful TokenReviews (BEHAVIOUR.md §13.2): keyed by the hex
-//! SHA-256 of the token (the raw token is never kept), entries valid [`CACHE_TTL`], at most
-//! [`CACHE_CAPACITY`] entries. Inserting into a full cache first drops expired entries, then the
+//! SHA-256 of the token (the raw token is never kept), entries valid [`AUTH_CACHE_TTL`], at most
+//! [`AUTH_CACHE_CAPACITY`] entries. Inserting into a full cache first drops expired entries, then the
 //! entry that expires soonest — the reference's eviction rule.
 
 use std::collections::HashMap;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use sha2::{Digest, Sha256};
 
-/// How long a successful review is trusted without asking the API server again.
-pub const CACHE_TTL: Duration = Duration::from_secs(30);
-
-/// Most tokens remembered per endpoint (the controller uses one or two at a time).
-pub const CACHE_CAPACITY: usize = 32;
+use crate::limits::{AUTH_CACHE_CAPACITY, AUTH_CACHE_TTL};
 
 /// Hex SHA-256 of `token`: the cache key.
 pub fn token_key(token: &str) -> String {
@@ -36,11 +32,11 @@ impl ReviewCache {
         self.entries.get(key).is_some_and(|exp| now < *exp)
     }
 
-    /// Remembers `key` until `now + CACHE_TTL`, evicting per the module rule when full.
+    /// Remembers `key` until `now + AUTH_CACHE_TTL`, evicting per the module rule when full.
     pub fn insert(&mut self, key: String, now: Instant) {
-        if !self.entries.contains_key(&key) && self.entries.len() >= CACHE_CAPACITY {
+        if !self.entries.contains_key(&key) && self.entries.len() >= AUTH_CACHE_CAPACITY {
             self.entries.retain(|_, exp| now < *exp);
-            if self.entries.len() >= CACHE_CAPACITY
+            if self.entries.len() >= AUTH_CACHE_CAPACITY
                 && let Some(victim) = self
                     .entries
                     .iter()
@@ -50,7 +46,7 @@ impl ReviewCache {
                 self.entries.remove(&victim);
             }
         }
-        self.entries.insert(key, now + CACHE_TTL);
+        self.entries.insert(key, now + AUTH_CACHE_TTL);
     }
 
     /// Number of entries (expired ones included until an insert drops them).
@@ -63,6 +59,7 @@ impl ReviewCache {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Duration;
 
     #[test]
     fn key_is_hex_sha256() {
@@ -78,14 +75,14 @@ mod tests {
         let mut c = ReviewCache::default();
         c.insert("a".into(), t0);
         assert!(c.hit("a", t0 + Duration::from_secs(29)));
-        assert!(!c.hit("a", t0 + CACHE_TTL));
+        assert!(!c.hit("a", t0 + AUTH_CACHE_TTL));
         // Fill: "a" expires soonest and is the victim once everything is still valid.
-        for i in 1..CACHE_CAPACITY {
+        for i in 1..AUTH_CACHE_CAPACITY {
             c.insert(format!("k{i}"), t0 + Duration::from_millis(i as u64));
         }
-        assert_eq!(c.len(), CACHE_CAPACITY);
+        assert_eq!(c.len(), AUTH_CACHE_CAPACITY);
         c.insert("new".into(), t0 + Duration::from_secs(1));
-        assert_eq!(c.len(), CACHE_CAPACITY);
+        assert_eq!(c.len(), AUTH_CACHE_CAPACITY);
         assert!(!c.hit("a", t0 + Duration::from_secs(1)));
         assert!(c.hit("k1", t0 + Duration::from_secs(1)));
         assert!(c.hit("new", t0 + Duration::from_secs(1)));

@@ -1,4 +1,4 @@
-//! TLS on the gRPC port (BEHAVIOUR.md §1.1): rustls with the ring provider, TLS 1.2 and 1.3,
+//! TLS on the gRPC port (docs/BEHAVIOUR.md §1.1): rustls with the ring provider, TLS 1.2 and 1.3,
 //! ALPN `h2`, no client certificates. The certificate is served through a resolver that re-reads
 //! the PEM pair whenever the certificate file's mtime advances, so cert-manager style rotation
 //! needs no restart; a failed reload is logged (`grpc_tls_reload`) and the cached pair keeps
@@ -9,7 +9,7 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock, RwLock};
-use std::time::{Duration, SystemTime};
+use std::time::SystemTime;
 
 use rustls::ServerConfig;
 use rustls::crypto::CryptoProvider;
@@ -18,9 +18,42 @@ use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use rustls::server::{ClientHello, ResolvesServerCert};
 use rustls::sign::CertifiedKey;
 
-/// Longest a client may take to complete the TLS handshake before the connection is dropped, so
-/// idle half-open connections cannot pin a core's memory.
-pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+use crate::limits::TLS_HANDSHAKE_TIMEOUT;
+
+/// Why a certificate/key pair could not be loaded (logged as `grpc_tls_load` at start-up and
+/// `grpc_tls_reload` on rotation).
+#[derive(Debug)]
+pub enum TlsError {
+    /// The certificate file could not be read.
+    ReadCertificate(PathBuf, String),
+    /// The certificate file is not valid PEM.
+    ParseCertificate(PathBuf, String),
+    /// The certificate file holds no certificate.
+    NoCertificate(PathBuf),
+    /// The private key file could not be read or parsed.
+    ReadKey(PathBuf, String),
+    /// The key does not fit the certificate, or is of an unsupported kind.
+    KeyPair(PathBuf, PathBuf, String),
+    /// rustls refused the protocol versions.
+    Versions(String),
+}
+
+impl std::fmt::Display for TlsError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::ReadCertificate(p, e) => write!(f, "read certificate {}: {e}", p.display()),
+            Self::ParseCertificate(p, e) => write!(f, "parse certificate {}: {e}", p.display()),
+            Self::NoCertificate(p) => write!(f, "no certificate found in {}", p.display()),
+            Self::ReadKey(p, e) => write!(f, "read private key {}: {e}", p.display()),
+            Self::KeyPair(c, k, e) => {
+                write!(f, "load key pair ({}, {}): {e}", c.display(), k.display())
+            }
+            Self::Versions(e) => write!(f, "tls versions: {e}"),
+        }
+    }
+}
+
+impl std::error::Error for TlsError {}
 
 /// The acceptor every core uses; unset means plaintext gRPC.
 static ACCEPTOR: OnceLock<futures_rustls::TlsAcceptor> = OnceLock::new();
@@ -31,18 +64,18 @@ fn provider() -> Arc<CryptoProvider> {
 }
 
 /// Loads a PEM certificate chain and private key and checks that they belong together.
-pub fn load_pair(cert: &Path, key: &Path) -> Result<CertifiedKey, String> {
+pub fn load_pair(cert: &Path, key: &Path) -> Result<CertifiedKey, TlsError> {
     let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(cert)
-        .map_err(|e| format!("read certificate {}: {e}", cert.display()))?
+        .map_err(|e| TlsError::ReadCertificate(cert.into(), e.to_string()))?
         .collect::<Result<_, _>>()
-        .map_err(|e| format!("parse certificate {}: {e}", cert.display()))?;
+        .map_err(|e| TlsError::ParseCertificate(cert.into(), e.to_string()))?;
     if certs.is_empty() {
-        return Err(format!("no certificate found in {}", cert.display()));
+        return Err(TlsError::NoCertificate(cert.into()));
     }
     let key_der = PrivateKeyDer::from_pem_file(key)
-        .map_err(|e| format!("read private key {}: {e}", key.display()))?;
+        .map_err(|e| TlsError::ReadKey(key.into(), e.to_string()))?;
     CertifiedKey::from_der(certs, key_der, &provider())
-        .map_err(|e| format!("load key pair ({}, {}): {e}", cert.display(), key.display()))
+        .map_err(|e| TlsError::KeyPair(cert.into(), key.into(), e.to_string()))
 }
 
 fn mtime(path: &Path) -> Option<SystemTime> {
@@ -75,7 +108,7 @@ impl std::fmt::Debug for Loaded {
 
 impl ReloadingResolver {
     /// Loads the pair once; an error here is the start-up `grpc_tls_load` failure.
-    pub fn new(cert: PathBuf, key: PathBuf) -> Result<Self, String> {
+    pub fn new(cert: PathBuf, key: PathBuf) -> Result<Self, TlsError> {
         let mt = mtime(&cert);
         let loaded = load_pair(&cert, &key)?;
         Ok(Self {
@@ -137,11 +170,11 @@ impl ResolvesServerCert for ReloadingResolver {
 }
 
 /// Builds the gRPC server TLS config (TLS ≥ 1.2, ALPN h2, hot-reloading certificate).
-pub fn server_config(cert: &str, key: &str) -> Result<ServerConfig, String> {
+pub fn server_config(cert: &str, key: &str) -> Result<ServerConfig, TlsError> {
     let resolver = ReloadingResolver::new(PathBuf::from(cert), PathBuf::from(key))?;
     let mut cfg = ServerConfig::builder_with_provider(provider())
         .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])
-        .map_err(|e| format!("tls versions: {e}"))?
+        .map_err(|e| TlsError::Versions(e.to_string()))?
         .with_no_client_auth()
         .with_cert_resolver(Arc::new(resolver));
     cfg.alpn_protocols = vec![b"h2".to_vec()];
@@ -149,7 +182,7 @@ pub fn server_config(cert: &str, key: &str) -> Result<ServerConfig, String> {
 }
 
 /// Loads the pair and installs the acceptor the cores use. Call before the runtime starts.
-pub fn install(cert: &str, key: &str) -> Result<(), String> {
+pub fn install(cert: &str, key: &str) -> Result<(), TlsError> {
     let cfg = server_config(cert, key)?;
     let _ = ACCEPTOR.set(futures_rustls::TlsAcceptor::from(Arc::new(cfg)));
     Ok(())
@@ -160,7 +193,7 @@ pub fn acceptor() -> Option<&'static futures_rustls::TlsAcceptor> {
     ACCEPTOR.get()
 }
 
-/// Runs the server handshake on the current core, bounded by [`HANDSHAKE_TIMEOUT`] and by
+/// Runs the server handshake on the current core, bounded by [`TLS_HANDSHAKE_TIMEOUT`] and by
 /// shutdown. `None` when the handshake failed, timed out or shutdown began (the connection is
 /// then simply closed; a client that is not speaking TLS gets no gRPC error to read anyway).
 pub async fn handshake<S>(
@@ -172,7 +205,7 @@ where
 {
     let accept = async { acceptor.accept(stream).await.ok() };
     let timeout = async {
-        futures_lite::future::or(glommio::timer::sleep(HANDSHAKE_TIMEOUT), async {
+        futures_lite::future::or(glommio::timer::sleep(TLS_HANDSHAKE_TIMEOUT), async {
             crate::runtime::shutdown_requested().await
         })
         .await;
@@ -188,6 +221,7 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Duration;
 
     #[test]
     fn missing_files_fail_to_load() {
@@ -196,7 +230,7 @@ mod tests {
             Path::new("/nonexistent/k.pem"),
         )
         .unwrap_err();
-        assert!(e.contains("read certificate"), "{e}");
+        assert!(e.to_string().contains("read certificate"), "{e}");
     }
 
     #[test]

@@ -9,8 +9,7 @@ use std::path::PathBuf;
 use std::sync::RwLock;
 use std::time::SystemTime;
 
-/// Shortest accepted token: a guessable token would defeat the point of fail-closed auth.
-pub const MIN_TOKEN_BYTES: usize = 16;
+use crate::limits::MIN_STATIC_TOKEN_BYTES;
 
 /// The loaded token and the file mtime it was read at.
 #[derive(Debug)]
@@ -30,9 +29,9 @@ fn read(path: &PathBuf) -> Result<String, String> {
     let text = std::fs::read_to_string(path)
         .map_err(|e| format!("read controller token file {}: {e}", path.display()))?;
     let token = text.trim().to_string();
-    if token.len() < MIN_TOKEN_BYTES {
+    if token.len() < MIN_STATIC_TOKEN_BYTES {
         return Err(format!(
-            "controller token file {} must hold a token of at least {MIN_TOKEN_BYTES} bytes",
+            "controller token file {} must hold a token of at least {MIN_STATIC_TOKEN_BYTES} bytes",
             path.display()
         ));
     }

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use inferencecache_index::policy::PolicyStore;
 
 use crate::runtime::mailbox;
+use crate::shard::CoreState;
 
 /// Hands every core the same immutable policy snapshot (`POST /policy` replace-on-write). Each
 /// core swaps its `Arc`, so a lookup sees either the old or the new snapshot, never a mix.
@@ -20,7 +21,7 @@ pub async fn install_policy(store: Arc<PolicyStore>) {
 pub async fn gather<R, F>(f: F) -> Vec<R>
 where
     R: Send + 'static,
-    F: Fn(&mut crate::core_state::CoreState) -> R + Send + Sync + Clone + 'static,
+    F: Fn(&mut CoreState) -> R + Send + Sync + Clone + 'static,
 {
     let mut out = Vec::with_capacity(mailbox::cores());
     for core in 0..mailbox::cores() {

@@ -45,7 +45,7 @@ pub fn rfc3339_nano(ns: Option<i64>) -> String {
     };
     let secs = ns.div_euclid(1_000_000_000);
     let frac = ns.rem_euclid(1_000_000_000);
-    let (y, mo, d) = crate::civil::civil_from_days(secs.div_euclid(86_400));
+    let (y, mo, d) = crate::sys::civil::civil_from_days(secs.div_euclid(86_400));
     let sod = secs.rem_euclid(86_400);
     let mut out = format!(
         "{y:04}-{mo:02}-{d:02}T{:02}:{:02}:{:02}",

@@ -1,4 +1,4 @@
-//! Authentication of the controller-facing listener (BEHAVIOUR.md §13.2).
+//! Authentication of the controller-facing listener (docs/BEHAVIOUR.md §13.2).
 //!
 //! Two sources of trust, usable together:
 //!
@@ -169,34 +169,46 @@ impl ControllerAuth {
     }
 }
 
-/// Builds the controller-facing auth from the flags (already validated by
-/// [`crate::cli::validate_auth`]) and logs the outcome: `controller_auth_enabled` (TokenReview
-/// and/or token file) or `controller_auth_disabled`. `Err` is logged by the caller and exits 1
-/// (the reference's "in-cluster client could not be built").
-pub fn setup(cli: &crate::cli::Cli) -> Result<Option<ControllerAuth>, String> {
-    if cli.insecure_disable_auth {
+/// The flags that choose the controller-facing auth (validated at start-up).
+#[derive(Clone, Debug, Default)]
+pub struct AuthFlags {
+    /// `--insecure-disable-auth`.
+    pub insecure_disable_auth: bool,
+    /// `--allowed-controller-sa`.
+    pub allowed_controller_sa: String,
+    /// `--controller-audience`.
+    pub controller_audience: String,
+    /// `--policy-audience`.
+    pub policy_audience: String,
+    /// `--controller-token-file`.
+    pub controller_token_file: String,
+    /// How to reach the Kubernetes API for TokenReview (`--kube-*`).
+    pub kube: tokenreview::KubeConfig,
+}
+
+/// Builds the controller-facing auth and logs the outcome: `controller_auth_enabled`
+/// (TokenReview and/or token file) or `controller_auth_disabled`. `Err` is logged by the caller
+/// and exits 1 (the reference's "in-cluster client could not be built").
+pub fn setup(flags: &AuthFlags) -> Result<Option<ControllerAuth>, String> {
+    if flags.insecure_disable_auth {
         tracing::warn!("controller_auth_disabled");
         return Ok(None);
     }
-    let reviewer = if cli.allowed_controller_sa.is_empty() {
+    let reviewer = if flags.allowed_controller_sa.is_empty() {
         None
     } else {
-        Some(TokenReviewer::new(&tokenreview::KubeConfig {
-            api_server: cli.kube_api_server.clone(),
-            ca_file: cli.kube_ca_file.clone(),
-            token_file: cli.kube_token_file.clone(),
-        })?)
+        Some(TokenReviewer::new(&flags.kube)?)
     };
-    let static_token = if cli.controller_token_file.is_empty() {
+    let static_token = if flags.controller_token_file.is_empty() {
         None
     } else {
-        Some(StaticToken::load(&cli.controller_token_file)?)
+        Some(StaticToken::load(&flags.controller_token_file)?)
     };
     if reviewer.is_some() {
         tracing::info!(
-            expected_sa = %cli.allowed_controller_sa,
-            controller_audience = %cli.controller_audience,
-            policy_audience = %cli.policy_audience,
+            expected_sa = %flags.allowed_controller_sa,
+            controller_audience = %flags.controller_audience,
+            policy_audience = %flags.policy_audience,
             token_file = static_token.is_some(),
             "controller_auth_enabled"
         );
@@ -205,12 +217,12 @@ pub fn setup(cli: &crate::cli::Cli) -> Result<Option<ControllerAuth>, String> {
     }
     Ok(Some(ControllerAuth::new(
         AuthConfig {
-            expected_sa: cli.allowed_controller_sa.clone(),
+            expected_sa: flags.allowed_controller_sa.clone(),
             reviewer,
             static_token,
         },
-        &cli.controller_audience,
-        &cli.policy_audience,
+        &flags.controller_audience,
+        &flags.policy_audience,
     )))
 }
 
