@@ -184,3 +184,32 @@ async fn backoff_sleep(d: Duration) {
         tokio::time::sleep(d).await;
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A full queue must not block the admin thread: its other tasks keep running while an
+    /// ingest-style `call` waits for room.
+    #[test]
+    fn full_queue_backs_off_on_the_admin_timer_without_blocking_it() {
+        init(1);
+        let fill = || Op::Run(Box::new(|_: &mut CoreState| {}));
+        while try_push(0, fill()).is_ok() {}
+        let (done_tx, done_rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_time()
+                .build()
+                .expect("runtime");
+            rt.block_on(async {
+                let waiting = tokio::spawn(call(0, |_| ()));
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                let _ = done_tx.send(());
+                waiting.abort();
+            });
+        });
+        let progressed = done_rx.recv_timeout(Duration::from_secs(10));
+        assert!(progressed.is_ok(), "the admin runtime froze behind a full mailbox");
+    }
+}
