@@ -177,34 +177,17 @@ impl ProbeResult {
 /// run is atomic with respect to every other operation on that core).
 pub fn run_on_core(st: &mut CoreState, req: &ProbeRequest) -> ProbeResult {
     let rid = replica_id(&req.backend);
-    let hash = probe_hash(&req.hash_scheme, &req.model, &req.backend).to_vec();
-    let block_hashes = vec![hash];
+    let block_hashes = vec![probe_hash(&req.hash_scheme, &req.model, &req.backend).to_vec()];
     let counts = [PROBE_BLOCK_TOKENS];
     let mut res = ProbeResult {
         backend: req.backend.clone(),
         ..Default::default()
     };
     let now = unix_now_ns();
-    let update = pb::CacheStateUpdate {
-        replica_id: rid.clone(),
-        model_id: req.model.clone(),
-        tenant_id: PROBE_TENANT.into(),
-        hash_scheme: req.hash_scheme.clone(),
-        timestamp_us: 0,
-        prefixes: vec![pb::PrefixEntry {
-            block_hashes: block_hashes.clone(),
-            block_token_counts: counts.to_vec(),
-            ..Default::default()
-        }],
-        stats: Some(pb::ReplicaStats {
-            replica_id: rid.clone(),
-            hit_rate: 1.0,
-            ..Default::default()
-        }),
-        adapter_id: String::new(),
-    };
     let policy = st.policy.clone();
-    let _ = st.index.ingest(&update, now, &*policy);
+    let _ = st
+        .index
+        .ingest(&probe_update(req, &rid, &block_hashes), now, &*policy);
     let q = LookupQuery {
         tenant: PROBE_TENANT,
         model: &req.model,
@@ -213,7 +196,6 @@ pub fn run_on_core(st: &mut CoreState, req: &ProbeRequest) -> ProbeResult {
         block_token_counts: &counts,
         ..Default::default()
     };
-
     // Stage A: the plain prefix lookup must return the probe replica.
     let found = {
         let view = st.index.lookup(&q, now, &*policy);
@@ -221,27 +203,7 @@ pub fn run_on_core(st: &mut CoreState, req: &ProbeRequest) -> ProbeResult {
     };
     if found {
         res.ingest = Stage::Ok;
-        // Stage B: the orchestrated lookup must answer PREFIX_MATCH including the replica.
-        let view = st.index.lookup_route(&q, now, &*policy);
-        let has = view.scores.iter().any(|s| view.replica_id(s) == rid);
-        if view.strategy != Strategy::PrefixMatch {
-            res.routing = Stage::Failed;
-            res.errors.push((
-                "routing",
-                format!(
-                    "routing lookup returned strategy {}, want PREFIX_MATCH",
-                    view.strategy.reason_code()
-                ),
-            ));
-        } else if !has {
-            res.routing = Stage::Failed;
-            res.errors.push((
-                "routing",
-                format!("routing lookup returned PREFIX_MATCH without probe replica {rid}"),
-            ));
-        } else {
-            res.routing = Stage::Ok;
-        }
+        routing_stage(st, &q, now, &rid, &mut res);
     } else {
         res.ingest = Stage::Failed;
         res.errors.push((
@@ -252,7 +214,6 @@ pub fn run_on_core(st: &mut CoreState, req: &ProbeRequest) -> ProbeResult {
     }
     // Stage C: no T2 prober is wired in this server, so it is always skipped.
     res.t2 = Stage::Skipped;
-
     // Cleanup, always: ALL_CLEARED for (probe tenant, model, probe replica).
     let clear = pb::CacheEvent {
         r#type: pb::cache_event::Type::AllCleared as i32,
@@ -263,6 +224,60 @@ pub fn run_on_core(st: &mut CoreState, req: &ProbeRequest) -> ProbeResult {
     };
     let _ = st.index.apply_event(&clear, now, &*policy);
     res
+}
+
+/// The synthetic report: one block of the probe chain held by the probe replica.
+fn probe_update(req: &ProbeRequest, rid: &str, block_hashes: &[Vec<u8>]) -> pb::CacheStateUpdate {
+    pb::CacheStateUpdate {
+        replica_id: rid.to_string(),
+        model_id: req.model.clone(),
+        tenant_id: PROBE_TENANT.into(),
+        hash_scheme: req.hash_scheme.clone(),
+        timestamp_us: 0,
+        prefixes: vec![pb::PrefixEntry {
+            block_hashes: block_hashes.to_vec(),
+            block_token_counts: vec![PROBE_BLOCK_TOKENS],
+            ..Default::default()
+        }],
+        stats: Some(pb::ReplicaStats {
+            replica_id: rid.to_string(),
+            hit_rate: 1.0,
+            ..Default::default()
+        }),
+        adapter_id: String::new(),
+    }
+}
+
+/// Stage B: the orchestrated lookup must answer PREFIX_MATCH including the probe replica.
+fn routing_stage(
+    st: &mut CoreState,
+    q: &LookupQuery<'_>,
+    now: i64,
+    rid: &str,
+    res: &mut ProbeResult,
+) {
+    let policy = st.policy.clone();
+    let view = st.index.lookup_route(q, now, &*policy);
+    let has = view.scores.iter().any(|s| view.replica_id(s) == rid);
+    let failure = if view.strategy != Strategy::PrefixMatch {
+        Some(format!(
+            "routing lookup returned strategy {}, want PREFIX_MATCH",
+            view.strategy.reason_code()
+        ))
+    } else if !has {
+        Some(format!(
+            "routing lookup returned PREFIX_MATCH without probe replica {rid}"
+        ))
+    } else {
+        None
+    };
+    match failure {
+        None => res.routing = Stage::Ok,
+        Some(msg) => {
+            res.routing = Stage::Failed;
+            res.errors.push(("routing", msg));
+        }
+    }
 }
 
 type PairLocks = HashMap<(String, String), Arc<tokio::sync::Mutex<()>>>;

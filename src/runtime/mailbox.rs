@@ -210,6 +210,9 @@ mod tests {
             });
         });
         let progressed = done_rx.recv_timeout(Duration::from_secs(10));
-        assert!(progressed.is_ok(), "the admin runtime froze behind a full mailbox");
+        assert!(
+            progressed.is_ok(),
+            "the admin runtime froze behind a full mailbox"
+        );
     }
 }

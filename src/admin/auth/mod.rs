@@ -197,7 +197,7 @@ pub fn setup(flags: &AuthFlags) -> Result<Option<ControllerAuth>, String> {
     let reviewer = if flags.allowed_controller_sa.is_empty() {
         None
     } else {
-        Some(TokenReviewer::new(&flags.kube)?)
+        Some(TokenReviewer::new(&flags.kube).map_err(|e| e.to_string())?)
     };
     let static_token = if flags.controller_token_file.is_empty() {
         None

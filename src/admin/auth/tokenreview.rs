@@ -106,39 +106,94 @@ struct RespUser {
     username: String,
 }
 
+/// Why the TokenReview client could not be built (start-up: logged, exit 1).
+#[derive(Debug)]
+pub enum ClientError {
+    /// No `--kube-api-server` and no in-cluster environment.
+    NotInCluster,
+    /// The API server URL is not `http(s)://host:port`.
+    InvalidUrl(String, String),
+    /// The service-account token file cannot be read.
+    Token(PathBuf, std::io::Error),
+    /// The CA bundle cannot be read or holds no usable certificate.
+    Ca(String, String),
+    /// rustls refused the client configuration.
+    Tls(String),
+}
+
+impl std::fmt::Display for ClientError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::NotInCluster => f.write_str("unable to load in-cluster configuration, KUBERNETES_SERVICE_HOST and KUBERNETES_SERVICE_PORT must be defined"),
+            Self::InvalidUrl(url, why) => write!(f, "invalid API server URL {url:?}: {why}"),
+            Self::Token(p, e) => write!(f, "read service-account token {}: {e}", p.display()),
+            Self::Ca(ca, why) => write!(f, "CA {ca}: {why}"),
+            Self::Tls(e) => write!(f, "tls: {e}"),
+        }
+    }
+}
+
+impl std::error::Error for ClientError {}
+
+/// The API server base URL: the flag, else the in-cluster environment.
+fn api_base(cfg: &KubeConfig) -> Result<String, ClientError> {
+    if !cfg.api_server.is_empty() {
+        return Ok(cfg.api_server.trim_end_matches('/').to_string());
+    }
+    let host = std::env::var("KUBERNETES_SERVICE_HOST").unwrap_or_default();
+    let port = std::env::var("KUBERNETES_SERVICE_PORT").unwrap_or_default();
+    if host.is_empty() || port.is_empty() {
+        return Err(ClientError::NotInCluster);
+    }
+    let host = if host.contains(':') {
+        format!("[{host}]")
+    } else {
+        host
+    };
+    Ok(format!("https://{host}:{port}"))
+}
+
+/// A TLS connector trusting only the API server's CA bundle.
+fn tls_connector(
+    ca: &str,
+    host: &str,
+) -> Result<(tokio_rustls::TlsConnector, ServerName<'static>), ClientError> {
+    let ca_error = |why: String| ClientError::Ca(ca.to_string(), why);
+    let mut roots = rustls::RootCertStore::empty();
+    let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(ca)
+        .map_err(|e| ca_error(format!("read: {e}")))?
+        .collect::<Result<_, _>>()
+        .map_err(|e| ca_error(format!("parse: {e}")))?;
+    let (added, _) = roots.add_parsable_certificates(certs);
+    if added == 0 {
+        return Err(ca_error("no usable CA certificate".into()));
+    }
+    let config = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .map_err(|e| ClientError::Tls(e.to_string()))?
+    .with_root_certificates(roots)
+    .with_no_client_auth();
+    let name = ServerName::try_from(host.to_string())
+        .map_err(|e| ClientError::InvalidUrl(host.to_string(), e.to_string()))?;
+    Ok((tokio_rustls::TlsConnector::from(Arc::new(config)), name))
+}
+
 impl TokenReviewer {
     /// Builds the client (the start-up "in-cluster config" step: failure → log + exit 1).
-    pub fn new(cfg: &KubeConfig) -> Result<TokenReviewer, String> {
-        let base = if cfg.api_server.is_empty() {
-            let host = std::env::var("KUBERNETES_SERVICE_HOST").unwrap_or_default();
-            let port = std::env::var("KUBERNETES_SERVICE_PORT").unwrap_or_default();
-            if host.is_empty() || port.is_empty() {
-                return Err("unable to load in-cluster configuration, KUBERNETES_SERVICE_HOST and KUBERNETES_SERVICE_PORT must be defined".into());
-            }
-            let host = if host.contains(':') {
-                format!("[{host}]")
-            } else {
-                host
-            };
-            format!("https://{host}:{port}")
-        } else {
-            cfg.api_server.trim_end_matches('/').to_string()
-        };
-        let uri: http::Uri = base
-            .parse()
-            .map_err(|e| format!("invalid API server URL {base:?}: {e}"))?;
+    pub fn new(cfg: &KubeConfig) -> Result<TokenReviewer, ClientError> {
+        let base = api_base(cfg)?;
+        let invalid = |why: String| ClientError::InvalidUrl(base.clone(), why);
+        let uri: http::Uri = base.parse().map_err(|e| invalid(format!("{e}")))?;
         let https = match uri.scheme_str() {
             Some("https") => true,
             Some("http") => false,
-            _ => {
-                return Err(format!(
-                    "API server URL {base:?} must be http(s)://host:port"
-                ));
-            }
+            _ => return Err(invalid("must be http(s)://host:port".into())),
         };
         let authority = uri
             .authority()
-            .ok_or_else(|| format!("API server URL {base:?} has no host"))?
+            .ok_or_else(|| invalid("no host".into()))?
             .clone();
         let host = authority
             .host()
@@ -152,32 +207,14 @@ impl TokenReviewer {
             &cfg.token_file
         });
         std::fs::read_to_string(&token_file)
-            .map_err(|e| format!("read service-account token {}: {e}", token_file.display()))?;
+            .map_err(|e| ClientError::Token(token_file.clone(), e))?;
+        let ca = if cfg.ca_file.is_empty() {
+            IN_CLUSTER_CA_FILE
+        } else {
+            &cfg.ca_file
+        };
         let tls = if https {
-            let ca = if cfg.ca_file.is_empty() {
-                IN_CLUSTER_CA_FILE
-            } else {
-                &cfg.ca_file
-            };
-            let mut roots = rustls::RootCertStore::empty();
-            let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(ca)
-                .map_err(|e| format!("read CA {ca}: {e}"))?
-                .collect::<Result<_, _>>()
-                .map_err(|e| format!("parse CA {ca}: {e}"))?;
-            let (added, _) = roots.add_parsable_certificates(certs);
-            if added == 0 {
-                return Err(format!("no usable CA certificate in {ca}"));
-            }
-            let config = rustls::ClientConfig::builder_with_provider(Arc::new(
-                rustls::crypto::ring::default_provider(),
-            ))
-            .with_safe_default_protocol_versions()
-            .map_err(|e| format!("tls: {e}"))?
-            .with_root_certificates(roots)
-            .with_no_client_auth();
-            let name = ServerName::try_from(host.clone())
-                .map_err(|e| format!("invalid API server host {host:?}: {e}"))?;
-            Some((tokio_rustls::TlsConnector::from(Arc::new(config)), name))
+            Some(tls_connector(ca, &host)?)
         } else {
             None
         };
