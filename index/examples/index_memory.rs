@@ -6,9 +6,9 @@
 //!
 //! `cargo run --release -p inferencecache-index --example index_memory -- [N] [holders-per-key]`
 
-use inferencecache_proto::v1alpha1::{CacheStateUpdate, PrefixEntry};
 use inferencecache_index::index::{Index, IndexConfig, LookupQuery, Strategy};
 use inferencecache_index::rules::NoRules;
+use inferencecache_proto::v1alpha1::{CacheStateUpdate, PrefixEntry};
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicUsize, Ordering};
 

@@ -4,11 +4,11 @@
 mod index_support;
 
 use index_support::*;
-use inferencecache_proto::v1alpha1::cache_event::Type;
 use inferencecache_index::PROBE_TENANT;
 use inferencecache_index::index::ranking::{self, distinguishing_power, worst_tier};
 use inferencecache_index::index::{LookupQuery, RankerConfig, Strategy};
 use inferencecache_index::rules::NoRules;
+use inferencecache_proto::v1alpha1::cache_event::Type;
 
 const NR: NoRules = NoRules;
 

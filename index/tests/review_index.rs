@@ -4,12 +4,12 @@
 mod index_support;
 
 use index_support::*;
-use inferencecache_proto::v1alpha1::cache_event::Type;
-use inferencecache_proto::v1alpha1::{PrefixEntry, ReplicaStats};
 use inferencecache_index::PROBE_TENANT;
 use inferencecache_index::index::ranking::{distinguishing_power, freshness, pressure_factor};
 use inferencecache_index::index::{LookupQuery, Strategy};
 use inferencecache_index::rules::NoRules;
+use inferencecache_proto::v1alpha1::cache_event::Type;
+use inferencecache_proto::v1alpha1::{PrefixEntry, ReplicaStats};
 
 const NR: NoRules = NoRules;
 
@@ -487,9 +487,9 @@ fn s8_3_run_sum_overflow_never_emits_nonpositive_matched() {
 /// intern new strings is refused whole (and reported), while updates using known strings apply.
 #[test]
 fn full_string_table_refuses_updates_instead_of_panicking() {
-    use inferencecache_proto::v1alpha1::{CacheStateUpdate, PrefixEntry};
     use inferencecache_index::index::Index;
     use inferencecache_index::rules::NoRules;
+    use inferencecache_proto::v1alpha1::{CacheStateUpdate, PrefixEntry};
     let mut ix = Index::default();
     ix.set_string_capacity(5);
     let upd = |replica: &str, hash: &[u8]| CacheStateUpdate {

@@ -29,6 +29,7 @@ pub fn read() -> Option<ProcessStats> {
     let f: Vec<&str> = rest.split_whitespace().collect();
     // SAFETY: sysconf has no preconditions.
     let tck = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
+    // SAFETY: sysconf has no preconditions.
     let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(1) as u64;
     // rest[0] is field 3 (state): utime = 14, stime = 15, starttime = 22, vsize = 23, rss = 24.
     let num = |i: usize| {
