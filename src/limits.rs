@@ -41,6 +41,8 @@ pub const MAILBOX_BACKOFF_MAX: Duration = Duration::from_millis(5);
 /// Default bound on gRPC connections one core serves at once (`--max-connections-per-core`);
 /// beyond it new connections are closed.
 pub const DEFAULT_MAX_CONNECTIONS_PER_CORE: usize = 16_384;
+/// Pending connections the kernel queues on the gRPC listener.
+pub const LISTEN_BACKLOG: i32 = 1024;
 /// Concurrent HTTP/2 streams allowed per gRPC connection.
 pub const MAX_CONCURRENT_STREAMS: u32 = 1024;
 /// gRPC's 4 MiB default receive limit, as in the reference (grpc-go defaults).

@@ -17,10 +17,12 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
+use std::os::fd::{FromRawFd, IntoRawFd};
+
 use glommio::net::{TcpListener, TcpStream};
 use glommio::{LocalExecutorBuilder, Placement};
 
-use crate::limits::{EXECUTOR_START_TIMEOUT, IO_MEMORY_BYTES, MAX_SHARDS};
+use crate::limits::{EXECUTOR_START_TIMEOUT, IO_MEMORY_BYTES, LISTEN_BACKLOG, MAX_SHARDS};
 use crate::shard::{self, CoreState};
 
 pub use shutdown::{request_shutdown, shutdown_requested};
@@ -56,8 +58,6 @@ pub enum StartError {
     AddressInUse(SocketAddr, std::io::Error),
     /// An executor could not be created (io_uring unavailable, locked memory too small).
     Executor(usize, usize, String),
-    /// Core 0 could not bind the listener.
-    Bind(SocketAddr, String),
     /// The executors did not report in time.
     NotStarted,
 }
@@ -73,7 +73,6 @@ impl std::fmt::Display for StartError {
                 f,
                 "cannot start executor {core} on CPU {cpu}: {e} (io_uring unavailable or locked memory too small?)"
             ),
-            Self::Bind(addr, e) => write!(f, "bind gRPC {addr}: {e}"),
             Self::NotStarted => f.write_str("executors did not start (io_uring unavailable?)"),
         }
     }
@@ -88,21 +87,33 @@ pub struct Runtime {
     pub listen_addr: SocketAddr,
 }
 
-/// Refuses to start when `addr` is already served: glommio listeners always set SO_REUSEPORT,
-/// so binding next to another server would silently split connections between the two.
-fn ensure_port_free(addr: SocketAddr) -> Result<(), StartError> {
-    std::net::TcpListener::bind(addr)
-        .map(drop)
-        .map_err(|e| StartError::AddressInUse(addr, e))
+/// Binds the listener before any executor starts. SO_REUSEADDR lets a restart bind at once
+/// while the previous process's connections linger in TIME_WAIT or FIN_WAIT; no SO_REUSEPORT,
+/// so a port another live server listens on is refused instead of silently shared.
+fn bind_listener(addr: SocketAddr) -> Result<std::net::TcpListener, StartError> {
+    use socket2::{Domain, Protocol, Socket, Type};
+    let bind = || -> std::io::Result<std::net::TcpListener> {
+        let socket = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
+        socket.set_reuse_address(true)?;
+        socket.bind(&addr.into())?;
+        socket.listen(LISTEN_BACKLOG)?;
+        Ok(socket.into())
+    };
+    bind().map_err(|e| StartError::AddressInUse(addr, e))
 }
 
-/// What each executor reports once it runs: core 0 the bound address.
-type Ready = (usize, Result<SocketAddr, StartError>);
+/// What each executor reports once it runs.
+type Ready = (usize, Result<(), StartError>);
 
 /// Starts the executors, binds the listener on core 0 and returns once every core serves.
 pub fn start(cfg: RuntimeConfig) -> Result<Runtime, StartError> {
     assert!((1..=MAX_SHARDS).contains(&cfg.shards));
-    ensure_port_free(cfg.listen_addr)?;
+    let listener = bind_listener(cfg.listen_addr)?;
+    let listen_addr = listener
+        .local_addr()
+        .map_err(|e| StartError::AddressInUse(cfg.listen_addr, e))?;
+    // Core 0 takes the listener over; the fd stays open until its accept loop ends.
+    let mut listener = Some(listener);
     shard::set_cores(cfg.shards);
     mailbox::init(cfg.shards);
     accept::init(cfg.serve_connection, cfg.max_connections_per_core);
@@ -114,15 +125,16 @@ pub fn start(cfg: RuntimeConfig) -> Result<Runtime, StartError> {
     for core in 0..cfg.shards {
         let cpu = cpus[core % cpus.len()];
         let (cfg, ready) = (cfg.clone(), ready_tx.clone());
+        let own_listener = if core == 0 { listener.take() } else { None };
         let handle = LocalExecutorBuilder::new(Placement::Fixed(cpu))
             .name(&format!("core-{core}"))
             .io_memory(IO_MEMORY_BYTES)
-            .spawn(move || run_core(core, cfg, ready))
+            .spawn(move || run_core(core, cfg, own_listener, ready))
             .map_err(|e| StartError::Executor(core, cpu, e.to_string()))?;
         handles.push(handle);
     }
     drop(ready_tx);
-    let listen_addr = wait_ready(&ready_rx, cfg.shards, cfg.listen_addr)?;
+    wait_ready(&ready_rx, cfg.shards)?;
     Ok(Runtime {
         handles,
         listen_addr,
@@ -130,15 +142,10 @@ pub fn start(cfg: RuntimeConfig) -> Result<Runtime, StartError> {
 }
 
 /// Collects every core's report; the first failure stops the others.
-fn wait_ready(
-    ready: &std::sync::mpsc::Receiver<Ready>,
-    shards: usize,
-    mut bound: SocketAddr,
-) -> Result<SocketAddr, StartError> {
+fn wait_ready(ready: &std::sync::mpsc::Receiver<Ready>, shards: usize) -> Result<(), StartError> {
     for _ in 0..shards {
         match ready.recv_timeout(EXECUTOR_START_TIMEOUT) {
-            Ok((0, Ok(a))) => bound = a,
-            Ok((_, Ok(_))) => {}
+            Ok((_, Ok(()))) => {}
             Ok((_, Err(e))) => {
                 request_shutdown();
                 return Err(e);
@@ -149,30 +156,31 @@ fn wait_ready(
             }
         }
     }
-    Ok(bound)
+    Ok(())
 }
 
-/// The life of one executor: install its state, serve until shutdown, then drain.
-async fn run_core(core: usize, cfg: Arc<RuntimeConfig>, ready: std::sync::mpsc::Sender<Ready>) {
+/// The life of one executor: install its state, serve until shutdown, then drain. Core 0 gets
+/// the listener and runs the accept loop.
+async fn run_core(
+    core: usize,
+    cfg: Arc<RuntimeConfig>,
+    listener: Option<std::net::TcpListener>,
+    ready: std::sync::mpsc::Sender<Ready>,
+) {
     shard::install((cfg.init)(core));
     crate::metrics::register_core_thread();
     (cfg.on_core_start)();
     glommio::spawn_local(mailbox::drain_loop(core)).detach();
     glommio::spawn_local(sweep_loop(cfg.sweep_interval)).detach();
-    if core == 0 {
-        let listener = match TcpListener::bind(cfg.listen_addr) {
-            Ok(l) => l,
-            Err(e) => {
-                let _ = ready.send((core, Err(StartError::Bind(cfg.listen_addr, e.to_string()))));
-                return;
-            }
-        };
-        let bound = listener.local_addr().unwrap_or(cfg.listen_addr);
-        let _ = ready.send((core, Ok(bound)));
-        accept::accept_loop(listener).await;
-    } else {
-        let _ = ready.send((core, Ok(cfg.listen_addr)));
-        shutdown_requested().await;
+    let _ = ready.send((core, Ok(())));
+    match listener {
+        Some(listener) => {
+            // SAFETY: the fd is a bound, listening TCP socket this executor now owns alone
+            // (`into_raw_fd` gave up the std listener's ownership).
+            let listener = unsafe { TcpListener::from_raw_fd(listener.into_raw_fd()) };
+            accept::accept_loop(listener).await;
+        }
+        None => shutdown_requested().await,
     }
     shutdown::drain_core(accept::live_connections).await;
 }
