@@ -52,6 +52,13 @@ pub const TLS_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// Longest graceful drain of gRPC connections after SIGTERM.
 pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
 
+// ---- Metrics ---------------------------------------------------------------------------------
+
+/// Distinct values one label of one family keeps; further values share one overflow series.
+pub const MAX_LABEL_VALUES: usize = 1024;
+/// Longest label value kept as is; longer values share the overflow series.
+pub const MAX_LABEL_VALUE_BYTES: usize = 256;
+
 // ---- Admin HTTP listeners -------------------------------------------------------------------
 
 /// hyper's header-read timeout on the HTTP listeners (the reference's `ReadHeaderTimeout`).

@@ -33,7 +33,11 @@ pub async fn render() -> String {
         });
     }
     scrape.total.merge(&metrics::fallback_snapshot());
-    scrape.process = metrics::process::read();
     scrape.tokenizer_in_flight = crate::tokenizer::global().in_flight() as i64;
-    metrics::encode(scrape)
+    // Reading /proc and encoding run off the admin thread, so /healthz never waits on a scrape.
+    let encoded = tokio::task::spawn_blocking(move || {
+        scrape.process = metrics::process::read();
+        metrics::encode(scrape)
+    });
+    encoded.await.unwrap_or_default()
 }

@@ -14,8 +14,10 @@ use prometheus_client::registry::Registry;
 
 use super::process::ProcessStats;
 use super::{
-    AUTH, AUTH_FAMILIES, AUTH_RESULTS, CoreMetrics, GRPC_TLS, Histogram, LATENCY_BUCKETS, SERVER_UP,
+    AUTH, AUTH_FAMILIES, AUTH_RESULTS, CoreMetrics, GRPC_TLS, Histogram, LATENCY_BUCKETS,
+    OVERFLOW_LABEL, SERVER_UP,
 };
+use crate::limits::MAX_LABEL_VALUES;
 
 /// `Content-Type` of the exposition (Prometheus text 0.0.4, as Go's promhttp serves by default).
 pub const CONTENT_TYPE: &str = prometheus_client::encoding::prometheus_text::CONTENT_TYPE;
@@ -137,14 +139,33 @@ fn index_families<'a>(t: &'a CoreMetrics, fams: &mut Vec<Family<'a>>) {
         "Distinct prefix keys in the index, per model (all tenants).",
         MetricType::Gauge,
         Box::new(|e| {
-            let mut rows: Vec<_> = t.index_entries.iter().collect();
-            rows.sort();
-            for (model, n) in rows {
-                gauge(e, &[("model", model)], *n)?;
+            for (model, n) in fold_overflow(&t.index_entries) {
+                gauge(e, &[("model", model)], n)?;
             }
             Ok(())
         }),
     ));
+}
+
+/// Rows of a gauge map in name order, the values past the label bound (or too long) summed into
+/// one [`OVERFLOW_LABEL`] row. The index bounds the map itself; this bounds the scrape.
+fn fold_overflow(map: &super::FastMap<String, i64>) -> Vec<(&str, i64)> {
+    let mut rows: Vec<(&str, i64)> = map.iter().map(|(k, v)| (k.as_str(), *v)).collect();
+    rows.sort();
+    let mut kept = Vec::with_capacity(rows.len().min(MAX_LABEL_VALUES + 1));
+    let mut overflow = None;
+    for (name, n) in rows {
+        if name != OVERFLOW_LABEL && super::own_series(kept.len(), name) {
+            kept.push((name, n));
+        } else {
+            *overflow.get_or_insert(0) += n;
+        }
+    }
+    if let Some(n) = overflow {
+        kept.push((OVERFLOW_LABEL, n));
+        kept.sort();
+    }
+    kept
 }
 
 fn lookup_families<'a>(t: &'a CoreMetrics, fams: &mut Vec<Family<'a>>) {
@@ -253,6 +274,20 @@ fn operator_families<'a>(scrape: &'a Scrape, fams: &mut Vec<Family<'a>>) {
         MetricType::Gauge,
         Box::new(move |e| gauge(e, &[], tokenizing)),
     ));
+    let overflows = &scrape.total.label_overflows;
+    if !overflows.is_empty() {
+        fams.push((
+            "inferencecache_metrics_label_overflow",
+            "Observations recorded under the __overflow__ label value because a family reached its bound on distinct (or its limit on long) label values.",
+            MetricType::Counter,
+            Box::new(move |e| {
+                for (family, n) in overflows {
+                    counter(e, &[("family", family)], *n)?;
+                }
+                Ok(())
+            }),
+        ));
+    }
     let ingested = scrape.total.ingest_entries;
     if ingested > 0 {
         fams.push((

@@ -17,6 +17,8 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::time::Duration;
 
+use crate::limits::{MAX_LABEL_VALUE_BYTES, MAX_LABEL_VALUES};
+
 /// Upper bounds of `inferencecache_lookup_route_latency_seconds` (the `+Inf` bucket is implied).
 pub const LATENCY_BUCKETS: [f64; 10] = [
     0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
@@ -37,6 +39,10 @@ impl std::hash::BuildHasher for FastHash {
 
 /// A map keyed by label values on the recording path.
 pub type FastMap<K, V> = HashMap<K, V, FastHash>;
+
+/// Family names in `inferencecache_metrics_label_overflow_total{family}`.
+const LOOKUP_FAMILY: &str = "inferencecache_lookup_route_calls_total";
+const TENANT_FAMILY: &str = "inferencecache_tenant_evictions_total";
 
 /// One latency histogram: per-bucket (non-cumulative) counts, the last slot is `+Inf`.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -79,6 +85,37 @@ pub struct ModelLookups {
     pub latency: Histogram,
 }
 
+/// The label value every value past [`MAX_LABEL_VALUES`] (or longer than
+/// [`MAX_LABEL_VALUE_BYTES`]) is folded into, so a client sending endless distinct or huge ids
+/// cannot grow the registry or the scrape without bound.
+pub const OVERFLOW_LABEL: &str = "__overflow__";
+
+/// Whether `value` gets its own series in a map already holding `len` values.
+fn own_series(len: usize, value: &str) -> bool {
+    len < MAX_LABEL_VALUES && value.len() <= MAX_LABEL_VALUE_BYTES
+}
+
+/// The entry of `value` in a label map, or of [`OVERFLOW_LABEL`] once the map is full or the
+/// value too long (counted in `overflows[family]`). Looks up before allocating.
+fn label_slot<'m, V: Default>(
+    map: &'m mut FastMap<String, V>,
+    value: &str,
+    family: &'static str,
+    overflows: &mut BTreeMap<&'static str, u64>,
+) -> &'m mut V {
+    if map.contains_key(value) {
+        return map.get_mut(value).expect("present");
+    }
+    let own_values = map.len() - usize::from(map.contains_key(OVERFLOW_LABEL));
+    let key = if value == OVERFLOW_LABEL || own_series(own_values, value) {
+        value
+    } else {
+        *overflows.entry(family).or_default() += 1;
+        OVERFLOW_LABEL
+    };
+    map.entry(key.to_string()).or_default()
+}
+
 /// Everything one core records; also the shape of a merged scrape.
 #[derive(Clone, Debug, Default)]
 pub struct CoreMetrics {
@@ -100,14 +137,18 @@ pub struct CoreMetrics {
     pub core_entries: i64,
     /// Approximate heap bytes of this core's index (read at scrape time).
     pub core_bytes: i64,
+    /// Observations folded into [`OVERFLOW_LABEL`], per family.
+    pub label_overflows: BTreeMap<&'static str, u64>,
 }
 
 impl CoreMetrics {
     fn record_lookup(&mut self, model: &str, reason: &str, hint_used: bool, latency: Duration) {
-        let m = match self.lookups.get_mut(model) {
-            Some(m) => m,
-            None => self.lookups.entry(model.to_string()).or_default(),
-        };
+        let m = label_slot(
+            &mut self.lookups,
+            model,
+            LOOKUP_FAMILY,
+            &mut self.label_overflows,
+        );
         match m
             .calls
             .iter_mut()
@@ -121,8 +162,11 @@ impl CoreMetrics {
 
     /// Adds `other`'s series to these.
     pub fn merge(&mut self, other: &CoreMetrics) {
+        // Values folded here were counted by the core that recorded them (or are a scrape-time
+        // fold of values the cores kept), so merge folds are not counted again.
+        let uncounted = &mut BTreeMap::new();
         for (model, o) in &other.lookups {
-            let m = self.lookups.entry(model.clone()).or_default();
+            let m = label_slot(&mut self.lookups, model, LOOKUP_FAMILY, uncounted);
             for (r, h, n) in &o.calls {
                 match m.calls.iter_mut().find(|(mr, mh, _)| mr == r && mh == h) {
                     Some(c) => c.2 += n,
@@ -132,7 +176,10 @@ impl CoreMetrics {
             m.latency.merge(&o.latency);
         }
         for (t, n) in &other.tenant_evictions {
-            *self.tenant_evictions.entry(t.clone()).or_default() += n;
+            *label_slot(&mut self.tenant_evictions, t, TENANT_FAMILY, uncounted) += n;
+        }
+        for (family, n) in &other.label_overflows {
+            *self.label_overflows.entry(family).or_default() += n;
         }
         for (k, n) in &other.index_evictions {
             *self.index_evictions.entry(*k).or_default() += n;
@@ -197,11 +244,13 @@ pub fn record_tenant_evictions(tenant: &str, n: u64) {
     if n == 0 {
         return;
     }
-    with_store(|m| match m.tenant_evictions.get_mut(tenant) {
-        Some(c) => *c += n,
-        None => {
-            m.tenant_evictions.insert(tenant.to_string(), n);
-        }
+    with_store(|m| {
+        *label_slot(
+            &mut m.tenant_evictions,
+            tenant,
+            TENANT_FAMILY,
+            &mut m.label_overflows,
+        ) += n
     });
 }
 
@@ -370,5 +419,45 @@ mod tests {
         assert!(p.resident_bytes > 0);
         assert!(p.open_fds > 0);
         assert!(p.start_time_seconds > 1.0e9);
+    }
+
+    #[test]
+    fn label_values_past_the_bound_share_the_overflow_series() {
+        let mut m = CoreMetrics::default();
+        for i in 0..MAX_LABEL_VALUES + 10 {
+            m.record_lookup(&format!("m{i}"), "NO_HINT", false, Duration::ZERO);
+        }
+        m.record_lookup(
+            &"x".repeat(MAX_LABEL_VALUE_BYTES + 1),
+            "NO_HINT",
+            false,
+            Duration::ZERO,
+        );
+        m.record_lookup("m0", "NO_HINT", false, Duration::ZERO);
+        assert_eq!(m.lookups.len(), MAX_LABEL_VALUES + 1);
+        assert_eq!(m.lookups[OVERFLOW_LABEL].latency.count, 11);
+        assert_eq!(m.lookups["m0"].latency.count, 2);
+        assert_eq!(m.label_overflows[LOOKUP_FAMILY], 11);
+        let mut merged = CoreMetrics::default();
+        merged.merge(&m);
+        merged.merge(&m);
+        assert_eq!(merged.lookups.len(), MAX_LABEL_VALUES + 1);
+        assert_eq!(merged.label_overflows[LOOKUP_FAMILY], 22);
+        let text = render_local(merged);
+        assert!(text.contains("inferencecache_metrics_label_overflow_total{family=\"inferencecache_lookup_route_calls_total\"} 22\n"), "{}", &text[..2000]);
+    }
+
+    #[test]
+    fn index_entries_gauge_folds_past_the_bound_at_exposition() {
+        let mut m = CoreMetrics::default();
+        for i in 0..MAX_LABEL_VALUES + 5 {
+            m.index_entries.insert(format!("m{i:05}"), 1);
+        }
+        m.index_entries
+            .insert("y".repeat(MAX_LABEL_VALUE_BYTES + 1), 7);
+        let text = render_local(m);
+        let series = text.matches("inferencecache_index_entries{").count();
+        assert_eq!(series, MAX_LABEL_VALUES + 1);
+        assert!(text.contains("inferencecache_index_entries{model=\"__overflow__\"} 12\n"));
     }
 }
