@@ -47,6 +47,15 @@ pub const LISTEN_BACKLOG: i32 = 1024;
 pub const MAX_CONCURRENT_STREAMS: u32 = 1024;
 /// gRPC's 4 MiB default receive limit, as in the reference (grpc-go defaults).
 pub const MAX_MESSAGE_BYTES: usize = 4 * 1024 * 1024;
+/// Longest a client may take to send the HTTP/2 preface after connecting (or after the TLS
+/// handshake); a connection that stays silent is closed.
+pub const HTTP2_PREFACE_TIMEOUT: Duration = Duration::from_secs(10);
+/// The client preface (24 bytes) plus the 9-byte header of its SETTINGS frame.
+pub const HTTP2_PREFACE_BYTES: u64 = 24 + 9;
+/// Interval of HTTP/2 keep-alive pings on a gRPC connection.
+pub const HTTP2_KEEPALIVE_INTERVAL: Duration = Duration::from_secs(60);
+/// A peer that does not answer a keep-alive ping within this is disconnected.
+pub const HTTP2_KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(20);
 /// Longest a client may take to complete the TLS handshake.
 pub const TLS_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// Longest graceful drain of gRPC connections after SIGTERM.

@@ -25,7 +25,7 @@ pub fn request_shutdown() {
 }
 
 /// True once shutdown was requested.
-fn shutting_down() -> bool {
+pub fn shutting_down() -> bool {
     SHUTTING_DOWN.load(Ordering::SeqCst)
 }
 
