@@ -25,6 +25,12 @@ pub const IO_MEMORY_BYTES: usize = 512 * 1024;
 /// How long start-up waits for every executor to report that it runs.
 pub const EXECUTOR_START_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// How often each core stamps its heartbeat.
+pub const CORE_HEARTBEAT_INTERVAL: Duration = Duration::from_millis(250);
+/// A core whose heartbeat is older than this is stalled: `/readyz` answers 503 and new work for
+/// it fails at once.
+pub const CORE_STALL_AFTER: Duration = Duration::from_secs(5);
+
 // ---- The cross-core hop ---------------------------------------------------------------------
 
 /// Operations in flight to one owner core from one sender, before senders see "full".
@@ -119,6 +125,7 @@ const _: () = assert!(
     "every core owns a partition"
 );
 const _: () = assert!(DEFAULT_MAX_SHARDS <= MAX_SHARDS);
+const _: () = assert!(CORE_HEARTBEAT_INTERVAL.as_millis() * 4 <= CORE_STALL_AFTER.as_millis());
 const _: () = assert!(MAILBOX_DRAIN_BATCH <= MAILBOX_CAPACITY);
 const _: () = assert!(MAILBOX_BACKOFF_MIN.as_nanos() <= MAILBOX_BACKOFF_MAX.as_nanos());
 const _: () = assert!(

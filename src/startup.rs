@@ -59,8 +59,23 @@ impl StartupError {
     }
 }
 
+/// A panic anywhere but on a thread that contains panics by design (the tokenizer workers)
+/// aborts the whole process after the panic message is printed: a core that died alone would
+/// leave a half-dead server whose queued requests never complete, while an abort lets the
+/// orchestrator restart it.
+fn abort_on_panic() {
+    let print = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        print(info);
+        if !tokenizer::contains_panics_on_this_thread() {
+            std::process::abort();
+        }
+    }));
+}
+
 /// Runs the server; returns the process exit code.
 pub fn run() -> i32 {
+    abort_on_panic();
     let cli = match Cli::try_parse_from(cli::normalize_args(std::env::args())) {
         Ok(c) => c,
         Err(e) => {
@@ -119,6 +134,7 @@ fn start(cli: &Cli) -> Result<Server, StartupError> {
     admin::set_ready(true);
     metrics::set_server_up(true);
     log_startup(&runtime, &http_listener, &snapshot_listener, &settings);
+    admin.spawn(runtime::health::watchdog());
     admin.spawn(admin::http::serve(http_listener, admin::public));
     let controller = Arc::new(admin::Controller {
         auth: controller_auth,

@@ -31,7 +31,9 @@ pub fn set_ready(ready: bool) {
 pub async fn public(req: Request<Incoming>) -> Result<Resp, Infallible> {
     Ok(match req.uri().path() {
         "/healthz" => text(StatusCode::OK, "ok\n"),
-        "/readyz" if READY.load(Ordering::SeqCst) => text(StatusCode::OK, "ok\n"),
+        "/readyz" if READY.load(Ordering::SeqCst) && !crate::runtime::health::any_stalled() => {
+            text(StatusCode::OK, "ok\n")
+        }
         "/readyz" => text(StatusCode::SERVICE_UNAVAILABLE, "not ready\n"),
         "/metrics" => Response::builder()
             .status(StatusCode::OK)

@@ -82,8 +82,12 @@ pub fn depth(core: usize) -> usize {
     inbox(core).queues.iter().map(|q| q.len()).sum()
 }
 
-/// Pushes `op` to `owner`'s queue from the calling thread's slot, waking the owner.
+/// Pushes `op` to `owner`'s queue from the calling thread's slot, waking the owner. A stalled
+/// owner refuses new work (see [`super::health`]).
 pub fn try_push(owner: usize, op: Op) -> Result<(), Op> {
+    if super::health::is_stalled(owner) {
+        return Err(op);
+    }
     let mesh = MESH.get().expect("mesh");
     let slot = shard::current_core().unwrap_or(mesh.inboxes.len());
     let inbox = &mesh.inboxes[owner];
@@ -166,6 +170,7 @@ where
     loop {
         match try_push(owner, op) {
             Ok(()) => break,
+            Err(_) if super::health::is_stalled(owner) => return Err(HopError::Gone),
             Err(back) => {
                 op = back;
                 backoff_sleep(backoff).await;

@@ -7,6 +7,7 @@
 
 mod accept;
 pub mod admin_thread;
+pub mod health;
 pub mod io;
 pub mod mailbox;
 mod shutdown;
@@ -116,6 +117,7 @@ pub fn start(cfg: RuntimeConfig) -> Result<Runtime, StartError> {
     let mut listener = Some(listener);
     shard::set_cores(cfg.shards);
     mailbox::init(cfg.shards);
+    health::init(cfg.shards);
     accept::init(cfg.serve_connection, cfg.max_connections_per_core);
     shutdown::set_draining(cfg.shards);
     let cpus = crate::sys::cpus::allowed_cpus();
@@ -171,6 +173,7 @@ async fn run_core(
     crate::metrics::register_core_thread();
     (cfg.on_core_start)();
     glommio::spawn_local(mailbox::drain_loop(core)).detach();
+    glommio::spawn_local(health::heartbeat_loop(core)).detach();
     glommio::spawn_local(sweep_loop(cfg.sweep_interval)).detach();
     let _ = ready.send((core, Ok(())));
     match listener {
@@ -197,6 +200,7 @@ impl Runtime {
 /// Sweeps this core's partitions every `interval` until shutdown (the reference's ticker).
 async fn sweep_loop(interval: Duration) {
     let interval = interval.max(Duration::from_millis(1));
+    let mut first = true;
     loop {
         let tick = futures_lite::future::or(
             async {
@@ -212,6 +216,20 @@ async fn sweep_loop(interval: Duration) {
         if !tick {
             return;
         }
+        if std::mem::take(&mut first) {
+            inject_sweep_fault();
+        }
         shard::with_core(|st| st.sweep());
+    }
+}
+
+/// Applies `sys::test_hooks::sweep_fault` to this core (tests of the fault paths only).
+fn inject_sweep_fault() {
+    use crate::sys::test_hooks::{SweepFault, sweep_fault};
+    let core = shard::current_core().expect("on a core");
+    match sweep_fault(core) {
+        Some(SweepFault::Panic) => panic!("INFERENCECACHE_TEST_SWEEP_FAULT: panic on core {core}"),
+        Some(SweepFault::Stall(d)) => std::thread::sleep(d),
+        None => {}
     }
 }

@@ -4,3 +4,4 @@
 pub mod civil;
 pub mod clock;
 pub mod cpus;
+pub mod test_hooks;

@@ -31,6 +31,17 @@ use std::task::{Context, Poll};
 pub use crate::limits::{MAX_CONCURRENT_TOKENIZE, MAX_PROMPT_TEXT_BYTES, MAX_TOKENS};
 pub use pool::PoolConfig;
 
+/// Name prefix of the tokenizer worker threads, which catch a tokenizer's panic and answer the
+/// call as failed (the pool survives).
+pub const WORKER_THREAD_PREFIX: &str = "tokenizer-";
+
+/// Whether the calling thread catches panics itself (a tokenizer worker).
+pub fn contains_panics_on_this_thread() -> bool {
+    std::thread::current()
+        .name()
+        .is_some_and(|n| n.starts_with(WORKER_THREAD_PREFIX))
+}
+
 /// Why a prompt could not be tokenized. Every variant is a fail-open (`NO_HINT`, no token echo)
 /// for the lookup handler; none of them carries prompt text, so they are safe to log.
 #[derive(Debug, Clone, PartialEq, Eq)]
