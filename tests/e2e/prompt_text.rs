@@ -5,19 +5,17 @@
 //! content followed by " GEN" when `add_generation_prompt` is set, so a prompt of words
 //! w0..w(k-1) tokenizes to [1000, …, 1000+k-1, 7].
 //!
-//! Ignored until the tokenizer is wired into LookupRoute (src/lookup.rs `tokenize` is a stub
-//! that always fails open); run with `cargo test --test rpc_prompt_text -- --ignored`.
+//! Saturation and deadlines during tokenization are driven deterministically with the server's
+//! test-only hook `INFERENCECACHE_TEST_TOKENIZE_GATE` (src/tokenizer/pool.rs): the tokenizer
+//! workers hold every job until the gate file exists.
 
-#[macro_use]
-mod common;
-
-use common::tiny_model::*;
-use common::*;
+use crate::support::tiny_model::*;
+use crate::support::*;
 
 /// C136 (prompt_text parts): min prefix 1000 with affinity on, empty index: a prompt that
 /// tokenizes to 64 tokens → NO_HINT echoing those 64 tokens; one that tokenizes to 8 tokens
 /// (sub-block) → NO_HINT echoing the 8 tokens.
-async fn c136_prompt_text(shards: usize) {
+async fn c136_prompt_text_no_hint_with_echo(shards: usize) {
     let root = model_root("c136");
     check_tokenizer(&root);
     let srv = Server::start(shards, &["--tokenizer-models-dir", root.to_str().unwrap()]);
@@ -38,14 +36,10 @@ async fn c136_prompt_text(shards: usize) {
     );
     let _ = std::fs::remove_dir_all(root);
 }
-shards_1_and_2!(
-    c136_prompt_text,
-    c136_prompt_text_no_hint_with_echo_shards_1,
-    c136_prompt_text_no_hint_with_echo_shards_2
-);
+shards_1_and_2!(c136_prompt_text_no_hint_with_echo);
 
 /// C134: r1 stores the fingerprint of the prompt's tokens → PREFIX_MATCH [r1] with the echo.
-async fn c134_prompt_text_prefix_match(shards: usize) {
+async fn c134_prompt_text_prefix_match_with_echo(shards: usize) {
     let root = model_root("c134");
     check_tokenizer(&root);
     let srv = Server::start(shards, &["--tokenizer-models-dir", root.to_str().unwrap()]);
@@ -66,16 +60,12 @@ async fn c134_prompt_text_prefix_match(shards: usize) {
     assert_eq!(r.token_ids, toks);
     let _ = std::fs::remove_dir_all(root);
 }
-shards_1_and_2!(
-    c134_prompt_text_prefix_match,
-    c134_prompt_text_prefix_match_with_echo_shards_1,
-    c134_prompt_text_prefix_match_with_echo_shards_2
-);
+shards_1_and_2!(c134_prompt_text_prefix_match_with_echo);
 
 /// C137 (prompt_text parts with a tokenizer loaded): prompt_text over 1 MiB → NO_HINT without
 /// tokenizing (no echo, although this text would tokenize fine); a model the tokenizer does not
 /// know → NO_HINT, no echo.
-async fn c137_prompt_text_fail_open(shards: usize) {
+async fn c137_prompt_text_oversized_and_unknown_model(shards: usize) {
     let root = model_root("c137");
     check_tokenizer(&root);
     let srv = Server::start(shards, &["--tokenizer-models-dir", root.to_str().unwrap()]);
@@ -98,11 +88,7 @@ async fn c137_prompt_text_fail_open(shards: usize) {
     assert_eq!(r.token_ids, expected_tokens(63));
     let _ = std::fs::remove_dir_all(root);
 }
-shards_1_and_2!(
-    c137_prompt_text_fail_open,
-    c137_prompt_text_oversized_and_unknown_model_shards_1,
-    c137_prompt_text_oversized_and_unknown_model_shards_2
-);
+shards_1_and_2!(c137_prompt_text_oversized_and_unknown_model);
 
 /// A prompt that takes far longer than 20 ms to tokenize (hundreds of thousands of words).
 fn slow_prompt() -> String {
@@ -117,7 +103,7 @@ fn slow_prompt() -> String {
 
 /// C138: `lookupTimeoutMs: 20` and a tokenization that outlasts it → TIMEOUT (never an error
 /// status), answered at the deadline rather than when the tokenizer finishes.
-async fn c138_tokenize_deadline(shards: usize) {
+async fn c138_tokenize_deadline_timeout(shards: usize) {
     let root = model_root("c138");
     let srv = Server::start(shards, &["--tokenizer-models-dir", root.to_str().unwrap()]);
     install_policy(
@@ -139,15 +125,11 @@ async fn c138_tokenize_deadline(shards: usize) {
     );
     let _ = std::fs::remove_dir_all(root);
 }
-shards_1_and_2!(
-    c138_tokenize_deadline,
-    c138_tokenize_deadline_timeout_shards_1,
-    c138_tokenize_deadline_timeout_shards_2
-);
+shards_1_and_2!(c138_tokenize_deadline_timeout);
 
 /// C137 (saturation): while 64 tokenizations are admitted, the 65th fails open at once with
 /// NO_HINT and no echo, instead of queueing behind them.
-async fn c137_tokenizer_saturation(shards: usize) {
+async fn c137_tokenizer_saturation_fails_open(shards: usize) {
     let root = model_root("c137s");
     let srv = Server::start(shards, &["--tokenizer-models-dir", root.to_str().unwrap()]);
     install_policy(
@@ -195,16 +177,12 @@ async fn c137_tokenizer_saturation(shards: usize) {
     drop(srv);
     let _ = std::fs::remove_dir_all(root);
 }
-shards_1_and_2!(
-    c137_tokenizer_saturation,
-    c137_tokenizer_saturation_fails_open_shards_1,
-    c137_tokenizer_saturation_fails_open_shards_2
-);
+shards_1_and_2!(c137_tokenizer_saturation_fails_open);
 
 /// Issue 6: a model directory holding only a `*.tiktoken` rank file (plus its
 /// tokenizer_config.json) is loaded; prompt_text is rendered with its chat template, tokenized
 /// with its BPE ranks and the tokens echoed (sub-block prompt on an empty index → NO_HINT).
-async fn tiktoken_model_prompt_text(shards: usize) {
+async fn tiktoken_model_prompt_text_echo(shards: usize) {
     use base64::Engine as _;
     let root = std::env::temp_dir().join(format!(
         "tiktoken-e2e-{}-{}-{shards}",
@@ -253,8 +231,123 @@ async fn tiktoken_model_prompt_text(shards: usize) {
     assert_eq!(r.token_ids.last(), Some(&300));
     let _ = std::fs::remove_dir_all(root);
 }
-shards_1_and_2!(
-    tiktoken_model_prompt_text,
-    tiktoken_model_prompt_text_echo_shards_1,
-    tiktoken_model_prompt_text_echo_shards_2
-);
+shards_1_and_2!(tiktoken_model_prompt_text_echo);
+
+/// §10.3 precedence and §21.4 echo: prompt_text is ignored (no echo) when a prefix_hash or
+/// token_ids is present; AFFINITY_HINT and TENANT_HOT responses echo the server's tokens; with
+/// chain matching off the prompt resolves to the last block hash (exact, TENANT_HOT possible,
+/// affinity seeded with that raw hash); the min-prefix pre-gate (affinity off) echoes.
+async fn s10_3_s21_4_prompt_text_precedence_and_echo(shards: usize) {
+    let root = model_root("prec");
+    check_tokenizer(&root);
+    let srv = Server::start(shards, &["--tokenizer-models-dir", root.to_str().unwrap()]);
+    install_policy(
+        &srv,
+        r#"{"version":7,"policies":[{"namespace":"co","strategy":{"enableChainMatching":false}},{"namespace":"gate","minimumPrefixTokens":1000,"affinityRouting":false}]}"#,
+    );
+    let mut c = srv.client().await;
+    let toks = expected_tokens(63);
+    let (h, _) = fingerprint_chain(&toks, 16);
+    let mut ups = Vec::new();
+    for t in ["t", "co", "gate"] {
+        ups.push(legacy_update("r-1", t, MODEL, "vllm", b"\x01", 128));
+        ups.push(legacy_update("r-2", t, MODEL, "vllm", b"\x02", 32));
+    }
+    let mut w = legacy_update("r-2", "co", MODEL, "vllm", b"\x02", 32);
+    w.stats = stats(0.9, 0.0);
+    ups.push(w);
+    assert!(report(&mut c, ups).await.accepted);
+
+    // Chain on, novel prompt → AFFINITY_HINT seeded with the derived chain, echo.
+    let r = lookup(&mut c, prompt_lookup("t", MODEL, words(63))).await;
+    assert_resp(
+        &r,
+        "AFFINITY_HINT",
+        &[affinity(pick(&["r-1", "r-2"], &chain_seed(&h)))],
+    );
+    assert_eq!(r.token_ids, toks, "AFFINITY_HINT echoes tokens");
+
+    // prefix_hash present → prompt ignored, no tokenization, no echo.
+    let mut req = prompt_lookup("t", MODEL, words(63));
+    req.prefix_hash = b"\x01".to_vec();
+    req.prefix_token_count = 64;
+    let r = lookup(&mut c, req).await;
+    assert_resp(&r, "PREFIX_MATCH", &[exp("r-1", 64.0, 128, T1)]);
+    assert!(r.token_ids.is_empty(), "explicit fingerprint wins, no echo");
+
+    // token_ids present → prompt ignored, no echo.
+    let mut req = prompt_lookup("t", MODEL, words(63));
+    req.token_ids = (7_000_000..7_000_064).collect();
+    let r = lookup(&mut c, req).await;
+    assert_eq!(r.reason_code, "AFFINITY_HINT");
+    assert!(r.token_ids.is_empty(), "token_ids win, no echo");
+
+    // Chain off: exact on the last block hash; warm r-2 → TENANT_HOT with echo.
+    let r = lookup(&mut c, prompt_lookup("co", MODEL, words(63))).await;
+    assert_resp(&r, "TENANT_HOT", &[exp("r-2", 0.9, 0, T_UNSPEC)]);
+    assert_eq!(r.token_ids, toks, "TENANT_HOT echoes tokens");
+
+    // Chain off with a (malformed) wire chain and no prefix_hash: chain ignored, prompt
+    // tokenized (exact on the last block) → TENANT_HOT with echo.
+    let mut req = prompt_lookup("co", MODEL, words(63));
+    req.block_hashes = vec![b"x".to_vec()];
+    let r = lookup(&mut c, req).await;
+    assert_eq!(r.reason_code, "TENANT_HOT", "{r:?}");
+    assert_eq!(r.token_ids, toks);
+
+    // min-prefix pre-gate (affinity off): NO_HINT with echo, adapter "".
+    let mut req = prompt_lookup("gate", MODEL, words(63));
+    req.adapter_id = "ad".into();
+    let r = lookup(&mut c, req).await;
+    assert_resp(&r, "NO_HINT", &[]);
+    assert_eq!(r.token_ids, toks, "pre-gate echoes tokens");
+    assert_eq!(r.adapter_id, "");
+    let _ = std::fs::remove_dir_all(root);
+}
+shards_1_and_2!(s10_3_s21_4_prompt_text_precedence_and_echo);
+
+/// §10.2 step 6 / §10.4: the policy budget fires while a large prompt is being tokenized →
+/// TIMEOUT immediately (not after tokenization), no echo, adapter "", metric (TIMEOUT, false).
+async fn s10_2_budget_timeout_during_tokenize_no_echo(shards: usize) {
+    let root = model_root("tmo");
+    check_tokenizer(&root);
+    let srv = Server::start(shards, &["--tokenizer-models-dir", root.to_str().unwrap()]);
+    install_policy(
+        &srv,
+        r#"{"version":7,"policies":[{"namespace":"tb","lookupTimeoutMs":2}]}"#,
+    );
+    let mut c = srv.client().await;
+    let big = "w1 ".repeat(300_000);
+    assert!(big.len() < 1 << 20);
+    // How long does the tokenization take without a budget?
+    let t = std::time::Instant::now();
+    let r = lookup(&mut c, prompt_lookup("t", MODEL, big.clone())).await;
+    let full = t.elapsed();
+    assert_eq!(r.reason_code, "NO_HINT", "cold index");
+    assert_eq!(r.token_ids.len(), 300_001);
+    if full < std::time::Duration::from_millis(40) {
+        eprintln!("tokenization too fast ({full:?}) to observe the budget; skipping");
+        return;
+    }
+    let mut req = prompt_lookup("tb", MODEL, big);
+    req.adapter_id = "ad".into();
+    let r = lookup(&mut c, req).await;
+    assert_resp(&r, "TIMEOUT", &[]);
+    assert!(r.token_ids.is_empty(), "no echo at step 6");
+    assert_eq!(r.adapter_id, "");
+    assert!(r.lookup_latency_us >= 2_000, "{}", r.lookup_latency_us);
+    assert!(
+        (r.lookup_latency_us as u128) < full.as_micros() / 2,
+        "TIMEOUT returned as soon as the budget fired: {} µs vs full {:?}",
+        r.lookup_latency_us,
+        full
+    );
+    assert_metric_line(
+        &metrics_text(&srv),
+        &format!(
+            r#"inferencecache_lookup_route_calls_total{{hint_used="false",model="{MODEL}",reason_code="TIMEOUT"}} 1"#
+        ),
+    );
+    let _ = std::fs::remove_dir_all(root);
+}
+shards_1_and_2!(s10_2_budget_timeout_during_tokenize_no_echo);

@@ -1,12 +1,10 @@
 //! Engine events end to end over real sockets (issue 7): a test ZMQ publisher speaking the
 //! vLLM wire format → the kvevent-subscriber pipeline → the real server binary → LookupRoute.
 
-mod common;
-
 use std::time::Duration;
 
+use crate::support::*;
 use bytes::Bytes;
-use common::*;
 use rmpv::Value;
 use zeromq::{PubSocket, Socket, SocketSend, ZmqMessage};
 
@@ -197,12 +195,4 @@ async fn engine_events_drive_lookups(shards: usize) {
     let _ = tokio::time::timeout(Duration::from_secs(15), sub).await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn engine_events_drive_lookups_shards_1() {
-    engine_events_drive_lookups(1).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn engine_events_drive_lookups_shards_2() {
-    engine_events_drive_lookups(2).await;
-}
+shards_1_and_2!(engine_events_drive_lookups);

@@ -3,15 +3,12 @@
 //! §10 LookupRoute never errors, §13 admin endpoints). Every scenario ends by checking that the
 //! process is alive and still answers a normal LookupRoute.
 
-#[macro_use]
-mod common;
-
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
+use crate::support::*;
 use bytes::Bytes;
-use common::*;
 use http_body_util::{BodyExt, Full};
 
 const LOOKUP_PATH: &str = "/inferencecache.v1alpha1.InferenceCache/LookupRoute";
@@ -220,7 +217,7 @@ async fn oversized_message(shards: usize) {
         wrong_codes.join("\n")
     );
 }
-shards_1_and_2!(oversized_message, oversized_message_1, oversized_message_2);
+shards_1_and_2!(oversized_message);
 
 /// Garbage, HTTP/1, a truncated preface and idle half-open connections on the gRPC port do
 /// not take the server down or block other connections.
@@ -269,11 +266,7 @@ async fn garbage_on_grpc_port(shards: usize) {
     drop(held);
     assert_healthy(&mut srv, "garbage (closed)").await;
 }
-shards_1_and_2!(
-    garbage_on_grpc_port,
-    garbage_on_grpc_port_1,
-    garbage_on_grpc_port_2
-);
+shards_1_and_2!(garbage_on_grpc_port);
 
 /// A client cancelling ReportCacheState mid-stream: already-sent messages stay applied and the
 /// server keeps serving.
@@ -338,11 +331,7 @@ async fn cancel_report_midstream(shards: usize) {
     }
     assert_healthy(&mut srv, "cancel").await;
 }
-shards_1_and_2!(
-    cancel_report_midstream,
-    cancel_report_midstream_1,
-    cancel_report_midstream_2
-);
+shards_1_and_2!(cancel_report_midstream);
 
 /// 2,000 concurrent LookupRoute calls over 4 connections: all answered OK.
 async fn many_concurrent_lookups(shards: usize) {
@@ -393,11 +382,7 @@ async fn many_concurrent_lookups(shards: usize) {
     eprintln!("2000 concurrent lookups in {:?}", start.elapsed());
     assert_healthy(&mut srv, "concurrency").await;
 }
-shards_1_and_2!(
-    many_concurrent_lookups,
-    many_concurrent_lookups_1,
-    many_concurrent_lookups_2
-);
+shards_1_and_2!(many_concurrent_lookups);
 
 /// Huge (100 KB) and non-UTF-8 tenant / model ids.
 async fn huge_and_non_utf8_ids(shards: usize) {
@@ -479,11 +464,7 @@ async fn huge_and_non_utf8_ids(shards: usize) {
     }
     assert_healthy(&mut srv, "ids").await;
 }
-shards_1_and_2!(
-    huge_and_non_utf8_ids,
-    huge_and_non_utf8_ids_1,
-    huge_and_non_utf8_ids_2
-);
+shards_1_and_2!(huge_and_non_utf8_ids);
 
 /// Garbage `grpc-timeout` values are treated as "no deadline" (a normal answer, not TIMEOUT).
 async fn garbage_grpc_timeout(shards: usize) {
@@ -535,11 +516,7 @@ async fn garbage_grpc_timeout(shards: usize) {
     }
     assert_healthy(&mut srv, "grpc-timeout").await;
 }
-shards_1_and_2!(
-    garbage_grpc_timeout,
-    garbage_grpc_timeout_1,
-    garbage_grpc_timeout_2
-);
+shards_1_and_2!(garbage_grpc_timeout);
 
 /// Admin HTTP: a 2 MiB /policy body → 400; slow headers are cut off by the 5 s read-header
 /// timeout while other requests keep being served; garbage HTTP/1 is survived.
@@ -670,4 +647,4 @@ async fn admin_http_abuse(shards: usize) {
     }
     assert_healthy(&mut srv, "admin http").await;
 }
-shards_1_and_2!(admin_http_abuse, admin_http_abuse_1, admin_http_abuse_2);
+shards_1_and_2!(admin_http_abuse);
