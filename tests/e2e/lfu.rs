@@ -15,40 +15,16 @@ fn prefix_count(snap: &serde_json::Value, tenant: &str, replica: &str) -> i64 {
         .unwrap_or(0)
 }
 
-/// LookupRoute in a tenant whose policy sets `lookupTimeoutMs: 5` (C074). On a loaded shared
-/// machine a lookup can legitimately exceed 5 ms and answer TIMEOUT (§10.2 step 11), which never
-/// credits LFU (§7.4); such answers are checked for the TIMEOUT envelope and the call is retried
-/// (bounded), so the number of *delivered* lookups stays exactly as the scenario says.
-async fn lookup_budgeted(
-    c: &mut pb::inference_cache_client::InferenceCacheClient<tonic::transport::Channel>,
-    req: pb::LookupRouteRequest,
-) -> pb::LookupRouteResponse {
-    for _ in 0..20 {
-        let r = lookup(c, req.clone()).await;
-        if r.reason_code != "TIMEOUT" {
-            return r;
-        }
-        assert_resp(&r, "TIMEOUT", &[]);
-        assert_eq!(r.adapter_id, "");
-        assert!(
-            r.lookup_latency_us >= 5_000,
-            "a budget TIMEOUT before the 5 ms budget elapsed: {r:?}"
-        );
-        eprintln!(
-            "note: 5 ms budget exceeded under load ({} us), retrying",
-            r.lookup_latency_us
-        );
-    }
-    panic!("20 consecutive TIMEOUTs with a 5 ms budget: {req:?}");
-}
-
-/// C074: LFU tenant (floor 0 because a policy is installed, lookupTimeoutMs 5), cap 1: "A"=32;
-/// three delivered lookups credit A; ingesting "B" (newer, count 0) evicts B and keeps A.
+/// C074: LFU tenant (floor 0 because a policy is installed), cap 1: "A"=32; three delivered
+/// lookups credit A; ingesting "B" (newer, count 0) evicts B and keeps A. The scenario's
+/// `lookupTimeoutMs: 5` is raised to 60 s: the budget plays no part in LFU crediting, and a 5 ms
+/// budget made the outcome depend on machine load (a lookup past 5 ms answers TIMEOUT and is
+/// not delivered, §7.4).
 async fn c074_lfu_cap_evicts_uncredited_newcomer(shards: usize) {
     let srv = Server::start(shards, &["--index-max-entries", "1"]);
     install_policy(
         &srv,
-        r#"{"version":7,"policies":[{"namespace":"t","eviction":"lfu","lookupTimeoutMs":5}]}"#,
+        r#"{"version":7,"policies":[{"namespace":"t","eviction":"lfu","lookupTimeoutMs":60000}]}"#,
     );
     let mut c = srv.client().await;
     let t0 = now_us();
@@ -56,7 +32,7 @@ async fn c074_lfu_cap_evicts_uncredited_newcomer(shards: usize) {
     a.timestamp_us = t0;
     assert!(report(&mut c, vec![a]).await.accepted);
     for _ in 0..3 {
-        let r = lookup_budgeted(&mut c, exact_lookup("t", "m", "vllm", b"A", 32)).await;
+        let r = lookup(&mut c, exact_lookup("t", "m", "vllm", b"A", 32)).await;
         assert_resp(&r, "PREFIX_MATCH", &[exp("r", 32.0, 32, T1)]);
     }
     let mut b = legacy_update("r", "t", "m", "vllm", b"B", 32);
@@ -65,10 +41,10 @@ async fn c074_lfu_cap_evicts_uncredited_newcomer(shards: usize) {
 
     let s = cache_state(&mut c, "t", "m").await;
     assert_eq!(s.summary.unwrap().total_prefixes, 1, "cap 1");
-    let r = lookup_budgeted(&mut c, exact_lookup("t", "m", "vllm", b"A", 32)).await;
+    let r = lookup(&mut c, exact_lookup("t", "m", "vllm", b"A", 32)).await;
     assert_resp(&r, "PREFIX_MATCH", &[exp("r", 32.0, 32, T1)]);
     // B is gone: exact miss, no stats → NONE → affinity on the only serving replica.
-    let r = lookup_budgeted(&mut c, exact_lookup("t", "m", "vllm", b"B", 32)).await;
+    let r = lookup(&mut c, exact_lookup("t", "m", "vllm", b"B", 32)).await;
     assert_resp(&r, "AFFINITY_HINT", &[affinity("r")]);
     assert_metric_line(
         &metrics_text(&srv),

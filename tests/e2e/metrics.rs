@@ -308,7 +308,7 @@ async fn eviction_counters(shards: usize) {
     .await;
     let series = "inferencecache_index_evictions_total{algorithm=\"lru\",reason=\"ttl\"} 1\n";
     assert!(
-        wait_until(Duration::from_secs(10), || metrics_text(&srv)
+        wait_until(Duration::from_secs(30), || metrics_text(&srv)
             .contains(series)),
         "{}",
         metrics_text(&srv)

@@ -69,7 +69,7 @@ impl Server {
     /// Sends SIGTERM and waits for the exit status.
     pub fn terminate(&mut self) -> std::process::ExitStatus {
         unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
-        let deadline = Instant::now() + Duration::from_secs(20);
+        let deadline = Instant::now() + Duration::from_secs(60);
         loop {
             if let Some(st) = self.child.try_wait().unwrap() {
                 return st;
@@ -154,7 +154,7 @@ impl Server {
             admin_port: a,
             shards,
         };
-        let deadline = Instant::now() + Duration::from_secs(20);
+        let deadline = Instant::now() + Duration::from_secs(60);
         loop {
             if let Some(st) = s.child.try_wait().unwrap() {
                 return Err(format!("server exited during start-up: {st}"));
