@@ -23,6 +23,38 @@ pub fn free_port() -> u16 {
         .port()
 }
 
+/// Whether process `pid` holds a listening TCP socket on each of `ports` (Linux: the socket
+/// inodes among `/proc/<pid>/fd` matched against the LISTEN rows of `/proc/net/tcp{,6}`).
+fn listens_on(pid: u32, ports: &[u16]) -> bool {
+    let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
+        return false;
+    };
+    let inodes: std::collections::HashSet<String> = fds
+        .filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
+        .filter_map(|l| {
+            let l = l.to_string_lossy().into_owned();
+            Some(l.strip_prefix("socket:[")?.strip_suffix(']')?.to_string())
+        })
+        .collect();
+    let mut listening = std::collections::HashSet::new();
+    for table in ["/proc/net/tcp", "/proc/net/tcp6"] {
+        let text = std::fs::read_to_string(table).unwrap_or_default();
+        for row in text.lines().skip(1) {
+            let cols: Vec<&str> = row.split_whitespace().collect();
+            // sl, local_address (hex ip:port), rem_address, st (0A = LISTEN), ..., inode (col 9)
+            if cols.len() > 9
+                && cols[3] == "0A"
+                && inodes.contains(cols[9])
+                && let Some(port) = cols[1].rsplit(':').next()
+                && let Ok(port) = u16::from_str_radix(port, 16)
+            {
+                listening.insert(port);
+            }
+        }
+    }
+    ports.iter().all(|p| listening.contains(p))
+}
+
 /// A running server process, killed on drop.
 pub struct Server {
     pub child: Child,
@@ -159,7 +191,12 @@ impl Server {
             if let Some(st) = s.child.try_wait().unwrap() {
                 return Err(format!("server exited during start-up: {st}"));
             }
-            if let Ok((200, _)) = http_get(h, "/readyz") {
+            // Ready, and the listeners are this child's: a free port can be handed out twice
+            // (to concurrent tests, or to another process), and then another server would
+            // answer /readyz on it while this one fails to bind and exits.
+            if let Ok((200, _)) = http_get(h, "/readyz")
+                && listens_on(s.child.id(), &[g, h, a])
+            {
                 return Ok(s);
             }
             assert!(Instant::now() < deadline, "server did not become ready");
