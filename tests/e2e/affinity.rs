@@ -177,6 +177,7 @@ async fn c126_min_prefix_downgrades_tenant_hot_to_affinity(shards: usize) {
     for t in [TA, "tenantZ"] {
         let mut u = legacy_update("warm-r", t, MX, "vllm", b"warm-prefix", 256);
         u.stats = stats(0.9, 0.0);
+        u.timestamp_us = fresh_ts();
         assert!(report(&mut c, vec![u]).await.accepted);
     }
     let r = lookup(&mut c, exact_lookup(TA, MX, "vllm", b"novel-prefix", 1)).await;

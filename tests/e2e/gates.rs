@@ -266,6 +266,7 @@ async fn c117_tenant_hot_disabled(shards: usize) {
     for t in ["t", "t2", "t3"] {
         let mut u = legacy_update("warm-r", t, "m", "vllm", b"unrelated", 64);
         u.stats = stats(0.9, 0.0);
+        u.timestamp_us = fresh_ts();
         assert!(report(&mut c, vec![u]).await.accepted);
     }
     let r = lookup(&mut c, exact_lookup("t", "m", "vllm", b"miss", 64)).await;
@@ -290,6 +291,7 @@ async fn c118_chain_requests_never_tenant_hot(shards: usize) {
     let mut c = srv.client().await;
     let mut u = legacy_update("warm-r", "t", "m", "vllm", b"unrelated", 64);
     u.stats = stats(0.9, 0.0);
+    u.timestamp_us = fresh_ts();
     assert!(report(&mut c, vec![u]).await.accepted);
     let r = lookup(
         &mut c,
@@ -349,6 +351,7 @@ async fn s19_3_chain_off_token_ids_exact_last_block_and_tenant_hot(shards: usize
         ups.push(per_block_update("holder", t, "m", &toks));
         let mut w = legacy_update("warm", t, "m", "vllm", b"other", 64);
         w.stats = stats(0.9, 0.0);
+        w.timestamp_us = fresh_ts();
         ups.push(w);
     }
     assert!(report(&mut c, ups).await.accepted);

@@ -111,7 +111,7 @@ async fn s19_13_replica_updated_is_not_fresh_stats(shards: usize) {
     let st = cache_state(&mut c, "t", "m").await;
     assert_eq!(st.replicas.len(), 1);
     // Fresh stats: pressure applies (score 10) and TENANT_HOT appears.
-    s.timestamp_us = 0;
+    s.timestamp_us = fresh_ts();
     assert!(report(&mut c, vec![s]).await.accepted);
     let r = lookup(&mut c, exact_lookup("t", "m", "vllm", b"p", 100)).await;
     assert_resp(&r, "PREFIX_MATCH", &[exp("r", 10.0, 100, T1)]);

@@ -98,6 +98,7 @@ async fn c093_tenant_hot_warm_replica(shards: usize) {
     let mut c = srv.client().await;
     let mut u = legacy_update("warm", "t", "m", "vllm", b"other", 1);
     u.stats = stats(0.8, 0.0);
+    u.timestamp_us = fresh_ts();
     assert!(report(&mut c, vec![u]).await.accepted);
 
     let r = lookup(&mut c, exact_lookup("t", "m", "vllm", b"novel", 128)).await;
@@ -119,6 +120,7 @@ async fn c093_tenant_hot_warm_replica(shards: usize) {
     ] {
         let mut u = legacy_update(rid, "t2", "m", "vllm", b"other", 1);
         u.stats = stats(hit, pressure);
+        u.timestamp_us = fresh_ts();
         assert!(report(&mut c, vec![u]).await.accepted);
     }
     let r = lookup(&mut c, exact_lookup("t2", "m", "vllm", b"novel", 128)).await;
@@ -813,6 +815,7 @@ async fn s19_11_empty_prefix_hash_key(shards: usize) {
     let mut c = srv.client().await;
     let mut warm = legacy_update("warm", "t2", "m", "vllm", b"other", 100);
     warm.stats = stats(0.9, 0.0);
+    warm.timestamp_us = fresh_ts();
     assert!(
         report(
             &mut c,
@@ -858,6 +861,7 @@ async fn s10_4_s16_adapter_echo_and_hint_used_per_exit(shards: usize) {
     let mut c = srv.client().await;
     let mut w = legacy_update("warm", "t", "m", "vllm", b"other", 64);
     w.stats = stats(0.5, 0.0);
+    w.timestamp_us = fresh_ts();
     let mut held = legacy_update("r", "t", "m", "vllm", b"p", 128);
     held.adapter_id = "ad".into();
     assert!(

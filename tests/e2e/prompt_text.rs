@@ -201,11 +201,7 @@ shards_1_and_2!(c137_tokenizer_saturation_fails_open);
 /// with its BPE ranks and the tokens echoed (sub-block prompt on an empty index → NO_HINT).
 async fn tiktoken_model_prompt_text_echo(shards: usize) {
     use base64::Engine as _;
-    let root = std::env::temp_dir().join(format!(
-        "tiktoken-e2e-{}-{}-{shards}",
-        std::process::id(),
-        now_us()
-    ));
+    let root = unique_temp_path(&format!("tiktoken-e2e-{shards}"));
     let dir = root.join("org/tiny-tik");
     std::fs::create_dir_all(&dir).unwrap();
     let b64 = |b: &[u8]| base64::engine::general_purpose::STANDARD.encode(b);
@@ -272,6 +268,7 @@ async fn s10_3_s21_4_prompt_text_precedence_and_echo(shards: usize) {
     }
     let mut w = legacy_update("r-2", "co", MODEL, "vllm", b"\x02", 32);
     w.stats = stats(0.9, 0.0);
+    w.timestamp_us = fresh_ts();
     ups.push(w);
     assert!(report(&mut c, ups).await.accepted);
 

@@ -20,6 +20,15 @@ pub fn now_us() -> i64 {
         .as_micros() as i64
 }
 
+/// A producer timestamp 10 minutes ahead, for updates whose scores a scenario asserts as fresh.
+/// Producer timestamps are trusted (BEHAVIOUR.md §19.12), so TENANT_HOT recency and entry
+/// freshness stay exactly 1 until then, however long a loaded machine takes between ingest and
+/// lookup. (Timestamp 0 means the server's receive time: a TENANT_HOT score then decays by the
+/// assertions' 1e-3 tolerance within 0.3 s.)
+pub fn fresh_ts() -> i64 {
+    now_us() + 10 * 60 * 1_000_000
+}
+
 /// A legacy single-entry update.
 pub fn legacy_update(
     replica: &str,

@@ -4,17 +4,13 @@
 
 use std::path::PathBuf;
 
-use super::{now_us, pb};
+use super::pb;
 
 pub const MODEL: &str = "acme/tiny-wl";
 
 /// Writes the tiny model under a fresh temp root and returns the root.
 pub fn model_root(tag: &str) -> PathBuf {
-    let root = std::env::temp_dir().join(format!(
-        "tiny-model-{}-{tag}-{}",
-        std::process::id(),
-        now_us()
-    ));
+    let root = super::unique_temp_path(&format!("tiny-model-{tag}"));
     let dir = root.join(MODEL);
     std::fs::create_dir_all(&dir).unwrap();
     let mut vocab = serde_json::Map::new();
@@ -88,11 +84,7 @@ impl TokenizeGate {
 
     /// A closed gate (its file does not exist yet).
     pub fn closed(tag: &str) -> Self {
-        let path = std::env::temp_dir().join(format!(
-            "tokenize-gate-{}-{tag}-{}",
-            std::process::id(),
-            now_us()
-        ));
+        let path = super::unique_temp_path(&format!("tokenize-gate-{tag}"));
         let _ = std::fs::remove_file(&path);
         Self { path }
     }
