@@ -70,7 +70,10 @@ async fn s19_13_replica_updated_is_not_fresh_stats(shards: usize) {
         stats: stats(0.9, 0.9),
         ..Default::default()
     };
-    let p = legacy_update("r", "t", "m", "vllm", b"p", 100);
+    // The entry stays exactly fresh for the whole test (evictionTTL 10 min would otherwise
+    // decay its score past the 1e-3 tolerance within 0.6 s of a loaded machine).
+    let mut p = legacy_update("r", "t", "m", "vllm", b"p", 100);
+    p.timestamp_us = fresh_ts();
     assert!(report(&mut c, vec![s.clone(), p]).await.accepted);
     let r = lookup(&mut c, exact_lookup("t", "m", "vllm", b"novel", 100)).await;
     assert_resp(&r, "AFFINITY_HINT", &[affinity("r")]);
