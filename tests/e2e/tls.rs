@@ -3,13 +3,10 @@
 //! complete handshakes and RPCs on every core, the certificate is rotated on disk and served
 //! without a restart, a broken rotation keeps the cached pair, and start-up failures exit.
 
-mod common;
-
-use std::process::Command;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use common::*;
+use crate::support::*;
 use pb::inference_cache_client::InferenceCacheClient;
 use serde_json::Value;
 use tonic::transport::{Certificate, Channel, ClientTlsConfig};
@@ -117,7 +114,10 @@ async fn tls_serving_and_rotation(shards: usize) {
         .expect("startup log");
     assert_eq!(startup["grpc_tls"], true);
     assert_eq!(
-        metric_value(&scrape(&srv), "inferencecache_server_grpc_tls_enabled"),
+        metric_value(
+            &metrics_text(&srv),
+            "inferencecache_server_grpc_tls_enabled"
+        ),
         Some(1.0)
     );
 
@@ -203,35 +203,7 @@ async fn tls_serving_and_rotation(shards: usize) {
     assert_eq!(reloads, 1, "each failed rotation is logged once");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn tls_serving_and_rotation_shards_1() {
-    tls_serving_and_rotation(1).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn tls_serving_and_rotation_shards_2() {
-    tls_serving_and_rotation(2).await;
-}
-
-fn run_exit(args: &[&str]) -> (i32, String) {
-    let out = Command::new(BIN)
-        .args([
-            "--grpc-bind-address",
-            &format!("127.0.0.1:{}", free_port()),
-            "--http-bind-address",
-            &format!("127.0.0.1:{}", free_port()),
-            "--snapshot-bind-address",
-            &format!("127.0.0.1:{}", free_port()),
-            "--insecure-disable-auth",
-        ])
-        .args(args)
-        .output()
-        .unwrap();
-    (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
+shards_1_and_2!(tls_serving_and_rotation);
 
 #[test]
 fn tls_startup_failures() {
@@ -239,8 +211,14 @@ fn tls_startup_failures() {
     let pki = gen_pki("s");
     let (cert, _) = write_pair(&dir, &pki, SystemTime::now());
     // Exactly one of the pair → usage error, exit 2.
-    assert_eq!(run_exit(&["--tls-cert-file", &cert]).0, 2);
-    assert_eq!(run_exit(&["--tls-key-file", &cert]).0, 2);
+    assert_eq!(
+        run_exit(&["--insecure-disable-auth", "--tls-cert-file", &cert], &[]).0,
+        2
+    );
+    assert_eq!(
+        run_exit(&["--insecure-disable-auth", "--tls-key-file", &cert], &[]).0,
+        2
+    );
     // A pair that does not load → `grpc_tls_load`, exit 1.
     let other = gen_pki("other");
     let bad_key = dir.join("other.key");
@@ -250,7 +228,16 @@ fn tls_startup_failures() {
         ("/nonexistent/tls.crt", bad_key.to_str().unwrap()),
         (cert.as_str(), "/nonexistent/tls.key"),
     ] {
-        let (code, err) = run_exit(&["--tls-cert-file", c, "--tls-key-file", k]);
+        let (code, err) = run_exit(
+            &[
+                "--insecure-disable-auth",
+                "--tls-cert-file",
+                c,
+                "--tls-key-file",
+                k,
+            ],
+            &[],
+        );
         assert_eq!(code, 1, "{c} {k}: {err}");
         assert!(err.contains("grpc_tls_load"), "{err}");
     }

@@ -2,17 +2,14 @@
 //! stand-in Kubernetes TokenReview API served over HTTPS inside the test, plus the static
 //! token-file mode and the start-up failures. Every server runs with `--shards 1` and `2`.
 
-mod common;
-
 use std::collections::HashMap;
 use std::convert::Infallible;
-use std::process::Command;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use crate::support::*;
 use bytes::Bytes;
-use common::*;
 use http_body_util::{BodyExt, Full};
 use serde_json::{Value, json};
 
@@ -250,7 +247,7 @@ fn c147_tokenreview(shards: usize) {
     let r = probe(p, Some("ctrl-token"));
     assert_eq!(r.status, 200, "{}", r.body);
     assert!(r.body.contains("\"routing\":\"ok\""));
-    let text = scrape(&srv);
+    let text = metrics_text(&srv);
     for ep in ["snapshot", "policy", "probe"] {
         assert_eq!(counter(&text, ep, "unauth"), 1.0, "{ep}\n{text}");
         assert_eq!(counter(&text, ep, "ok"), 1.0, "{ep}");
@@ -260,7 +257,7 @@ fn c147_tokenreview(shards: usize) {
     // Another service account: 403.
     let r = policy(p, Some("other-sa-policy-token"));
     assert_eq!((r.status, r.body.as_str()), (403, "forbidden\n"));
-    assert_eq!(counter(&scrape(&srv), "policy", "forbidden"), 1.0);
+    assert_eq!(counter(&metrics_text(&srv), "policy", "forbidden"), 1.0);
 
     // Audience mismatch: the controller-audience token is refused on /policy.
     let r = policy(p, Some("ctrl-token"));
@@ -307,7 +304,7 @@ fn c147_tokenreview(shards: usize) {
 
     // Each request reaching the middleware counted exactly once (404s never reach it).
     assert_eq!(req(p, "GET", "/other", Some("ctrl-token"), "").status, 404);
-    let text = scrape(&srv);
+    let text = metrics_text(&srv);
     let total = |ep: &str| -> f64 {
         ["ok", "unauth", "forbidden", "error"]
             .iter()
@@ -343,15 +340,7 @@ fn c147_tokenreview(shards: usize) {
     assert_eq!(enabled["policy_audience"], POLICY_AUD);
 }
 
-#[test]
-fn c147_tokenreview_shards_1() {
-    c147_tokenreview(1);
-}
-
-#[test]
-fn c147_tokenreview_shards_2() {
-    c147_tokenreview(2);
-}
+shards_1_and_2!(blocking c147_tokenreview);
 
 fn token_file(shards: usize) {
     let dir = scratch_dir(&format!("auth-file-{shards}"));
@@ -373,7 +362,7 @@ fn token_file(shards: usize) {
     assert_eq!(policy(p, good).status, 204);
     assert_eq!(probe(p, good).status, 200);
     assert_eq!(policy(p, Some("s3cr3t-controller-token-000")).status, 401);
-    let text = scrape(&srv);
+    let text = metrics_text(&srv);
     assert_eq!(counter(&text, "snapshot", "unauth"), 2.0);
     assert_eq!(counter(&text, "snapshot", "ok"), 1.0);
     assert_eq!(counter(&text, "policy", "unauth"), 1.0);
@@ -395,15 +384,7 @@ fn token_file(shards: usize) {
     assert_eq!(snapshot(p, good).status, 401);
 }
 
-#[test]
-fn token_file_shards_1() {
-    token_file(1);
-}
-
-#[test]
-fn token_file_shards_2() {
-    token_file(2);
-}
+shards_1_and_2!(blocking token_file);
 
 /// Both sources of trust at once: either is accepted.
 fn token_file_with_tokenreview(shards: usize) {
@@ -446,36 +427,7 @@ fn token_file_with_tokenreview(shards: usize) {
     assert_eq!(state.reviews.load(Ordering::SeqCst), 2);
 }
 
-#[test]
-fn token_file_with_tokenreview_shards_1() {
-    token_file_with_tokenreview(1);
-}
-
-#[test]
-fn token_file_with_tokenreview_shards_2() {
-    token_file_with_tokenreview(2);
-}
-
-fn run_exit(args: &[&str], env: &[(&str, &str)]) -> (i32, String) {
-    let mut cmd = Command::new(BIN);
-    cmd.args([
-        "--grpc-bind-address",
-        &format!("127.0.0.1:{}", free_port()),
-        "--http-bind-address",
-        &format!("127.0.0.1:{}", free_port()),
-        "--snapshot-bind-address",
-        &format!("127.0.0.1:{}", free_port()),
-    ])
-    .args(args)
-    .env_remove("KUBERNETES_SERVICE_HOST")
-    .env_remove("KUBERNETES_SERVICE_PORT")
-    .envs(env.iter().copied());
-    let out = cmd.output().unwrap();
-    (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
+shards_1_and_2!(blocking token_file_with_tokenreview);
 
 #[test]
 fn startup_failures() {

@@ -2,10 +2,7 @@
 //! §10.7; conformance-cases.md C120–C126). Computed picks (SHA-256 of the seed, BE u64 of the
 //! first 8 bytes, mod the byte-sorted replica list) are the ones given in the scenarios.
 
-#[macro_use]
-mod common;
-
-use common::*;
+use crate::support::*;
 
 const TA: &str = "tenantA";
 const MX: &str = "modelX";
@@ -31,7 +28,7 @@ async fn setup_replicas(
 
 /// C120: r-1..r-3; chain("prompt-block-1","prompt-block-2") [16,16] → AFFINITY_HINT [r-1]
 /// (computed), all numeric fields 0; metric hint_used="true".
-async fn c120_affinity_pick(shards: usize) {
+async fn c120_affinity_hint_on_chain_miss(shards: usize) {
     let srv = Server::start(shards, &[]);
     let mut c = srv.client().await;
     setup_replicas(&mut c, TA, 3).await;
@@ -54,15 +51,11 @@ async fn c120_affinity_pick(shards: usize) {
         r#"inferencecache_lookup_route_calls_total{hint_used="true",model="modelX",reason_code="AFFINITY_HINT"} 1"#,
     );
 }
-shards_1_and_2!(
-    c120_affinity_pick,
-    c120_affinity_hint_on_chain_miss_shards_1,
-    c120_affinity_hint_on_chain_miss_shards_2
-);
+shards_1_and_2!(c120_affinity_hint_on_chain_miss);
 
 /// C121: empty index → NO_HINT; r-1 and a request with no fingerprint → NO_HINT (no seed);
 /// r-1,r-2 with affinityRouting false, chain("block-A") → NO_HINT.
-async fn c121_no_affinity(shards: usize) {
+async fn c121_affinity_disabled_empty_or_unseeded_no_hint(shards: usize) {
     let srv = Server::start(shards, &[]);
     let mut c = srv.client().await;
     let r = lookup(&mut c, chain_lookup(TA, MX, "vllm", &[b"block-A"], &[16])).await;
@@ -89,15 +82,11 @@ async fn c121_no_affinity(shards: usize) {
     let r = lookup(&mut c, chain_lookup(TA, MX, "vllm", &[b"block-A"], &[16])).await;
     assert_resp(&r, "NO_HINT", &[]);
 }
-shards_1_and_2!(
-    c121_no_affinity,
-    c121_affinity_disabled_empty_or_unseeded_no_hint_shards_1,
-    c121_affinity_disabled_empty_or_unseeded_no_hint_shards_2
-);
+shards_1_and_2!(c121_affinity_disabled_empty_or_unseeded_no_hint);
 
 /// C122: r-1..r-4, chain("identical-prompt-block") 11 times → the same pick every time (r-3,
 /// computed), also over fresh connections; r-1,r-2 with chain("block") → r-1 with all zeros.
-async fn c122_stable_pick(shards: usize) {
+async fn c122_affinity_pick_stable_computed(shards: usize) {
     let srv = Server::start(shards, &[]);
     let mut c = srv.client().await;
     setup_replicas(&mut c, TA, 4).await;
@@ -122,15 +111,11 @@ async fn c122_stable_pick(shards: usize) {
     .await;
     assert_resp(&r, "AFFINITY_HINT", &[affinity("r-1")]);
 }
-shards_1_and_2!(
-    c122_stable_pick,
-    c122_affinity_pick_stable_computed_shards_1,
-    c122_affinity_pick_stable_computed_shards_2
-);
+shards_1_and_2!(c122_affinity_pick_stable_computed);
 
 /// C124: min prefix 1024 (affinity on); r-vllm-1 holds "p"=64 under vllm; a sglang chain request
 /// [8] → UNKNOWN_HASH_SCHEME (the diagnostic beats affinity and the min-prefix downgrade).
-async fn c124_diagnostic_beats_affinity(shards: usize) {
+async fn c124_unknown_hash_scheme_beats_affinity(shards: usize) {
     let srv = Server::start(shards, &[]);
     install_policy(
         &srv,
@@ -152,15 +137,11 @@ async fn c124_diagnostic_beats_affinity(shards: usize) {
     .await;
     assert_resp(&r, "UNKNOWN_HASH_SCHEME", &[]);
 }
-shards_1_and_2!(
-    c124_diagnostic_beats_affinity,
-    c124_unknown_hash_scheme_beats_affinity_shards_1,
-    c124_unknown_hash_scheme_beats_affinity_shards_2
-);
+shards_1_and_2!(c124_unknown_hash_scheme_beats_affinity);
 
 /// C125: r-1 holds "deep"=64; min prefix 1024; request "deep" with prefix_token_count 1 → the
 /// PREFIX_MATCH is downgraded (stage 0) → AFFINITY_HINT [r-1], all zeros.
-async fn c125_downgrade_to_affinity(shards: usize) {
+async fn c125_min_prefix_downgrades_prefix_match_to_affinity(shards: usize) {
     let srv = Server::start(shards, &[]);
     install_policy(
         &srv,
@@ -181,16 +162,12 @@ async fn c125_downgrade_to_affinity(shards: usize) {
     let r = lookup(&mut c, exact_lookup(TA, MX, "vllm", b"deep", 1024)).await;
     assert_resp(&r, "PREFIX_MATCH", &[exp("r-1", 64.0, 64, T1)]);
 }
-shards_1_and_2!(
-    c125_downgrade_to_affinity,
-    c125_min_prefix_downgrades_prefix_match_to_affinity_shards_1,
-    c125_min_prefix_downgrades_prefix_match_to_affinity_shards_2
-);
+shards_1_and_2!(c125_min_prefix_downgrades_prefix_match_to_affinity);
 
 /// C126: warm-r holds "warm-prefix"=256 with hit .9; min prefix 1024; request "novel-prefix"
 /// with prefix_token_count 1 → AFFINITY_HINT [warm-r], never TENANT_HOT. Without the policy
 /// (other tenant) the same request is TENANT_HOT.
-async fn c126_tenant_hot_downgraded(shards: usize) {
+async fn c126_min_prefix_downgrades_tenant_hot_to_affinity(shards: usize) {
     let srv = Server::start(shards, &[]);
     install_policy(
         &srv,
@@ -200,6 +177,7 @@ async fn c126_tenant_hot_downgraded(shards: usize) {
     for t in [TA, "tenantZ"] {
         let mut u = legacy_update("warm-r", t, MX, "vllm", b"warm-prefix", 256);
         u.stats = stats(0.9, 0.0);
+        u.timestamp_us = fresh_ts();
         assert!(report(&mut c, vec![u]).await.accepted);
     }
     let r = lookup(&mut c, exact_lookup(TA, MX, "vllm", b"novel-prefix", 1)).await;
@@ -211,8 +189,4 @@ async fn c126_tenant_hot_downgraded(shards: usize) {
     .await;
     assert_resp(&r, "TENANT_HOT", &[expp("warm-r", 0.9, 0, T_UNSPEC, 0.9)]);
 }
-shards_1_and_2!(
-    c126_tenant_hot_downgraded,
-    c126_min_prefix_downgrades_tenant_hot_to_affinity_shards_1,
-    c126_min_prefix_downgrades_tenant_hot_to_affinity_shards_2
-);
+shards_1_and_2!(c126_min_prefix_downgrades_tenant_hot_to_affinity);

@@ -3,12 +3,10 @@
 //! with `_count`/`_sum`, label pairs in name order, lazily created counters (C090), the entries
 //! gauge (C089) summed over cores, and the per-core operator series.
 
-mod common;
-
 use std::collections::HashMap;
 use std::time::Duration;
 
-use common::*;
+use crate::support::*;
 use prometheus_parse::{Scrape, Value};
 
 const BUCKETS: [f64; 11] = [
@@ -117,7 +115,7 @@ fn calls_per_model(s: &Scrape) -> HashMap<String, f64> {
 
 async fn histograms_and_lazy_counters(shards: usize) {
     let srv = Server::start(shards, &[]);
-    let text = scrape(&srv);
+    let text = metrics_text(&srv);
     parse(&text);
     for absent in [
         "inferencecache_lookup_route_calls_total",
@@ -173,7 +171,7 @@ async fn histograms_and_lazy_counters(shards: usize) {
             .unwrap();
     }
 
-    let text = scrape(&srv);
+    let text = metrics_text(&srv);
     let s = parse(&text);
     assert!(
         text.contains("inferencecache_lookup_route_calls_total{hint_used=\"false\",model=\"m\",reason_code=\"NO_HINT\"} 2\n"),
@@ -221,15 +219,7 @@ async fn histograms_and_lazy_counters(shards: usize) {
     assert!(metric_value(&text, "process_open_fds").unwrap() > 0.0);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn histograms_and_lazy_counters_shards_1() {
-    histograms_and_lazy_counters(1).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn histograms_and_lazy_counters_shards_2() {
-    histograms_and_lazy_counters(2).await;
-}
+shards_1_and_2!(histograms_and_lazy_counters);
 
 async fn entries_gauge(shards: usize) {
     let srv = Server::start(shards, &[]);
@@ -242,7 +232,7 @@ async fn entries_gauge(shards: usize) {
         ..Default::default()
     });
     report(&mut c, vec![u]).await;
-    let text = scrape(&srv);
+    let text = metrics_text(&srv);
     assert!(
         text.contains("inferencecache_index_entries{model=\"m\"} 2\n"),
         "{text}"
@@ -260,7 +250,7 @@ async fn entries_gauge(shards: usize) {
     for t in tasks {
         assert!(t.await.unwrap().accepted);
     }
-    let text = scrape(&srv);
+    let text = metrics_text(&srv);
     assert!(
         text.contains("inferencecache_index_entries{model=\"g\"} 50\n"),
         "{text}"
@@ -278,7 +268,7 @@ async fn entries_gauge(shards: usize) {
         .unwrap()
         .into_inner();
     assert!(ack.accepted);
-    let text = scrape(&srv);
+    let text = metrics_text(&srv);
     assert!(
         text.contains("inferencecache_index_entries{model=\"m\"} 0\n"),
         "{text}"
@@ -291,15 +281,7 @@ async fn entries_gauge(shards: usize) {
     parse(&text);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn entries_gauge_shards_1() {
-    entries_gauge(1).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn entries_gauge_shards_2() {
-    entries_gauge(2).await;
-}
+shards_1_and_2!(entries_gauge);
 
 /// C090 over the real paths: quota evictions, cap evictions (LFU tenant) and TTL evictions
 /// (LRU tenant) appear only after they happen, with label pairs in name order.
@@ -326,11 +308,12 @@ async fn eviction_counters(shards: usize) {
     .await;
     let series = "inferencecache_index_evictions_total{algorithm=\"lru\",reason=\"ttl\"} 1\n";
     assert!(
-        wait_until(Duration::from_secs(10), || scrape(&srv).contains(series)),
+        wait_until(Duration::from_secs(30), || metrics_text(&srv)
+            .contains(series)),
         "{}",
-        scrape(&srv)
+        metrics_text(&srv)
     );
-    assert!(!scrape(&srv).contains("inferencecache_tenant_evictions_total"));
+    assert!(!metrics_text(&srv).contains("inferencecache_tenant_evictions_total"));
 
     // Quota 0: all three keys of team-a are evicted at ingest (reserved for nothing).
     let mut u = legacy_update("r", "team-a", "m", "vllm", b"a", 16);
@@ -342,7 +325,7 @@ async fn eviction_counters(shards: usize) {
         });
     }
     report(&mut c, vec![u]).await;
-    let text = scrape(&srv);
+    let text = metrics_text(&srv);
     assert!(
         text.contains(
             "inferencecache_tenant_evictions_total{reason=\"over_entries\",tenant_id=\"team-a\"} 3\n"
@@ -359,7 +342,7 @@ async fn eviction_counters(shards: usize) {
         )
         .await;
     }
-    let text = scrape(&srv);
+    let text = metrics_text(&srv);
     assert!(
         text.contains("inferencecache_index_evictions_total{algorithm=\"lfu\",reason=\"cap\"} 2\n"),
         "{text}"
@@ -368,12 +351,4 @@ async fn eviction_counters(shards: usize) {
     parse(&text);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn eviction_counters_shards_1() {
-    eviction_counters(1).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn eviction_counters_shards_2() {
-    eviction_counters(2).await;
-}
+shards_1_and_2!(eviction_counters);

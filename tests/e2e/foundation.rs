@@ -2,15 +2,13 @@
 //! and `--shards 2`, every RPC, health and reflection through generated clients, start-up
 //! refusals, and graceful shutdown.
 
-mod common;
-
 use std::process::Command;
 
-use common::*;
+use crate::support::*;
 use tonic_health::pb::HealthCheckRequest;
 use tonic_health::pb::health_client::HealthClient;
 
-async fn every_rpc_answers(shards: usize) {
+async fn every_rpc_health_and_reflection(shards: usize) {
     let srv = Server::start(shards, &[]);
     let mut c = srv.client().await;
 
@@ -167,15 +165,7 @@ async fn reflection_lists_services(srv: &Server) {
     ));
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn every_rpc_health_and_reflection_shards_1() {
-    every_rpc_answers(1).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn every_rpc_health_and_reflection_shards_2() {
-    every_rpc_answers(2).await;
-}
+shards_1_and_2!(every_rpc_health_and_reflection);
 
 #[test]
 fn refuses_a_grpc_port_already_served() {
@@ -230,7 +220,7 @@ async fn sigterm_drains_and_exits_zero() {
 /// Reports over one connection and reads back over another, for models whose partitions are
 /// owned by each core: with `--shards 2` the two connections are served by different cores
 /// (round-robin dealing), so one side of every pair crosses the hop.
-async fn state_crosses_cores(shards: usize) {
+async fn state_reported_on_one_core_is_read_on_another(shards: usize) {
     let srv = Server::start(shards, &[]);
     let mut writer = srv.client().await;
     let mut reader = srv.client().await;
@@ -285,15 +275,7 @@ async fn state_crosses_cores(shards: usize) {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn state_reported_on_one_core_is_read_on_another_shards_1() {
-    state_crosses_cores(1).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn state_reported_on_one_core_is_read_on_another_shards_2() {
-    state_crosses_cores(2).await;
-}
+shards_1_and_2!(state_reported_on_one_core_is_read_on_another);
 
 /// Connections are bounded per core: past `--max-connections-per-core`, a new connection is
 /// closed at once while the admitted ones keep working.

@@ -4,17 +4,13 @@
 
 use std::path::PathBuf;
 
-use super::{now_us, pb};
+use super::pb;
 
 pub const MODEL: &str = "acme/tiny-wl";
 
 /// Writes the tiny model under a fresh temp root and returns the root.
 pub fn model_root(tag: &str) -> PathBuf {
-    let root = std::env::temp_dir().join(format!(
-        "tiny-model-{}-{tag}-{}",
-        std::process::id(),
-        now_us()
-    ));
+    let root = super::unique_temp_path(&format!("tiny-model-{tag}"));
     let dir = root.join(MODEL);
     std::fs::create_dir_all(&dir).unwrap();
     let mut vocab = serde_json::Map::new();
@@ -72,4 +68,48 @@ pub fn prompt_lookup(tenant: &str, model: &str, text: String) -> pb::LookupRoute
         prompt_text: text,
         ..Default::default()
     }
+}
+
+/// The server's test-only tokenizer gate (`INFERENCECACHE_TEST_TOKENIZE_GATE`, see
+/// src/tokenizer/pool.rs): while the gate file does not exist, the tokenizer workers hold every
+/// job they take, so tokenizations stay admitted for as long as a test needs (the server gives
+/// up waiting after 120 s). Created closed; the file is removed on drop.
+pub struct TokenizeGate {
+    path: PathBuf,
+}
+
+impl TokenizeGate {
+    /// The environment variable the server reads.
+    pub const ENV: &'static str = "INFERENCECACHE_TEST_TOKENIZE_GATE";
+
+    /// A closed gate (its file does not exist yet).
+    pub fn closed(tag: &str) -> Self {
+        let path = super::unique_temp_path(&format!("tokenize-gate-{tag}"));
+        let _ = std::fs::remove_file(&path);
+        Self { path }
+    }
+
+    /// The `(name, value)` pair to start the server with (`StartOpts::env`).
+    pub fn env(&self) -> (&'static str, &str) {
+        (Self::ENV, self.path.to_str().expect("utf-8 temp path"))
+    }
+
+    /// Opens the gate: the held jobs (and every later one) run.
+    pub fn open(&self) {
+        std::fs::write(&self.path, b"open").expect("create the gate file");
+    }
+}
+
+impl Drop for TokenizeGate {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+/// The `inferencecache_tokenizer_in_flight` gauge (tokenizations admitted and not finished).
+pub fn tokenizer_in_flight(srv: &super::Server) -> Option<f64> {
+    super::metric_value(
+        &super::metrics_text(srv),
+        "inferencecache_tokenizer_in_flight",
+    )
 }

@@ -3,12 +3,9 @@
 //! (`Server::raw_client`) so that an already-expired `grpc-timeout` reaches the server instead of
 //! being enforced by tonic's client channel.
 
-#[macro_use]
-mod common;
-
 use std::time::Duration;
 
-use common::*;
+use crate::support::*;
 
 async fn lookup_with_timeout(
     c: &mut pb::inference_cache_client::InferenceCacheClient<RawH2>,
@@ -27,7 +24,7 @@ async fn lookup_with_timeout(
 /// adapter "", no echo, metric (TIMEOUT, false). Precedence: the probe tenant short-circuit beats
 /// the deadline (NO_HINT); TIMEOUT beats the requireChain gate. A generous deadline does not
 /// change the answer.
-async fn c140_expired_deadline(shards: usize) {
+async fn c140_caller_deadline_in_past_timeout(shards: usize) {
     let srv = Server::start(shards, &[]);
     install_policy(
         &srv,
@@ -105,15 +102,11 @@ async fn c140_expired_deadline(shards: usize) {
         r#"inferencecache_lookup_route_calls_total{hint_used="false",model="m",reason_code="TIMEOUT"} 3"#,
     );
 }
-shards_1_and_2!(
-    c140_expired_deadline,
-    c140_caller_deadline_in_past_timeout_shards_1,
-    c140_caller_deadline_in_past_timeout_shards_2
-);
+shards_1_and_2!(c140_caller_deadline_in_past_timeout);
 
 /// §12.4 / §19.19: `lookupTimeoutMs: 0` means no deadline (not "instant"); a generous budget
 /// does not time out either.
-async fn c140_policy_budget_zero_is_no_deadline(shards: usize) {
+async fn c140_policy_budget_zero_or_generous_no_timeout(shards: usize) {
     let srv = Server::start(shards, &[]);
     install_policy(
         &srv,
@@ -132,8 +125,4 @@ async fn c140_policy_budget_zero_is_no_deadline(shards: usize) {
         assert_resp(&r, "PREFIX_MATCH", &[exp("r", 100.0, 100, T1)]);
     }
 }
-shards_1_and_2!(
-    c140_policy_budget_zero_is_no_deadline,
-    c140_policy_budget_zero_or_generous_no_timeout_shards_1,
-    c140_policy_budget_zero_or_generous_no_timeout_shards_2
-);
+shards_1_and_2!(c140_policy_budget_zero_or_generous_no_timeout);
