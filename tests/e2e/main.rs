@@ -21,6 +21,8 @@ mod floors;
 mod foundation;
 /// Request-side gates and strategy switches (min prefix, requireChain, chain matching off).
 mod gates;
+/// Production hardness: resource bounds and visible faults.
+mod hardness;
 /// The HTTP listeners: public endpoints, /snapshot, /policy, /probe, shutdown.
 mod http;
 /// ReportCacheState / PublishEvent semantics: timestamps, REPLICA_UPDATED, PREFIX_EVICTED.

@@ -1,0 +1,221 @@
+//! Production hardness: every resource a client can grow has a bound, and faults are visible
+//! instead of leaving a half-dead server. Each scenario reproduces one way a hostile or buggy
+//! peer (or a crash) hurt the server, and asserts the bound or the fault's outcome.
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::support::*;
+
+/// The HTTP/2 client preface plus an empty SETTINGS frame.
+const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\x00\x00\x00\x04\x00\x00\x00\x00\x00";
+
+/// Distinct, huge and endless `model_id` values share one `__overflow__` series instead of
+/// growing the registry: the scrape stays small (it was 1.47 GB for 100 × 1 MiB ids).
+async fn metrics_label_values_are_bounded(shards: usize) {
+    let srv = Server::start(shards, &[]);
+    let mut c = srv.client().await;
+    let huge = "m".repeat(1 << 20);
+    for i in 0..8 {
+        lookup(
+            &mut c,
+            exact_lookup("t", &format!("{huge}{i}"), "vllm", b"h", 16),
+        )
+        .await;
+    }
+    for i in 0..1_100 {
+        lookup(
+            &mut c,
+            exact_lookup("t", &format!("model-{i:05}"), "vllm", b"h", 16),
+        )
+        .await;
+    }
+    let text = metrics_text(&srv);
+    assert!(text.len() < 4 << 20, "scrape of {} bytes", text.len());
+    assert!(
+        text.contains("model=\"__overflow__\""),
+        "no overflow series"
+    );
+    let folded = metric_value(
+        &text,
+        "inferencecache_metrics_label_overflow_total{family=\"inferencecache_lookup_route_calls_total\"}",
+    )
+    .expect("overflow counter");
+    assert!(folded >= 8.0 + 76.0, "folded {folded}");
+    let (st, _) = http_get(srv.http_port, "/healthz").expect("healthz");
+    assert_eq!(st, 200);
+}
+shards_1_and_2!(metrics_label_values_are_bounded);
+
+/// Starts the binary on the given ports; `None` when it exits within `grace` (a bind failure).
+fn spawn_on(grpc: u16, http: u16, admin: u16, env: &[(&str, &str)]) -> std::process::Child {
+    Command::new(BIN)
+        .args([
+            "--insecure-disable-auth",
+            "--log-level",
+            "error",
+            "--grpc-bind-address",
+            &format!("127.0.0.1:{grpc}"),
+            "--http-bind-address",
+            &format!("127.0.0.1:{http}"),
+            "--snapshot-bind-address",
+            &format!("127.0.0.1:{admin}"),
+        ])
+        .envs(env.iter().copied())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn server")
+}
+
+fn ready(http: u16) -> bool {
+    matches!(http_get(http, "/readyz"), Ok((200, _)))
+}
+
+/// A restart on the same port binds at once while the previous process's connections linger
+/// (FIN_WAIT/TIME_WAIT); a port a live server listens on is still refused.
+#[test]
+fn restart_binds_at_once_and_a_live_port_is_refused() {
+    let (g, h, a) = (free_port(), free_port(), free_port());
+    let mut first = spawn_on(g, h, a, &[]);
+    assert!(
+        wait_until(Duration::from_secs(30), || ready(h)),
+        "first start"
+    );
+    // A connected client keeps the server's side open while the server closes first.
+    let mut client = TcpStream::connect(("127.0.0.1", g)).expect("connect");
+    client.write_all(H2_PREFACE).expect("preface");
+    // SAFETY: sending SIGTERM to our own child process.
+    unsafe { libc::kill(first.id() as i32, libc::SIGTERM) };
+    let status = first.wait().expect("first exits");
+    assert!(status.success(), "first exit {status}");
+
+    let mut second = spawn_on(g, h, a, &[]);
+    let started = wait_until(Duration::from_secs(10), || {
+        ready(h) || second.try_wait().ok().flatten().is_some()
+    });
+    assert!(
+        started && ready(h),
+        "restart on the same port did not become ready"
+    );
+
+    let (h2, a2) = (free_port(), free_port());
+    let mut third = spawn_on(g, h2, a2, &[]);
+    let exited = wait_until(Duration::from_secs(20), || {
+        third.try_wait().ok().flatten().is_some()
+    });
+    assert!(exited, "a second server started on a port in use");
+    assert_eq!(third.wait().unwrap().code(), Some(1));
+    drop(client);
+    let _ = second.kill();
+    let _ = second.wait();
+}
+
+/// Reads until the peer closes; `None` when it is still open after `limit`.
+fn closed_within(s: &mut TcpStream, limit: Duration) -> Option<Duration> {
+    let start = Instant::now();
+    let mut buf = [0u8; 4096];
+    while start.elapsed() < limit {
+        s.set_read_timeout(Some(Duration::from_millis(200)))
+            .unwrap();
+        match s.read(&mut buf) {
+            Ok(0) => return Some(start.elapsed()),
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+            Err(e) if e.kind() == std::io::ErrorKind::TimedOut => {}
+            Err(_) => return Some(start.elapsed()),
+        }
+    }
+    None
+}
+
+/// Connections that never send the HTTP/2 preface are closed (10 s), so they cannot hold every
+/// connection slot of a core; a connection that spoke HTTP/2 stays open.
+#[test]
+fn silent_connections_are_closed_and_free_their_slots() {
+    let srv = Server::start(1, &["--max-connections-per-core", "3"]);
+    let mut spoken = TcpStream::connect(("127.0.0.1", srv.grpc_port)).unwrap();
+    spoken.write_all(H2_PREFACE).unwrap();
+    let mut silent: Vec<TcpStream> = (0..2)
+        .map(|_| TcpStream::connect(("127.0.0.1", srv.grpc_port)).unwrap())
+        .collect();
+    // Every slot is taken: a further connection is closed at once.
+    let mut refused = TcpStream::connect(("127.0.0.1", srv.grpc_port)).unwrap();
+    assert!(closed_within(&mut refused, Duration::from_secs(5)).is_some());
+    for s in &mut silent {
+        let closed = closed_within(s, Duration::from_secs(30));
+        assert!(closed.is_some(), "a silent connection was never closed");
+    }
+    assert!(
+        closed_within(&mut spoken, Duration::from_millis(500)).is_none(),
+        "a connection that spoke HTTP/2 was closed"
+    );
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let mut c = srv.client().await;
+        let r = lookup(&mut c, exact_lookup("t", "m", "vllm", b"h", 16)).await;
+        assert_eq!(r.reason_code, "NO_HINT");
+    });
+}
+
+/// A panic on one core takes the whole process down (SIGABRT), so the orchestrator restarts
+/// it, instead of leaving the other cores serving while requests for the dead one hang.
+#[test]
+fn a_panic_on_a_core_aborts_the_process() {
+    let (g, h, a) = (free_port(), free_port(), free_port());
+    let mut child = Command::new(BIN)
+        .args([
+            "--insecure-disable-auth",
+            "--shards",
+            "2",
+            "--sweep-interval-ms",
+            "300",
+            "--grpc-bind-address",
+            &format!("127.0.0.1:{g}"),
+            "--http-bind-address",
+            &format!("127.0.0.1:{h}"),
+            "--snapshot-bind-address",
+            &format!("127.0.0.1:{a}"),
+        ])
+        .env("INFERENCECACHE_TEST_SWEEP_FAULT", "panic:1")
+        .env("RUST_BACKTRACE", "0")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn");
+    let exited = wait_until(Duration::from_secs(30), || {
+        child.try_wait().ok().flatten().is_some()
+    });
+    if !exited {
+        let _ = child.kill();
+    }
+    assert!(exited, "the process survived a panic on core 1");
+    use std::os::unix::process::ExitStatusExt;
+    assert_eq!(child.wait().unwrap().signal(), Some(libc::SIGABRT));
+}
+
+/// A core that stops making progress turns `/readyz` to 503 until it recovers, so a load
+/// balancer stops sending traffic to a wedged replica.
+#[test]
+fn a_stalled_core_turns_readyz_503_until_it_recovers() {
+    let srv = Server::start_opts(
+        2,
+        StartOpts {
+            flags: &["--sweep-interval-ms", "300"],
+            env: &[("INFERENCECACHE_TEST_SWEEP_FAULT", "stall:1:8000")],
+            ..Default::default()
+        },
+    );
+    let status = || http_get(srv.http_port, "/readyz").map(|(s, _)| s).ok();
+    assert!(
+        wait_until(Duration::from_secs(20), || status() == Some(503)),
+        "/readyz stayed 200 while core 1 was stalled"
+    );
+    assert_eq!(http_get(srv.http_port, "/healthz").unwrap().0, 200);
+    assert!(
+        wait_until(Duration::from_secs(30), || status() == Some(200)),
+        "/readyz did not recover"
+    );
+}
