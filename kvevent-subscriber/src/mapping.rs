@@ -10,7 +10,7 @@ use std::num::NonZeroUsize;
 use std::sync::Arc;
 
 use inferencecache_proto::v1alpha1::{CacheTier, PrefixEntry, ReplicaStats};
-use inferencecache_index::fingerprint::for_each_prefix_hash;
+use inferencecache_fingerprint::for_each_prefix_hash;
 use lru::LruCache;
 
 use crate::cli::AdapterMap;

@@ -15,7 +15,7 @@ use inferencecache_proto::v1alpha1::inference_cache_server::{
     InferenceCache, InferenceCacheServer,
 };
 use inferencecache_proto::v1alpha1::*;
-use inferencecache_index::fingerprint::prefix_hashes;
+use inferencecache_fingerprint::prefix_hashes;
 use rmpv::Value;
 use tokio::net::TcpListener;
 use tonic::transport::Server;

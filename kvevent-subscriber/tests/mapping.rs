@@ -5,7 +5,7 @@ use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
 use inferencecache_proto::v1alpha1::{CacheTier, PrefixEntry};
-use inferencecache_index::fingerprint::prefix_hashes;
+use inferencecache_fingerprint::prefix_hashes;
 use kvevent_subscriber::decode::{Batch, BlockRemoved, BlockStored, EngineHash, Event};
 use kvevent_subscriber::ingest::Processor;
 use kvevent_subscriber::mapping::{Mapper, MappingConfig, Op, PublisherState, ts_to_us};

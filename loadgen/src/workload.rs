@@ -4,13 +4,13 @@
 //! each replica stores, independent of timing or of the server under test.
 //!
 //! Token sequences are fingerprinted with the contract's block fingerprint
-//! (`inferencecache_index::fingerprint`, BEHAVIOUR.md §17), so the chain a gateway sends and the
+//! (`inferencecache_fingerprint`, BEHAVIOUR.md §17), so the chain a gateway sends and the
 //! per-block legacy entries a producer reports (conformance-cases.md §Q) use identical keys.
 
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use inferencecache_index::fingerprint;
+use inferencecache_fingerprint as fingerprint;
 use rand::rngs::Xoshiro256PlusPlus;
 use rand::{RngExt, SeedableRng};
 use serde::Serialize;

@@ -13,7 +13,7 @@ use inferencecache_proto::v1alpha1::inference_cache_server::{
     InferenceCache, InferenceCacheServer,
 };
 use inferencecache_proto::v1alpha1::*;
-use inferencecache_index::fingerprint;
+use inferencecache_fingerprint as fingerprint;
 use tonic::{Request, Response, Status};
 
 /// (tenant, model, scheme, adapter, key) → replicas holding it.
