@@ -85,7 +85,7 @@ pub struct LookupQuery<'a> {
     pub model: &'a str,
     /// Hash scheme.
     pub hash_scheme: &'a str,
-    /// Adapter partition ("" = default).
+    /// Adapter keyspace ("" = default).
     pub adapter: &'a str,
     /// Exact-match key.
     pub prefix_hash: &'a [u8],
@@ -236,10 +236,10 @@ impl Index {
         let Some(scope) = self.cat.find_scope(q.tenant, q.model, q.hash_scheme) else {
             return;
         };
-        let Some(part) = self.cat.find_part(scope, q.adapter) else {
+        let Some(ks) = self.cat.find_keyspace(scope, q.adapter) else {
             return;
         };
-        let Some(key) = self.cat.key_for(part, q.prefix_hash) else {
+        let Some(key) = self.cat.key_for(ks, q.prefix_hash) else {
             return;
         };
         let Some(pos) = self.store.find(key) else {
@@ -295,7 +295,7 @@ impl Index {
         let Some(scope) = self.cat.find_scope(q.tenant, q.model, q.hash_scheme) else {
             return;
         };
-        let Some(part) = self.cat.find_part(scope, q.adapter) else {
+        let Some(ks) = self.cat.find_keyspace(scope, q.adapter) else {
             return;
         };
         let ttl = self.ttl_for(rules, q.tenant);
@@ -311,14 +311,14 @@ impl Index {
         // their cache misses overlap instead of serialising block by block.
         const BATCH: usize = 8;
         let n = q.block_hashes.len();
-        let mut batch = [(KeyId { part: 0, h: 0 }, NIL); BATCH];
+        let mut batch = [(KeyId { ks: 0, h: 0 }, NIL); BATCH];
         let mut start = 0;
         'walk: while start < n {
             let end = (start + BATCH).min(n);
             for (slot, hash) in batch.iter_mut().zip(&q.block_hashes[start..end]) {
-                *slot = match self.cat.key_for(part, hash) {
+                *slot = match self.cat.key_for(ks, hash) {
                     Some(k) => (k, self.store.find(k).unwrap_or(NIL)),
-                    None => (KeyId { part: 0, h: 0 }, NIL),
+                    None => (KeyId { ks: 0, h: 0 }, NIL),
                 };
             }
             for i in start..end {
