@@ -36,7 +36,9 @@ use crate::directory::{Directory, TenantFp};
 use crate::rules::{Eviction, TenantRules};
 use eviction::{CapState, QuotaState};
 use hashbrown::HashMap;
-use inferencecache_proto::v1alpha1::{CacheEvent, CacheStateUpdate, cache_event};
+use inferencecache_proto::v1alpha1::{
+    CacheEvent, CacheStateUpdate, PrefixEntry, ReplicaStats, cache_event,
+};
 use intern::{Blobs, Strings};
 use std::sync::Arc;
 use store::{BLOB_FLAG, Holder, KeyId, Store};
@@ -708,66 +710,94 @@ impl Index {
         };
         let tenant = self.cat.strings.intern(&u.tenant_id);
         self.ensure_tenant(tenant);
-
         if !u.hash_scheme.is_empty() && !u.prefixes.is_empty() {
-            let model = self.cat.strings.intern(&u.model_id);
-            let scheme = self.cat.strings.intern(&u.hash_scheme);
-            let replica = self.cat.strings.intern(&u.replica_id);
-            let scope = self.ensure_scope(tenant, model, scheme);
-            let default_adapter = self.cat.strings.intern(&u.adapter_id);
-            for p in &u.prefixes {
-                let tier = ranking::tier_from_wire(p.tier);
-                let adapter = if p.adapter_id.is_empty() {
-                    default_adapter
-                } else {
-                    self.cat.strings.intern(&p.adapter_id)
-                };
-                let ks = self.ensure_keyspace(scope, adapter);
-                if !p.block_hashes.is_empty() || !p.block_token_counts.is_empty() {
-                    if p.block_hashes.len() != p.block_token_counts.len() {
-                        out.malformed_dropped += 1;
-                        continue;
-                    }
-                    let mut cum: i32 = 0;
-                    for (h, c) in p.block_hashes.iter().zip(&p.block_token_counts) {
-                        cum = cum.wrapping_add(*c);
-                        self.upsert(ks, h, replica, cum, tier, ts);
-                        out.upserts += 1;
-                    }
-                    if !p.prefix_hash.is_empty() {
-                        self.upsert(ks, &p.prefix_hash, replica, p.token_count, tier, ts);
-                        out.upserts += 1;
-                    }
-                } else {
-                    self.upsert(ks, &p.prefix_hash, replica, p.token_count, tier, ts);
-                    out.upserts += 1;
-                }
-            }
+            self.ingest_prefixes(u, tenant, ts, &mut out);
         }
-
         if let Some(s) = &u.stats {
-            let model = self.cat.strings.intern(&u.model_id);
-            let replica = self.cat.strings.intern(&u.replica_id);
-            let mscope = self.ensure_model(tenant, model);
-            let sanitize = |v: f32| if v.is_finite() { v } else { 0.0 };
-            let row = StatsRow {
-                cache_memory_bytes: s.cache_memory_bytes,
-                hit_rate: sanitize(s.hit_rate),
-                pressure: sanitize(s.pressure),
-                t2_hit_tokens: s.t2_hit_tokens,
-                t2_query_tokens: s.t2_query_tokens,
-                last_seen: ts,
-                stats_reported: ts,
-            };
-            self.cat.models[mscope as usize].stats.insert(replica, row);
+            self.ingest_stats(u, s, tenant, ts);
         }
-
         if let Some(b) = budget {
             out.quota_evicted_keys = self.enforce_quota(tenant, b);
         }
         self.enforce_cap(rules, &mut out.cap_evicted);
         self.flush();
         out
+    }
+
+    /// Upserts every prefix of `u` (chain blocks and legacy keys) at time `ts`, each in the
+    /// keyspace of its own adapter or else the update's.
+    fn ingest_prefixes(
+        &mut self,
+        u: &CacheStateUpdate,
+        tenant: u32,
+        ts: i64,
+        out: &mut IngestOutcome,
+    ) {
+        let model = self.cat.strings.intern(&u.model_id);
+        let scheme = self.cat.strings.intern(&u.hash_scheme);
+        let replica = self.cat.strings.intern(&u.replica_id);
+        let scope = self.ensure_scope(tenant, model, scheme);
+        let default_adapter = self.cat.strings.intern(&u.adapter_id);
+        for p in &u.prefixes {
+            let adapter = if p.adapter_id.is_empty() {
+                default_adapter
+            } else {
+                self.cat.strings.intern(&p.adapter_id)
+            };
+            let ks = self.ensure_keyspace(scope, adapter);
+            self.ingest_prefix(ks, p, replica, ts, out);
+        }
+    }
+
+    /// Upserts one `PrefixEntry`: its chain blocks with cumulative token counts (dropped whole
+    /// when the arrays differ in length), then its `prefix_hash` if set; or, without a chain,
+    /// its `prefix_hash` alone.
+    fn ingest_prefix(
+        &mut self,
+        ks: u32,
+        p: &PrefixEntry,
+        replica: u32,
+        ts: i64,
+        out: &mut IngestOutcome,
+    ) {
+        let tier = ranking::tier_from_wire(p.tier);
+        if !p.block_hashes.is_empty() || !p.block_token_counts.is_empty() {
+            if p.block_hashes.len() != p.block_token_counts.len() {
+                out.malformed_dropped += 1;
+                return;
+            }
+            let mut cum: i32 = 0;
+            for (h, c) in p.block_hashes.iter().zip(&p.block_token_counts) {
+                cum = cum.wrapping_add(*c);
+                self.upsert(ks, h, replica, cum, tier, ts);
+                out.upserts += 1;
+            }
+            if !p.prefix_hash.is_empty() {
+                self.upsert(ks, &p.prefix_hash, replica, p.token_count, tier, ts);
+                out.upserts += 1;
+            }
+        } else {
+            self.upsert(ks, &p.prefix_hash, replica, p.token_count, tier, ts);
+            out.upserts += 1;
+        }
+    }
+
+    /// Replaces the replica's stats row of `(tenant, model)`; non-finite floats are stored as 0.
+    fn ingest_stats(&mut self, u: &CacheStateUpdate, s: &ReplicaStats, tenant: u32, ts: i64) {
+        let model = self.cat.strings.intern(&u.model_id);
+        let replica = self.cat.strings.intern(&u.replica_id);
+        let mscope = self.ensure_model(tenant, model);
+        let sanitize = |v: f32| if v.is_finite() { v } else { 0.0 };
+        let row = StatsRow {
+            cache_memory_bytes: s.cache_memory_bytes,
+            hit_rate: sanitize(s.hit_rate),
+            pressure: sanitize(s.pressure),
+            t2_hit_tokens: s.t2_hit_tokens,
+            t2_query_tokens: s.t2_query_tokens,
+            last_seen: ts,
+            stats_reported: ts,
+        };
+        self.cat.models[mscope as usize].stats.insert(replica, row);
     }
 
     // ---- events (§5) -------------------------------------------------------------------------
