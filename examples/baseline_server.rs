@@ -10,12 +10,12 @@ use std::pin::Pin;
 use std::sync::Mutex;
 use std::time::Instant;
 
+use inferencecache_index::index::{Index, LookupQuery};
+use inferencecache_index::rules::NoRules;
 use inferencecache_proto::v1alpha1 as pb;
 use inferencecache_proto::v1alpha1::inference_cache_server::{
     InferenceCache, InferenceCacheServer,
 };
-use inferencecache_index::index::{Index, LookupQuery};
-use inferencecache_index::rules::NoRules;
 use tonic::{Request, Response, Status, Streaming};
 
 fn now_ns() -> i64 {

@@ -9,12 +9,12 @@
 
 #![allow(dead_code)] // each includer uses a subset
 
-use inferencecache_proto::v1alpha1::{CacheStateUpdate, PrefixEntry};
 use inferencecache_index::index::{Index, IndexConfig, LookupQuery, Strategy};
 use inferencecache_index::policy::{
     CURRENT_POLICY_VERSION, PolicySnapshot, PolicySpec, PolicyStore, parse_policy_body,
 };
 use inferencecache_index::rules::NoRules;
+use inferencecache_proto::v1alpha1::{CacheStateUpdate, PrefixEntry};
 
 pub const TENANT: &str = "team-a";
 pub const MODEL: &str = "meta-llama/Llama-3.1-8B-Instruct";

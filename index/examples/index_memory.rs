@@ -199,10 +199,7 @@ fn measure_ingest_at_cap(
     while k < keys + extra {
         upd.prefixes = vec![chain_entry(k, BLOCKS)];
         upd.replica_id = format!("vllm-replica-{}", k % REPLICAS);
-        evicted += ix
-            .ingest(upd, now + k as i64, &NoRules)
-            .cap_evicted
-            .total();
+        evicted += ix.ingest(upd, now + k as i64, &NoRules).cap_evicted.total();
         k += BLOCKS;
     }
     let el = t.elapsed();

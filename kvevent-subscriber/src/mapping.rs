@@ -9,8 +9,8 @@
 use std::num::NonZeroUsize;
 use std::sync::Arc;
 
-use inferencecache_proto::v1alpha1::{CacheTier, PrefixEntry, ReplicaStats};
 use inferencecache_fingerprint::for_each_prefix_hash;
+use inferencecache_proto::v1alpha1::{CacheTier, PrefixEntry, ReplicaStats};
 use lru::LruCache;
 
 use crate::cli::AdapterMap;

@@ -10,12 +10,12 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
+use inferencecache_fingerprint::prefix_hashes;
 use inferencecache_proto::v1alpha1::cache_event::Type;
 use inferencecache_proto::v1alpha1::inference_cache_server::{
     InferenceCache, InferenceCacheServer,
 };
 use inferencecache_proto::v1alpha1::*;
-use inferencecache_fingerprint::prefix_hashes;
 use rmpv::Value;
 use tokio::net::TcpListener;
 use tonic::transport::Server;

@@ -4,8 +4,8 @@ use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
-use inferencecache_proto::v1alpha1::{CacheTier, PrefixEntry};
 use inferencecache_fingerprint::prefix_hashes;
+use inferencecache_proto::v1alpha1::{CacheTier, PrefixEntry};
 use kvevent_subscriber::decode::{Batch, BlockRemoved, BlockStored, EngineHash, Event};
 use kvevent_subscriber::ingest::Processor;
 use kvevent_subscriber::mapping::{Mapper, MappingConfig, Op, PublisherState, ts_to_us};
