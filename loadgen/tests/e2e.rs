@@ -9,11 +9,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use inferencecache_fingerprint as fingerprint;
 use inferencecache_proto::v1alpha1::inference_cache_server::{
     InferenceCache, InferenceCacheServer,
 };
 use inferencecache_proto::v1alpha1::*;
-use inferencecache_fingerprint as fingerprint;
 use tonic::{Request, Response, Status};
 
 /// (tenant, model, scheme, adapter, key) → replicas holding it.
