@@ -11,6 +11,8 @@
 //! [`histogram`] (recording), [`report`] (table/JSON), [`capacity`] (rate search), [`run`]
 //! (orchestration) and [`error`] (what a subcommand reports when it cannot run).
 
+#![forbid(unsafe_code)]
+
 pub mod capacity;
 pub mod cli;
 pub mod driver;
