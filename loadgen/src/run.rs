@@ -301,7 +301,7 @@ fn emit(measure: &MeasureArgs, json: &str, table: impl FnOnce() -> String) -> Re
 /// What `run` and `capacity` hold once connected: validated settings, the connections, the
 /// producers (started, population preloaded unless `--no-preload`) and the workload generator
 /// in its post-preload state.
-struct Session {
+struct Setup {
     wl: WorkloadConfig,
     rpc_timeout: Duration,
     pcfg: ProducerConfig,
@@ -313,7 +313,7 @@ struct Session {
     preload: Option<IngestStats>,
 }
 
-impl Session {
+impl Setup {
     /// Validates the producer and measurement flags, connects, starts the producers and
     /// preloads.
     async fn start(
@@ -321,7 +321,7 @@ impl Session {
         producer: &ProducerArgs,
         measure: &MeasureArgs,
         wl: WorkloadConfig,
-    ) -> Result<Session, Error> {
+    ) -> Result<Setup, Error> {
         let rpc_timeout = Duration::from_millis(conn.rpc_timeout_ms.max(1));
         let pcfg = producer.config(wl.seed, rpc_timeout)?;
         let budgets = measure.budgets()?;
@@ -335,7 +335,7 @@ impl Session {
         ));
         let mut wgen = Generator::new(wl.clone());
         let preload = preload(&producers, &mut wgen, !measure.no_preload).await;
-        Ok(Session {
+        Ok(Setup {
             wl,
             rpc_timeout,
             pcfg,
@@ -367,7 +367,7 @@ pub async fn cmd_run(a: RunArgs) -> Result<Report, Error> {
     let wl = a.workload.config()?;
     let bounds = cli::bounds(a.requests, a.duration)?;
     let load = load_of(a.rate, a.concurrency)?;
-    let s = Session::start(&a.conn, &a.producer, &a.measure, wl).await?;
+    let s = Setup::start(&a.conn, &a.producer, &a.measure, wl).await?;
     let window_producers = (!a.measure.no_producers).then(|| s.producers.clone());
     let cfg = WindowConfig {
         target: normalize_addr(&a.conn.addr),
@@ -398,7 +398,7 @@ pub async fn cmd_run(a: RunArgs) -> Result<Report, Error> {
 pub async fn cmd_capacity(a: CapacityArgs) -> Result<Outcome, Error> {
     let wl = a.workload.config()?;
     let scfg = a.search()?;
-    let s = Session::start(&a.conn, &a.producer, &a.measure, wl).await?;
+    let s = Setup::start(&a.conn, &a.producer, &a.measure, wl).await?;
     let mut search = Search::new(scfg);
     eprintln!(
         "capacity search: p99 <= {} ms, error rate <= {}, {} s per step",
@@ -425,7 +425,7 @@ pub async fn cmd_capacity(a: CapacityArgs) -> Result<Outcome, Error> {
 
 /// Runs the search's steps, one open-loop window each, until it stops or Ctrl-C; prints a line
 /// per step on stderr and returns the steps' reports.
-async fn run_capacity_steps(a: &CapacityArgs, s: &Session, search: &mut Search) -> Vec<Report> {
+async fn run_capacity_steps(a: &CapacityArgs, s: &Setup, search: &mut Search) -> Vec<Report> {
     let window_producers = (!a.measure.no_producers).then(|| s.producers.clone());
     let mut reports = Vec::new();
     while let Some(rate) = search.next_rate() {
@@ -468,7 +468,7 @@ async fn run_capacity_steps(a: &CapacityArgs, s: &Session, search: &mut Search) 
 }
 
 /// The window of one capacity step: open loop at `rate` for `--step-duration` seconds.
-fn capacity_step_config(a: &CapacityArgs, s: &Session, rate: f64) -> WindowConfig {
+fn capacity_step_config(a: &CapacityArgs, s: &Setup, rate: f64) -> WindowConfig {
     WindowConfig {
         target: normalize_addr(&a.conn.addr),
         load: Load::Open(rate),
