@@ -85,7 +85,7 @@ pub struct LookupQuery<'a> {
     pub model: &'a str,
     /// Hash scheme.
     pub hash_scheme: &'a str,
-    /// Adapter keyspace ("" = default).
+    /// Adapter id ("" = default); with the scope it names the keyspace.
     pub adapter: &'a str,
     /// Exact-match key.
     pub prefix_hash: &'a [u8],

@@ -986,7 +986,7 @@ pub struct EntryDump {
     pub model: String,
     /// Hash scheme.
     pub scheme: String,
-    /// Adapter keyspace ("" = default).
+    /// Adapter id ("" = default); with the scope it names the keyspace.
     pub adapter: String,
     /// Prefix hash bytes.
     pub hash: Vec<u8>,
