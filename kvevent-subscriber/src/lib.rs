@@ -7,7 +7,6 @@
 //! ← [`stats::run`] (periodic engine scrape).
 
 #![forbid(unsafe_code)]
-
 #![warn(missing_docs)]
 
 pub mod app;
