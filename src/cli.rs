@@ -1,7 +1,11 @@
-//! Command-line flags, compatible with the reference server (BEHAVIOUR.md §1.1) so existing
+//! Command-line flags, compatible with the reference server (docs/BEHAVIOUR.md §1.1) so existing
 //! deployments keep their manifests: same names, defaults and fail-closed start-up rules.
 
 use clap::{ArgAction, Parser};
+
+use crate::limits::{
+    DEFAULT_MAX_CONNECTIONS_PER_CORE, DEFAULT_MAX_ENTRIES, DEFAULT_MAX_SHARDS, MAX_SHARDS,
+};
 
 /// Flags of `inference-cache-server`. Go-style single-dash spellings (`-grpc-bind-address`) are
 /// accepted too, see [`normalize_args`].
@@ -57,10 +61,10 @@ pub struct Cli {
     pub shards: Option<usize>,
     /// Global cap on storage entries (the reference's compile-time 1,000,000; 0 = unbounded).
     /// Hidden: an operations/test knob, not part of the reference's flag set.
-    #[arg(long, default_value_t = inferencecache_index::index::DEFAULT_MAX_ENTRIES, hide = true)]
+    #[arg(long, default_value_t = DEFAULT_MAX_ENTRIES, hide = true)]
     pub index_max_entries: u64,
     /// gRPC connections each core serves at once; further connections are closed.
-    #[arg(long, default_value_t = crate::runtime::DEFAULT_MAX_CONNECTIONS_PER_CORE)]
+    #[arg(long, default_value_t = DEFAULT_MAX_CONNECTIONS_PER_CORE)]
     pub max_connections_per_core: usize,
     /// TTL sweep interval in milliseconds (the reference's fixed 1 min). Hidden test knob.
     #[arg(long, default_value_t = 60_000, hide = true)]
@@ -82,8 +86,41 @@ pub struct Cli {
     pub kube_token_file: String,
 }
 
-/// Upper bound on `--shards`: partitions are spread over at most this many cores.
-pub const MAX_SHARDS: usize = 64;
+/// A flag combination the server refuses to start with (exit 2).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum FlagError {
+    /// Two flags that exclude each other.
+    MutuallyExclusive(&'static str, &'static str),
+    /// No controller authentication chosen.
+    MissingAuth,
+    /// A value with leading or trailing whitespace.
+    Whitespace(&'static str),
+    /// An audience left empty while TokenReview is on.
+    EmptyAudience(&'static str),
+    /// Only one of the TLS pair.
+    TlsPair,
+    /// `--shards` outside 1..=MAX_SHARDS.
+    Shards,
+}
+
+impl std::fmt::Display for FlagError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::MutuallyExclusive(a, b) => write!(f, "{a} and {b} are mutually exclusive"),
+            Self::MissingAuth => f.write_str("missing --allowed-controller-sa: refusing to serve the controller-facing endpoints unauthenticated (use --insecure-disable-auth for development)"),
+            Self::Whitespace(flag) => {
+                write!(f, "{flag} must not have leading or trailing whitespace")
+            }
+            Self::EmptyAudience(flag) => {
+                write!(f, "{flag} must not be empty when --allowed-controller-sa is set")
+            }
+            Self::TlsPair => f.write_str("--tls-cert-file and --tls-key-file must be set together"),
+            Self::Shards => write!(f, "--shards must be between 1 and {MAX_SHARDS}"),
+        }
+    }
+}
+
+impl std::error::Error for FlagError {}
 
 /// Rewrites Go-style `-flag` / `-flag=value` arguments to `--flag`, because the reference's Go
 /// `flag` package accepts both spellings and manifests in the field use either.
@@ -100,53 +137,59 @@ pub fn normalize_args(args: impl IntoIterator<Item = String>) -> Vec<String> {
         .collect()
 }
 
-/// Start-up validation of the auth flags (BEHAVIOUR.md §1.1): the first failing rule's message.
-pub fn validate_auth(cli: &Cli) -> Result<(), String> {
+/// Start-up validation of the auth flags (docs/BEHAVIOUR.md §1.1): the first failing rule.
+pub fn validate_auth(cli: &Cli) -> Result<(), FlagError> {
     let sa = &cli.allowed_controller_sa;
     if !sa.is_empty() && cli.insecure_disable_auth {
-        return Err(
-            "--allowed-controller-sa and --insecure-disable-auth are mutually exclusive".into(),
-        );
+        return Err(FlagError::MutuallyExclusive(
+            "--allowed-controller-sa",
+            "--insecure-disable-auth",
+        ));
     }
     if !cli.controller_token_file.is_empty() && cli.insecure_disable_auth {
-        return Err(
-            "--controller-token-file and --insecure-disable-auth are mutually exclusive".into(),
-        );
+        return Err(FlagError::MutuallyExclusive(
+            "--controller-token-file",
+            "--insecure-disable-auth",
+        ));
     }
     if sa.is_empty() && cli.controller_token_file.is_empty() && !cli.insecure_disable_auth {
-        return Err("missing --allowed-controller-sa: refusing to serve the controller-facing endpoints unauthenticated (use --insecure-disable-auth for development)".into());
+        return Err(FlagError::MissingAuth);
     }
-    if !sa.is_empty() {
-        if sa.trim() != sa {
-            return Err(
-                "--allowed-controller-sa must not have leading or trailing whitespace".into(),
-            );
+    if sa.is_empty() {
+        return Ok(());
+    }
+    if sa.trim() != sa {
+        return Err(FlagError::Whitespace("--allowed-controller-sa"));
+    }
+    for (flag, aud) in [
+        ("--controller-audience", &cli.controller_audience),
+        ("--policy-audience", &cli.policy_audience),
+    ] {
+        if aud.trim().is_empty() {
+            return Err(FlagError::EmptyAudience(flag));
         }
-        for (flag, aud) in [
-            ("--controller-audience", &cli.controller_audience),
-            ("--policy-audience", &cli.policy_audience),
-        ] {
-            if aud.trim().is_empty() {
-                return Err(format!(
-                    "{flag} must not be empty when --allowed-controller-sa is set"
-                ));
-            }
-            if aud.trim() != aud.as_str() {
-                return Err(format!(
-                    "{flag} must not have leading or trailing whitespace"
-                ));
-            }
+        if aud.trim() != aud.as_str() {
+            return Err(FlagError::Whitespace(flag));
         }
     }
     Ok(())
 }
 
 /// Validates the TLS flag pair: both or neither.
-pub fn validate_tls(cli: &Cli) -> Result<(), String> {
+pub fn validate_tls(cli: &Cli) -> Result<(), FlagError> {
     match (cli.tls_cert_file.is_empty(), cli.tls_key_file.is_empty()) {
         (true, true) | (false, false) => Ok(()),
-        _ => Err("--tls-cert-file and --tls-key-file must be set together".into()),
+        _ => Err(FlagError::TlsPair),
     }
+}
+
+/// The number of executors: `--shards`, else the machine default; within 1..=MAX_SHARDS.
+pub fn shards(cli: &Cli, cpus: usize) -> Result<usize, FlagError> {
+    let shards = cli.shards.unwrap_or_else(|| default_shards(cpus));
+    if shards == 0 || shards > MAX_SHARDS {
+        return Err(FlagError::Shards);
+    }
+    Ok(shards)
 }
 
 /// Turns a Go-style listen address (`:9090`, `host:port`) into something `ToSocketAddrs` takes.
@@ -169,7 +212,11 @@ pub fn engine_block_size(cli: &Cli) -> i32 {
 
 /// Default shard count for this machine (see [`Cli::shards`]).
 pub fn default_shards(cpus: usize) -> usize {
-    if cpus <= 2 { 1 } else { cpus.min(8) }
+    if cpus <= 2 {
+        1
+    } else {
+        cpus.min(DEFAULT_MAX_SHARDS)
+    }
 }
 
 #[cfg(test)]
@@ -207,6 +254,7 @@ mod tests {
         assert!(
             validate_auth(&c)
                 .unwrap_err()
+                .to_string()
                 .starts_with("missing --allowed-controller-sa")
         );
         c.allowed_controller_sa = "sa".into();
@@ -214,27 +262,40 @@ mod tests {
         assert!(
             validate_auth(&c)
                 .unwrap_err()
+                .to_string()
                 .contains("mutually exclusive")
         );
         c.insecure_disable_auth = false;
         c.allowed_controller_sa = " sa".into();
-        assert!(validate_auth(&c).unwrap_err().contains("whitespace"));
+        assert!(
+            validate_auth(&c)
+                .unwrap_err()
+                .to_string()
+                .contains("whitespace")
+        );
         c.allowed_controller_sa = "sa".into();
         c.controller_audience = "  ".into();
         assert!(
             validate_auth(&c)
                 .unwrap_err()
+                .to_string()
                 .contains("--controller-audience")
         );
         c.controller_audience = "a ".into();
         assert!(
             validate_auth(&c)
                 .unwrap_err()
+                .to_string()
                 .contains("--controller-audience")
         );
         c.controller_audience = "a".into();
         c.policy_audience = "".into();
-        assert!(validate_auth(&c).unwrap_err().contains("--policy-audience"));
+        assert!(
+            validate_auth(&c)
+                .unwrap_err()
+                .to_string()
+                .contains("--policy-audience")
+        );
         c.policy_audience = "p".into();
         assert!(validate_auth(&c).is_ok());
     }
@@ -247,6 +308,7 @@ mod tests {
         assert!(
             validate_auth(&c)
                 .unwrap_err()
+                .to_string()
                 .contains("mutually exclusive")
         );
         let c = parse(&[

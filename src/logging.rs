@@ -3,25 +3,51 @@
 
 use tracing::Level;
 
-/// Parses `--log-format` (json|text, case-insensitive, empty = json).
-pub fn parse_format(s: &str) -> Result<bool, String> {
+/// A `--log-format` or `--log-level` value the server does not know (exit 2).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct InvalidLogFlag {
+    flag: &'static str,
+    value: String,
+    want: &'static str,
+}
+
+impl std::fmt::Display for InvalidLogFlag {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "invalid {} {:?}: want {}",
+            self.flag, self.value, self.want
+        )
+    }
+}
+
+impl std::error::Error for InvalidLogFlag {}
+
+/// Parses `--log-format` (json|text, case-insensitive, empty = json): `true` for JSON.
+pub fn parse_format(s: &str) -> Result<bool, InvalidLogFlag> {
     match s.trim().to_ascii_lowercase().as_str() {
         "" | "json" => Ok(true),
         "text" => Ok(false),
-        other => Err(format!("invalid --log-format {other:?}: want json or text")),
+        other => Err(InvalidLogFlag {
+            flag: "--log-format",
+            value: other.to_string(),
+            want: "json or text",
+        }),
     }
 }
 
 /// Parses `--log-level` (debug|info|warn|warning|error, case-insensitive, empty = info).
-pub fn parse_level(s: &str) -> Result<Level, String> {
+pub fn parse_level(s: &str) -> Result<Level, InvalidLogFlag> {
     match s.trim().to_ascii_lowercase().as_str() {
         "" | "info" => Ok(Level::INFO),
         "debug" => Ok(Level::DEBUG),
         "warn" | "warning" => Ok(Level::WARN),
         "error" => Ok(Level::ERROR),
-        other => Err(format!(
-            "invalid --log-level {other:?}: want debug, info, warn or error"
-        )),
+        other => Err(InvalidLogFlag {
+            flag: "--log-level",
+            value: other.to_string(),
+            want: "debug, info, warn or error",
+        }),
     }
 }
 

@@ -5,11 +5,11 @@
 mod index_support;
 
 use index_support::*;
-use inferencecache_proto::v1alpha1::cache_event::Type;
 use inferencecache_index::PROBE_TENANT;
 use inferencecache_index::directory::Directory;
 use inferencecache_index::index::{Index, IndexConfig, LookupQuery, Strategy};
 use inferencecache_index::rules::NoRules;
+use inferencecache_proto::v1alpha1::cache_event::Type;
 use std::sync::Arc;
 
 fn cores(n: usize, cap: u64) -> (Arc<Directory>, Vec<Index>) {

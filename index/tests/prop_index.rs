@@ -6,12 +6,12 @@
 mod index_support;
 
 use index_support::Rules;
-use inferencecache_proto::v1alpha1::{CacheEvent, CacheStateUpdate, PrefixEntry, ReplicaStats};
 use inferencecache_index::PROBE_TENANT;
 use inferencecache_index::index::{
     EntryDump, Index, IndexConfig, LookupQuery, RankerConfig, Strategy as S,
 };
 use inferencecache_index::rules::{Eviction, TenantRules};
+use inferencecache_proto::v1alpha1::{CacheEvent, CacheStateUpdate, PrefixEntry, ReplicaStats};
 use proptest::prelude::*;
 use std::collections::{BTreeMap, BTreeSet};
 

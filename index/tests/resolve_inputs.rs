@@ -1,13 +1,13 @@
 //! LookupRoute request-side logic (BEHAVIOUR.md §10.1–§10.3, §10.7, §21.9/§21.10; conformance
 //! C114, C116, C118, C120, C130, C136, C137).
 
-use inferencecache_proto::v1alpha1::LookupRouteRequest;
 use inferencecache_index::fingerprint;
 use inferencecache_index::resolve::{
     DEFAULT_ENGINE_BLOCK_SIZE, ExactHash, FailOpenCause, MAX_LOOKUP_TOKENS, MAX_PROMPT_TEXT_BYTES,
     Resolution, ResolvedChain, ResolvedInputs, affinity_eligible, effective_prefix_tokens,
     has_valid_wire_chain, resolve_inputs, resolve_tokenized, will_tokenize,
 };
+use inferencecache_proto::v1alpha1::LookupRouteRequest;
 
 const BS: i32 = DEFAULT_ENGINE_BLOCK_SIZE;
 

@@ -7,45 +7,31 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use futures_util::Stream;
+use inferencecache_index::PROBE_TENANT;
 use inferencecache_proto::v1alpha1 as pb;
 use inferencecache_proto::v1alpha1::inference_cache_server::InferenceCache;
-use inferencecache_index::PROBE_TENANT;
 use tonic::{Request, Response, Status, Streaming};
 
-use crate::core_state::owner;
+use crate::lookup::LookupConfig;
 use crate::runtime::mailbox;
+use crate::shard::owner;
 
-/// Process-wide, immutable handler configuration.
-#[derive(Debug, Clone)]
-pub struct ServiceConfig {
-    /// Tokens per block for the token_ids / prompt_text fingerprint.
-    pub engine_block_size: i32,
-}
+use super::status::receive_status;
 
 /// The InferenceCache service; one cheap instance per core.
 #[derive(Debug, Clone)]
 pub struct CacheService {
-    cfg: Arc<ServiceConfig>,
+    cfg: Arc<LookupConfig>,
 }
 
 impl CacheService {
     /// Creates the handler set over shared configuration.
-    pub fn new(cfg: Arc<ServiceConfig>) -> Self {
+    pub fn new(cfg: Arc<LookupConfig>) -> Self {
         Self { cfg }
     }
 }
 
 type EmptyStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send>>;
-
-/// A receive error as returned to the producer: tonic's "message too large" (OUT_OF_RANGE)
-/// becomes grpc-go's RESOURCE_EXHAUSTED (BEHAVIOUR.md §1.3); anything else is passed on.
-fn oversize_status(s: Status) -> Status {
-    if s.code() == tonic::Code::OutOfRange && super::is_oversize_message(s.message()) {
-        Status::resource_exhausted("grpc: received message larger than max")
-    } else {
-        s
-    }
-}
 
 fn ack() -> Response<pb::Ack> {
     Response::new(pb::Ack {
@@ -73,7 +59,6 @@ impl InferenceCache for CacheService {
         let start = Instant::now();
         let deadline = super::deadline::from_metadata(request.metadata(), start);
         let req = request.into_inner();
-        let _ = (&self.cfg, deadline);
         let resp = crate::lookup::lookup_route(&self.cfg, req, start, deadline).await;
         Ok(Response::new(resp))
     }
@@ -119,7 +104,7 @@ impl InferenceCache for CacheService {
         // Each message is applied as soon as it is received (BEHAVIOUR.md §4.1); the await on
         // the owner's reply bounds this stream to one message in flight, so a slow owner slows
         // the producer through HTTP/2 flow control instead of growing a queue.
-        while let Some(update) = stream.message().await.map_err(oversize_status)? {
+        while let Some(update) = stream.message().await.map_err(receive_status)? {
             if update.tenant_id == PROBE_TENANT {
                 continue;
             }

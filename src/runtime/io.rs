@@ -1,5 +1,5 @@
 //! Adapters that let hyper 1.x serve HTTP/2 over glommio sockets on a glommio executor, with no
-//! tokio runtime on the serving cores (ARCHITECTURE.md §5).
+//! tokio runtime on the serving cores (docs/ARCHITECTURE.md §5).
 
 use std::future::Future;
 use std::io;
@@ -31,6 +31,8 @@ impl<S: AsyncRead + Unpin> hyper::rt::Read for GlommioIo<S> {
         };
         match Pin::new(&mut self.0).poll_read(cx, slice) {
             Poll::Ready(Ok(n)) => {
+                // SAFETY: the socket filled `n` bytes of the slice, which was fully initialised
+                // above, so advancing by `n` never exposes uninitialised memory.
                 unsafe { buf.advance(n) };
                 Poll::Ready(Ok(()))
             }
@@ -128,4 +130,89 @@ pub fn sleep(d: std::time::Duration) -> impl Future<Output = ()> + Send {
     LocalOnly::new(async move {
         glommio::timer::sleep(d).await;
     })
+}
+
+/// hyper's timer on the current core's glommio timers (HTTP/2 keep-alive pings).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct LocalTimer;
+
+/// One glommio timer handed to hyper.
+struct LocalSleep(LocalOnly<glommio::timer::Timer>);
+
+// SAFETY: the timer is only reachable through `poll` (which takes `Pin<&mut Self>`) and `drop`,
+// and `LocalOnly` asserts both happen on the owning core; `&LocalSleep` exposes nothing.
+unsafe impl Sync for LocalSleep {}
+
+impl Future for LocalSleep {
+    type Output = ();
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        Pin::new(&mut self.0).poll(cx).map(|_| ())
+    }
+}
+
+impl hyper::rt::Sleep for LocalSleep {}
+
+impl hyper::rt::Timer for LocalTimer {
+    fn sleep(&self, duration: std::time::Duration) -> Pin<Box<dyn hyper::rt::Sleep>> {
+        Box::pin(LocalSleep(LocalOnly::new(glommio::timer::Timer::new(
+            duration,
+        ))))
+    }
+
+    fn sleep_until(&self, deadline: std::time::Instant) -> Pin<Box<dyn hyper::rt::Sleep>> {
+        self.sleep(deadline.saturating_duration_since(std::time::Instant::now()))
+    }
+}
+
+/// A stream that counts the bytes read from it, so a watchdog can tell whether the peer ever
+/// spoke (see `grpc::connection`).
+pub struct CountingIo<S> {
+    inner: S,
+    read: std::rc::Rc<std::cell::Cell<u64>>,
+}
+
+impl<S> CountingIo<S> {
+    /// Wraps `inner`; the returned cell holds the bytes read so far.
+    pub fn new(inner: S) -> (Self, std::rc::Rc<std::cell::Cell<u64>>) {
+        let read = std::rc::Rc::new(std::cell::Cell::new(0));
+        (
+            Self {
+                inner,
+                read: read.clone(),
+            },
+            read,
+        )
+    }
+}
+
+impl<S: AsyncRead + Unpin> AsyncRead for CountingIo<S> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut [u8],
+    ) -> Poll<io::Result<usize>> {
+        let polled = Pin::new(&mut self.inner).poll_read(cx, buf);
+        if let Poll::Ready(Ok(n)) = polled {
+            self.read.set(self.read.get() + n as u64);
+        }
+        polled
+    }
+}
+
+impl<S: AsyncWrite + Unpin> AsyncWrite for CountingIo<S> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write(cx, buf)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_close(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_close(cx)
+    }
 }

@@ -1,5 +1,5 @@
 //! The cross-core hop: one bounded lock-free queue per (sender, owner core) pair, drained by a
-//! task on the owner, with replies on a oneshot (ARCHITECTURE.md §1, §5).
+//! task on the owner, with replies on a oneshot (docs/ARCHITECTURE.md §1, §5).
 //!
 //! Bounded everywhere: a full queue is reported to the caller, which either fails open (lookups)
 //! or backs off and retries (ingest, so acknowledged data is never dropped and memory never grows).
@@ -11,10 +11,10 @@ use std::time::Duration;
 use crossbeam_queue::ArrayQueue;
 use futures_util::task::AtomicWaker;
 
-use crate::core_state::CoreState;
-
-/// Operations in flight to one owner core from one sender, before senders see "full".
-pub const MAILBOX_CAPACITY: usize = 1024;
+use crate::limits::{
+    MAILBOX_BACKOFF_MAX, MAILBOX_BACKOFF_MIN, MAILBOX_CAPACITY, MAILBOX_DRAIN_BATCH,
+};
+use crate::shard::{self, CoreState};
 
 /// Work shipped to the core that owns it.
 pub enum Op {
@@ -49,7 +49,7 @@ pub struct Mesh {
 static MESH: OnceLock<Mesh> = OnceLock::new();
 
 /// Creates the mesh for `cores` executors. Must run once, before any executor starts.
-pub fn init(cores: usize) {
+pub(super) fn init(cores: usize) {
     assert!(cores >= 1);
     let senders = cores + 1; // the extra slot is shared by non-core threads (admin, signals)
     let inboxes = (0..cores)
@@ -82,18 +82,19 @@ pub fn depth(core: usize) -> usize {
     inbox(core).queues.iter().map(|q| q.len()).sum()
 }
 
-/// Pushes `op` to `owner`'s queue from the calling thread's slot, waking the owner.
+/// Pushes `op` to `owner`'s queue from the calling thread's slot, waking the owner. A stalled
+/// owner refuses new work (see [`super::health`]).
 pub fn try_push(owner: usize, op: Op) -> Result<(), Op> {
+    if super::health::is_stalled(owner) {
+        return Err(op);
+    }
     let mesh = MESH.get().expect("mesh");
-    let slot = crate::core_state::current_core().unwrap_or(mesh.inboxes.len());
+    let slot = shard::current_core().unwrap_or(mesh.inboxes.len());
     let inbox = &mesh.inboxes[owner];
     inbox.queues[slot].push(op)?;
     inbox.waker.wake();
     Ok(())
 }
-
-/// Maximum ops executed per drain pass before yielding to the core's other tasks.
-const DRAIN_BATCH: usize = 64;
 
 /// The owner-side task: executes queued ops forever (until the executor stops).
 pub async fn drain_loop(core: usize) {
@@ -101,12 +102,12 @@ pub async fn drain_loop(core: usize) {
     loop {
         let mut done = 0usize;
         for q in &inbox.queues {
-            while done < DRAIN_BATCH {
+            while done < MAILBOX_DRAIN_BATCH {
                 let Some(op) = q.pop() else { break };
                 done += 1;
                 match op {
-                    Op::Run(f) => crate::core_state::with_core(f),
-                    Op::Connection(s) => crate::runtime::serve_connection(s.bind_to_executor()),
+                    Op::Run(f) => shard::with_core(f),
+                    Op::Connection(s) => super::accept::serve(s.bind_to_executor()),
                 }
             }
         }
@@ -134,9 +135,9 @@ where
     R: Send + 'static,
     F: FnOnce(&mut CoreState) -> R + Send + 'static,
 {
-    if crate::core_state::current_core() == Some(owner) {
+    if shard::current_core() == Some(owner) {
         crate::metrics::record_hop(true);
-        return Ok(crate::core_state::with_core(f));
+        return Ok(shard::with_core(f));
     }
     crate::metrics::record_hop(false);
     let (tx, rx) = tokio::sync::oneshot::channel();
@@ -151,32 +152,72 @@ where
 
 /// Runs `f` on `owner`, waiting (with bounded back-off sleeps) while the queue is full, so an
 /// acknowledged ingest is never dropped and the producer feels back-pressure through HTTP/2.
+/// Off the cores it must run on the admin runtime: the back-off is a timer there too, so a full
+/// queue never blocks the admin thread.
 pub async fn call<R, F>(owner: usize, f: F) -> Result<R, HopError>
 where
     R: Send + 'static,
     F: FnOnce(&mut CoreState) -> R + Send + 'static,
 {
-    if crate::core_state::current_core() == Some(owner) {
-        return Ok(crate::core_state::with_core(f));
+    if shard::current_core() == Some(owner) {
+        return Ok(shard::with_core(f));
     }
     let (tx, rx) = tokio::sync::oneshot::channel();
     let mut op = Op::Run(Box::new(move |st| {
         let _ = tx.send(f(st));
     }));
-    let mut backoff = Duration::from_micros(20);
+    let mut backoff = MAILBOX_BACKOFF_MIN;
     loop {
         match try_push(owner, op) {
             Ok(()) => break,
+            Err(_) if super::health::is_stalled(owner) => return Err(HopError::Gone),
             Err(back) => {
                 op = back;
-                if crate::core_state::current_core().is_some() {
-                    crate::runtime::io::sleep(backoff).await;
-                } else {
-                    std::thread::sleep(backoff);
-                }
-                backoff = (backoff * 2).min(Duration::from_millis(5));
+                backoff_sleep(backoff).await;
+                backoff = (backoff * 2).min(MAILBOX_BACKOFF_MAX);
             }
         }
     }
     rx.await.map_err(|_| HopError::Gone)
+}
+
+/// Sleeps on the calling thread's timer: the core's, or the admin runtime's.
+async fn backoff_sleep(d: Duration) {
+    if shard::current_core().is_some() {
+        super::io::sleep(d).await;
+    } else {
+        tokio::time::sleep(d).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A full queue must not block the admin thread: its other tasks keep running while an
+    /// ingest-style `call` waits for room.
+    #[test]
+    fn full_queue_backs_off_on_the_admin_timer_without_blocking_it() {
+        init(1);
+        let fill = || Op::Run(Box::new(|_: &mut CoreState| {}));
+        while try_push(0, fill()).is_ok() {}
+        let (done_tx, done_rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_time()
+                .build()
+                .expect("runtime");
+            rt.block_on(async {
+                let waiting = tokio::spawn(call(0, |_| ()));
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                let _ = done_tx.send(());
+                waiting.abort();
+            });
+        });
+        let progressed = done_rx.recv_timeout(Duration::from_secs(10));
+        assert!(
+            progressed.is_ok(),
+            "the admin runtime froze behind a full mailbox"
+        );
+    }
 }

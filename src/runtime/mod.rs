@@ -1,194 +1,191 @@
 //! The per-core runtime: `--shards N` glommio executors pinned to CPUs, each serving its own
-//! gRPC connections and owning a fixed slice of the index partitions (ARCHITECTURE.md §1).
+//! connections and owning a fixed slice of the index partitions (docs/ARCHITECTURE.md §1), plus
+//! the one small admin thread for everything off the request path.
 //!
-//! Core 0 accepts gRPC connections and deals them round-robin to all cores, so connections are
-//! spread evenly instead of by the kernel's SO_REUSEPORT hash.
+//! The runtime knows nothing of gRPC: start-up hands it a connection handler, which every core
+//! runs for the connections dealt to it ([`accept`]).
 
+mod accept;
+pub mod admin_thread;
+pub mod health;
 pub mod io;
 pub mod mailbox;
+mod shutdown;
 
-use std::cell::Cell;
+use std::future::Future;
 use std::net::SocketAddr;
+use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use event_listener::Event;
+use std::os::fd::{FromRawFd, IntoRawFd};
+
 use glommio::net::{TcpListener, TcpStream};
 use glommio::{LocalExecutorBuilder, Placement};
 
-use crate::core_state::{self, CoreState};
+use crate::limits::{EXECUTOR_START_TIMEOUT, IO_MEMORY_BYTES, LISTEN_BACKLOG, MAX_SHARDS};
+use crate::shard::{self, CoreState};
 
-/// Default bound on gRPC connections one core serves at once; beyond it new connections are
-/// closed (`--max-connections-per-core`).
-pub const DEFAULT_MAX_CONNECTIONS_PER_CORE: usize = 16_384;
-static MAX_CONNECTIONS_PER_CORE: AtomicUsize = AtomicUsize::new(DEFAULT_MAX_CONNECTIONS_PER_CORE);
+pub use shutdown::{request_shutdown, shutdown_requested, shutting_down};
 
-/// Sets the per-core connection bound (before [`start`]).
-pub fn set_max_connections_per_core(n: usize) {
-    MAX_CONNECTIONS_PER_CORE.store(n.max(1), Ordering::SeqCst);
-}
-/// Concurrent HTTP/2 streams allowed per gRPC connection.
-pub const MAX_CONCURRENT_STREAMS: u32 = 1024;
-/// io_uring registered memory per executor: small, since the cores do no file I/O and this
-/// lets the server start without CAP_IPC_LOCK under the default 8 MiB `ulimit -l`.
-const IO_MEMORY_BYTES: usize = 512 * 1024;
-/// Longest graceful drain after SIGTERM before in-flight connections are abandoned.
-pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
+/// Serves one connection on the core it was dealt to, until it closes.
+pub type ConnectionHandler = fn(TcpStream) -> Pin<Box<dyn Future<Output = ()>>>;
 
-static SHUTTING_DOWN: AtomicBool = AtomicBool::new(false);
-static SHUTDOWN: Event = Event::new();
-/// Cores still draining their connections; the hop must keep working until all are done.
-static DRAINING: AtomicUsize = AtomicUsize::new(0);
-
-thread_local! {
-    static LIVE_CONNECTIONS: Cell<usize> = const { Cell::new(0) };
-}
-
-/// Asks every core to stop accepting and drain (SIGTERM/SIGINT).
-pub fn request_shutdown() {
-    SHUTTING_DOWN.store(true, Ordering::SeqCst);
-    SHUTDOWN.notify(usize::MAX);
-}
-
-/// True once shutdown was requested.
-pub fn shutting_down() -> bool {
-    SHUTTING_DOWN.load(Ordering::SeqCst)
-}
-
-/// Resolves once shutdown is requested.
-pub async fn shutdown_requested() {
-    loop {
-        if shutting_down() {
-            return;
-        }
-        let listener = SHUTDOWN.listen();
-        if shutting_down() {
-            return;
-        }
-        listener.await;
-    }
-}
-
-/// What each core runs at start, besides serving: installs its state and services.
+/// Builds each core's state at start.
 pub type CoreInit = Arc<dyn Fn(usize) -> CoreState + Send + Sync>;
 
 /// Start-up parameters of the runtime.
 pub struct RuntimeConfig {
     /// Number of executors.
     pub shards: usize,
-    /// gRPC listen address.
-    pub grpc_addr: SocketAddr,
+    /// Listen address of the connections the cores serve.
+    pub listen_addr: SocketAddr,
     /// Builds each core's state.
     pub init: CoreInit,
-    /// Per-core service installation (runs on the core).
-    pub install_services: Arc<dyn Fn() + Send + Sync>,
-    /// Period of each core's TTL sweep (BEHAVIOUR.md §6: 1 min).
+    /// Per-core set-up run on the core before it serves (e.g. building its services).
+    pub on_core_start: Arc<dyn Fn() + Send + Sync>,
+    /// What each core runs for a connection dealt to it.
+    pub serve_connection: ConnectionHandler,
+    /// Connections one core serves at once; further ones are closed.
+    pub max_connections_per_core: usize,
+    /// Period of each core's TTL sweep (docs/BEHAVIOUR.md §6: 1 min).
     pub sweep_interval: Duration,
 }
+
+/// Why the runtime could not start.
+#[derive(Debug)]
+pub enum StartError {
+    /// The listen address is served by another process (or cannot be bound).
+    AddressInUse(SocketAddr, std::io::Error),
+    /// An executor could not be created (io_uring unavailable, locked memory too small).
+    Executor(usize, usize, String),
+    /// The executors did not report in time.
+    NotStarted,
+}
+
+impl std::fmt::Display for StartError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::AddressInUse(addr, e) => write!(
+                f,
+                "gRPC address {addr} is not available ({e}); is another server running on it?"
+            ),
+            Self::Executor(core, cpu, e) => write!(
+                f,
+                "cannot start executor {core} on CPU {cpu}: {e} (io_uring unavailable or locked memory too small?)"
+            ),
+            Self::NotStarted => f.write_str("executors did not start (io_uring unavailable?)"),
+        }
+    }
+}
+
+impl std::error::Error for StartError {}
 
 /// A running set of executors.
 pub struct Runtime {
     handles: Vec<glommio::ExecutorJoinHandle<()>>,
     /// The address actually bound (port 0 resolved).
-    pub grpc_addr: SocketAddr,
+    pub listen_addr: SocketAddr,
 }
 
-/// CPUs this process may run on, in order (so pinning respects taskset/cgroup limits).
-fn allowed_cpus() -> Vec<usize> {
-    // SAFETY: plain libc call filling a zeroed cpu_set_t owned by this frame.
-    unsafe {
-        let mut set: libc::cpu_set_t = std::mem::zeroed();
-        if libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) == 0 {
-            let cpus: Vec<usize> = (0..libc::CPU_SETSIZE as usize)
-                .filter(|&c| libc::CPU_ISSET(c, &set))
-                .collect();
-            if !cpus.is_empty() {
-                return cpus;
-            }
-        }
-    }
-    (0..std::thread::available_parallelism()
-        .map(|n| n.get())
-        .unwrap_or(1))
-        .collect()
+/// Binds the listener before any executor starts. SO_REUSEADDR lets a restart bind at once
+/// while the previous process's connections linger in TIME_WAIT or FIN_WAIT; no SO_REUSEPORT,
+/// so a port another live server listens on is refused instead of silently shared.
+fn bind_listener(addr: SocketAddr) -> Result<std::net::TcpListener, StartError> {
+    use socket2::{Domain, Protocol, Socket, Type};
+    let bind = || -> std::io::Result<std::net::TcpListener> {
+        let socket = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
+        socket.set_reuse_address(true)?;
+        socket.bind(&addr.into())?;
+        socket.listen(LISTEN_BACKLOG)?;
+        Ok(socket.into())
+    };
+    bind().map_err(|e| StartError::AddressInUse(addr, e))
 }
 
-/// Refuses to start when `addr` is already served: glommio listeners always set SO_REUSEPORT,
-/// so binding next to another server would silently split connections between the two.
-pub fn ensure_port_free(addr: SocketAddr) -> Result<(), String> {
-    std::net::TcpListener::bind(addr).map(drop).map_err(|e| {
-        format!("gRPC address {addr} is not available ({e}); is another server running on it?")
-    })
-}
+/// What each executor reports once it runs.
+type Ready = (usize, Result<(), StartError>);
 
-/// Starts the executors, binds the gRPC listener on core 0 and returns once serving.
-pub fn start(cfg: RuntimeConfig) -> Result<Runtime, String> {
-    assert!(cfg.shards >= 1 && cfg.shards <= crate::cli::MAX_SHARDS);
-    ensure_port_free(cfg.grpc_addr)?;
+/// Starts the executors, binds the listener on core 0 and returns once every core serves.
+pub fn start(cfg: RuntimeConfig) -> Result<Runtime, StartError> {
+    assert!((1..=MAX_SHARDS).contains(&cfg.shards));
+    let listener = bind_listener(cfg.listen_addr)?;
+    let listen_addr = listener
+        .local_addr()
+        .map_err(|e| StartError::AddressInUse(cfg.listen_addr, e))?;
+    // Core 0 takes the listener over; the fd stays open until its accept loop ends.
+    let mut listener = Some(listener);
+    shard::set_cores(cfg.shards);
     mailbox::init(cfg.shards);
-    DRAINING.store(cfg.shards, Ordering::SeqCst);
-    let cpus = allowed_cpus();
-    let (ready_tx, ready_rx) = std::sync::mpsc::channel::<(usize, Result<SocketAddr, String>)>();
+    health::init(cfg.shards);
+    accept::init(cfg.serve_connection, cfg.max_connections_per_core);
+    shutdown::set_draining(cfg.shards);
+    let cpus = crate::sys::cpus::allowed_cpus();
+    let cfg = Arc::new(cfg);
+    let (ready_tx, ready_rx) = std::sync::mpsc::channel::<Ready>();
     let mut handles = Vec::with_capacity(cfg.shards);
     for core in 0..cfg.shards {
         let cpu = cpus[core % cpus.len()];
-        let init = cfg.init.clone();
-        let install = cfg.install_services.clone();
-        let ready = ready_tx.clone();
-        let addr = cfg.grpc_addr;
-        let sweep_interval = cfg.sweep_interval;
+        let (cfg, ready) = (cfg.clone(), ready_tx.clone());
+        let own_listener = if core == 0 { listener.take() } else { None };
         let handle = LocalExecutorBuilder::new(Placement::Fixed(cpu))
             .name(&format!("core-{core}"))
             .io_memory(IO_MEMORY_BYTES)
-            .spawn(move || async move {
-                core_state::install(init(core));
-                install();
-                glommio::spawn_local(mailbox::drain_loop(core)).detach();
-                glommio::spawn_local(sweep_loop(sweep_interval)).detach();
-                if core == 0 {
-                    match TcpListener::bind(addr) {
-                        Ok(listener) => {
-                            let bound = listener.local_addr().unwrap_or(addr);
-                            let _ = ready.send((core, Ok(bound)));
-                            accept_loop(listener).await;
-                        }
-                        Err(e) => {
-                            let _ = ready.send((core, Err(format!("bind gRPC {addr}: {e}"))));
-                            return;
-                        }
-                    }
-                } else {
-                    let _ = ready.send((core, Ok(addr)));
-                    shutdown_requested().await;
-                }
-                drain_core().await;
-            })
-            .map_err(|e| {
-                format!("cannot start executor {core} on CPU {cpu}: {e} (io_uring unavailable or locked memory too small?)")
-            })?;
+            .spawn(move || run_core(core, cfg, own_listener, ready))
+            .map_err(|e| StartError::Executor(core, cpu, e.to_string()))?;
         handles.push(handle);
     }
     drop(ready_tx);
-    let mut bound = cfg.grpc_addr;
-    for _ in 0..cfg.shards {
-        match ready_rx.recv_timeout(Duration::from_secs(30)) {
-            Ok((0, Ok(a))) => bound = a,
-            Ok((_, Ok(_))) => {}
+    wait_ready(&ready_rx, cfg.shards)?;
+    Ok(Runtime {
+        handles,
+        listen_addr,
+    })
+}
+
+/// Collects every core's report; the first failure stops the others.
+fn wait_ready(ready: &std::sync::mpsc::Receiver<Ready>, shards: usize) -> Result<(), StartError> {
+    for _ in 0..shards {
+        match ready.recv_timeout(EXECUTOR_START_TIMEOUT) {
+            Ok((_, Ok(()))) => {}
             Ok((_, Err(e))) => {
                 request_shutdown();
                 return Err(e);
             }
             Err(_) => {
                 request_shutdown();
-                return Err("executors did not start (io_uring unavailable?)".into());
+                return Err(StartError::NotStarted);
             }
         }
     }
-    Ok(Runtime {
-        handles,
-        grpc_addr: bound,
-    })
+    Ok(())
+}
+
+/// The life of one executor: install its state, serve until shutdown, then drain. Core 0 gets
+/// the listener and runs the accept loop.
+async fn run_core(
+    core: usize,
+    cfg: Arc<RuntimeConfig>,
+    listener: Option<std::net::TcpListener>,
+    ready: std::sync::mpsc::Sender<Ready>,
+) {
+    shard::install((cfg.init)(core));
+    crate::metrics::register_core_thread();
+    (cfg.on_core_start)();
+    glommio::spawn_local(mailbox::drain_loop(core)).detach();
+    glommio::spawn_local(health::heartbeat_loop(core)).detach();
+    glommio::spawn_local(sweep_loop(cfg.sweep_interval)).detach();
+    let _ = ready.send((core, Ok(())));
+    match listener {
+        Some(listener) => {
+            // SAFETY: the fd is a bound, listening TCP socket this executor now owns alone
+            // (`into_raw_fd` gave up the std listener's ownership).
+            let listener = unsafe { TcpListener::from_raw_fd(listener.into_raw_fd()) };
+            accept::accept_loop(listener).await;
+        }
+        None => shutdown_requested().await,
+    }
+    shutdown::drain_core(accept::live_connections).await;
 }
 
 impl Runtime {
@@ -203,6 +200,7 @@ impl Runtime {
 /// Sweeps this core's partitions every `interval` until shutdown (the reference's ticker).
 async fn sweep_loop(interval: Duration) {
     let interval = interval.max(Duration::from_millis(1));
+    let mut first = true;
     loop {
         let tick = futures_lite::future::or(
             async {
@@ -218,102 +216,20 @@ async fn sweep_loop(interval: Duration) {
         if !tick {
             return;
         }
-        core_state::with_core(|st| st.sweep());
-    }
-}
-
-/// Core 0's accept loop: deals accepted connections round-robin over all cores.
-async fn accept_loop(listener: TcpListener) {
-    let cores = mailbox::cores();
-    let mut next = 0usize;
-    loop {
-        let accepted =
-            futures_lite::future::or(async { Some(listener.shared_accept().await) }, async {
-                shutdown_requested().await;
-                None
-            })
-            .await;
-        let Some(accepted) = accepted else { return };
-        let stream = match accepted {
-            Ok(s) => s,
-            Err(e) => {
-                tracing::warn!(error = %e, "grpc_accept_error");
-                glommio::timer::sleep(Duration::from_millis(10)).await;
-                continue;
-            }
-        };
-        let target = next % cores;
-        next = next.wrapping_add(1);
-        if target == 0 {
-            serve_connection(stream.bind_to_executor());
-        } else if let Err(mailbox::Op::Connection(back)) =
-            mailbox::try_push(target, mailbox::Op::Connection(stream))
-        {
-            serve_connection(back.bind_to_executor());
+        if std::mem::take(&mut first) {
+            inject_sweep_fault();
         }
+        shard::with_core(|st| st.sweep());
     }
 }
 
-/// Serves one gRPC connection on the current core until it closes or the drain ends it.
-pub fn serve_connection(stream: TcpStream) {
-    // Bounded: past the limit a new connection is closed at once (clients retry or go
-    // elsewhere) instead of growing tasks and buffers without bound.
-    let limit = MAX_CONNECTIONS_PER_CORE.load(Ordering::Relaxed);
-    if LIVE_CONNECTIONS.with(|c| c.get()) >= limit {
-        tracing::warn!(limit, "grpc_connection_refused");
-        drop(stream);
-        return;
-    }
-    LIVE_CONNECTIONS.with(|c| c.set(c.get() + 1));
-    glommio::spawn_local(async move {
-        let _ = stream.set_nodelay(true);
-        match crate::tls::acceptor() {
-            None => serve_http2(io::GlommioIo(stream)).await,
-            Some(acceptor) => {
-                if let Some(tls) = crate::tls::handshake(acceptor, stream).await {
-                    serve_http2(io::GlommioIo(tls)).await;
-                }
-            }
-        }
-        LIVE_CONNECTIONS.with(|c| c.set(c.get() - 1));
-    })
-    .detach();
-}
-
-/// Serves gRPC over HTTP/2 on one established (plaintext or TLS) stream until it closes or the
-/// drain ends it.
-async fn serve_http2<S>(io: io::GlommioIo<S>)
-where
-    S: futures_lite::AsyncRead + futures_lite::AsyncWrite + Unpin + 'static,
-{
-    let mut builder = hyper::server::conn::http2::Builder::new(io::LocalExec);
-    builder.max_concurrent_streams(MAX_CONCURRENT_STREAMS);
-    let conn = builder.serve_connection(io, crate::grpc::Router);
-    let mut conn = std::pin::pin!(conn);
-    let finished = futures_lite::future::or(async { Some(conn.as_mut().await) }, async {
-        shutdown_requested().await;
-        None
-    })
-    .await;
-    if finished.is_none() {
-        conn.as_mut().graceful_shutdown();
-        let _ = futures_lite::future::or(async { conn.await.map(|_| ()) }, async {
-            glommio::timer::sleep(DRAIN_TIMEOUT).await;
-            Ok(())
-        })
-        .await;
-    }
-}
-
-/// After shutdown: waits for this core's connections to close, then for every other core, so
-/// hops from draining peers are still served.
-async fn drain_core() {
-    let deadline = Instant::now() + DRAIN_TIMEOUT + Duration::from_secs(1);
-    while LIVE_CONNECTIONS.with(|c| c.get()) > 0 && Instant::now() < deadline {
-        glommio::timer::sleep(Duration::from_millis(2)).await;
-    }
-    DRAINING.fetch_sub(1, Ordering::SeqCst);
-    while DRAINING.load(Ordering::SeqCst) > 0 && Instant::now() < deadline {
-        glommio::timer::sleep(Duration::from_millis(2)).await;
+/// Applies `sys::test_hooks::sweep_fault` to this core (tests of the fault paths only).
+fn inject_sweep_fault() {
+    use crate::sys::test_hooks::{SweepFault, sweep_fault};
+    let core = shard::current_core().expect("on a core");
+    match sweep_fault(core) {
+        Some(SweepFault::Panic) => panic!("INFERENCECACHE_TEST_SWEEP_FAULT: panic on core {core}"),
+        Some(SweepFault::Stall(d)) => std::thread::sleep(d),
+        None => {}
     }
 }

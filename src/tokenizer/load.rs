@@ -14,6 +14,10 @@ use serde_json::Value as Json;
 
 use super::TokenizeError;
 use super::template::{ChatTemplate, SpecialTokens};
+use crate::limits::{
+    MAX_MODEL_DIR_DEPTH, MAX_TEMPLATE_FILE_BYTES, MAX_TOKENIZER_CONFIG_FILE_BYTES,
+    MAX_TOKENIZER_FILE_BYTES, MAX_TOKENIZER_MODELS,
+};
 
 /// The file that makes a directory a (supported) model.
 pub const TOKENIZER_FILE: &str = "tokenizer.json";
@@ -26,17 +30,6 @@ pub const CHAT_TEMPLATE_JSON_FILE: &str = "chat_template.json";
 /// Extension of tiktoken BPE rank files: recognised so they are reported, but not loadable
 /// (their split regex and special tokens live in Python code, not in the file).
 pub const TIKTOKEN_EXTENSION: &str = "tiktoken";
-
-/// Largest `tokenizer.json` we read; real ones are at most a few tens of MiB.
-pub const MAX_TOKENIZER_FILE_BYTES: u64 = 256 << 20;
-/// Largest `tokenizer_config.json` / `chat_template.json` we read.
-pub const MAX_CONFIG_FILE_BYTES: u64 = 16 << 20;
-/// Largest `chat_template.jinja` we read.
-pub const MAX_TEMPLATE_FILE_BYTES: u64 = 1 << 20;
-/// Directory depth below the root that is walked; deeper trees are not model layouts.
-pub const MAX_WALK_DEPTH: usize = 16;
-/// Models loaded at most; each costs tens of MiB of memory, so a runaway tree must not OOM us.
-pub const MAX_MODELS: usize = 256;
 
 /// One loaded model: its tokenizer and (optional) chat template, immutable after start-up.
 pub struct Model {
@@ -172,8 +165,8 @@ pub fn load_models_dir(root: &Path) -> HashMap<String, Arc<Model>> {
     let mut first = true;
     while let Some((dir, depth)) = stack.pop() {
         let rel = dir.strip_prefix(root).unwrap_or(Path::new(""));
-        let entries = match std::fs::read_dir(&dir) {
-            Ok(e) => e,
+        let listing = match list_dir(&dir) {
+            Ok(l) => l,
             Err(e) => {
                 if first {
                     tracing::error!(dir = %root.display(), error = %e, "tokenizer_models_dir_unreadable");
@@ -185,67 +178,11 @@ pub fn load_models_dir(root: &Path) -> HashMap<String, Arc<Model>> {
             }
         };
         first = false;
-        let mut children = Vec::new();
-        let mut tiktoken_files: Vec<std::ffi::OsString> = Vec::new();
-        for entry in entries.flatten() {
-            let name = entry.file_name();
-            // file_type() does not follow symlinks: symlinked directories are not walked
-            // (no cycles, no escaping the root), symlinked files are read normally.
-            let Ok(ft) = entry.file_type() else { continue };
-            if ft.is_dir() {
-                children.push(name);
-            } else if Path::new(&name)
-                .extension()
-                .is_some_and(|e| e == TIKTOKEN_EXTENSION)
-            {
-                tiktoken_files.push(name);
-            }
+        if !load_model_in(&dir, rel, &listing, &mut models) {
+            skipped += 1;
         }
-        tiktoken_files.sort();
-        let has_tiktoken = !tiktoken_files.is_empty();
-        let has_tokenizer = dir.join(TOKENIZER_FILE).is_file();
-        if has_tokenizer || has_tiktoken {
-            match model_id_from_relative(rel) {
-                None => {
-                    skipped += 1;
-                    tracing::warn!(path = %rel.display(), reason = "unsafe_model_id", "tokenizer_model_skipped");
-                }
-                Some(id) if models.len() >= MAX_MODELS => {
-                    skipped += 1;
-                    tracing::warn!(model = %id, reason = "too_many_models", limit = MAX_MODELS, "tokenizer_model_skipped");
-                }
-                Some(id) => {
-                    let t0 = Instant::now();
-                    // tokenizer.json wins; otherwise the first *.tiktoken file by name.
-                    let loaded = if has_tokenizer {
-                        load_hf_model(&dir)
-                    } else {
-                        load_tiktoken_model(&dir, &dir.join(&tiktoken_files[0]))
-                    };
-                    match loaded {
-                        Ok(model) => {
-                            tracing::info!(
-                                model = %id,
-                                chat_template = model.has_chat_template(),
-                                load_ms = t0.elapsed().as_millis() as u64,
-                                "tokenizer_model_loaded"
-                            );
-                            if !model.has_chat_template() {
-                                tracing::warn!(model = %id, "tokenizer_model_without_chat_template");
-                            }
-                            models.insert(id, Arc::new(model));
-                        }
-                        Err(reason) => {
-                            skipped += 1;
-                            tracing::warn!(model = %id, reason = %reason, "tokenizer_model_skipped");
-                        }
-                    }
-                }
-            }
-        }
-        if depth < MAX_WALK_DEPTH {
-            children.sort();
-            for name in children.into_iter().rev() {
+        if depth < MAX_MODEL_DIR_DEPTH {
+            for name in listing.children.into_iter().rev() {
                 stack.push((dir.join(name), depth + 1));
             }
         }
@@ -258,6 +195,87 @@ pub fn load_models_dir(root: &Path) -> HashMap<String, Arc<Model>> {
         "tokenizer_models_loaded"
     );
     models
+}
+
+/// What one directory holds, in name order.
+struct DirListing {
+    /// Sub-directories (symlinked directories are not walked: no cycles, no escaping the root).
+    children: Vec<std::ffi::OsString>,
+    /// `*.tiktoken` files.
+    tiktoken_files: Vec<std::ffi::OsString>,
+    /// Whether a `tokenizer.json` is present.
+    has_tokenizer: bool,
+}
+
+fn list_dir(dir: &Path) -> std::io::Result<DirListing> {
+    let mut listing = DirListing {
+        children: Vec::new(),
+        tiktoken_files: Vec::new(),
+        has_tokenizer: dir.join(TOKENIZER_FILE).is_file(),
+    };
+    for entry in std::fs::read_dir(dir)?.flatten() {
+        let name = entry.file_name();
+        // file_type() does not follow symlinks; symlinked files are read normally.
+        let Ok(ft) = entry.file_type() else { continue };
+        if ft.is_dir() {
+            listing.children.push(name);
+        } else if Path::new(&name)
+            .extension()
+            .is_some_and(|e| e == TIKTOKEN_EXTENSION)
+        {
+            listing.tiktoken_files.push(name);
+        }
+    }
+    listing.children.sort();
+    listing.tiktoken_files.sort();
+    Ok(listing)
+}
+
+/// Loads the model of one directory, if it holds one. `false` when a model was there but was
+/// skipped (unsafe id, over the model cap, or failed to load).
+fn load_model_in(
+    dir: &Path,
+    rel: &Path,
+    listing: &DirListing,
+    models: &mut HashMap<String, Arc<Model>>,
+) -> bool {
+    if !listing.has_tokenizer && listing.tiktoken_files.is_empty() {
+        return true;
+    }
+    let Some(id) = model_id_from_relative(rel) else {
+        tracing::warn!(path = %rel.display(), reason = "unsafe_model_id", "tokenizer_model_skipped");
+        return false;
+    };
+    if models.len() >= MAX_TOKENIZER_MODELS {
+        tracing::warn!(model = %id, reason = "too_many_models", limit = MAX_TOKENIZER_MODELS, "tokenizer_model_skipped");
+        return false;
+    }
+    let t0 = Instant::now();
+    // tokenizer.json wins; otherwise the first *.tiktoken file by name.
+    let loaded = if listing.has_tokenizer {
+        load_hf_model(dir)
+    } else {
+        load_tiktoken_model(dir, &dir.join(&listing.tiktoken_files[0]))
+    };
+    match loaded {
+        Ok(model) => {
+            tracing::info!(
+                model = %id,
+                chat_template = model.has_chat_template(),
+                load_ms = t0.elapsed().as_millis() as u64,
+                "tokenizer_model_loaded"
+            );
+            if !model.has_chat_template() {
+                tracing::warn!(model = %id, "tokenizer_model_without_chat_template");
+            }
+            models.insert(id, Arc::new(model));
+            true
+        }
+        Err(reason) => {
+            tracing::warn!(model = %id, reason = %reason, "tokenizer_model_skipped");
+            false
+        }
+    }
 }
 
 /// Reads a whole file refusing anything larger than `limit` (checked on the opened file, so a
@@ -284,7 +302,7 @@ fn read_json(path: &Path) -> Result<Option<Json>, String> {
     if !path.is_file() {
         return Ok(None);
     }
-    let bytes = read_limited(path, MAX_CONFIG_FILE_BYTES)?;
+    let bytes = read_limited(path, MAX_TOKENIZER_CONFIG_FILE_BYTES)?;
     let name = path
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
@@ -336,58 +354,15 @@ const MAX_TIKTOKEN_RANKS: usize = 4 << 20;
 /// present, else `o200k_base`'s for a file named `o200k*`, else `cl100k_base`'s. Special tokens
 /// are the config's `added_tokens_decoder` entries (id → content).
 pub fn load_tiktoken_model(dir: &Path, rank_file: &Path) -> Result<Model, String> {
-    use base64::Engine as _;
     let name = rank_file
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();
     let bytes = read_limited(rank_file, MAX_TOKENIZER_FILE_BYTES)?;
     let text = std::str::from_utf8(&bytes).map_err(|_| format!("{name}: not UTF-8"))?;
-    let mut encoder: std::collections::HashMap<Vec<u8>, u32> = std::collections::HashMap::new();
-    let mut ranks = std::collections::HashSet::new();
-    for (n, line) in text.lines().enumerate() {
-        let line = line.trim();
-        if line.is_empty() {
-            continue;
-        }
-        let (tok, rank) = line
-            .split_once(' ')
-            .ok_or_else(|| format!("{name}:{}: expected `<base64> <rank>`", n + 1))?;
-        let tok = base64::engine::general_purpose::STANDARD
-            .decode(tok)
-            .map_err(|_| format!("{name}:{}: invalid base64", n + 1))?;
-        let rank: u32 = rank
-            .trim()
-            .parse()
-            .map_err(|_| format!("{name}:{}: invalid rank", n + 1))?;
-        // CoreBPE asserts on duplicates: refuse them here so a bad file skips the model.
-        if !ranks.insert(rank) || encoder.insert(tok, rank).is_some() {
-            return Err(format!("{name}:{}: duplicate token or rank", n + 1));
-        }
-        if encoder.len() > MAX_TIKTOKEN_RANKS {
-            return Err(format!("{name}: more than {MAX_TIKTOKEN_RANKS} ranks"));
-        }
-    }
-    if encoder.is_empty() {
-        return Err(format!("{name}: no ranks"));
-    }
+    let (encoder, ranks) = parse_tiktoken_ranks(&name, text)?;
     let config = read_json(&dir.join(TOKENIZER_CONFIG_FILE))?;
-    let mut special = std::collections::HashMap::new();
-    if let Some(added) = config
-        .as_ref()
-        .and_then(|c| c.get("added_tokens_decoder"))
-        .and_then(Json::as_object)
-    {
-        for (id, v) in added {
-            let Ok(id) = id.parse::<u32>() else { continue };
-            if let Some(content) = v.get("content").and_then(Json::as_str) {
-                if ranks.contains(&id) {
-                    return Err(format!("special token id {id} collides with a rank"));
-                }
-                special.insert(content.to_owned(), id);
-            }
-        }
-    }
+    let special = tiktoken_specials(config.as_ref(), &ranks)?;
     let pattern = match config
         .as_ref()
         .and_then(|c| c.get("pat_str"))
@@ -419,6 +394,67 @@ pub fn load_tiktoken_model(dir: &Path, rank_file: &Path) -> Result<Model, String
             template,
         })),
     })
+}
+
+/// Token bytes → rank, and the set of ranks, from a rank file's text (`name` for messages).
+type Ranks = (HashMap<Vec<u8>, u32>, std::collections::HashSet<u32>);
+
+fn parse_tiktoken_ranks(name: &str, text: &str) -> Result<Ranks, String> {
+    use base64::Engine as _;
+    let mut encoder: HashMap<Vec<u8>, u32> = HashMap::new();
+    let mut ranks = std::collections::HashSet::new();
+    for (n, line) in text.lines().enumerate() {
+        let line = line.trim();
+        if line.is_empty() {
+            continue;
+        }
+        let (tok, rank) = line
+            .split_once(' ')
+            .ok_or_else(|| format!("{name}:{}: expected `<base64> <rank>`", n + 1))?;
+        let tok = base64::engine::general_purpose::STANDARD
+            .decode(tok)
+            .map_err(|_| format!("{name}:{}: invalid base64", n + 1))?;
+        let rank: u32 = rank
+            .trim()
+            .parse()
+            .map_err(|_| format!("{name}:{}: invalid rank", n + 1))?;
+        // CoreBPE asserts on duplicates: refuse them here so a bad file skips the model.
+        if !ranks.insert(rank) || encoder.insert(tok, rank).is_some() {
+            return Err(format!("{name}:{}: duplicate token or rank", n + 1));
+        }
+        if encoder.len() > MAX_TIKTOKEN_RANKS {
+            return Err(format!("{name}: more than {MAX_TIKTOKEN_RANKS} ranks"));
+        }
+    }
+    if encoder.is_empty() {
+        return Err(format!("{name}: no ranks"));
+    }
+    Ok((encoder, ranks))
+}
+
+/// The config's `added_tokens_decoder` entries (content → id); an id that is also a rank is
+/// refused, since CoreBPE would assert on it.
+fn tiktoken_specials(
+    config: Option<&Json>,
+    ranks: &std::collections::HashSet<u32>,
+) -> Result<HashMap<String, u32>, String> {
+    let mut special = HashMap::new();
+    let Some(added) = config
+        .and_then(|c| c.get("added_tokens_decoder"))
+        .and_then(Json::as_object)
+    else {
+        return Ok(special);
+    };
+    for (id, v) in added {
+        let Ok(id) = id.parse::<u32>() else { continue };
+        if let Some(content) = v.get("content").and_then(Json::as_str) {
+            if ranks.contains(&id) {
+                return Err(format!("special token id {id} collides with a rank"));
+            }
+            special.insert(content.to_owned(), id);
+        }
+    }
+    Ok(special)
 }
 
 /// Finds the chat template: `chat_template.jinja`, else `tokenizer_config.json`'s

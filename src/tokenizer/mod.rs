@@ -28,19 +28,19 @@ use std::pin::Pin;
 use std::sync::{Arc, OnceLock};
 use std::task::{Context, Poll};
 
+pub use crate::limits::{MAX_CONCURRENT_TOKENIZE, MAX_PROMPT_TEXT_BYTES, MAX_TOKENS};
 pub use pool::PoolConfig;
 
-/// Upper bound on `prompt_text` bytes we agree to tokenize (BEHAVIOUR.md §10.1
-/// MaxPromptTextBytes); larger texts are refused before any work is queued.
-pub const MAX_PROMPT_TEXT_BYTES: usize = 1 << 20;
+/// Name prefix of the tokenizer worker threads, which catch a tokenizer's panic and answer the
+/// call as failed (the pool survives).
+pub const WORKER_THREAD_PREFIX: &str = "tokenizer-";
 
-/// Upper bound on the token count one tokenization may return (§10.1 MaxLookupTokens): longer
-/// outputs are refused ([`TokenizeError::TooLong`]) instead of being fingerprinted.
-pub const MAX_TOKENS: usize = 1 << 20;
-
-/// Concurrent tokenizations admitted (queued + running) before new ones are shed (§10.1
-/// MaxConcurrentTokenize). Admission never waits: a lookup must not queue behind slow prompts.
-pub const MAX_CONCURRENT_TOKENIZE: usize = 64;
+/// Whether the calling thread catches panics itself (a tokenizer worker).
+pub fn contains_panics_on_this_thread() -> bool {
+    std::thread::current()
+        .name()
+        .is_some_and(|n| n.starts_with(WORKER_THREAD_PREFIX))
+}
 
 /// Why a prompt could not be tokenized. Every variant is a fail-open (`NO_HINT`, no token echo)
 /// for the lookup handler; none of them carries prompt text, so they are safe to log.

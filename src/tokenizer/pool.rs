@@ -7,9 +7,11 @@
 //! whether or not anyone still waits for the answer.
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::thread::Thread;
+use std::time::{Duration, Instant};
 
 use crossbeam_queue::ArrayQueue;
 
@@ -29,6 +31,39 @@ pub const MAX_WORKERS: usize = 16;
 /// Niceness of workers that share CPUs with the serving cores: under contention the kernel
 /// favours the lookup hot path over tokenization (which fails open on its deadline anyway).
 const SHARED_CPU_NICE: libc::c_int = 5;
+
+/// **Test-only hook, not a configuration option.** When this environment variable names a file
+/// path, every tokenizer worker holds each job it takes until that file exists, so end-to-end
+/// tests can keep tokenizations admitted (saturation, deadlines during tokenization) without
+/// relying on slow prompts. The wait polls every [`TEST_GATE_POLL`] and gives up after
+/// [`TEST_GATE_MAX_WAIT`] (the job then runs normally), so nothing can hang forever. Read once
+/// per pool, here only; unset (the normal case) it costs nothing.
+const TEST_TOKENIZE_GATE_ENV: &str = "INFERENCECACHE_TEST_TOKENIZE_GATE";
+
+/// Poll interval of the [`TEST_TOKENIZE_GATE_ENV`] hook.
+const TEST_GATE_POLL: Duration = Duration::from_millis(5);
+
+/// Longest a worker waits for the [`TEST_TOKENIZE_GATE_ENV`] file before running the job anyway.
+const TEST_GATE_MAX_WAIT: Duration = Duration::from_secs(120);
+
+/// The gate file of the [`TEST_TOKENIZE_GATE_ENV`] hook, if the variable is set and non-empty.
+fn test_gate_from_env() -> Option<PathBuf> {
+    let gate = std::env::var_os(TEST_TOKENIZE_GATE_ENV).filter(|v| !v.is_empty())?;
+    tracing::warn!(
+        gate = %Path::new(&gate).display(),
+        "tokenizer_test_gate_enabled"
+    );
+    Some(PathBuf::from(gate))
+}
+
+/// Test hook: blocks the calling worker until `gate` exists, the pool shuts down or
+/// [`TEST_GATE_MAX_WAIT`] passes.
+fn wait_for_test_gate(gate: &Path, shutdown: &AtomicBool) {
+    let deadline = Instant::now() + TEST_GATE_MAX_WAIT;
+    while !gate.exists() && !shutdown.load(Ordering::Acquire) && Instant::now() < deadline {
+        std::thread::sleep(TEST_GATE_POLL);
+    }
+}
 
 /// Where and how many tokenizer workers run.
 #[derive(Debug, Clone)]
@@ -144,6 +179,8 @@ struct Shared {
     shutdown: AtomicBool,
     /// Worker handles to unpark after a push (set once the workers are spawned).
     workers: OnceLock<Vec<Thread>>,
+    /// The [`TEST_TOKENIZE_GATE_ENV`] file workers wait for before each job (tests only).
+    test_gate: Option<PathBuf>,
 }
 
 impl Shared {
@@ -175,6 +212,7 @@ impl Pool {
             jobs: ArrayQueue::new(limit.max(1)),
             shutdown: AtomicBool::new(false),
             workers: OnceLock::new(),
+            test_gate: test_gate_from_env(),
         });
         let workers = cfg.workers.clamp(1, MAX_WORKERS);
         let mut handles = Vec::with_capacity(workers);
@@ -254,7 +292,15 @@ fn worker_loop(shared: &Shared, max_tokens: usize) {
             return;
         }
         match shared.jobs.pop() {
-            Some(job) => run_job(job, max_tokens),
+            Some(job) => {
+                if let Some(gate) = &shared.test_gate {
+                    wait_for_test_gate(gate, &shared.shutdown);
+                    if shared.shutdown.load(Ordering::Acquire) {
+                        return; // the job is dropped: its caller observes a failure
+                    }
+                }
+                run_job(job, max_tokens)
+            }
             // Empty: sleep until a submitter (or shutdown) unparks this thread.
             None => std::thread::park(),
         }

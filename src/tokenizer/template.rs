@@ -451,7 +451,7 @@ const WEEKDAYS: [&str; 7] = [
 pub fn strftime_utc(format: &str, unix_secs: i64) -> String {
     let days = unix_secs.div_euclid(86_400);
     let secs = unix_secs.rem_euclid(86_400);
-    let (y, m, d) = crate::civil::civil_from_days(days);
+    let (y, m, d) = crate::sys::civil::civil_from_days(days);
     let (hh, mm, ss) = (secs / 3600, secs / 60 % 60, secs % 60);
     // 1970-01-01 was a Thursday (index 3 from Monday).
     let wd = (days + 3).rem_euclid(7) as usize;

@@ -2,11 +2,11 @@
 //! model `m`, scheme `vllm`, adapter "", fixed clock).
 #![allow(dead_code)]
 
+use inferencecache_index::index::{Index, IndexConfig, LookupQuery, RankerConfig, Strategy};
+use inferencecache_index::rules::{Eviction, TenantRules};
 use inferencecache_proto::v1alpha1::{
     CacheEvent, CacheStateUpdate, PrefixEntry, ReplicaStats, cache_event,
 };
-use inferencecache_index::index::{Index, IndexConfig, LookupQuery, RankerConfig, Strategy};
-use inferencecache_index::rules::{Eviction, TenantRules};
 use std::collections::HashMap;
 
 /// A fixed "now" (2023-11-14T22:13:20Z) in unix ns.

@@ -1,0 +1,94 @@
+//! The per-endpoint cache of successful TokenReviews (BEHAVIOUR.md §13.2): keyed by the hex
+//! SHA-256 of the token (the raw token is never kept), entries valid [`AUTH_CACHE_TTL`], at most
+//! [`AUTH_CACHE_CAPACITY`] entries. Inserting into a full cache first drops expired entries, then the
+//! entry that expires soonest — the reference's eviction rule.
+
+use std::collections::HashMap;
+use std::time::Instant;
+
+use sha2::{Digest, Sha256};
+
+use crate::limits::{AUTH_CACHE_CAPACITY, AUTH_CACHE_TTL};
+
+/// Hex SHA-256 of `token`: the cache key.
+pub fn token_key(token: &str) -> String {
+    let digest = Sha256::digest(token.as_bytes());
+    let mut out = String::with_capacity(64);
+    for b in digest.iter() {
+        out.push_str(&format!("{b:02x}"));
+    }
+    out
+}
+
+/// Successful reviews of one endpoint: key → expiry.
+#[derive(Debug, Default)]
+pub struct ReviewCache {
+    entries: HashMap<String, Instant>,
+}
+
+impl ReviewCache {
+    /// Whether `key` holds an unexpired entry at `now`.
+    pub fn hit(&self, key: &str, now: Instant) -> bool {
+        self.entries.get(key).is_some_and(|exp| now < *exp)
+    }
+
+    /// Remembers `key` until `now + AUTH_CACHE_TTL`, evicting per the module rule when full.
+    pub fn insert(&mut self, key: String, now: Instant) {
+        if !self.entries.contains_key(&key) && self.entries.len() >= AUTH_CACHE_CAPACITY {
+            self.entries.retain(|_, exp| now < *exp);
+            if self.entries.len() >= AUTH_CACHE_CAPACITY
+                && let Some(victim) = self
+                    .entries
+                    .iter()
+                    .min_by_key(|(_, exp)| **exp)
+                    .map(|(k, _)| k.clone())
+            {
+                self.entries.remove(&victim);
+            }
+        }
+        self.entries.insert(key, now + AUTH_CACHE_TTL);
+    }
+
+    /// Number of entries (expired ones included until an insert drops them).
+    #[cfg(test)]
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn key_is_hex_sha256() {
+        assert_eq!(
+            token_key("abc"),
+            "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
+        );
+    }
+
+    #[test]
+    fn expiry_and_capacity() {
+        let t0 = Instant::now();
+        let mut c = ReviewCache::default();
+        c.insert("a".into(), t0);
+        assert!(c.hit("a", t0 + Duration::from_secs(29)));
+        assert!(!c.hit("a", t0 + AUTH_CACHE_TTL));
+        // Fill: "a" expires soonest and is the victim once everything is still valid.
+        for i in 1..AUTH_CACHE_CAPACITY {
+            c.insert(format!("k{i}"), t0 + Duration::from_millis(i as u64));
+        }
+        assert_eq!(c.len(), AUTH_CACHE_CAPACITY);
+        c.insert("new".into(), t0 + Duration::from_secs(1));
+        assert_eq!(c.len(), AUTH_CACHE_CAPACITY);
+        assert!(!c.hit("a", t0 + Duration::from_secs(1)));
+        assert!(c.hit("k1", t0 + Duration::from_secs(1)));
+        assert!(c.hit("new", t0 + Duration::from_secs(1)));
+        // Expired entries are dropped first, all of them.
+        let later = t0 + Duration::from_secs(100);
+        c.insert("late".into(), later);
+        assert_eq!(c.len(), 1);
+    }
+}

@@ -1,0 +1,139 @@
+//! Every limit the server puts on a resource, in one place, with the relations between them
+//! checked at compile time. A limit bounds memory, time or work a peer can make the server
+//! spend; each module takes its limits from here, so a reader sees the whole budget at once.
+//!
+//! The index crate's own limits (the global entry cap, the policy body size, the prompt-text
+//! size the resolver accepts) are re-exported here so this file stays the one list.
+
+use std::time::Duration;
+
+pub use inferencecache_index::index::DEFAULT_MAX_ENTRIES;
+pub use inferencecache_index::policy::MAX_POLICY_BODY_BYTES;
+pub use inferencecache_index::resolve::MAX_PROMPT_TEXT_BYTES;
+
+// ---- Cores and partitions -------------------------------------------------------------------
+
+/// Fixed number of index partitions; larger than any core count so `--shards` never rehashes.
+pub const PARTITIONS: u32 = 256;
+/// Upper bound on `--shards`: partitions are spread over at most this many cores.
+pub const MAX_SHARDS: usize = 64;
+/// Default `--shards` on machines with more than two CPUs is one per CPU, at most this many.
+pub const DEFAULT_MAX_SHARDS: usize = 8;
+/// io_uring registered memory per executor: small, since the cores do no file I/O and this
+/// lets the server start without CAP_IPC_LOCK under the default 8 MiB `ulimit -l`.
+pub const IO_MEMORY_BYTES: usize = 512 * 1024;
+/// How long start-up waits for every executor to report that it runs.
+pub const EXECUTOR_START_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// How often each core stamps its heartbeat.
+pub const CORE_HEARTBEAT_INTERVAL: Duration = Duration::from_millis(250);
+/// A core whose heartbeat is older than this is stalled: `/readyz` answers 503 and new work for
+/// it fails at once.
+pub const CORE_STALL_AFTER: Duration = Duration::from_secs(5);
+
+// ---- The cross-core hop ---------------------------------------------------------------------
+
+/// Operations in flight to one owner core from one sender, before senders see "full".
+pub const MAILBOX_CAPACITY: usize = 1024;
+/// Operations an owner executes per drain pass before yielding to its other tasks.
+pub const MAILBOX_DRAIN_BATCH: usize = 64;
+/// First and longest back-off of an ingest waiting for room in a full mailbox.
+pub const MAILBOX_BACKOFF_MIN: Duration = Duration::from_micros(20);
+/// See [`MAILBOX_BACKOFF_MIN`].
+pub const MAILBOX_BACKOFF_MAX: Duration = Duration::from_millis(5);
+
+// ---- gRPC connections -----------------------------------------------------------------------
+
+/// Default bound on gRPC connections one core serves at once (`--max-connections-per-core`);
+/// beyond it new connections are closed.
+pub const DEFAULT_MAX_CONNECTIONS_PER_CORE: usize = 16_384;
+/// Pending connections the kernel queues on the gRPC listener.
+pub const LISTEN_BACKLOG: i32 = 1024;
+/// Concurrent HTTP/2 streams allowed per gRPC connection.
+pub const MAX_CONCURRENT_STREAMS: u32 = 1024;
+/// gRPC's 4 MiB default receive limit, as in the reference (grpc-go defaults).
+pub const MAX_MESSAGE_BYTES: usize = 4 * 1024 * 1024;
+/// Longest a client may take to send the HTTP/2 preface after connecting (or after the TLS
+/// handshake); a connection that stays silent is closed.
+pub const HTTP2_PREFACE_TIMEOUT: Duration = Duration::from_secs(10);
+/// The client preface (24 bytes) plus the 9-byte header of its SETTINGS frame.
+pub const HTTP2_PREFACE_BYTES: u64 = 24 + 9;
+/// Interval of HTTP/2 keep-alive pings on a gRPC connection.
+pub const HTTP2_KEEPALIVE_INTERVAL: Duration = Duration::from_secs(60);
+/// A peer that does not answer a keep-alive ping within this is disconnected.
+pub const HTTP2_KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(20);
+/// Longest a client may take to complete the TLS handshake.
+pub const TLS_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// Longest graceful drain of gRPC connections after SIGTERM.
+pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
+
+// ---- Metrics ---------------------------------------------------------------------------------
+
+/// Distinct values one label of one family keeps; further values share one overflow series.
+pub const MAX_LABEL_VALUES: usize = 1024;
+/// Longest label value kept as is; longer values share the overflow series.
+pub const MAX_LABEL_VALUE_BYTES: usize = 256;
+
+// ---- Admin HTTP listeners -------------------------------------------------------------------
+
+/// hyper's header-read timeout on the HTTP listeners (the reference's `ReadHeaderTimeout`).
+pub const HTTP_READ_HEADER_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long shutdown waits for in-flight HTTP requests (the reference's 5 s budget).
+pub const HTTP_SHUTDOWN_BUDGET: Duration = Duration::from_secs(5);
+/// Longest a `/metrics` scrape or `/snapshot` waits for one core's copy; a core that does not
+/// answer in time is left out instead of hanging the request.
+pub const GATHER_TIMEOUT: Duration = Duration::from_secs(2);
+/// Largest `/probe` request body.
+pub const MAX_PROBE_BODY_BYTES: usize = 4 * 1024;
+/// Longest a probe run waits for the owner core.
+pub const PROBE_TIMEOUT: Duration = Duration::from_secs(10);
+
+// ---- Controller authentication --------------------------------------------------------------
+
+/// How long a successful TokenReview is trusted.
+pub const AUTH_CACHE_TTL: Duration = Duration::from_secs(30);
+/// Tokens remembered per endpoint.
+pub const AUTH_CACHE_CAPACITY: usize = 32;
+/// Longest a TokenReview call may take.
+pub const TOKEN_REVIEW_TIMEOUT: Duration = Duration::from_secs(10);
+/// Largest TokenReview response body read.
+pub const MAX_TOKEN_REVIEW_RESPONSE_BYTES: usize = 1 << 20;
+/// Shortest static controller token accepted (`--controller-token-file`).
+pub const MIN_STATIC_TOKEN_BYTES: usize = 16;
+
+// ---- prompt_text tokenization ---------------------------------------------------------------
+
+/// Most tokens one tokenization may produce.
+pub const MAX_TOKENS: usize = 1 << 20;
+/// Tokenizations admitted at once; the next call fails open at once.
+pub const MAX_CONCURRENT_TOKENIZE: usize = 64;
+/// Largest `tokenizer.json` / `*.tiktoken` file loaded.
+pub const MAX_TOKENIZER_FILE_BYTES: u64 = 256 << 20;
+/// Largest `tokenizer_config.json` loaded.
+pub const MAX_TOKENIZER_CONFIG_FILE_BYTES: u64 = 16 << 20;
+/// Largest chat template file loaded.
+pub const MAX_TEMPLATE_FILE_BYTES: u64 = 1 << 20;
+/// Deepest directory level searched for models.
+pub const MAX_MODEL_DIR_DEPTH: usize = 16;
+/// Most tokenizer models loaded.
+pub const MAX_TOKENIZER_MODELS: usize = 256;
+
+// ---- How the limits relate ------------------------------------------------------------------
+
+const _: () = assert!(
+    MAX_SHARDS <= PARTITIONS as usize,
+    "every core owns a partition"
+);
+const _: () = assert!(DEFAULT_MAX_SHARDS <= MAX_SHARDS);
+const _: () = assert!(CORE_HEARTBEAT_INTERVAL.as_millis() * 4 <= CORE_STALL_AFTER.as_millis());
+const _: () = assert!(MAILBOX_DRAIN_BATCH <= MAILBOX_CAPACITY);
+const _: () = assert!(MAILBOX_BACKOFF_MIN.as_nanos() <= MAILBOX_BACKOFF_MAX.as_nanos());
+const _: () = assert!(
+    MAX_PROMPT_TEXT_BYTES <= MAX_MESSAGE_BYTES,
+    "prompt fits a message"
+);
+const _: () = assert!(MAX_PROBE_BODY_BYTES < MAX_POLICY_BODY_BYTES);
+const _: () = assert!(
+    GATHER_TIMEOUT.as_secs() < HTTP_SHUTDOWN_BUDGET.as_secs(),
+    "a scrape in flight finishes within the shutdown budget"
+);

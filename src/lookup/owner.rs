@@ -1,0 +1,256 @@
+//! The owner half of LookupRoute (docs/BEHAVIOUR.md §10.2 steps 6–13, §10.6, §10.7), run on the
+//! core owning the `(tenant, model)` partition: input resolution, the min-prefix gate, the index
+//! call, the strategy gate, the result-side floors, the affinity fallback and LFU credit.
+
+use std::time::Instant;
+
+use inferencecache_index::index::{LookupQuery, Strategy};
+use inferencecache_index::policy::ResolvedPolicy;
+use inferencecache_index::resolve::{self, Resolution, ResolvedChain, ResolvedInputs};
+use inferencecache_proto::v1alpha1 as pb;
+
+use super::{Answer, OwnerCall, expired, reason, response};
+use crate::shard::CoreState;
+use crate::sys::clock::unix_now_ns;
+
+/// A response with no scores and no adapter, echoing `echo`.
+fn bare(reason: &str, start: Instant, echo: Vec<u32>) -> pb::LookupRouteResponse {
+    response(reason, start, Vec::new(), echo, String::new())
+}
+
+/// Runs steps 6–13 for a call routed to this core.
+pub(super) fn answer(st: &mut CoreState, call: OwnerCall) -> Answer {
+    let OwnerCall {
+        mut req,
+        model,
+        tokenized,
+        policy,
+        start,
+        deadline,
+        block_size,
+    } = call;
+    // Echoed in every scored answer; the resolver never reads it.
+    let adapter = std::mem::take(&mut req.adapter_id);
+    let chain_on = policy.enable_chain_matching;
+    // 6. Resolve inputs (wire fingerprints are borrowed from the request).
+    let resolution = match tokenized {
+        Some(tokens) => resolve::resolve_tokenized(tokens, chain_on, block_size),
+        None => resolve::resolve_inputs(&req, chain_on, block_size),
+    };
+    let inputs = match resolved_or_fail_open(resolution, start, deadline) {
+        Ok(inputs) => inputs,
+        Err(early) => return (early, model),
+    };
+    // 9. minimumPrefixTokens: a pre-gate only when affinity is off, else a downgrade.
+    let min_prefix = i64::from(policy.minimum_prefix_tokens);
+    let below_min = min_prefix > 0 && inputs.effective_prefix_tokens() < min_prefix;
+    if below_min && !policy.affinity_routing {
+        return (bare(reason::NO_HINT, start, inputs.echo.clone()), model);
+    }
+    // 10–11. The index call.
+    let lookup_start = Instant::now();
+    let found = query_index(st, &req, &model, &adapter, &inputs, &policy);
+    // The lookup ran concurrently with the deadline in the reference: a result that arrives
+    // after the deadline, or a lookup slower than the budget, is a TIMEOUT (never credited).
+    let budget_blown = policy
+        .lookup_budget()
+        .is_some_and(|b| lookup_start.elapsed() > b);
+    if expired(deadline) || budget_blown {
+        return (bare(reason::TIMEOUT, start, inputs.echo.clone()), model);
+    }
+    // 12. Strategy gate and the result-side floors.
+    let strategy = gate_strategy(&found, &policy, below_min);
+    let scored = Scored {
+        strategy,
+        scores: found.scores,
+        adapter,
+    };
+    let resp = finish(st, &req, &model, &inputs, &policy, scored, start);
+    (resp, model)
+}
+
+/// Step 7–8: the deadline after resolution wins over a fail-open answer (TIMEOUT, echoing any
+/// tokens the server produced); a fail-open resolution answers NO_HINT with its echo.
+fn resolved_or_fail_open(
+    resolution: Resolution<'_>,
+    start: Instant,
+    deadline: Option<Instant>,
+) -> Result<ResolvedInputs<'_>, pb::LookupRouteResponse> {
+    if expired(deadline) {
+        let echo = match &resolution {
+            Resolution::Resolved(inputs) => inputs.echo.clone(),
+            Resolution::FailOpen { echo, .. } => echo.clone(),
+            Resolution::Tokenize { .. } => Vec::new(),
+        };
+        return Err(bare(reason::TIMEOUT, start, echo));
+    }
+    match resolution {
+        Resolution::Resolved(inputs) => Ok(inputs),
+        Resolution::FailOpen { echo, .. } => Err(bare(reason::NO_HINT, start, echo)),
+        // The receiving core tokenizes before the hop; reaching here means it could not.
+        Resolution::Tokenize { .. } => Err(bare(reason::NO_HINT, start, Vec::new())),
+    }
+}
+
+/// What the index found, with the matched-tokens floor applied to the scores.
+struct Found {
+    strategy: Strategy,
+    /// Scores at or above the floor, in the index's order.
+    scores: Vec<pb::ReplicaScore>,
+    /// Whether the index returned any score before the floor.
+    had_scores: bool,
+}
+
+/// Steps 10–11: the index call (chain stripped by the resolver when chain matching is off), then
+/// stage 1's input: the matched-tokens floor keeps replicas with matched ≥ floor.
+fn query_index(
+    st: &mut CoreState,
+    req: &pb::LookupRouteRequest,
+    model: &str,
+    adapter: &str,
+    inputs: &ResolvedInputs<'_>,
+    policy: &ResolvedPolicy,
+) -> Found {
+    let derived_hashes: Vec<Vec<u8>>;
+    let derived_counts: Vec<i32>;
+    let (block_hashes, block_token_counts): (&[Vec<u8>], &[i32]) = match &inputs.chain {
+        ResolvedChain::None => (&[], &[]),
+        ResolvedChain::Wire { hashes, counts } => (hashes, counts),
+        ResolvedChain::Derived { hashes, block_size } => {
+            derived_hashes = hashes.iter().map(|h| h.to_vec()).collect();
+            derived_counts = vec![*block_size; hashes.len()];
+            (&derived_hashes, &derived_counts)
+        }
+    };
+    let slo = req.slo.unwrap_or_default();
+    let query = LookupQuery {
+        tenant: &req.tenant_id,
+        model,
+        hash_scheme: &req.hash_scheme,
+        adapter,
+        prefix_hash: inputs.exact_hash.as_bytes(),
+        token_count: inputs.exact_tokens,
+        block_hashes,
+        block_token_counts,
+        ttft_ms: slo.ttft_ms,
+        tbt_ms: slo.tbt_ms,
+    };
+    let view = st.index.lookup_route(&query, unix_now_ns(), &*st.policy);
+    let floor = policy.minimum_matched_tokens;
+    let prefix = view.strategy == Strategy::PrefixMatch;
+    let scores = view
+        .scores
+        .iter()
+        .filter(|s| !prefix || floor <= 0 || s.matched_tokens >= floor)
+        .map(|s| pb::ReplicaScore {
+            replica_id: view.replica_id(s).to_string(),
+            score: s.score,
+            matched_tokens: s.matched_tokens,
+            estimated_cache_hit_prob: s.estimated_cache_hit_prob,
+            tier: s.tier,
+        })
+        .collect();
+    Found {
+        strategy: view.strategy,
+        scores,
+        had_scores: !view.scores.is_empty(),
+    }
+}
+
+/// Step 12 and the result-side floors (§10.6): the strategy gate, then stage 0 (min-prefix
+/// downgrade), stage 1 (every score under the matched-tokens floor) and stage 2 (top score
+/// under the routing floor) each turn the answer into NONE.
+fn gate_strategy(found: &Found, policy: &ResolvedPolicy, below_min: bool) -> Strategy {
+    let mut strategy = found.strategy;
+    if strategy == Strategy::TenantHot && !policy.enable_tenant_hot {
+        strategy = Strategy::None;
+    }
+    if below_min && matches!(strategy, Strategy::PrefixMatch | Strategy::TenantHot) {
+        strategy = Strategy::None;
+    }
+    let floor = policy.minimum_matched_tokens;
+    if strategy == Strategy::PrefixMatch && floor > 0 && found.had_scores && found.scores.is_empty()
+    {
+        strategy = Strategy::None;
+    }
+    let routing_floor = policy.routing_floor_score;
+    if strategy == Strategy::PrefixMatch
+        && routing_floor > 0.0
+        && found
+            .scores
+            .first()
+            .is_some_and(|s| s.score < routing_floor)
+    {
+        strategy = Strategy::None;
+    }
+    strategy
+}
+
+/// The gated answer before step 13.
+struct Scored {
+    strategy: Strategy,
+    scores: Vec<pb::ReplicaScore>,
+    /// The request's adapter id, echoed in the answer.
+    adapter: String,
+}
+
+/// Step 13: NONE falls back to affinity (§10.7) when eligible; PREFIX_MATCH credits LFU for the
+/// replicas delivered; only PREFIX_MATCH and TENANT_HOT carry scores.
+fn finish(
+    st: &mut CoreState,
+    req: &pb::LookupRouteRequest,
+    model: &str,
+    inputs: &ResolvedInputs<'_>,
+    policy: &ResolvedPolicy,
+    scored: Scored,
+    start: Instant,
+) -> pb::LookupRouteResponse {
+    let Scored {
+        strategy,
+        mut scores,
+        adapter,
+    } = scored;
+    let echo = inputs.echo.clone();
+    match strategy {
+        Strategy::None => {
+            if policy.affinity_routing
+                && let Some(pick) = affinity_pick(st, req, model, inputs)
+            {
+                return response(reason::AFFINITY_HINT, start, vec![pick], echo, adapter);
+            }
+            scores.clear();
+        }
+        Strategy::PrefixMatch => {
+            let delivered = &scores;
+            st.index
+                .credit_lfu(|r| delivered.iter().any(|s| s.replica_id == r), &*st.policy);
+        }
+        Strategy::TenantHot => {}
+        _ => scores.clear(),
+    }
+    response(strategy.reason_code(), start, scores, echo, adapter)
+}
+
+/// The affinity pick (§10.7): eligible when the raw request is well formed and a seed exists.
+fn affinity_pick(
+    st: &CoreState,
+    req: &pb::LookupRouteRequest,
+    model: &str,
+    inputs: &ResolvedInputs<'_>,
+) -> Option<pb::ReplicaScore> {
+    let eligible = !req.tenant_id.is_empty()
+        && !model.is_empty()
+        && !req.hash_scheme.is_empty()
+        && req.block_hashes.len() == req.block_token_counts.len();
+    if !eligible {
+        return None;
+    }
+    let seed = inputs.affinity_seed()?;
+    let pick = st
+        .index
+        .affinity_hint(&req.tenant_id, model, &req.hash_scheme, &seed)?;
+    Some(pb::ReplicaScore {
+        replica_id: pick.to_string(),
+        ..Default::default()
+    })
+}

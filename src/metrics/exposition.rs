@@ -1,0 +1,368 @@
+//! Renders one scrape in the Prometheus text format 0.0.4 with prometheus-client: families
+//! sorted by name, label pairs in name order, a counter family with no series omitted, histograms
+//! with cumulative buckets. The caller gathers the cores' copies (see `admin::scrape`); this
+//! module only encodes, so a scrape never holds anything the request path needs.
+
+use std::sync::atomic::Ordering;
+
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric, MetricEncoder};
+use prometheus_client::metrics::MetricType;
+use prometheus_client::metrics::counter::ConstCounter;
+use prometheus_client::metrics::gauge::ConstGauge;
+use prometheus_client::registry::Registry;
+
+use super::process::ProcessStats;
+use super::{
+    AUTH, AUTH_FAMILIES, AUTH_RESULTS, CoreMetrics, GRPC_TLS, Histogram, LATENCY_BUCKETS,
+    OVERFLOW_LABEL, SERVER_UP,
+};
+use crate::limits::MAX_LABEL_VALUES;
+
+/// `Content-Type` of the exposition (Prometheus text 0.0.4, as Go's promhttp serves by default).
+pub const CONTENT_TYPE: &str = prometheus_client::encoding::prometheus_text::CONTENT_TYPE;
+
+/// One core's operator data at scrape time.
+#[derive(Clone, Debug, Default)]
+pub struct CoreView {
+    /// Core id.
+    pub core: usize,
+    /// The core's recorded series (with its entry and byte counts filled in).
+    pub metrics: CoreMetrics,
+    /// Operations queued to the core.
+    pub mailbox_depth: u64,
+    /// Operations the core executed for other threads.
+    pub hopped_in: u64,
+}
+
+/// Everything one scrape renders.
+#[derive(Debug, Default)]
+pub struct Scrape {
+    /// Every core's series (and the off-core fallback) merged.
+    pub total: CoreMetrics,
+    /// Per-core views for the `inferencecache_core_*` families.
+    pub cores: Vec<CoreView>,
+    /// `process_*` readings, when available.
+    pub process: Option<ProcessStats>,
+    /// Tokenizations admitted and not finished.
+    pub tokenizer_in_flight: i64,
+}
+
+/// Renders `scrape` as exposition text.
+pub fn encode(scrape: Scrape) -> String {
+    let mut registry = Registry::default();
+    registry.register_collector(Box::new(scrape));
+    let mut out = String::new();
+    prometheus_client::encoding::prometheus_text::encode(&mut out, &registry)
+        .expect("writing to a String cannot fail");
+    out
+}
+
+/// One family to emit: name (without the `_total` a counter gets), help, type, series writer.
+pub(super) type Family<'a> = (
+    &'static str,
+    &'static str,
+    MetricType,
+    Box<dyn Fn(&mut MetricEncoder) -> Result<(), std::fmt::Error> + 'a>,
+);
+
+pub(super) fn counter<V: prometheus_client::encoding::EncodeCounterValue>(
+    enc: &mut MetricEncoder,
+    labels: &[(&str, &str)],
+    v: V,
+) -> std::fmt::Result {
+    ConstCounter::new(v).encode(enc.encode_family(&labels)?)
+}
+
+pub(super) fn gauge<V: prometheus_client::encoding::EncodeGaugeValue + Copy>(
+    enc: &mut MetricEncoder,
+    labels: &[(&str, &str)],
+    v: V,
+) -> std::fmt::Result {
+    ConstGauge::new(v).encode(enc.encode_family(&labels)?)
+}
+
+fn histogram(enc: &mut MetricEncoder, labels: &[(&str, &str)], h: &Histogram) -> std::fmt::Result {
+    let buckets: Vec<(f64, u64)> = LATENCY_BUCKETS
+        .iter()
+        .copied()
+        .chain(std::iter::once(f64::INFINITY))
+        .zip(h.buckets.iter().copied())
+        .collect();
+    enc.encode_family(&labels)?
+        .encode_histogram::<prometheus_client::encoding::NoLabelSet>(h.sum, h.count, &buckets, None)
+}
+
+impl Collector for Scrape {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let mut fams: Vec<Family> = Vec::new();
+        server_families(&mut fams);
+        index_families(&self.total, &mut fams);
+        lookup_families(&self.total, &mut fams);
+        eviction_families(&self.total, &mut fams);
+        auth_families(&mut fams);
+        operator_families(self, &mut fams);
+        core_families(&self.cores, &mut fams);
+        if let Some(p) = &self.process {
+            super::process::families(p, &mut fams);
+        }
+        fams.sort_by(|a, b| a.0.cmp(b.0));
+        for (name, help, ty, write) in fams {
+            let mut me = encoder.encode_descriptor(name, help, None, ty)?;
+            write(&mut me)?;
+        }
+        Ok(())
+    }
+}
+
+fn server_families(fams: &mut Vec<Family>) {
+    fams.push((
+        "inferencecache_server_up",
+        "1 while the server is serving, 0 otherwise.",
+        MetricType::Gauge,
+        Box::new(|e| gauge(e, &[], SERVER_UP.load(Ordering::SeqCst))),
+    ));
+    fams.push((
+        "inferencecache_server_grpc_tls_enabled",
+        "1 if TLS is configured on the gRPC port, else 0.",
+        MetricType::Gauge,
+        Box::new(|e| gauge(e, &[], GRPC_TLS.load(Ordering::SeqCst))),
+    ));
+}
+
+fn index_families<'a>(t: &'a CoreMetrics, fams: &mut Vec<Family<'a>>) {
+    if t.index_entries.is_empty() {
+        return;
+    }
+    fams.push((
+        "inferencecache_index_entries",
+        "Distinct prefix keys in the index, per model (all tenants).",
+        MetricType::Gauge,
+        Box::new(|e| {
+            for (model, n) in fold_overflow(&t.index_entries) {
+                gauge(e, &[("model", model)], n)?;
+            }
+            Ok(())
+        }),
+    ));
+}
+
+/// Rows of a gauge map in name order, the values past the label bound (or too long) summed into
+/// one [`OVERFLOW_LABEL`] row. The index bounds the map itself; this bounds the scrape.
+fn fold_overflow(map: &super::FastMap<String, i64>) -> Vec<(&str, i64)> {
+    let mut rows: Vec<(&str, i64)> = map.iter().map(|(k, v)| (k.as_str(), *v)).collect();
+    rows.sort();
+    let mut kept = Vec::with_capacity(rows.len().min(MAX_LABEL_VALUES + 1));
+    let mut overflow = None;
+    for (name, n) in rows {
+        if name != OVERFLOW_LABEL && super::own_series(kept.len(), name) {
+            kept.push((name, n));
+        } else {
+            *overflow.get_or_insert(0) += n;
+        }
+    }
+    if let Some(n) = overflow {
+        kept.push((OVERFLOW_LABEL, n));
+        kept.sort();
+    }
+    kept
+}
+
+fn lookup_families<'a>(t: &'a CoreMetrics, fams: &mut Vec<Family<'a>>) {
+    if t.lookups.is_empty() {
+        return;
+    }
+    fams.push((
+        "inferencecache_lookup_route_calls",
+        "LookupRoute calls by model, reason code and whether a hint was returned.",
+        MetricType::Counter,
+        Box::new(|e| {
+            let mut rows: Vec<(&str, &str, &str, u64)> = Vec::new();
+            for (model, m) in &t.lookups {
+                for (r, h, n) in &m.calls {
+                    rows.push((if *h { "true" } else { "false" }, model, r, *n));
+                }
+            }
+            rows.sort();
+            for (h, model, r, n) in rows {
+                let labels = [("hint_used", h), ("model", model), ("reason_code", r)];
+                counter(e, &labels, n)?;
+            }
+            Ok(())
+        }),
+    ));
+    fams.push((
+        "inferencecache_lookup_route_latency_seconds",
+        "LookupRoute handler latency.",
+        MetricType::Histogram,
+        Box::new(|e| {
+            let mut rows: Vec<_> = t.lookups.iter().collect();
+            rows.sort_by(|a, b| a.0.cmp(b.0));
+            for (model, m) in rows {
+                histogram(e, &[("model", model)], &m.latency)?;
+            }
+            Ok(())
+        }),
+    ));
+}
+
+fn eviction_families<'a>(t: &'a CoreMetrics, fams: &mut Vec<Family<'a>>) {
+    if !t.tenant_evictions.is_empty() {
+        fams.push((
+            "inferencecache_tenant_evictions",
+            "Prefix keys evicted by per-tenant quota enforcement.",
+            MetricType::Counter,
+            Box::new(|e| {
+                let mut rows: Vec<_> = t.tenant_evictions.iter().collect();
+                rows.sort();
+                for (tenant, n) in rows {
+                    counter(e, &[("reason", "over_entries"), ("tenant_id", tenant)], *n)?;
+                }
+                Ok(())
+            }),
+        ));
+    }
+    if !t.index_evictions.is_empty() {
+        fams.push((
+            "inferencecache_index_evictions",
+            "Storage entries removed by the global cap or the TTL sweep.",
+            MetricType::Counter,
+            Box::new(|e| {
+                for ((alg, reason), n) in &t.index_evictions {
+                    counter(e, &[("algorithm", alg), ("reason", reason)], *n)?;
+                }
+                Ok(())
+            }),
+        ));
+    }
+}
+
+fn auth_families(fams: &mut Vec<Family>) {
+    for (i, name) in AUTH_FAMILIES.iter().enumerate() {
+        let values: Vec<u64> = AUTH[i].iter().map(|a| a.load(Ordering::Relaxed)).collect();
+        if values.iter().all(|v| *v == 0) {
+            continue;
+        }
+        fams.push((
+            name,
+            "Controller-facing endpoint authentication outcomes.",
+            MetricType::Counter,
+            Box::new(move |e| {
+                // Label values in name order: error, forbidden, ok, unauth.
+                let mut rows: Vec<(&str, u64)> = AUTH_RESULTS
+                    .iter()
+                    .copied()
+                    .zip(values.iter().copied())
+                    .filter(|(_, v)| *v > 0)
+                    .collect();
+                rows.sort();
+                for (r, v) in rows {
+                    counter(e, &[("result", r)], v)?;
+                }
+                Ok(())
+            }),
+        ));
+    }
+}
+
+/// Families this server adds to the reference's set.
+fn operator_families<'a>(scrape: &'a Scrape, fams: &mut Vec<Family<'a>>) {
+    let tokenizing = scrape.tokenizer_in_flight;
+    fams.push((
+        "inferencecache_tokenizer_in_flight",
+        "prompt_text tokenizations admitted and not yet finished (at most 64; more fail open).",
+        MetricType::Gauge,
+        Box::new(move |e| gauge(e, &[], tokenizing)),
+    ));
+    let overflows = &scrape.total.label_overflows;
+    if !overflows.is_empty() {
+        fams.push((
+            "inferencecache_metrics_label_overflow",
+            "Observations recorded under the __overflow__ label value because a family reached its bound on distinct (or its limit on long) label values.",
+            MetricType::Counter,
+            Box::new(move |e| {
+                for (family, n) in overflows {
+                    counter(e, &[("family", family)], *n)?;
+                }
+                Ok(())
+            }),
+        ));
+    }
+    let ingested = scrape.total.ingest_entries;
+    if ingested > 0 {
+        fams.push((
+            "inferencecache_ingest_entries",
+            "Prefix entries carried by applied ReportCacheState messages.",
+            MetricType::Counter,
+            Box::new(move |e| counter(e, &[], ingested)),
+        ));
+    }
+}
+
+/// A per-core family: one series per core, labelled `core`, valued by `value`.
+fn per_core<'a>(
+    cores: &'a [CoreView],
+    name: &'static str,
+    help: &'static str,
+    ty: MetricType,
+    value: fn(&CoreView) -> i64,
+) -> Family<'a> {
+    let write = move |e: &mut MetricEncoder| {
+        for c in cores {
+            let id = c.core.to_string();
+            match ty {
+                MetricType::Counter => counter(e, &[("core", &id)], value(c) as u64)?,
+                _ => gauge(e, &[("core", &id)], value(c))?,
+            }
+        }
+        Ok(())
+    };
+    (name, help, ty, Box::new(write))
+}
+
+fn core_families<'a>(cores: &'a [CoreView], fams: &mut Vec<Family<'a>>) {
+    if cores.is_empty() {
+        return;
+    }
+    fams.push((
+        "inferencecache_core_requests",
+        "Requests per receiving core, answered inline or hopped to the owner core.",
+        MetricType::Counter,
+        Box::new(move |e| {
+            for c in cores {
+                let id = &c.core.to_string();
+                counter(e, &[("core", id), ("path", "hopped")], c.metrics.hopped)?;
+                counter(e, &[("core", id), ("path", "inline")], c.metrics.inline)?;
+            }
+            Ok(())
+        }),
+    ));
+    fams.push(per_core(
+        cores,
+        "inferencecache_core_hopped_ops",
+        "Operations a core executed on behalf of other threads (hop arrivals).",
+        MetricType::Counter,
+        |c| c.hopped_in as i64,
+    ));
+    fams.push(per_core(
+        cores,
+        "inferencecache_core_mailbox_depth",
+        "Operations queued to a core, summed over senders.",
+        MetricType::Gauge,
+        |c| c.mailbox_depth as i64,
+    ));
+    fams.push(per_core(
+        cores,
+        "inferencecache_core_index_entries",
+        "Storage entries held by a core's index partitions.",
+        MetricType::Gauge,
+        |c| c.metrics.core_entries,
+    ));
+    fams.push(per_core(
+        cores,
+        "inferencecache_core_index_bytes",
+        "Approximate heap bytes of a core's index partitions.",
+        MetricType::Gauge,
+        |c| c.metrics.core_bytes,
+    ));
+}

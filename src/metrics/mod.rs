@@ -1,0 +1,463 @@
+//! The `/metrics` series (docs/BEHAVIOUR.md §16) plus per-core operator series: recording.
+//!
+//! Recording never takes a shared lock on the request path: each core records into its own
+//! thread-local [`CoreMetrics`], and a scrape gathers those copies (see `admin::scrape`) and
+//! merges them before [`exposition::encode`]. Series recorded from threads that are not cores
+//! (the admin thread, tests) go to a mutex-guarded fallback that the hot path never touches; the
+//! auth counters and the two plain gauges are process-wide atomics.
+
+mod exposition;
+pub mod process;
+
+pub use exposition::{CONTENT_TYPE, CoreView, Scrape, encode};
+
+use std::cell::{Cell, RefCell};
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::time::Duration;
+
+use crate::limits::{MAX_LABEL_VALUE_BYTES, MAX_LABEL_VALUES};
+
+/// Upper bounds of `inferencecache_lookup_route_latency_seconds` (the `+Inf` bucket is implied).
+pub const LATENCY_BUCKETS: [f64; 10] = [
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
+];
+
+/// The hasher of the per-core maps: XXH3 instead of SipHash, since the key (a model id) is
+/// hashed once per LookupRoute on the hot path and is not attacker-chosen in a harmful way
+/// (a flood of model ids costs the same either way: one series each).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct FastHash;
+
+impl std::hash::BuildHasher for FastHash {
+    type Hasher = xxhash_rust::xxh3::Xxh3Default;
+    fn build_hasher(&self) -> Self::Hasher {
+        xxhash_rust::xxh3::Xxh3Default::new()
+    }
+}
+
+/// A map keyed by label values on the recording path.
+pub type FastMap<K, V> = HashMap<K, V, FastHash>;
+
+/// Family names in `inferencecache_metrics_label_overflow_total{family}`.
+const LOOKUP_FAMILY: &str = "inferencecache_lookup_route_calls_total";
+const TENANT_FAMILY: &str = "inferencecache_tenant_evictions_total";
+
+/// One latency histogram: per-bucket (non-cumulative) counts, the last slot is `+Inf`.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Histogram {
+    /// Observations per bucket; index `LATENCY_BUCKETS.len()` is the overflow (`+Inf`) bucket.
+    pub buckets: [u64; LATENCY_BUCKETS.len() + 1],
+    /// Sum of observed seconds.
+    pub sum: f64,
+    /// Number of observations.
+    pub count: u64,
+}
+
+impl Histogram {
+    /// Records one observation in seconds (`le` is inclusive, as in Prometheus).
+    pub fn observe(&mut self, secs: f64) {
+        let idx = LATENCY_BUCKETS
+            .iter()
+            .position(|b| secs <= *b)
+            .unwrap_or(LATENCY_BUCKETS.len());
+        self.buckets[idx] += 1;
+        self.sum += secs;
+        self.count += 1;
+    }
+
+    fn merge(&mut self, other: &Histogram) {
+        for (a, b) in self.buckets.iter_mut().zip(other.buckets.iter()) {
+            *a += *b;
+        }
+        self.sum += other.sum;
+        self.count += other.count;
+    }
+}
+
+/// LookupRoute series of one model.
+#[derive(Clone, Debug, Default)]
+pub struct ModelLookups {
+    /// `(reason_code, hint_used) → calls`; a short list, since reason codes are a small set.
+    pub calls: Vec<(String, bool, u64)>,
+    /// Latency histogram.
+    pub latency: Histogram,
+}
+
+/// The label value every value past [`MAX_LABEL_VALUES`] (or longer than
+/// [`MAX_LABEL_VALUE_BYTES`]) is folded into, so a client sending endless distinct or huge ids
+/// cannot grow the registry or the scrape without bound.
+pub const OVERFLOW_LABEL: &str = "__overflow__";
+
+/// Whether `value` gets its own series in a map already holding `len` values.
+fn own_series(len: usize, value: &str) -> bool {
+    len < MAX_LABEL_VALUES && value.len() <= MAX_LABEL_VALUE_BYTES
+}
+
+/// The entry of `value` in a label map, or of [`OVERFLOW_LABEL`] once the map is full or the
+/// value too long (counted in `overflows[family]`). Looks up before allocating.
+fn label_slot<'m, V: Default>(
+    map: &'m mut FastMap<String, V>,
+    value: &str,
+    family: &'static str,
+    overflows: &mut BTreeMap<&'static str, u64>,
+) -> &'m mut V {
+    if map.contains_key(value) {
+        return map.get_mut(value).expect("present");
+    }
+    let own_values = map.len() - usize::from(map.contains_key(OVERFLOW_LABEL));
+    let key = if value == OVERFLOW_LABEL || own_series(own_values, value) {
+        value
+    } else {
+        *overflows.entry(family).or_default() += 1;
+        OVERFLOW_LABEL
+    };
+    map.entry(key.to_string()).or_default()
+}
+
+/// Everything one core records; also the shape of a merged scrape.
+#[derive(Clone, Debug, Default)]
+pub struct CoreMetrics {
+    /// LookupRoute calls and latency per model.
+    pub lookups: FastMap<String, ModelLookups>,
+    /// Quota evictions per tenant (`reason="over_entries"`).
+    pub tenant_evictions: FastMap<String, u64>,
+    /// Cap / TTL evictions per `(algorithm, reason)`.
+    pub index_evictions: BTreeMap<(&'static str, &'static str), u64>,
+    /// Prefix entries carried by applied ingest messages.
+    pub ingest_entries: u64,
+    /// Requests answered on the core that received them.
+    pub inline: u64,
+    /// Requests that hopped to the owner core.
+    pub hopped: u64,
+    /// This core's share of `inferencecache_index_entries{model}` (last published value).
+    pub index_entries: FastMap<String, i64>,
+    /// Storage entries in this core's index (read at scrape time).
+    pub core_entries: i64,
+    /// Approximate heap bytes of this core's index (read at scrape time).
+    pub core_bytes: i64,
+    /// Observations folded into [`OVERFLOW_LABEL`], per family.
+    pub label_overflows: BTreeMap<&'static str, u64>,
+}
+
+impl CoreMetrics {
+    fn record_lookup(&mut self, model: &str, reason: &str, hint_used: bool, latency: Duration) {
+        let m = label_slot(
+            &mut self.lookups,
+            model,
+            LOOKUP_FAMILY,
+            &mut self.label_overflows,
+        );
+        match m
+            .calls
+            .iter_mut()
+            .find(|(r, h, _)| r == reason && *h == hint_used)
+        {
+            Some(c) => c.2 += 1,
+            None => m.calls.push((reason.to_string(), hint_used, 1)),
+        }
+        m.latency.observe(latency.as_secs_f64());
+    }
+
+    /// Adds `other`'s series to these.
+    pub fn merge(&mut self, other: &CoreMetrics) {
+        // Values folded here were counted by the core that recorded them (or are a scrape-time
+        // fold of values the cores kept), so merge folds are not counted again.
+        let uncounted = &mut BTreeMap::new();
+        for (model, o) in &other.lookups {
+            let m = label_slot(&mut self.lookups, model, LOOKUP_FAMILY, uncounted);
+            for (r, h, n) in &o.calls {
+                match m.calls.iter_mut().find(|(mr, mh, _)| mr == r && mh == h) {
+                    Some(c) => c.2 += n,
+                    None => m.calls.push((r.clone(), *h, *n)),
+                }
+            }
+            m.latency.merge(&o.latency);
+        }
+        for (t, n) in &other.tenant_evictions {
+            *label_slot(&mut self.tenant_evictions, t, TENANT_FAMILY, uncounted) += n;
+        }
+        for (family, n) in &other.label_overflows {
+            *self.label_overflows.entry(family).or_default() += n;
+        }
+        for (k, n) in &other.index_evictions {
+            *self.index_evictions.entry(*k).or_default() += n;
+        }
+        for (m, n) in &other.index_entries {
+            *self.index_entries.entry(m.clone()).or_default() += n;
+        }
+        self.ingest_entries += other.ingest_entries;
+        self.inline += other.inline;
+        self.hopped += other.hopped;
+        self.core_entries += other.core_entries;
+        self.core_bytes += other.core_bytes;
+    }
+}
+
+thread_local! {
+    static LOCAL: RefCell<CoreMetrics> = RefCell::new(CoreMetrics::default());
+    static IS_CORE: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Marks the calling thread as a serving core: its series go to its own thread-local store,
+/// which [`core_snapshot`] copies at scrape time. Called once by each executor at start.
+pub fn register_core_thread() {
+    IS_CORE.with(|c| c.set(true));
+}
+
+/// Copies the calling core's store (run on each core at scrape time).
+pub fn core_snapshot() -> CoreMetrics {
+    LOCAL.with(|l| l.borrow().clone())
+}
+
+/// Copies the off-core fallback store.
+pub fn fallback_snapshot() -> CoreMetrics {
+    FALLBACK
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .clone()
+        .unwrap_or_default()
+}
+
+/// Series recorded off the cores (admin thread, tests); never touched by the request path.
+static FALLBACK: Mutex<Option<CoreMetrics>> = Mutex::new(None);
+
+/// Applies `f` to the calling thread's store: the core's thread-local, or the fallback.
+fn with_store(f: impl FnOnce(&mut CoreMetrics)) {
+    if IS_CORE.with(|c| c.get()) {
+        LOCAL.with(|l| f(&mut l.borrow_mut()));
+    } else {
+        let mut g = FALLBACK.lock().unwrap_or_else(|e| e.into_inner());
+        f(g.get_or_insert_with(CoreMetrics::default));
+    }
+}
+
+/// One LookupRoute call (§10.4): `inferencecache_lookup_route_calls_total` and one latency
+/// observation. `latency` zero is allowed (the probe-tenant short-circuit observes 0).
+pub fn record_lookup(model: &str, reason: &str, hint_used: bool, latency: Duration) {
+    with_store(|m| m.record_lookup(model, reason, hint_used, latency));
+}
+
+/// `n` prefix keys of `tenant` evicted by quota enforcement (§7.1). `n == 0` creates nothing.
+pub fn record_tenant_evictions(tenant: &str, n: u64) {
+    if n == 0 {
+        return;
+    }
+    with_store(|m| {
+        *label_slot(
+            &mut m.tenant_evictions,
+            tenant,
+            TENANT_FAMILY,
+            &mut m.label_overflows,
+        ) += n
+    });
+}
+
+/// `n` storage entries removed by the cap or the TTL sweep (§7.2, §6), labelled with the owning
+/// tenant's algorithm (`"lru"`/`"lfu"`) and reason (`"cap"`/`"ttl"`). `n == 0` creates nothing.
+pub fn record_index_evictions(algorithm: &'static str, reason: &'static str, n: u64) {
+    if n == 0 {
+        return;
+    }
+    with_store(|m| *m.index_evictions.entry((algorithm, reason)).or_default() += n);
+}
+
+/// One applied ingest message carrying `entries` prefix entries (operator series).
+pub fn record_ingest(entries: u64) {
+    with_store(|m| m.ingest_entries += entries);
+}
+
+/// One request routed by the receiving core: answered inline, or hopped to its owner.
+pub fn record_hop(inline: bool) {
+    with_store(|m| if inline { m.inline += 1 } else { m.hopped += 1 });
+}
+
+/// Publishes this core's count of distinct non-reserved prefix keys for `model` (its share of
+/// `inferencecache_index_entries{model}`; the scrape sums the cores). Call after every ingest,
+/// event and sweep for each model the operation touched, including with 0 when a model drained:
+/// the series then stays at 0, as in the reference.
+pub fn publish_index_entries(model: &str, count: i64) {
+    with_store(|m| match m.index_entries.get_mut(model) {
+        Some(c) => *c = count,
+        None => {
+            m.index_entries.insert(model.to_string(), count);
+        }
+    });
+}
+
+/// `inferencecache_server_up`: 1 while serving.
+static SERVER_UP: AtomicI64 = AtomicI64::new(0);
+/// `inferencecache_server_grpc_tls_enabled`.
+static GRPC_TLS: AtomicI64 = AtomicI64::new(0);
+
+/// Sets `inferencecache_server_up` (1 once serving starts, 0 on shutdown).
+pub fn set_server_up(up: bool) {
+    SERVER_UP.store(up as i64, Ordering::SeqCst);
+}
+
+/// Sets `inferencecache_server_grpc_tls_enabled` (at construction).
+pub fn set_grpc_tls_enabled(on: bool) {
+    GRPC_TLS.store(on as i64, Ordering::SeqCst);
+}
+
+/// The three authenticated controller-facing endpoints (`*_auth_total` families).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AuthEndpoint {
+    /// `/snapshot`.
+    Snapshot = 0,
+    /// `/policy`.
+    Policy = 1,
+    /// `/probe`.
+    Probe = 2,
+}
+
+/// Outcome label of an `*_auth_total` increment (§13.2).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AuthResult {
+    /// Authenticated as the allowed identity.
+    Ok = 0,
+    /// Missing/invalid bearer token or not authenticated.
+    Unauth = 1,
+    /// Authenticated as someone else.
+    Forbidden = 2,
+    /// TokenReview unavailable.
+    Error = 3,
+}
+
+const AUTH_RESULTS: [&str; 4] = ["ok", "unauth", "forbidden", "error"];
+const AUTH_FAMILIES: [&str; 3] = [
+    "inferencecache_snapshot_auth",
+    "inferencecache_policy_auth",
+    "inferencecache_probe_auth",
+];
+
+static AUTH: [[AtomicU64; 4]; 3] = [const { [const { AtomicU64::new(0) }; 4] }; 3];
+
+/// One request reached `endpoint`'s auth middleware with `result`.
+pub fn record_auth(endpoint: AuthEndpoint, result: AuthResult) {
+    AUTH[endpoint as usize][result as usize].fetch_add(1, Ordering::Relaxed);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn render_local(m: CoreMetrics) -> String {
+        let scrape = Scrape {
+            total: m,
+            ..Scrape::default()
+        };
+        encode(scrape)
+    }
+
+    #[test]
+    fn histogram_buckets_are_inclusive() {
+        let mut h = Histogram::default();
+        h.observe(0.0);
+        h.observe(0.0001);
+        h.observe(0.00010001);
+        h.observe(1.0);
+        assert_eq!(h.buckets[0], 2);
+        assert_eq!(h.buckets[1], 1);
+        assert_eq!(h.buckets[LATENCY_BUCKETS.len()], 1);
+        assert_eq!(h.count, 4);
+    }
+
+    #[test]
+    fn lazily_created_series_and_label_order() {
+        let mut m = CoreMetrics::default();
+        let text = render_local(m.clone());
+        assert!(!text.contains("inferencecache_lookup_route_calls_total"));
+        assert!(!text.contains("inferencecache_tenant_evictions_total"));
+        assert!(text.contains("inferencecache_server_up 0\n"));
+        m.record_lookup("m", "NO_HINT", false, Duration::ZERO);
+        m.tenant_evictions.insert("team-a".into(), 3);
+        m.index_evictions.insert(("lfu", "cap"), 2);
+        m.index_evictions.insert(("lru", "ttl"), 1);
+        let text = render_local(m);
+        assert!(text.contains(
+            "inferencecache_lookup_route_calls_total{hint_used=\"false\",model=\"m\",reason_code=\"NO_HINT\"} 1\n"
+        ), "{text}");
+        assert!(text.contains(
+            "inferencecache_tenant_evictions_total{reason=\"over_entries\",tenant_id=\"team-a\"} 3\n"
+        ));
+        assert!(text.contains(
+            "inferencecache_index_evictions_total{algorithm=\"lfu\",reason=\"cap\"} 2\n"
+        ));
+        assert!(text.contains(
+            "inferencecache_index_evictions_total{algorithm=\"lru\",reason=\"ttl\"} 1\n"
+        ));
+        assert!(text.contains(
+            "inferencecache_lookup_route_latency_seconds_bucket{model=\"m\",le=\"0.0001\"} 1\n"
+        ));
+        assert!(text.contains(
+            "inferencecache_lookup_route_latency_seconds_bucket{model=\"m\",le=\"+Inf\"} 1\n"
+        ));
+        assert!(
+            text.contains("inferencecache_lookup_route_latency_seconds_count{model=\"m\"} 1\n")
+        );
+    }
+
+    #[test]
+    fn merge_sums_cores() {
+        let mut a = CoreMetrics::default();
+        a.record_lookup("m", "PREFIX_MATCH", true, Duration::from_micros(300));
+        a.index_entries.insert("m".into(), 2);
+        let mut b = CoreMetrics::default();
+        b.record_lookup("m", "PREFIX_MATCH", true, Duration::from_millis(2));
+        b.index_entries.insert("m".into(), 3);
+        a.merge(&b);
+        assert_eq!(a.lookups["m"].calls, vec![("PREFIX_MATCH".into(), true, 2)]);
+        assert_eq!(a.lookups["m"].latency.count, 2);
+        assert_eq!(a.index_entries["m"], 5);
+    }
+
+    #[test]
+    fn process_stats_read() {
+        let p = process::read().expect("linux /proc");
+        assert!(p.resident_bytes > 0);
+        assert!(p.open_fds > 0);
+        assert!(p.start_time_seconds > 1.0e9);
+    }
+
+    #[test]
+    fn label_values_past_the_bound_share_the_overflow_series() {
+        let mut m = CoreMetrics::default();
+        for i in 0..MAX_LABEL_VALUES + 10 {
+            m.record_lookup(&format!("m{i}"), "NO_HINT", false, Duration::ZERO);
+        }
+        m.record_lookup(
+            &"x".repeat(MAX_LABEL_VALUE_BYTES + 1),
+            "NO_HINT",
+            false,
+            Duration::ZERO,
+        );
+        m.record_lookup("m0", "NO_HINT", false, Duration::ZERO);
+        assert_eq!(m.lookups.len(), MAX_LABEL_VALUES + 1);
+        assert_eq!(m.lookups[OVERFLOW_LABEL].latency.count, 11);
+        assert_eq!(m.lookups["m0"].latency.count, 2);
+        assert_eq!(m.label_overflows[LOOKUP_FAMILY], 11);
+        let mut merged = CoreMetrics::default();
+        merged.merge(&m);
+        merged.merge(&m);
+        assert_eq!(merged.lookups.len(), MAX_LABEL_VALUES + 1);
+        assert_eq!(merged.label_overflows[LOOKUP_FAMILY], 22);
+        let text = render_local(merged);
+        assert!(text.contains("inferencecache_metrics_label_overflow_total{family=\"inferencecache_lookup_route_calls_total\"} 22\n"), "{}", &text[..2000]);
+    }
+
+    #[test]
+    fn index_entries_gauge_folds_past_the_bound_at_exposition() {
+        let mut m = CoreMetrics::default();
+        for i in 0..MAX_LABEL_VALUES + 5 {
+            m.index_entries.insert(format!("m{i:05}"), 1);
+        }
+        m.index_entries
+            .insert("y".repeat(MAX_LABEL_VALUE_BYTES + 1), 7);
+        let text = render_local(m);
+        let series = text.matches("inferencecache_index_entries{").count();
+        assert_eq!(series, MAX_LABEL_VALUES + 1);
+        assert!(text.contains("inferencecache_index_entries{model=\"__overflow__\"} 12\n"));
+    }
+}

@@ -1,0 +1,132 @@
+//! The state one executor owns, in a thread-local: handlers reach it between awaits without
+//! locks, and no other thread can.
+
+use std::cell::{Cell, RefCell};
+use std::sync::Arc;
+
+use inferencecache_index::index::{EvictionCounts, Index, IndexConfig};
+use inferencecache_index::policy::PolicyStore;
+use inferencecache_proto::v1alpha1 as pb;
+
+use crate::metrics;
+use crate::sys::clock::unix_now_ns;
+
+/// Everything one core owns.
+pub struct CoreState {
+    /// This core's id (0-based).
+    pub core: usize,
+    /// Ingest messages applied on this core (routing is observable in tests through the index).
+    pub ingested: u64,
+    /// This core's copy of the current policy snapshot (swapped whole by `/policy`).
+    pub policy: Arc<PolicyStore>,
+    /// The index partitions this core owns (one index holds all of them).
+    pub index: Index,
+    /// Whether `index_string_table_full` was already logged on this core.
+    warned_string_table_full: bool,
+}
+
+thread_local! {
+    static CORE_ID: Cell<Option<usize>> = const { Cell::new(None) };
+    static CORE: RefCell<Option<CoreState>> = const { RefCell::new(None) };
+}
+
+/// Installs this thread's core state; called once by each executor at start.
+pub fn install(state: CoreState) {
+    CORE_ID.with(|c| c.set(Some(state.core)));
+    CORE.with(|c| *c.borrow_mut() = Some(state));
+}
+
+/// The current thread's core id, or `None` on non-core threads.
+pub fn current_core() -> Option<usize> {
+    CORE_ID.with(|c| c.get())
+}
+
+/// Runs `f` against this core's state. Panics off a core thread (a routing bug).
+pub fn with_core<R>(f: impl FnOnce(&mut CoreState) -> R) -> R {
+    CORE.with(|c| {
+        let mut guard = c.borrow_mut();
+        f(guard.as_mut().expect("with_core called off a core thread"))
+    })
+}
+
+impl CoreState {
+    /// Fresh state for `core` with an empty index configured by `config`.
+    pub fn new(core: usize, config: IndexConfig) -> Self {
+        let config = IndexConfig {
+            core_id: core,
+            ..config
+        };
+        Self {
+            core,
+            ingested: 0,
+            policy: Arc::new(PolicyStore::empty()),
+            index: Index::new(config),
+            warned_string_table_full: false,
+        }
+    }
+
+    /// Replaces this core's policy snapshot. The eviction order may depend on it, so the index
+    /// is told to drop cached victim candidates.
+    pub fn set_policy(&mut self, policy: Arc<PolicyStore>) {
+        self.policy = policy;
+        self.index.rules_changed();
+    }
+
+    /// Applies one ReportCacheState message.
+    pub fn ingest(&mut self, update: &pb::CacheStateUpdate) {
+        self.ingested += 1;
+        let out = self.index.ingest(update, unix_now_ns(), &*self.policy);
+        if out.rejected_string_table_full && !self.warned_string_table_full {
+            // Once per core: every later refusal has the same cause.
+            self.warned_string_table_full = true;
+            tracing::warn!(core = self.core, "index_string_table_full");
+        }
+        metrics::record_ingest(out.upserts);
+        if out.quota_evicted_keys > 0 {
+            metrics::record_tenant_evictions(&update.tenant_id, out.quota_evicted_keys);
+        }
+        record_evictions(out.cap_evicted, "cap");
+        self.publish_gauge();
+    }
+
+    /// Applies one PublishEvent.
+    pub fn apply_event(&mut self, event: &pb::CacheEvent) {
+        self.index.apply_event(event, unix_now_ns(), &*self.policy);
+        self.publish_gauge();
+    }
+
+    /// Runs the TTL sweep (§6).
+    pub fn sweep(&mut self) {
+        let out = self.index.sweep(unix_now_ns(), &*self.policy);
+        record_evictions(out.ttl_evicted, "ttl");
+        self.publish_gauge();
+    }
+
+    /// GetCacheState for `(tenant, model)`.
+    pub fn cache_state(&mut self, tenant: &str, model: &str) -> pb::GetCacheStateResponse {
+        let st = self.index.cache_state(tenant, model);
+        pb::GetCacheStateResponse {
+            replicas: st.replicas,
+            summary: Some(pb::CacheSummary {
+                total_prefixes: st.total_prefixes,
+                hot_prefixes: 0,
+            }),
+        }
+    }
+
+    /// Re-publishes the per-model entries gauge for models whose count changed on this core.
+    fn publish_gauge(&mut self) {
+        self.index.drain_gauge_updates(|model, count| {
+            metrics::publish_index_entries(model, count as i64)
+        });
+    }
+}
+
+fn record_evictions(c: EvictionCounts, reason: &'static str) {
+    if c.lru > 0 {
+        metrics::record_index_evictions("lru", reason, c.lru);
+    }
+    if c.lfu > 0 {
+        metrics::record_index_evictions("lfu", reason, c.lfu);
+    }
+}

@@ -1,0 +1,272 @@
+//! Start-up and shutdown, in the reference's order (docs/BEHAVIOUR.md §1.2): validate flags
+//! (exit 2), open every listener up front (exit 1 on failure), start the per-core runtime, mark
+//! ready, then serve until SIGTERM/SIGINT, which drains in-flight calls and exits 0.
+
+use std::net::{SocketAddr, ToSocketAddrs};
+use std::sync::Arc;
+use std::time::Duration;
+
+use clap::Parser;
+use inferencecache_index::directory::Directory;
+use inferencecache_index::index::IndexConfig;
+
+use crate::admin::{self, auth};
+use crate::cli::{self, Cli};
+use crate::limits::HTTP_SHUTDOWN_BUDGET;
+use crate::lookup::LookupConfig;
+use crate::runtime::{self, Runtime, RuntimeConfig, admin_thread};
+use crate::shard::CoreState;
+use crate::{grpc, logging, metrics, tokenizer};
+
+/// Why the server did not start; each maps to the reference's exit code.
+#[derive(Debug)]
+pub enum StartupError {
+    /// Bad flags: printed to stderr, exit 2.
+    Usage(String),
+    /// A resource could not be opened: logged as `event`, exit 1.
+    Fatal {
+        /// The log event name.
+        event: &'static str,
+        /// What failed.
+        error: String,
+    },
+}
+
+impl StartupError {
+    fn usage(e: impl std::fmt::Display) -> Self {
+        Self::Usage(e.to_string())
+    }
+
+    fn fatal(event: &'static str, e: impl std::fmt::Display) -> Self {
+        Self::Fatal {
+            event,
+            error: e.to_string(),
+        }
+    }
+
+    /// Reports the error and returns the process exit code.
+    fn report(self) -> i32 {
+        match self {
+            Self::Usage(msg) => {
+                eprintln!("{msg}");
+                2
+            }
+            Self::Fatal { event, error } => {
+                tracing::error!(error = %error, "{event}");
+                1
+            }
+        }
+    }
+}
+
+/// A panic anywhere but on a thread that contains panics by design (the tokenizer workers)
+/// aborts the whole process after the panic message is printed: a core that died alone would
+/// leave a half-dead server whose queued requests never complete, while an abort lets the
+/// orchestrator restart it.
+fn abort_on_panic() {
+    let print = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        print(info);
+        if !tokenizer::contains_panics_on_this_thread() {
+            std::process::abort();
+        }
+    }));
+}
+
+/// Runs the server; returns the process exit code.
+pub fn run() -> i32 {
+    abort_on_panic();
+    let cli = match Cli::try_parse_from(cli::normalize_args(std::env::args())) {
+        Ok(c) => c,
+        Err(e) => {
+            let _ = e.print();
+            return if e.use_stderr() { 2 } else { 0 };
+        }
+    };
+    match start(&cli) {
+        Ok(server) => server.serve_until_signal(),
+        Err(e) => e.report(),
+    }
+}
+
+/// The effective settings derived from the flags.
+struct Settings {
+    shards: usize,
+    grpc_tls: bool,
+}
+
+/// Checks every flag before anything starts, then installs logging.
+fn validate(cli: &Cli) -> Result<Settings, StartupError> {
+    let json = logging::parse_format(&cli.log_format).map_err(StartupError::usage)?;
+    let level = logging::parse_level(&cli.log_level).map_err(StartupError::usage)?;
+    cli::validate_auth(cli).map_err(StartupError::usage)?;
+    cli::validate_tls(cli).map_err(StartupError::usage)?;
+    let cpus = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1);
+    let shards = cli::shards(cli, cpus).map_err(StartupError::usage)?;
+    logging::init(json, level);
+    Ok(Settings {
+        shards,
+        grpc_tls: !cli.tls_cert_file.is_empty(),
+    })
+}
+
+/// A started server: the runtime serving gRPC, the admin thread serving HTTP.
+struct Server {
+    runtime: Runtime,
+    admin: tokio::runtime::Handle,
+}
+
+fn start(cli: &Cli) -> Result<Server, StartupError> {
+    let settings = validate(cli)?;
+    load_tokenizers(cli, settings.shards);
+    let controller_auth = auth::setup(&auth_flags(cli))
+        .map_err(|e| StartupError::fatal("controller_auth_setup", e))?;
+    if settings.grpc_tls {
+        grpc::tls::install(&cli.tls_cert_file, &cli.tls_key_file)
+            .map_err(|e| StartupError::fatal("grpc_tls_load", e))?;
+    }
+    metrics::set_grpc_tls_enabled(settings.grpc_tls);
+    let admin = admin_thread::start();
+    let (http_listener, snapshot_listener) = bind_http(cli, &admin)?;
+    let runtime = start_runtime(cli, settings.shards)?;
+    admin::set_ready(true);
+    metrics::set_server_up(true);
+    log_startup(&runtime, &http_listener, &snapshot_listener, &settings);
+    admin.spawn(runtime::health::watchdog());
+    admin.spawn(admin::http::serve(http_listener, admin::public));
+    let controller = Arc::new(admin::Controller {
+        auth: controller_auth,
+    });
+    admin.spawn(admin::http::serve(snapshot_listener, controller.handler()));
+    Ok(Server { runtime, admin })
+}
+
+/// Tokenizers load eagerly, before serving, on threads that never serve lookups.
+fn load_tokenizers(cli: &Cli, shards: usize) {
+    let tokenizers = if cli.tokenizer_models_dir.is_empty() {
+        tokenizer::Tokenizers::disabled()
+    } else {
+        tokenizer::Tokenizers::load_with(
+            std::path::Path::new(&cli.tokenizer_models_dir),
+            tokenizer::PoolConfig::sparing_serving_cores(shards),
+        )
+    };
+    let _ = tokenizer::install_global(tokenizers);
+}
+
+fn auth_flags(cli: &Cli) -> auth::AuthFlags {
+    auth::AuthFlags {
+        insecure_disable_auth: cli.insecure_disable_auth,
+        allowed_controller_sa: cli.allowed_controller_sa.clone(),
+        controller_audience: cli.controller_audience.clone(),
+        policy_audience: cli.policy_audience.clone(),
+        controller_token_file: cli.controller_token_file.clone(),
+        kube: auth::tokenreview::KubeConfig {
+            api_server: cli.kube_api_server.clone(),
+            ca_file: cli.kube_ca_file.clone(),
+            token_file: cli.kube_token_file.clone(),
+        },
+    }
+}
+
+fn resolve(addr: &str) -> Result<SocketAddr, StartupError> {
+    let invalid = |detail: String| {
+        StartupError::fatal("listen_error", format!("invalid address {addr:?}{detail}"))
+    };
+    cli::listen_addr(addr)
+        .to_socket_addrs()
+        .map_err(|e| invalid(format!(": {e}")))?
+        .next()
+        .ok_or_else(|| invalid(String::new()))
+}
+
+/// Opens both HTTP listeners on the admin runtime (exit 1 when either cannot be bound).
+fn bind_http(
+    cli: &Cli,
+    admin: &tokio::runtime::Handle,
+) -> Result<(tokio::net::TcpListener, tokio::net::TcpListener), StartupError> {
+    // The gRPC address is checked here too, so a bad one fails before anything is bound.
+    resolve(&cli.grpc_bind_address)?;
+    let http_addr = resolve(&cli.http_bind_address)?;
+    let snapshot_addr = resolve(&cli.snapshot_bind_address)?;
+    let (h, s) = admin.block_on(async {
+        let h = tokio::net::TcpListener::bind(http_addr).await;
+        let s = tokio::net::TcpListener::bind(snapshot_addr).await;
+        (h, s)
+    });
+    let listen_error = |e| StartupError::fatal("listen_error", e);
+    Ok((h.map_err(listen_error)?, s.map_err(listen_error)?))
+}
+
+/// Starts the executors serving gRPC.
+fn start_runtime(cli: &Cli, shards: usize) -> Result<Runtime, StartupError> {
+    let lookup_cfg = Arc::new(LookupConfig {
+        engine_block_size: cli::engine_block_size(cli),
+    });
+    let index_config = IndexConfig {
+        max_entries: cli.index_max_entries,
+        directory: Arc::new(Directory::default()),
+        ..Default::default()
+    };
+    let (health, _) = tonic_health::server::health_reporter();
+    let health = Arc::new(health);
+    let started = runtime::start(RuntimeConfig {
+        shards,
+        listen_addr: resolve(&cli.grpc_bind_address)?,
+        init: Arc::new(move |core| CoreState::new(core, index_config.clone())),
+        on_core_start: Arc::new(move || grpc::install_services(lookup_cfg.clone(), &health)),
+        serve_connection: grpc::serve_connection,
+        max_connections_per_core: cli.max_connections_per_core,
+        sweep_interval: Duration::from_millis(cli.sweep_interval_ms),
+    });
+    started.map_err(|e| {
+        eprintln!("{e}");
+        StartupError::fatal("serve_error", e)
+    })
+}
+
+fn log_startup(
+    runtime: &Runtime,
+    http: &tokio::net::TcpListener,
+    snapshot: &tokio::net::TcpListener,
+    settings: &Settings,
+) {
+    let addr =
+        |l: &tokio::net::TcpListener| l.local_addr().map(|a| a.to_string()).unwrap_or_default();
+    tracing::info!(
+        version = env!("CARGO_PKG_VERSION"),
+        commit = option_env!("INFERENCECACHE_COMMIT").unwrap_or("unknown"),
+        grpc_addr = %runtime.listen_addr,
+        grpc_tls = settings.grpc_tls,
+        http_addr = %addr(http),
+        snapshot_addr = %addr(snapshot),
+        shards = settings.shards,
+        "startup"
+    );
+}
+
+impl Server {
+    /// Serves until SIGTERM/SIGINT, then drains: gRPC first, then the HTTP listeners.
+    fn serve_until_signal(self) -> i32 {
+        let signals = signal_hook::iterator::Signals::new([
+            signal_hook::consts::SIGTERM,
+            signal_hook::consts::SIGINT,
+        ]);
+        let mut signals = match signals {
+            Ok(s) => s,
+            Err(e) => return StartupError::fatal("serve_error", e).report(),
+        };
+        let _ = signals.forever().next();
+        tracing::info!("graceful_shutdown_started");
+        admin::set_ready(false);
+        metrics::set_server_up(false);
+        runtime::request_shutdown();
+        self.runtime.join();
+        self.admin
+            .block_on(admin::http::shutdown(HTTP_SHUTDOWN_BUDGET));
+        tracing::info!("graceful_shutdown_done");
+        0
+    }
+}

@@ -1,0 +1,54 @@
+//! Test-only hooks, read once from the environment, that let the end-to-end tests drive fault
+//! paths of the real binary deterministically. Unset in production; each costs one load of a
+//! cached value where it is checked, never on the lookup path.
+
+use std::sync::OnceLock;
+use std::time::Duration;
+
+/// A fault injected into one core's TTL sweep.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SweepFault {
+    /// The core panics at its first sweep.
+    Panic,
+    /// The core blocks its thread for this long at its first sweep (a stuck core).
+    Stall(Duration),
+}
+
+/// `INFERENCECACHE_TEST_SWEEP_FAULT=panic:<core>` or `stall:<core>:<ms>`: the fault for
+/// `core`'s first sweep, if any.
+pub fn sweep_fault(core: usize) -> Option<SweepFault> {
+    static FAULT: OnceLock<Option<(usize, SweepFault)>> = OnceLock::new();
+    let parsed = FAULT.get_or_init(|| {
+        let v = std::env::var("INFERENCECACHE_TEST_SWEEP_FAULT").ok()?;
+        parse(&v)
+    });
+    parsed.and_then(|(c, f)| (c == core).then_some(f))
+}
+
+fn parse(v: &str) -> Option<(usize, SweepFault)> {
+    let mut parts = v.split(':');
+    let kind = parts.next()?;
+    let core = parts.next()?.parse().ok()?;
+    let fault = match kind {
+        "panic" => SweepFault::Panic,
+        "stall" => SweepFault::Stall(Duration::from_millis(parts.next()?.parse().ok()?)),
+        _ => return None,
+    };
+    Some((core, fault))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_faults() {
+        assert_eq!(parse("panic:1"), Some((1, SweepFault::Panic)));
+        assert_eq!(
+            parse("stall:0:250"),
+            Some((0, SweepFault::Stall(Duration::from_millis(250))))
+        );
+        assert_eq!(parse("stall:0"), None);
+        assert_eq!(parse("boom:0"), None);
+    }
+}

@@ -1,0 +1,470 @@
+//! End-to-end checks of controller-facing authentication (BEHAVIOUR.md §13.2, C147) against a
+//! stand-in Kubernetes TokenReview API served over HTTPS inside the test, plus the static
+//! token-file mode and the start-up failures. Every server runs with `--shards 1` and `2`.
+
+use std::collections::HashMap;
+use std::convert::Infallible;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use crate::support::*;
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use serde_json::{Value, json};
+
+const SA: &str = "system:serviceaccount:inference-cache-system:inference-cache-controller-manager";
+const CTRL_AUD: &str = "inferencecache.io/controller";
+const POLICY_AUD: &str = "inferencecache.io/policy";
+const SA_TOKEN: &str = "the-servers-own-sa-token";
+const PROBE: &str = r#"{"backend":"b","model":"m","hashScheme":"vllm"}"#;
+const POLICY: &str = r#"{"version":7,"policies":[{"namespace":"team-a"}]}"#;
+
+/// What the stand-in API server knows about a bearer token.
+#[derive(Clone)]
+struct Identity {
+    username: String,
+    audiences: Vec<String>,
+}
+
+/// A stand-in for the Kubernetes API server's TokenReview endpoint.
+#[derive(Default)]
+struct StandIn {
+    tokens: Mutex<HashMap<String, Identity>>,
+    reviews: AtomicUsize,
+    fail: AtomicBool,
+    last_audiences: Mutex<Option<Value>>,
+}
+
+impl StandIn {
+    fn add(&self, token: &str, username: &str, audiences: &[&str]) {
+        self.tokens.lock().unwrap().insert(
+            token.into(),
+            Identity {
+                username: username.into(),
+                audiences: audiences.iter().map(|a| a.to_string()).collect(),
+            },
+        );
+    }
+
+    fn review(&self, auth: Option<&str>, body: &[u8]) -> (u16, String) {
+        self.reviews.fetch_add(1, Ordering::SeqCst);
+        if self.fail.load(Ordering::SeqCst) {
+            return (500, r#"{"kind":"Status","status":"Failure"}"#.into());
+        }
+        if auth != Some(&format!("Bearer {SA_TOKEN}")) {
+            return (401, r#"{"kind":"Status","status":"Failure"}"#.into());
+        }
+        let req: Value = serde_json::from_slice(body).unwrap();
+        assert_eq!(req["apiVersion"], "authentication.k8s.io/v1");
+        assert_eq!(req["kind"], "TokenReview");
+        let token = req["spec"]["token"].as_str().unwrap().to_string();
+        let wanted: Vec<String> = req["spec"]["audiences"]
+            .as_array()
+            .map(|a| a.iter().map(|v| v.as_str().unwrap().to_string()).collect())
+            .unwrap_or_default();
+        *self.last_audiences.lock().unwrap() = Some(req["spec"]["audiences"].clone());
+        let status = match self.tokens.lock().unwrap().get(&token) {
+            None => json!({"authenticated": false, "error": "invalid bearer token"}),
+            Some(id) if !wanted.is_empty() && !wanted.iter().any(|w| id.audiences.contains(w)) => {
+                json!({"authenticated": false,
+                       "error": format!("token audiences {:?} is invalid for the target audiences {:?}", id.audiences, wanted)})
+            }
+            Some(id) => json!({"authenticated": true,
+                               "user": {"username": id.username, "groups": ["system:serviceaccounts"]},
+                               "audiences": wanted}),
+        };
+        let resp = json!({"apiVersion": "authentication.k8s.io/v1", "kind": "TokenReview",
+                          "metadata": {"creationTimestamp": null}, "spec": req["spec"], "status": status});
+        (201, resp.to_string())
+    }
+}
+
+/// Serves the stand-in over HTTPS on its own runtime thread; returns (port, CA PEM path).
+fn start_stand_in(state: Arc<StandIn>, dir: &std::path::Path) -> (u16, String) {
+    let pki = gen_pki("kube-apiserver");
+    let ca_path = dir.join("kube-ca.pem");
+    std::fs::write(&ca_path, &pki.ca_pem).unwrap();
+    let certs: Vec<rustls::pki_types::CertificateDer<'static>> =
+        rustls::pki_types::pem::PemObject::pem_slice_iter(pki.cert_pem.as_bytes())
+            .collect::<Result<_, _>>()
+            .unwrap();
+    let key = <rustls::pki_types::PrivateKeyDer<'static> as rustls::pki_types::pem::PemObject>::from_pem_slice(
+        pki.key_pem.as_bytes(),
+    )
+    .unwrap();
+    let config = rustls::ServerConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .unwrap()
+    .with_no_client_auth()
+    .with_single_cert(certs, key)
+    .unwrap();
+    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.set_nonblocking(true).unwrap();
+    let port = listener.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async move {
+            let listener = tokio::net::TcpListener::from_std(listener).unwrap();
+            loop {
+                let (tcp, _) = listener.accept().await.unwrap();
+                let acceptor = acceptor.clone();
+                let state = state.clone();
+                tokio::spawn(async move {
+                    let Ok(tls) = acceptor.accept(tcp).await else {
+                        return;
+                    };
+                    let svc = hyper::service::service_fn(
+                        move |req: http::Request<hyper::body::Incoming>| {
+                            let state = state.clone();
+                            async move {
+                                let ok_path = req.uri().path()
+                                    == "/apis/authentication.k8s.io/v1/tokenreviews"
+                                    && req.method() == http::Method::POST;
+                                let auth = req
+                                    .headers()
+                                    .get("authorization")
+                                    .and_then(|v| v.to_str().ok())
+                                    .map(str::to_string);
+                                let body = req.into_body().collect().await.unwrap().to_bytes();
+                                let (status, text) = if ok_path {
+                                    state.review(auth.as_deref(), &body)
+                                } else {
+                                    (404, "{}".into())
+                                };
+                                Ok::<_, Infallible>(
+                                    http::Response::builder()
+                                        .status(status)
+                                        .header("content-type", "application/json")
+                                        .body(Full::new(Bytes::from(text)))
+                                        .unwrap(),
+                                )
+                            }
+                        },
+                    );
+                    let _ = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(hyper_util::rt::TokioIo::new(tls), svc)
+                        .await;
+                });
+            }
+        });
+    });
+    (port, ca_path.to_string_lossy().into_owned())
+}
+
+fn req(port: u16, method: &str, path: &str, token: Option<&str>, body: &str) -> HttpResponse {
+    let bearer = token.map(|t| format!("Bearer {t}"));
+    let mut headers = vec![("Content-Type", "application/json")];
+    if let Some(b) = &bearer {
+        headers.push(("Authorization", b.as_str()));
+    }
+    http_full(port, method, path, &headers, body.as_bytes()).unwrap()
+}
+
+fn snapshot(p: u16, t: Option<&str>) -> HttpResponse {
+    req(p, "GET", "/snapshot", t, "")
+}
+fn policy(p: u16, t: Option<&str>) -> HttpResponse {
+    req(p, "POST", "/policy", t, POLICY)
+}
+fn probe(p: u16, t: Option<&str>) -> HttpResponse {
+    req(p, "POST", "/probe", t, PROBE)
+}
+
+fn counter(text: &str, endpoint: &str, result: &str) -> f64 {
+    metric_value(
+        text,
+        &format!("inferencecache_{endpoint}_auth_total{{result=\"{result}\"}}"),
+    )
+    .unwrap_or(0.0)
+}
+
+fn tokenreview_server(shards: usize, name: &str) -> (Server, Arc<StandIn>, std::path::PathBuf) {
+    let dir = scratch_dir(name);
+    let state = Arc::new(StandIn::default());
+    state.add("ctrl-token", SA, &[CTRL_AUD]);
+    state.add("policy-token", SA, &[POLICY_AUD]);
+    state.add(
+        "other-sa-policy-token",
+        "system:serviceaccount:x:intruder",
+        &[POLICY_AUD],
+    );
+    let (port, ca) = start_stand_in(state.clone(), &dir);
+    let sa_token = dir.join("sa-token");
+    std::fs::write(&sa_token, format!("{SA_TOKEN}\n")).unwrap();
+    let url = format!("https://127.0.0.1:{port}");
+    let log = dir.join("server.log");
+    let srv = Server::start_opts(
+        shards,
+        StartOpts {
+            flags: &[
+                "--allowed-controller-sa",
+                SA,
+                "--kube-api-server",
+                &url,
+                "--kube-ca-file",
+                &ca,
+                "--kube-token-file",
+                sa_token.to_str().unwrap(),
+            ],
+            no_insecure: true,
+            stderr_file: Some(log),
+            log_level: Some("info"),
+            ..Default::default()
+        },
+    );
+    (srv, state, dir)
+}
+
+fn c147_tokenreview(shards: usize) {
+    let (srv, state, dir) = tokenreview_server(shards, &format!("auth-tr-{shards}"));
+    let p = srv.admin_port;
+
+    // Without a bearer token: 401 everywhere, and no review is made.
+    for r in [snapshot(p, None), policy(p, None), probe(p, None)] {
+        assert_eq!((r.status, r.body.as_str()), (401, "unauthorized\n"));
+    }
+    assert_eq!(state.reviews.load(Ordering::SeqCst), 0);
+    // With the right audience tokens: served.
+    let r = snapshot(p, Some("ctrl-token"));
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(
+        *state.last_audiences.lock().unwrap(),
+        Some(json!([CTRL_AUD]))
+    );
+    let r = policy(p, Some("policy-token"));
+    assert_eq!(r.status, 204, "{}", r.body);
+    assert_eq!(
+        *state.last_audiences.lock().unwrap(),
+        Some(json!([POLICY_AUD]))
+    );
+    let r = probe(p, Some("ctrl-token"));
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert!(r.body.contains("\"routing\":\"ok\""));
+    let text = metrics_text(&srv);
+    for ep in ["snapshot", "policy", "probe"] {
+        assert_eq!(counter(&text, ep, "unauth"), 1.0, "{ep}\n{text}");
+        assert_eq!(counter(&text, ep, "ok"), 1.0, "{ep}");
+    }
+    assert!(text.contains("inferencecache_snapshot_auth_total{result=\"ok\"} 1\n"));
+
+    // Another service account: 403.
+    let r = policy(p, Some("other-sa-policy-token"));
+    assert_eq!((r.status, r.body.as_str()), (403, "forbidden\n"));
+    assert_eq!(counter(&metrics_text(&srv), "policy", "forbidden"), 1.0);
+
+    // Audience mismatch: the controller-audience token is refused on /policy.
+    let r = policy(p, Some("ctrl-token"));
+    assert_eq!((r.status, r.body.as_str()), (401, "unauthorized\n"));
+    // Malformed headers.
+    for h in ["Basic ctrl-token", "Bearer", "Bearer   ", "ctrl-token"] {
+        let r = http_full(p, "GET", "/snapshot", &[("Authorization", h)], b"").unwrap();
+        assert_eq!(r.status, 401, "{h}");
+    }
+    // Scheme is case-insensitive and the token trimmed.
+    let r = http_full(
+        p,
+        "GET",
+        "/snapshot",
+        &[("Authorization", "bEaReR  ctrl-token ")],
+        b"",
+    )
+    .unwrap();
+    assert_eq!(r.status, 200);
+
+    // Successful reviews are cached per endpoint for 30 s.
+    let before = state.reviews.load(Ordering::SeqCst);
+    for _ in 0..3 {
+        assert_eq!(snapshot(p, Some("ctrl-token")).status, 200);
+        assert_eq!(probe(p, Some("ctrl-token")).status, 200);
+    }
+    assert_eq!(state.reviews.load(Ordering::SeqCst), before);
+    // Unknown token: reviewed every time, never cached.
+    assert_eq!(snapshot(p, Some("nope")).status, 401);
+    assert_eq!(snapshot(p, Some("nope")).status, 401);
+    assert_eq!(state.reviews.load(Ordering::SeqCst), before + 2);
+
+    // API server failing: 503, result "error"; a cached token still works.
+    state.fail.store(true, Ordering::SeqCst);
+    state.add("fresh-token", SA, &[CTRL_AUD]);
+    let r = snapshot(p, Some("fresh-token"));
+    assert_eq!(
+        (r.status, r.body.as_str()),
+        (503, "token review unavailable\n")
+    );
+    assert_eq!(snapshot(p, Some("ctrl-token")).status, 200);
+    state.fail.store(false, Ordering::SeqCst);
+    assert_eq!(snapshot(p, Some("fresh-token")).status, 200);
+
+    // Each request reaching the middleware counted exactly once (404s never reach it).
+    assert_eq!(req(p, "GET", "/other", Some("ctrl-token"), "").status, 404);
+    let text = metrics_text(&srv);
+    let total = |ep: &str| -> f64 {
+        ["ok", "unauth", "forbidden", "error"]
+            .iter()
+            .map(|r| counter(&text, ep, r))
+            .sum()
+    };
+    assert_eq!(counter(&text, "snapshot", "error"), 1.0);
+    // snapshot: none, ctrl, 4 malformed, case-insensitive, 3 cached, 2 unknown, fresh 503,
+    // cached during failure, fresh ok.
+    assert_eq!(total("snapshot"), 15.0, "{text}");
+    assert_eq!(total("policy"), 4.0);
+    assert_eq!(total("probe"), 5.0);
+    // The unauthenticated review with an error string is logged as a WARN with `error`.
+    let log = std::fs::read_to_string(dir.join("server.log")).unwrap();
+    let warn = log
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .find(|v| v["message"] == "auth_token_review_unauthenticated")
+        .unwrap_or_else(|| panic!("no auth warning in:\n{log}"));
+    assert_eq!(warn["level"], "WARN");
+    assert!(
+        warn["error"].as_str().unwrap().contains("invalid"),
+        "{warn}"
+    );
+    assert!(!log.contains("ctrl-token"), "tokens are never logged");
+    let enabled = log
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .find(|v| v["message"] == "controller_auth_enabled")
+        .unwrap();
+    assert_eq!(enabled["expected_sa"], SA);
+    assert_eq!(enabled["controller_audience"], CTRL_AUD);
+    assert_eq!(enabled["policy_audience"], POLICY_AUD);
+}
+
+shards_1_and_2!(blocking c147_tokenreview);
+
+fn token_file(shards: usize) {
+    let dir = scratch_dir(&format!("auth-file-{shards}"));
+    let f = dir.join("controller-token");
+    std::fs::write(&f, "s3cr3t-controller-token-0001\n").unwrap();
+    let srv = Server::start_opts(
+        shards,
+        StartOpts {
+            flags: &["--controller-token-file", f.to_str().unwrap()],
+            no_insecure: true,
+            ..Default::default()
+        },
+    );
+    let p = srv.admin_port;
+    let good = Some("s3cr3t-controller-token-0001");
+    assert_eq!(snapshot(p, None).status, 401);
+    assert_eq!(snapshot(p, Some("wrong-token-wrong-token")).status, 401);
+    assert_eq!(snapshot(p, good).status, 200);
+    assert_eq!(policy(p, good).status, 204);
+    assert_eq!(probe(p, good).status, 200);
+    assert_eq!(policy(p, Some("s3cr3t-controller-token-000")).status, 401);
+    let text = metrics_text(&srv);
+    assert_eq!(counter(&text, "snapshot", "unauth"), 2.0);
+    assert_eq!(counter(&text, "snapshot", "ok"), 1.0);
+    assert_eq!(counter(&text, "policy", "unauth"), 1.0);
+    assert_eq!(counter(&text, "probe", "ok"), 1.0);
+
+    // Rotation in place: the new token is accepted, the old one no longer.
+    std::fs::write(&f, "rotated-controller-token-0002").unwrap();
+    let later = std::time::SystemTime::now() + Duration::from_secs(2);
+    std::fs::File::options()
+        .write(true)
+        .open(&f)
+        .unwrap()
+        .set_modified(later)
+        .unwrap();
+    assert_eq!(
+        snapshot(p, Some("rotated-controller-token-0002")).status,
+        200
+    );
+    assert_eq!(snapshot(p, good).status, 401);
+}
+
+shards_1_and_2!(blocking token_file);
+
+/// Both sources of trust at once: either is accepted.
+fn token_file_with_tokenreview(shards: usize) {
+    let dir = scratch_dir(&format!("auth-both-{shards}"));
+    let state = Arc::new(StandIn::default());
+    state.add("ctrl-token", SA, &[CTRL_AUD]);
+    let (port, ca) = start_stand_in(state.clone(), &dir);
+    let sa_token = dir.join("sa-token");
+    std::fs::write(&sa_token, SA_TOKEN).unwrap();
+    let f = dir.join("controller-token");
+    std::fs::write(&f, "static-controller-token-1234").unwrap();
+    let url = format!("https://127.0.0.1:{port}");
+    let srv = Server::start_opts(
+        shards,
+        StartOpts {
+            flags: &[
+                "--allowed-controller-sa",
+                SA,
+                "--controller-token-file",
+                f.to_str().unwrap(),
+                "--kube-api-server",
+                &url,
+                "--kube-ca-file",
+                &ca,
+                "--kube-token-file",
+                sa_token.to_str().unwrap(),
+            ],
+            no_insecure: true,
+            ..Default::default()
+        },
+    );
+    let p = srv.admin_port;
+    assert_eq!(
+        snapshot(p, Some("static-controller-token-1234")).status,
+        200
+    );
+    assert_eq!(state.reviews.load(Ordering::SeqCst), 0);
+    assert_eq!(snapshot(p, Some("ctrl-token")).status, 200);
+    assert_eq!(snapshot(p, Some("bogus")).status, 401);
+    assert_eq!(state.reviews.load(Ordering::SeqCst), 2);
+}
+
+shards_1_and_2!(blocking token_file_with_tokenreview);
+
+#[test]
+fn startup_failures() {
+    let dir = scratch_dir("auth-startup");
+    // No in-cluster environment and no override: the client cannot be built → exit 1.
+    let (code, err) = run_exit(&["--allowed-controller-sa", SA], &[]);
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains("KUBERNETES_SERVICE_HOST"), "{err}");
+    // In-cluster environment but no service-account mount here → exit 1.
+    let (code, _) = run_exit(
+        &["--allowed-controller-sa", SA],
+        &[
+            ("KUBERNETES_SERVICE_HOST", "127.0.0.1"),
+            ("KUBERNETES_SERVICE_PORT", "1"),
+            ("INFERENCECACHE_KUBE_TOKEN_FILE", "/nonexistent/token"),
+        ],
+    );
+    assert_eq!(code, 1);
+    // Token file problems → exit 1; combined with --insecure-disable-auth → exit 2.
+    let (code, err) = run_exit(&["--controller-token-file", "/nonexistent/tok"], &[]);
+    assert_eq!(code, 1, "{err}");
+    let short = dir.join("short");
+    std::fs::write(&short, "abc").unwrap();
+    let (code, _) = run_exit(&["--controller-token-file", short.to_str().unwrap()], &[]);
+    assert_eq!(code, 1);
+    let (code, err) = run_exit(
+        &[
+            "--controller-token-file",
+            short.to_str().unwrap(),
+            "--insecure-disable-auth",
+        ],
+        &[],
+    );
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("mutually exclusive"));
+    // Nothing configured at all → exit 2 (fail closed).
+    let (code, err) = run_exit(&[], &[]);
+    assert_eq!(code, 2);
+    assert!(err.contains("missing --allowed-controller-sa"));
+}

@@ -1,0 +1,44 @@
+//! The end-to-end suite: the real `inference-cache-server` binary on loopback ports, driven
+//! through generated gRPC clients and raw HTTP, one module per capability. Scenarios named
+//! `cNNN_…` / `sNN_…` pin conformance cases and BEHAVIOUR.md sections (docs/CONFORMANCE.md);
+//! most run twice, as `<scenario>::shards_1` and `<scenario>::shards_2` (see `shards_1_and_2!`).
+//!
+//! `cargo test --test e2e` runs it all; `cargo test --test e2e gates::` one capability;
+//! `cargo test --test e2e c114` one case.
+
+#[macro_use]
+mod support;
+
+/// The consistent-hash affinity fallback.
+mod affinity;
+/// Controller-facing authentication (TokenReview, token file).
+mod auth;
+/// Caller deadlines and the policy budget.
+mod deadlines;
+/// Result-side floors (matched floor, routing floor).
+mod floors;
+/// Start-up, every RPC, health, reflection, shutdown, connection bounds.
+mod foundation;
+/// Request-side gates and strategy switches (min prefix, requireChain, chain matching off).
+mod gates;
+/// The HTTP listeners: public endpoints, /snapshot, /policy, /probe, shutdown.
+mod http;
+/// ReportCacheState / PublishEvent semantics: timestamps, REPLICA_UPDATED, PREFIX_EVICTED.
+mod ingest;
+/// Engine KV events through kvevent-subscriber.
+mod kvevents;
+/// LFU crediting and the global entry cap.
+mod lfu;
+/// LookupRoute basics: exact and chain matches, tenant-hot, tiers, diagnostics, the probe
+/// tenant, the other RPCs, the response envelope.
+mod lookup_basics;
+/// The /metrics exposition.
+mod metrics;
+/// `prompt_text` input through a real tokenizer: echo, fail-open, saturation, deadlines.
+mod prompt_text;
+/// Bad input over real sockets must not crash, wedge or corrupt the server.
+mod robustness;
+/// TLS on the gRPC port, rotation.
+mod tls;
+/// `token_ids` input and its fingerprint.
+mod tokens;
