@@ -226,33 +226,7 @@ fn hop_glommio(c: &mut Criterion) {
     let owner_inbox = inbox.clone();
     let owner = LocalExecutorBuilder::new(Placement::Fixed(owner_cpu()))
         .io_memory(512 * 1024)
-        .spawn(move || async move {
-            let inbox = owner_inbox;
-            let mut st = State { counter: 0 };
-            loop {
-                let mut done = 0;
-                while let Some(op) = inbox.queue.pop() {
-                    op(&mut st);
-                    done += 1;
-                }
-                if inbox.stop.load(Ordering::Acquire) {
-                    return;
-                }
-                if done > 0 {
-                    futures_lite::future::yield_now().await;
-                    continue;
-                }
-                std::future::poll_fn(|cx| {
-                    inbox.waker.register(cx.waker());
-                    if !inbox.queue.is_empty() || inbox.stop.load(Ordering::Acquire) {
-                        Poll::Ready(())
-                    } else {
-                        Poll::Pending
-                    }
-                })
-                .await;
-            }
-        });
+        .spawn(move || glommio_owner_loop(owner_inbox));
     let owner = match owner {
         Ok(h) => h,
         Err(e) => {
@@ -266,19 +240,7 @@ fn hop_glommio(c: &mut Criterion) {
     let caller_inbox = inbox.clone();
     let caller = LocalExecutorBuilder::new(Placement::Fixed(0))
         .io_memory(512 * 1024)
-        .spawn(move || async move {
-            // Blocking on the command channel between batches is fine: nothing else runs here.
-            while let Ok((iters, in_flight)) = cmd_rx.recv() {
-                let t = std::time::Instant::now();
-                for i in 0..iters {
-                    let rxs: Vec<_> = (0..in_flight).map(|k| send(&caller_inbox, i + k)).collect();
-                    for rx in rxs {
-                        black_box(rx.await.unwrap());
-                    }
-                }
-                let _ = res_tx.send(t.elapsed());
-            }
-        })
+        .spawn(move || glommio_caller_loop(caller_inbox, cmd_rx, res_tx))
         .expect("caller executor");
 
     let mut g = c.benchmark_group("hop");
@@ -300,6 +262,56 @@ fn hop_glommio(c: &mut Criterion) {
     inbox.stop.store(true, Ordering::Release);
     inbox.waker.wake();
     owner.join().unwrap();
+}
+
+/// The owner executor's drain loop, as the server's: run a batch, yield if there was one, else
+/// register the waker, re-check and sleep; returns once `stop` is set.
+async fn glommio_owner_loop(inbox: Arc<Inbox>) {
+    let mut st = State { counter: 0 };
+    loop {
+        let mut done = 0;
+        while let Some(op) = inbox.queue.pop() {
+            op(&mut st);
+            done += 1;
+        }
+        if inbox.stop.load(Ordering::Acquire) {
+            return;
+        }
+        if done > 0 {
+            futures_lite::future::yield_now().await;
+            continue;
+        }
+        std::future::poll_fn(|cx| {
+            inbox.waker.register(cx.waker());
+            if !inbox.queue.is_empty() || inbox.stop.load(Ordering::Acquire) {
+                Poll::Ready(())
+            } else {
+                Poll::Pending
+            }
+        })
+        .await;
+    }
+}
+
+/// The caller executor: for each `(iterations, ops in flight)` command, runs that many round
+/// trips of `in_flight` ops each and sends back the elapsed time; returns when the command
+/// channel closes.
+async fn glommio_caller_loop(
+    inbox: Arc<Inbox>,
+    cmd_rx: std::sync::mpsc::Receiver<(u64, u64)>,
+    res_tx: std::sync::mpsc::Sender<Duration>,
+) {
+    // Blocking on the command channel between batches is fine: nothing else runs here.
+    while let Ok((iters, in_flight)) = cmd_rx.recv() {
+        let t = std::time::Instant::now();
+        for i in 0..iters {
+            let rxs: Vec<_> = (0..in_flight).map(|k| send(&inbox, i + k)).collect();
+            for rx in rxs {
+                black_box(rx.await.unwrap());
+            }
+        }
+        let _ = res_tx.send(t.elapsed());
+    }
 }
 
 criterion_group!(benches, hop, hop_glommio);

@@ -5,7 +5,9 @@ use std::path::PathBuf;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let protoc = protoc_bin_vendored::protoc_bin_path()?;
-    // SAFETY: build scripts are single-threaded; setting PROTOC before invoking the generator.
+    // SAFETY: `set_var` is unsafe only because another thread could read the environment at
+    // the same time; this build script has no other threads, and the generator called below
+    // reads PROTOC from it.
     unsafe { std::env::set_var("PROTOC", protoc) };
     let out = PathBuf::from(std::env::var("OUT_DIR")?);
     tonic_prost_build::configure()

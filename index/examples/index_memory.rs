@@ -12,21 +12,28 @@ use inferencecache_proto::v1alpha1::{CacheStateUpdate, PrefixEntry};
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
+/// The system allocator, counting live heap bytes in [`LIVE`].
 struct Counting;
 static LIVE: AtomicUsize = AtomicUsize::new(0);
 
+// SAFETY: every method forwards to `System` with the caller's arguments unchanged, so `System`'s
+// guarantees hold; the byte counter has no effect on the memory handed out.
 unsafe impl GlobalAlloc for Counting {
     unsafe fn alloc(&self, l: Layout) -> *mut u8 {
         LIVE.fetch_add(l.size(), Ordering::Relaxed);
+        // SAFETY: the caller upholds `GlobalAlloc::alloc`'s contract for `l`.
         unsafe { System.alloc(l) }
     }
     unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
         LIVE.fetch_sub(l.size(), Ordering::Relaxed);
+        // SAFETY: `p` was allocated by this allocator, i.e. by `System`, with layout `l`.
         unsafe { System.dealloc(p, l) }
     }
     unsafe fn realloc(&self, p: *mut u8, l: Layout, n: usize) -> *mut u8 {
         LIVE.fetch_add(n, Ordering::Relaxed);
         LIVE.fetch_sub(l.size(), Ordering::Relaxed);
+        // SAFETY: `p` was allocated by `System` with layout `l`; the caller guarantees `n` is a
+        // valid size for `l`'s alignment.
         unsafe { System.realloc(p, l, n) }
     }
 }
@@ -54,6 +61,26 @@ fn cpu_ns() -> u64 {
         .unwrap_or(0)
 }
 
+const BLOCKS: u64 = 64;
+const REPLICAS: u64 = 16;
+const TENANT: &str = "team-a";
+const MODEL: &str = "meta-llama/Llama-3.1-8B-Instruct";
+const SCHEME: &str = "vllm";
+
+/// The 8-byte wire hash of block number `b` (distinct per block, spread over the table).
+fn block_hash(b: u64) -> [u8; 8] {
+    b.wrapping_mul(0x9e37_79b9_7f4a_7c15).to_be_bytes()
+}
+
+/// A chain entry of blocks `first..first + n`, 16 tokens each.
+fn chain_entry(first: u64, n: u64) -> PrefixEntry {
+    PrefixEntry {
+        block_hashes: (0..n).map(|b| block_hash(first + b).to_vec()).collect(),
+        block_token_counts: vec![16; n as usize],
+        ..Default::default()
+    }
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     let n: u64 = args
@@ -61,44 +88,39 @@ fn main() {
         .and_then(|a| a.parse().ok())
         .unwrap_or(1_000_000);
     let holders: u64 = args.get(2).and_then(|a| a.parse().ok()).unwrap_or(1).max(1);
-    const BLOCKS: u64 = 64;
-    const REPLICAS: u64 = 16;
 
     let mut ix = Index::new(IndexConfig {
         max_entries: 0,
         ..IndexConfig::default()
     });
-    let live0 = LIVE.load(Ordering::Relaxed);
-    let rss0 = rss_bytes();
     let now = 1_700_000_000_000_000_000i64;
     let mut upd = CacheStateUpdate {
-        model_id: "meta-llama/Llama-3.1-8B-Instruct".into(),
-        tenant_id: "team-a".into(),
-        hash_scheme: "vllm".into(),
+        model_id: MODEL.into(),
+        tenant_id: TENANT.into(),
+        hash_scheme: SCHEME.into(),
         ..Default::default()
     };
     let keys = n / holders;
+    let entries = fill(&mut ix, &mut upd, keys, holders, now);
+    measure_lookups(&mut ix, keys, now);
+    measure_ingest_at_cap(&mut ix, &mut upd, keys, entries, now);
+}
+
+/// Ingests `keys` prefix keys as 64-block chains, each chain held by `holders` replicas, and
+/// prints heap and RSS per storage entry and the ingest cost. Returns the entry count.
+fn fill(ix: &mut Index, upd: &mut CacheStateUpdate, keys: u64, holders: u64, now: i64) -> u64 {
+    let live0 = LIVE.load(Ordering::Relaxed);
+    let rss0 = rss_bytes();
     let mut key = 0u64;
     let mut chain_no = 0u64;
     let t = std::time::Instant::now();
     let c0 = cpu_ns();
     while key < keys {
         let blocks = BLOCKS.min(keys - key);
-        let entry = PrefixEntry {
-            block_hashes: (0..blocks)
-                .map(|b| {
-                    ((key + b).wrapping_mul(0x9e37_79b9_7f4a_7c15))
-                        .to_be_bytes()
-                        .to_vec()
-                })
-                .collect(),
-            block_token_counts: vec![16; blocks as usize],
-            ..Default::default()
-        };
-        upd.prefixes = vec![entry];
+        upd.prefixes = vec![chain_entry(key, blocks)];
         for h in 0..holders {
             upd.replica_id = format!("vllm-replica-{}", (chain_no + h) % REPLICAS);
-            ix.ingest(&upd, now + key as i64, &NoRules);
+            ix.ingest(upd, now + key as i64, &NoRules);
         }
         key += blocks;
         chain_no += 1;
@@ -117,8 +139,11 @@ fn main() {
         elapsed.as_nanos() as f64 / entries as f64,
         cpu as f64 / entries as f64
     );
+    entries
+}
 
-    // Lookup latency: full 64-block chain lookups of stored chains (steady state, no allocation).
+/// Lookup latency: full 64-block chain lookups of stored chains (steady state, no allocation).
+fn measure_lookups(ix: &mut Index, keys: u64, now: i64) {
     let chains = (keys / BLOCKS).max(1);
     let mut lat = Vec::with_capacity(20_000);
     let mut x: u64 = 0x2545_f491_4f6c_dd1d;
@@ -132,14 +157,12 @@ fn main() {
         let n = BLOCKS.min(keys - c * BLOCKS) as usize;
         for (b, h) in hashes.iter_mut().enumerate().take(n) {
             h.clear();
-            h.extend_from_slice(
-                &((c * BLOCKS + b as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15)).to_be_bytes(),
-            );
+            h.extend_from_slice(&block_hash(c * BLOCKS + b as u64));
         }
         let q = LookupQuery {
-            tenant: "team-a",
-            model: "meta-llama/Llama-3.1-8B-Instruct",
-            hash_scheme: "vllm",
+            tenant: TENANT,
+            model: MODEL,
+            hash_scheme: SCHEME,
             block_hashes: &hashes[..n],
             block_token_counts: &counts[..n],
             ..Default::default()
@@ -157,8 +180,16 @@ fn main() {
         lat[lat.len() * 99 / 100] as f64 / 1e3,
         *lat.last().unwrap() as f64 / 1e3
     );
+}
 
-    // Steady state at the global cap: every new block evicts the oldest entry.
+/// Steady state at the global cap: every new block evicts the oldest entry.
+fn measure_ingest_at_cap(
+    ix: &mut Index,
+    upd: &mut CacheStateUpdate,
+    keys: u64,
+    entries: u64,
+    now: i64,
+) {
     ix.set_max_entries(ix.entry_count());
     let extra = (keys / 4).max(BLOCKS);
     let mut evicted = 0;
@@ -166,22 +197,9 @@ fn main() {
     let c0 = cpu_ns();
     let mut k = keys;
     while k < keys + extra {
-        upd.prefixes = vec![PrefixEntry {
-            block_hashes: (0..BLOCKS)
-                .map(|b| {
-                    ((k + b).wrapping_mul(0x9e37_79b9_7f4a_7c15))
-                        .to_be_bytes()
-                        .to_vec()
-                })
-                .collect(),
-            block_token_counts: vec![16; BLOCKS as usize],
-            ..Default::default()
-        }];
+        upd.prefixes = vec![chain_entry(k, BLOCKS)];
         upd.replica_id = format!("vllm-replica-{}", k % REPLICAS);
-        evicted += ix
-            .ingest(&upd, now + k as i64, &NoRules)
-            .cap_evicted
-            .total();
+        evicted += ix.ingest(upd, now + k as i64, &NoRules).cap_evicted.total();
         k += BLOCKS;
     }
     let el = t.elapsed();

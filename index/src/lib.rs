@@ -2,12 +2,17 @@
 //! tested against a reference model and benched directly. The server owns one [`index::Index`]
 //! per core; a request reaches the core that owns its `(tenant, model)` partition.
 
-pub mod fingerprint;
-pub mod rules;
+#![forbid(unsafe_code)]
 
-/// The reserved tenant used by `/probe`; the gRPC handlers never index or answer for it.
-pub const PROBE_TENANT: &str = "inferencecache.io/probe";
 pub mod directory;
 pub mod index;
 pub mod policy;
 pub mod resolve;
+pub mod rules;
+
+/// The block content fingerprint (BEHAVIOUR.md §17), re-exported so `inferencecache_index::fingerprint`
+/// paths keep working; code that needs only the fingerprint depends on that small crate directly.
+pub use inferencecache_fingerprint as fingerprint;
+
+/// The reserved tenant used by `/probe`; the gRPC handlers never index or answer for it.
+pub const PROBE_TENANT: &str = "inferencecache.io/probe";

@@ -289,7 +289,7 @@ pub fn go_json_f32(v: f32) -> Option<String> {
 }
 
 /// Which struct a JSON object is decoded into, so keys can be canonicalised per level.
-#[derive(Clone, Copy)]
+#[derive(Clone, Copy, Debug)]
 enum Level {
     Snapshot,
     Policy,
@@ -327,22 +327,42 @@ impl Level {
     }
 }
 
+/// A JSON value of kind `found` where an object of `expected` must be; reported in serde's words
+/// (it becomes a [`PolicyError::Decode`]).
+#[derive(Debug)]
+struct NotAnObject {
+    found: &'static str,
+    expected: Level,
+}
+
+impl fmt::Display for NotAnObject {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "invalid type: {}, expected {} object",
+            self.found,
+            self.expected.name()
+        )
+    }
+}
+
+impl std::error::Error for NotAnObject {}
+
 /// Rewrites a decoded JSON tree into what Go's decoder would have seen through serde's stricter
 /// lens: keys matched case-insensitively onto the field names, `null` members removed (Go leaves
 /// the field untouched), `null` array elements turned into empty objects (Go zero values).
 /// Unknown keys are kept so `deny_unknown_fields` still rejects them. A non-object where a struct
 /// is expected is an error here, because serde would otherwise accept an array positionally.
-fn canonicalise(value: Value, level: Level) -> Result<Value, String> {
+fn canonicalise(value: Value, level: Level) -> Result<Value, NotAnObject> {
     let map = match value {
         Value::Object(map) => map,
         // `null` decodes as "nothing set" in Go.
         Value::Null => return Ok(Value::Object(Map::new())),
         other => {
-            return Err(format!(
-                "invalid type: {}, expected {} object",
-                json_kind(&other),
-                level.name()
-            ));
+            return Err(NotAnObject {
+                found: json_kind(&other),
+                expected: level,
+            });
         }
     };
     let fields = level.fields();
@@ -372,7 +392,7 @@ fn canonicalise(value: Value, level: Level) -> Result<Value, String> {
     Ok(Value::Object(out))
 }
 
-fn canonicalise_array(value: Value, level: Level) -> Result<Value, String> {
+fn canonicalise_array(value: Value, level: Level) -> Result<Value, NotAnObject> {
     match value {
         Value::Array(items) => Ok(Value::Array(
             items
@@ -413,7 +433,8 @@ pub fn decode_snapshot(body: &[u8]) -> Result<PolicySnapshot, PolicyError> {
         }
         Err(e) => return Err(PolicyError::Decode(e.to_string())),
     };
-    let value = canonicalise(value, Level::Snapshot).map_err(PolicyError::Decode)?;
+    let value =
+        canonicalise(value, Level::Snapshot).map_err(|e| PolicyError::Decode(e.to_string()))?;
     serde_json::from_value(value).map_err(|e| PolicyError::Decode(e.to_string()))
 }
 

@@ -258,59 +258,18 @@ pub fn resolve_inputs<'a>(
     enable_chain_matching: bool,
     engine_block_size: i32,
 ) -> Resolution<'a> {
-    let bh = req.block_hashes.as_slice();
-    let btc = req.block_token_counts.as_slice();
-    let ph = req.prefix_hash.as_slice();
-    let ptc = req.prefix_token_count;
-
-    let mut chain_ignored = false;
-    let has_chain_fields = !bh.is_empty() || !btc.is_empty();
-    if !enable_chain_matching {
-        if !ph.is_empty() {
-            return Resolution::Resolved(ResolvedInputs {
-                chain: ResolvedChain::None,
-                exact_hash: ExactHash::Wire(ph),
-                exact_tokens: ptc,
-                chain_ignored: has_chain_fields,
-                echo: Vec::new(),
-            });
-        }
-        chain_ignored = has_chain_fields;
-    } else if has_chain_fields || !ph.is_empty() {
-        if bh.len() != btc.len() {
-            return Resolution::fail_open(FailOpenCause::MalformedChain);
-        }
-        let chain = if bh.is_empty() {
-            ResolvedChain::None
-        } else {
-            ResolvedChain::Wire {
-                hashes: bh,
-                counts: btc,
-            }
-        };
-        return Resolution::Resolved(ResolvedInputs {
-            chain,
-            exact_hash: ExactHash::Wire(ph),
-            exact_tokens: ptc,
-            chain_ignored: false,
-            echo: Vec::new(),
-        });
+    let has_chain_fields = !req.block_hashes.is_empty() || !req.block_token_counts.is_empty();
+    let has_exact = !req.prefix_hash.is_empty();
+    if enable_chain_matching && (has_chain_fields || has_exact) {
+        return resolve_wire_chain(req);
     }
+    if !enable_chain_matching && has_exact {
+        return Resolution::Resolved(wire_exact(req, has_chain_fields));
+    }
+    let chain_ignored = !enable_chain_matching && has_chain_fields;
 
     if !req.token_ids.is_empty() {
-        if req.token_ids.len() > MAX_LOOKUP_TOKENS {
-            return Resolution::fail_open(FailOpenCause::TooManyTokens);
-        }
-        return match derive(&req.token_ids, enable_chain_matching, engine_block_size) {
-            Some((chain, exact_hash, exact_tokens)) => Resolution::Resolved(ResolvedInputs {
-                chain,
-                exact_hash,
-                exact_tokens,
-                chain_ignored,
-                echo: Vec::new(),
-            }),
-            None => Resolution::fail_open(FailOpenCause::SubBlockTokens),
-        };
+        return resolve_token_ids(req, enable_chain_matching, engine_block_size, chain_ignored);
     }
 
     if !req.prompt_text.is_empty() {
@@ -325,13 +284,61 @@ pub fn resolve_inputs<'a>(
     if chain_ignored {
         return Resolution::fail_open(FailOpenCause::ChainIgnored);
     }
-    Resolution::Resolved(ResolvedInputs {
+    Resolution::Resolved(wire_exact(req, false))
+}
+
+/// The request's own exact key (`prefix_hash`, possibly empty) and no chain.
+fn wire_exact(req: &LookupRouteRequest, chain_ignored: bool) -> ResolvedInputs<'_> {
+    ResolvedInputs {
         chain: ResolvedChain::None,
-        exact_hash: ExactHash::Wire(ph),
-        exact_tokens: ptc,
-        chain_ignored: false,
+        exact_hash: ExactHash::Wire(&req.prefix_hash),
+        exact_tokens: req.prefix_token_count,
+        chain_ignored,
         echo: Vec::new(),
+    }
+}
+
+/// The explicit wire fingerprint with chain matching on: the chain (if any) plus the exact key;
+/// chain arrays of different lengths fail open.
+fn resolve_wire_chain(req: &LookupRouteRequest) -> Resolution<'_> {
+    let (bh, btc) = (&req.block_hashes, &req.block_token_counts);
+    if bh.len() != btc.len() {
+        return Resolution::fail_open(FailOpenCause::MalformedChain);
+    }
+    let chain = if bh.is_empty() {
+        ResolvedChain::None
+    } else {
+        ResolvedChain::Wire {
+            hashes: bh,
+            counts: btc,
+        }
+    };
+    Resolution::Resolved(ResolvedInputs {
+        chain,
+        ..wire_exact(req, false)
     })
+}
+
+/// `token_ids` fingerprinted here: over-long input and input shorter than one block fail open.
+fn resolve_token_ids(
+    req: &LookupRouteRequest,
+    enable_chain_matching: bool,
+    engine_block_size: i32,
+    chain_ignored: bool,
+) -> Resolution<'_> {
+    if req.token_ids.len() > MAX_LOOKUP_TOKENS {
+        return Resolution::fail_open(FailOpenCause::TooManyTokens);
+    }
+    match derive(&req.token_ids, enable_chain_matching, engine_block_size) {
+        Some((chain, exact_hash, exact_tokens)) => Resolution::Resolved(ResolvedInputs {
+            chain,
+            exact_hash,
+            exact_tokens,
+            chain_ignored,
+            echo: Vec::new(),
+        }),
+        None => Resolution::fail_open(FailOpenCause::SubBlockTokens),
+    }
 }
 
 /// Second half of the `prompt_text` path: turns the tokenizer's output into resolved inputs that

@@ -14,16 +14,22 @@ thread_local! {
     static ALLOCS: Cell<u64> = const { Cell::new(0) };
 }
 
+// SAFETY: every method forwards to `System` with the caller's arguments unchanged, so `System`'s
+// guarantees hold; the thread-local counter has no effect on the memory handed out.
 unsafe impl GlobalAlloc for Counting {
     unsafe fn alloc(&self, l: Layout) -> *mut u8 {
         let _ = ALLOCS.try_with(|c| c.set(c.get() + 1));
+        // SAFETY: the caller upholds `GlobalAlloc::alloc`'s contract for `l`.
         unsafe { System.alloc(l) }
     }
     unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
+        // SAFETY: `p` was allocated by this allocator, i.e. by `System`, with layout `l`.
         unsafe { System.dealloc(p, l) }
     }
     unsafe fn realloc(&self, p: *mut u8, l: Layout, n: usize) -> *mut u8 {
         let _ = ALLOCS.try_with(|c| c.set(c.get() + 1));
+        // SAFETY: `p` was allocated by `System` with layout `l`; the caller guarantees `n` is a
+        // valid size for `l`'s alignment.
         unsafe { System.realloc(p, l, n) }
     }
 }

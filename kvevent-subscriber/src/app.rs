@@ -6,11 +6,12 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
 use tonic::transport::Endpoint;
 
 use crate::cli::Args;
 use crate::ingest::{self, Processor, ReplayConfig};
-use crate::mapping::{Mapper, MappingConfig};
+use crate::mapping::{Mapper, MappingConfig, Op};
 use crate::metrics::{self, Metrics};
 use crate::sender::{Sender, SenderConfig};
 use crate::stats::{self, StatsConfig};
@@ -21,73 +22,13 @@ const DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
 /// Runs until `shutdown` resolves (or the SUB side fails to open).
 pub async fn run(args: Args, shutdown: impl Future<Output = ()>) -> anyhow::Result<()> {
     let metrics = Metrics::new();
-    if !args.metrics_bind.is_empty() {
-        let addr = args.metrics_bind.parse()?;
-        let m = metrics.clone();
-        tokio::spawn(async move {
-            if let Err(e) = metrics::serve(addr, m).await {
-                tracing::error!(error = %e, "metrics endpoint failed");
-            }
-        });
-    }
-
-    let channel = Endpoint::from_shared(args.server.clone())?
-        .connect_timeout(Duration::from_secs(5))
-        .tcp_nodelay(true)
-        .http2_keep_alive_interval(Duration::from_secs(20))
-        .keep_alive_while_idle(true)
-        .connect_lazy();
+    spawn_metrics_endpoint(&args, &metrics)?;
     let cap = args.queue_capacity.max(1);
     let (ops_tx, ops_rx) = mpsc::channel(cap);
-    let sender = Sender::new(
-        SenderConfig {
-            model_id: args.model_id.clone(),
-            tenant_id: args.tenant_id.clone(),
-            hash_scheme: args.hash_scheme.clone(),
-            max_batch: args.max_batch.max(1),
-            flush_interval: args.flush_interval,
-            max_unacked: args.max_unacked.max(1),
-            call_timeout: Duration::from_secs(30),
-        },
-        channel,
-        metrics.clone(),
-    );
-    let sender_task = tokio::spawn(sender.run(ops_rx));
-
+    let sender_task = tokio::spawn(new_sender(&args, &metrics)?.run(ops_rx));
     let replicas = Arc::new(Mutex::new(BTreeSet::new()));
-    let stats_task = args.metrics_url.clone().map(|url| {
-        tokio::spawn(stats::run(
-            url,
-            args.stats_interval,
-            StatsConfig {
-                cache_size_bytes: args.cache_size_bytes,
-                pressure_ceiling: args.pressure_ceiling,
-            },
-            args.replica_id.clone(),
-            replicas.clone(),
-            ops_tx.clone(),
-            metrics.clone(),
-        ))
-    });
-
-    let mapper = Mapper::new(
-        MappingConfig {
-            replica_id: args.replica_id.clone(),
-            replica_per_dp_rank: args.replica_per_dp_rank,
-            adapters: args.lora_adapter_names.clone(),
-            use_lora_name: args.use_lora_name,
-            block_size_override: args.block_size,
-            offload_keeps_blocks: args.offload_keeps_blocks,
-            kv_cache_group: args.kv_cache_group,
-            reverse_map_capacity: args.reverse_map_capacity,
-        },
-        metrics.clone(),
-    );
-    let replay = args.replay_endpoint.clone().map(|endpoint| ReplayConfig {
-        endpoint,
-        timeout: args.replay_timeout,
-    });
-    let processor = Processor::new(mapper, replay, metrics.clone(), replicas);
+    let stats_task = spawn_stats(&args, &replicas, &ops_tx, &metrics);
+    let processor = new_processor(&args, &metrics, replicas);
     let (frames_tx, frames_rx) = mpsc::channel(cap);
 
     tracing::info!(
@@ -122,4 +63,92 @@ pub async fn run(args: Args, shutdown: impl Future<Output = ()>) -> anyhow::Resu
         Err(_) => tracing::warn!("sender did not drain in time"),
     }
     result
+}
+
+/// Serves the subscriber's own `/metrics` on `--metrics-bind` (empty = none). Fails only on an
+/// unparsable address; a bind failure is logged by the endpoint task.
+fn spawn_metrics_endpoint(args: &Args, metrics: &Arc<Metrics>) -> anyhow::Result<()> {
+    if !args.metrics_bind.is_empty() {
+        let addr = args.metrics_bind.parse()?;
+        let m = metrics.clone();
+        tokio::spawn(async move {
+            if let Err(e) = metrics::serve(addr, m).await {
+                tracing::error!(error = %e, "metrics endpoint failed");
+            }
+        });
+    }
+    Ok(())
+}
+
+/// The sender of ReportCacheState streams to `--server` (connected lazily, on first use).
+fn new_sender(args: &Args, metrics: &Arc<Metrics>) -> anyhow::Result<Sender> {
+    let channel = Endpoint::from_shared(args.server.clone())?
+        .connect_timeout(Duration::from_secs(5))
+        .tcp_nodelay(true)
+        .http2_keep_alive_interval(Duration::from_secs(20))
+        .keep_alive_while_idle(true)
+        .connect_lazy();
+    Ok(Sender::new(
+        SenderConfig {
+            model_id: args.model_id.clone(),
+            tenant_id: args.tenant_id.clone(),
+            hash_scheme: args.hash_scheme.clone(),
+            max_batch: args.max_batch.max(1),
+            flush_interval: args.flush_interval,
+            max_unacked: args.max_unacked.max(1),
+            call_timeout: Duration::from_secs(30),
+        },
+        channel,
+        metrics.clone(),
+    ))
+}
+
+/// With `--metrics-url`, the task that scrapes the engine and reports stats for every replica
+/// in `replicas`.
+fn spawn_stats(
+    args: &Args,
+    replicas: &Arc<Mutex<BTreeSet<String>>>,
+    ops_tx: &mpsc::Sender<Op>,
+    metrics: &Arc<Metrics>,
+) -> Option<JoinHandle<()>> {
+    args.metrics_url.clone().map(|url| {
+        tokio::spawn(stats::run(
+            url,
+            args.stats_interval,
+            StatsConfig {
+                cache_size_bytes: args.cache_size_bytes,
+                pressure_ceiling: args.pressure_ceiling,
+            },
+            args.replica_id.clone(),
+            replicas.clone(),
+            ops_tx.clone(),
+            metrics.clone(),
+        ))
+    })
+}
+
+/// The event processor: engine events mapped to store operations, with replay on gaps.
+fn new_processor(
+    args: &Args,
+    metrics: &Arc<Metrics>,
+    replicas: Arc<Mutex<BTreeSet<String>>>,
+) -> Processor {
+    let mapper = Mapper::new(
+        MappingConfig {
+            replica_id: args.replica_id.clone(),
+            replica_per_dp_rank: args.replica_per_dp_rank,
+            adapters: args.lora_adapter_names.clone(),
+            use_lora_name: args.use_lora_name,
+            block_size_override: args.block_size,
+            offload_keeps_blocks: args.offload_keeps_blocks,
+            kv_cache_group: args.kv_cache_group,
+            reverse_map_capacity: args.reverse_map_capacity,
+        },
+        metrics.clone(),
+    );
+    let replay = args.replay_endpoint.clone().map(|endpoint| ReplayConfig {
+        endpoint,
+        timeout: args.replay_timeout,
+    });
+    Processor::new(mapper, replay, metrics.clone(), replicas)
 }

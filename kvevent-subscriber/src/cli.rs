@@ -2,6 +2,8 @@
 //! as a sidecar next to an engine with its whole configuration visible in the pod spec.
 
 use std::collections::HashMap;
+use std::fmt;
+use std::num::{ParseFloatError, ParseIntError};
 use std::time::Duration;
 
 use clap::Parser;
@@ -124,30 +126,79 @@ pub struct Args {
 /// Engine LoRA number → adapter name.
 pub type AdapterMap = HashMap<i64, String>;
 
+/// A malformed `--lora-adapter-names` value.
+#[derive(Clone, Debug, PartialEq)]
+pub enum AdapterMapError {
+    /// An item without `=`.
+    NotIdEqualsName(String),
+    /// An adapter number that is not an integer (the item's text before `=`).
+    BadNumber(String, ParseIntError),
+    /// `N=` with no name.
+    EmptyName(i64),
+    /// The same number twice.
+    Duplicate(i64),
+}
+
+impl fmt::Display for AdapterMapError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            AdapterMapError::NotIdEqualsName(item) => write!(f, "expected ID=NAME, got {item:?}"),
+            AdapterMapError::BadNumber(id, e) => write!(f, "bad adapter number {id:?}: {e}"),
+            AdapterMapError::EmptyName(id) => write!(f, "empty adapter name for {id}"),
+            AdapterMapError::Duplicate(id) => write!(f, "adapter number {id} given twice"),
+        }
+    }
+}
+
+impl std::error::Error for AdapterMapError {}
+
 /// Parses `1=sql-lora,2=chat-lora` (empty string = no mapping).
-pub fn parse_adapter_map(s: &str) -> Result<AdapterMap, String> {
+pub fn parse_adapter_map(s: &str) -> Result<AdapterMap, AdapterMapError> {
     let mut out = HashMap::new();
     for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
         let (id, name) = part
             .split_once('=')
-            .ok_or_else(|| format!("expected ID=NAME, got {part:?}"))?;
+            .ok_or_else(|| AdapterMapError::NotIdEqualsName(part.to_string()))?;
         let id: i64 = id
             .trim()
             .parse()
-            .map_err(|e| format!("bad adapter number {id:?}: {e}"))?;
+            .map_err(|e| AdapterMapError::BadNumber(id.to_string(), e))?;
         let name = name.trim();
         if name.is_empty() {
-            return Err(format!("empty adapter name for {id}"));
+            return Err(AdapterMapError::EmptyName(id));
         }
         if out.insert(id, name.to_string()).is_some() {
-            return Err(format!("adapter number {id} given twice"));
+            return Err(AdapterMapError::Duplicate(id));
         }
     }
     Ok(out)
 }
 
+/// A malformed duration flag; each variant holds the flag's (trimmed) text.
+#[derive(Clone, Debug, PartialEq)]
+pub enum DurationError {
+    /// The number part does not parse.
+    BadNumber(String, ParseFloatError),
+    /// A unit other than `ms`, `s` or `m`.
+    BadUnit(String),
+    /// Zero, negative or not finite.
+    NotPositive(String),
+}
+
+impl fmt::Display for DurationError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            DurationError::BadNumber(s, e) => write!(f, "bad duration {s:?}: {e}"),
+            DurationError::BadUnit(s) => write!(f, "bad duration unit in {s:?} (use ms, s or m)"),
+            DurationError::NotPositive(s) => write!(f, "duration must be positive: {s:?}"),
+        }
+    }
+}
+
+impl std::error::Error for DurationError {}
+
 /// Parses `250ms`, `10s`, `2m` or a bare number of seconds.
-pub fn parse_duration(s: &str) -> Result<Duration, String> {
+pub fn parse_duration(s: &str) -> Result<Duration, DurationError> {
     let s = s.trim();
     let (num, unit) = match s.find(|c: char| !(c.is_ascii_digit() || c == '.')) {
         Some(i) => (&s[..i], &s[i..]),
@@ -155,15 +206,15 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
     };
     let v: f64 = num
         .parse()
-        .map_err(|e| format!("bad duration {s:?}: {e}"))?;
+        .map_err(|e| DurationError::BadNumber(s.to_string(), e))?;
     let secs = match unit {
         "ms" => v / 1000.0,
         "s" => v,
         "m" => v * 60.0,
-        _ => return Err(format!("bad duration unit in {s:?} (use ms, s or m)")),
+        _ => return Err(DurationError::BadUnit(s.to_string())),
     };
     if !secs.is_finite() || secs <= 0.0 {
-        return Err(format!("duration must be positive: {s:?}"));
+        return Err(DurationError::NotPositive(s.to_string()));
     }
     Ok(Duration::from_secs_f64(secs))
 }

@@ -6,6 +6,7 @@
 //! seq tracking, [`mapping`]) → bounded queue → [`sender::Sender`] (one long-lived gRPC stream)
 //! ← [`stats::run`] (periodic engine scrape).
 
+#![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
 pub mod app;

@@ -1,5 +1,7 @@
 //! `kvevent-subscriber` binary: flags, JSON logs, signal handling; the work is in the library.
 
+#![forbid(unsafe_code)]
+
 use clap::Parser;
 use kvevent_subscriber::{app, cli::Args};
 use tracing_subscriber::EnvFilter;

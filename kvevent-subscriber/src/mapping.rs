@@ -9,7 +9,7 @@
 use std::num::NonZeroUsize;
 use std::sync::Arc;
 
-use inferencecache_index::fingerprint::for_each_prefix_hash;
+use inferencecache_fingerprint::for_each_prefix_hash;
 use inferencecache_proto::v1alpha1::{CacheTier, PrefixEntry, ReplicaStats};
 use lru::LruCache;
 
@@ -248,36 +248,55 @@ impl Mapper {
             return;
         }
         let bit = medium_bit(e.medium.as_deref());
-        let mut entries = Vec::new();
-
         if e.token_ids.is_empty() {
-            // A copy of already-known blocks into another medium (e.g. CPU offload): no tokens,
-            // so only blocks in the reverse map can be (re-)reported.
-            for h in &e.block_hashes {
-                let Some(info) = st.blocks.get_mut(h) else {
-                    self.metrics.drop_n("unknown_block", 1);
-                    continue;
-                };
-                let before = tier_of(info.media);
-                info.media |= bit;
-                let after = tier_of(info.media);
-                if info.reportable && after != before {
-                    entries.push(entry(info, after.unwrap_or(CacheTier::T1)));
-                }
-            }
+            let entries = self.stored_copy(st, e, bit);
             self.push_add(st, ts_us, entries, out);
             return;
         }
-
         let Some(adapter) = self.adapter(e) else {
             self.metrics.drop_n("unmapped_adapter", n as u64);
             return;
         };
+        let Some(bs) = self.stored_block_size(e) else {
+            return;
+        };
+        let entries = self.stored_blocks(st, e, adapter, bs, bit);
+        self.push_add(st, ts_us, entries, out);
+    }
+
+    /// A copy of already-known blocks into another medium (e.g. CPU offload): no tokens, so only
+    /// blocks in the reverse map can be (re-)reported, and only when their tier changes.
+    fn stored_copy(
+        &self,
+        st: &mut PublisherState,
+        e: &BlockStored,
+        bit: Media,
+    ) -> Vec<PrefixEntry> {
+        let mut entries = Vec::new();
+        for h in &e.block_hashes {
+            let Some(info) = st.blocks.get_mut(h) else {
+                self.metrics.drop_n("unknown_block", 1);
+                continue;
+            };
+            let before = tier_of(info.media);
+            info.media |= bit;
+            let after = tier_of(info.media);
+            if info.reportable && after != before {
+                entries.push(entry(info, after.unwrap_or(CacheTier::T1)));
+            }
+        }
+        entries
+    }
+
+    /// The block size of a stored event with tokens (the override, else the event's), or None
+    /// (counted as dropped) when it is out of range or the tokens do not split into the blocks.
+    fn stored_block_size(&self, e: &BlockStored) -> Option<i64> {
+        let n = e.block_hashes.len();
         let bs = match self.cfg.block_size_override.map(i64::from).or(e.block_size) {
             Some(bs) if bs > 0 && bs <= i64::from(i32::MAX) => bs,
             _ => {
                 self.metrics.drop_n("bad_block_size", n as u64);
-                return;
+                return None;
             }
         };
         if e.token_ids.len() as u64 != n as u64 * bs as u64 {
@@ -288,9 +307,23 @@ impl Mapper {
                 block_size = bs,
                 "token_ids do not split into the stored blocks"
             );
-            return;
+            return None;
         }
+        Some(bs)
+    }
 
+    /// Fingerprints the stored blocks' tokens onto their parent's prefix and records each block
+    /// in the reverse map; returns the entries to report. A block with extra keys (and every
+    /// block after it) is remembered but not reported.
+    fn stored_blocks(
+        &self,
+        st: &mut PublisherState,
+        e: &BlockStored,
+        adapter: Arc<str>,
+        bs: i64,
+        bit: Media,
+    ) -> Vec<PrefixEntry> {
+        let mut entries = Vec::new();
         let (parent, base_tokens, mut reportable) =
             match e.parent_block_hash.as_ref().and_then(|p| st.blocks.get(p)) {
                 Some(p) => (Some(p.prefix), p.tokens, p.reportable),
@@ -317,7 +350,7 @@ impl Mapper {
             st.blocks.put(key, info);
             i += 1;
         });
-        self.push_add(st, ts_us, entries, out);
+        entries
     }
 
     fn removed(&self, st: &mut PublisherState, e: &BlockRemoved, ts_us: i64, out: &mut Vec<Op>) {

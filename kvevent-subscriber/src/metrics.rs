@@ -64,7 +64,6 @@ pub struct Metrics {
 impl Metrics {
     /// Creates and registers every metric under the `kvevent_` prefix.
     pub fn new() -> Arc<Self> {
-        let mut registry = Registry::with_prefix("kvevent");
         let m = Metrics {
             batches: Counter::default(),
             events: Family::default(),
@@ -85,7 +84,14 @@ impl Metrics {
             backpressure_waits: Counter::default(),
             registry: Registry::default(),
         };
-        let r = &mut registry;
+        let mut registry = Registry::with_prefix("kvevent");
+        m.register_into(&mut registry);
+        Arc::new(Metrics { registry, ..m })
+    }
+
+    /// Registers every metric (names and help texts) into `r`.
+    fn register_into(&self, r: &mut Registry) {
+        let m = self;
         r.register("batches", "ZMQ event batches decoded", m.batches.clone());
         r.register("events", "Engine events by type", m.events.clone());
         r.register(
@@ -151,7 +157,6 @@ impl Metrics {
             "Times the ZMQ reader waited on a full queue",
             m.backpressure_waits.clone(),
         );
-        Arc::new(Metrics { registry, ..m })
     }
 
     /// Counts one dropped item under `reason`.

@@ -22,7 +22,7 @@ use std::time::Duration;
 
 use inferencecache_proto::v1alpha1::cache_event::Type;
 use inferencecache_proto::v1alpha1::inference_cache_client::InferenceCacheClient;
-use inferencecache_proto::v1alpha1::{Ack, CacheEvent, CacheStateUpdate};
+use inferencecache_proto::v1alpha1::{Ack, CacheEvent, CacheStateUpdate, PrefixEntry};
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tokio::time::{Instant, sleep, timeout};
@@ -156,67 +156,13 @@ impl Sender {
                 replica,
                 ts_us,
                 entries,
-            } => {
-                self.pending_entries += entries.len();
-                match self.pending.last_mut() {
-                    Some(last) if last.replica_id == replica && last.timestamp_us == ts_us => {
-                        last.prefixes.extend(entries)
-                    }
-                    _ => {
-                        let u = self.update(replica, ts_us);
-                        self.pending.push(CacheStateUpdate {
-                            prefixes: entries,
-                            ..u
-                        });
-                    }
-                }
-                self.pending_since.get_or_insert_with(Instant::now);
-                if self.pending_entries >= self.cfg.max_batch {
-                    self.flush_pending().await;
-                }
-            }
+            } => self.add(replica, ts_us, entries).await,
             Op::Evict {
                 replica,
                 ts_us,
                 keys,
-            } => {
-                self.flush_pending().await;
-                self.barrier().await;
-                let events = keys
-                    .into_iter()
-                    .map(|(prefix_hash, adapter_id)| CacheEvent {
-                        r#type: Type::PrefixEvicted as i32,
-                        replica_id: replica.clone(),
-                        model_id: self.cfg.model_id.clone(),
-                        tenant_id: self.cfg.tenant_id.clone(),
-                        prefix_hash,
-                        timestamp_us: ts_us,
-                        adapter_id,
-                    })
-                    .collect();
-                self.publish_all(events, "PREFIX_EVICTED").await;
-            }
-            Op::Clear { replica, ts_us } => {
-                let before = self.pending_entries;
-                self.pending.retain(|u| u.replica_id != replica);
-                self.pending_entries = self.pending.iter().map(|u| u.prefixes.len()).sum();
-                if before > self.pending_entries {
-                    let dropped = (before - self.pending_entries) as u64;
-                    self.metrics.drop_n("cleared_before_send", dropped);
-                }
-                self.flush_pending().await;
-                self.barrier().await;
-                let ev = CacheEvent {
-                    r#type: Type::AllCleared as i32,
-                    replica_id: replica,
-                    model_id: self.cfg.model_id.clone(),
-                    tenant_id: self.cfg.tenant_id.clone(),
-                    prefix_hash: Vec::new(),
-                    timestamp_us: ts_us,
-                    adapter_id: String::new(),
-                };
-                self.publish_all(vec![ev], "ALL_CLEARED").await;
-            }
+            } => self.evict(replica, ts_us, keys).await,
+            Op::Clear { replica, ts_us } => self.clear(replica, ts_us).await,
             Op::Stats { replica, stats } => {
                 self.flush_pending().await;
                 let u = CacheStateUpdate {
@@ -226,6 +172,71 @@ impl Sender {
                 self.send(u).await;
             }
         }
+    }
+
+    /// Queues entries, merged into the last pending update when it has the same replica and
+    /// timestamp; flushes once `max_batch` entries are pending.
+    async fn add(&mut self, replica: String, ts_us: i64, entries: Vec<PrefixEntry>) {
+        self.pending_entries += entries.len();
+        match self.pending.last_mut() {
+            Some(last) if last.replica_id == replica && last.timestamp_us == ts_us => {
+                last.prefixes.extend(entries)
+            }
+            _ => {
+                let u = self.update(replica, ts_us);
+                self.pending.push(CacheStateUpdate {
+                    prefixes: entries,
+                    ..u
+                });
+            }
+        }
+        self.pending_since.get_or_insert_with(Instant::now);
+        if self.pending_entries >= self.cfg.max_batch {
+            self.flush_pending().await;
+        }
+    }
+
+    /// PREFIX_EVICTED per key, after everything queued before it is acknowledged.
+    async fn evict(&mut self, replica: String, ts_us: i64, keys: Vec<(Vec<u8>, String)>) {
+        self.flush_pending().await;
+        self.barrier().await;
+        let events = keys
+            .into_iter()
+            .map(|(prefix_hash, adapter_id)| CacheEvent {
+                r#type: Type::PrefixEvicted as i32,
+                replica_id: replica.clone(),
+                model_id: self.cfg.model_id.clone(),
+                tenant_id: self.cfg.tenant_id.clone(),
+                prefix_hash,
+                timestamp_us: ts_us,
+                adapter_id,
+            })
+            .collect();
+        self.publish_all(events, "PREFIX_EVICTED").await;
+    }
+
+    /// ALL_CLEARED: drops the replica's pending adds (counted), then publishes after the
+    /// barrier.
+    async fn clear(&mut self, replica: String, ts_us: i64) {
+        let before = self.pending_entries;
+        self.pending.retain(|u| u.replica_id != replica);
+        self.pending_entries = self.pending.iter().map(|u| u.prefixes.len()).sum();
+        if before > self.pending_entries {
+            let dropped = (before - self.pending_entries) as u64;
+            self.metrics.drop_n("cleared_before_send", dropped);
+        }
+        self.flush_pending().await;
+        self.barrier().await;
+        let ev = CacheEvent {
+            r#type: Type::AllCleared as i32,
+            replica_id: replica,
+            model_id: self.cfg.model_id.clone(),
+            tenant_id: self.cfg.tenant_id.clone(),
+            prefix_hash: Vec::new(),
+            timestamp_us: ts_us,
+            adapter_id: String::new(),
+        };
+        self.publish_all(vec![ev], "ALL_CLEARED").await;
     }
 
     fn update(&self, replica: String, ts_us: i64) -> CacheStateUpdate {

@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
-use inferencecache_index::fingerprint::prefix_hashes;
+use inferencecache_fingerprint::prefix_hashes;
 use inferencecache_proto::v1alpha1::cache_event::Type;
 use inferencecache_proto::v1alpha1::inference_cache_server::{
     InferenceCache, InferenceCacheServer,

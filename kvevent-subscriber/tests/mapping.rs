@@ -4,7 +4,7 @@ use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
-use inferencecache_index::fingerprint::prefix_hashes;
+use inferencecache_fingerprint::prefix_hashes;
 use inferencecache_proto::v1alpha1::{CacheTier, PrefixEntry};
 use kvevent_subscriber::decode::{Batch, BlockRemoved, BlockStored, EngineHash, Event};
 use kvevent_subscriber::ingest::Processor;

@@ -9,6 +9,9 @@
 //! against simulated latency curves.
 
 use serde::Serialize;
+use std::fmt;
+
+use crate::error::ConfigError;
 
 /// Search parameters.
 #[derive(Clone, Debug, Serialize)]
@@ -35,31 +38,42 @@ pub struct SearchConfig {
 
 impl SearchConfig {
     /// Rejects parameters that would not terminate sensibly.
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), ConfigError> {
         let pos = |v: f64| v.is_finite() && v > 0.0;
         if !pos(self.p99_budget_ms) {
-            return Err("--p99-budget-ms must be > 0".into());
+            return Err(ConfigError::NotPositive("--p99-budget-ms"));
         }
         if !(0.0..=1.0).contains(&self.max_error_rate) {
-            return Err("--max-error-rate must be within 0..=1".into());
+            return Err(ConfigError::OutOfRange {
+                flag: "--max-error-rate",
+                range: "0..=1",
+            });
         }
         if !(0.0..=1.0).contains(&self.min_achieved_share) {
-            return Err("--min-achieved-share must be within 0..=1".into());
+            return Err(ConfigError::OutOfRange {
+                flag: "--min-achieved-share",
+                range: "0..=1",
+            });
         }
         if !(pos(self.start_rate) && pos(self.max_rate) && pos(self.min_rate)) {
-            return Err("rates must be > 0".into());
+            return Err(ConfigError::Rule("rates must be > 0"));
         }
         if self.min_rate > self.start_rate || self.start_rate > self.max_rate {
-            return Err("need --min-rate <= --start-rate <= --max-rate".into());
+            return Err(ConfigError::Rule(
+                "need --min-rate <= --start-rate <= --max-rate",
+            ));
         }
         if !(self.growth.is_finite() && self.growth > 1.0) {
-            return Err("--growth must be > 1".into());
+            return Err(ConfigError::Rule("--growth must be > 1"));
         }
         if !(self.tolerance > 0.0 && self.tolerance < 1.0) {
-            return Err("--tolerance must be within (0, 1)".into());
+            return Err(ConfigError::OutOfRange {
+                flag: "--tolerance",
+                range: "(0, 1)",
+            });
         }
         if self.max_steps == 0 {
-            return Err("--max-steps must be > 0".into());
+            return Err(ConfigError::NotPositive("--max-steps"));
         }
         Ok(())
     }
@@ -139,6 +153,30 @@ pub fn judge(cfg: &SearchConfig, rate: f64, m: Measurement) -> Step {
     }
 }
 
+/// Why the search proposes no further rate.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum StopReason {
+    /// `max_steps` steps were run.
+    MaxSteps(u32),
+    /// The step at `max_rate` passed: nothing higher may be tried.
+    MaxRatePassed(f64),
+    /// Backing off from the first failing step would go below `min_rate`.
+    NothingAboveMinRate(f64),
+    /// The best passing and lowest failing rates are within `tolerance` (a fraction).
+    Converged(f64),
+}
+
+impl fmt::Display for StopReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            StopReason::MaxSteps(n) => write!(f, "max steps ({n}) reached"),
+            StopReason::MaxRatePassed(r) => write!(f, "max rate {r} passed"),
+            StopReason::NothingAboveMinRate(r) => write!(f, "no rate >= min rate {r} passed"),
+            StopReason::Converged(t) => write!(f, "converged within {:.1}%", t * 100.0),
+        }
+    }
+}
+
 /// The search state machine.
 #[derive(Clone, Debug)]
 pub struct Search {
@@ -148,7 +186,7 @@ pub struct Search {
     lo: Option<f64>,
     /// Lowest failing rate.
     hi: Option<f64>,
-    stopped: Option<String>,
+    stopped: Option<StopReason>,
 }
 
 impl Search {
@@ -174,22 +212,22 @@ impl Search {
             return None;
         }
         let next = self.propose();
-        if let Err(why) = &next {
-            self.stopped = Some(why.clone());
+        if let Err(why) = next {
+            self.stopped = Some(why);
         }
         next.ok()
     }
 
-    fn propose(&self) -> Result<f64, String> {
+    fn propose(&self) -> Result<f64, StopReason> {
         let c = &self.cfg;
         if self.steps.len() as u32 >= c.max_steps {
-            return Err(format!("max steps ({}) reached", c.max_steps));
+            return Err(StopReason::MaxSteps(c.max_steps));
         }
         match (self.lo, self.hi) {
             (None, None) => Ok(c.start_rate),
             (Some(lo), None) => {
                 if lo >= c.max_rate {
-                    Err(format!("max rate {} passed", c.max_rate))
+                    Err(StopReason::MaxRatePassed(c.max_rate))
                 } else {
                     Ok((lo * c.growth).min(c.max_rate))
                 }
@@ -197,14 +235,14 @@ impl Search {
             (None, Some(hi)) => {
                 let next = hi / c.growth;
                 if next < c.min_rate {
-                    Err(format!("no rate >= min rate {} passed", c.min_rate))
+                    Err(StopReason::NothingAboveMinRate(c.min_rate))
                 } else {
                     Ok(next)
                 }
             }
             (Some(lo), Some(hi)) => {
                 if (hi - lo) / hi <= c.tolerance {
-                    Err(format!("converged within {:.1}%", c.tolerance * 100.0))
+                    Err(StopReason::Converged(c.tolerance))
                 } else {
                     Ok((lo + hi) / 2.0)
                 }
@@ -230,7 +268,9 @@ impl Search {
             capacity_rate: self.lo,
             first_failing_rate: self.hi,
             steps: self.steps.clone(),
-            stopped: self.stopped.clone().unwrap_or_else(|| "interrupted".into()),
+            stopped: self
+                .stopped
+                .map_or_else(|| "interrupted".into(), |why| why.to_string()),
         }
     }
 }

@@ -8,6 +8,7 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 
 use crate::capacity::SearchConfig;
 use crate::driver::Bounds;
+use crate::error::ConfigError;
 use crate::gateway::LookupInput;
 use crate::producer::ProducerConfig;
 use crate::workload::{WorkloadConfig, WorkloadKind};
@@ -112,7 +113,7 @@ pub struct WorkloadArgs {
 
 impl WorkloadArgs {
     /// The validated workload config.
-    pub fn config(&self) -> Result<WorkloadConfig, String> {
+    pub fn config(&self) -> Result<WorkloadConfig, ConfigError> {
         let c = WorkloadConfig {
             kind: self.workload,
             seed: self.seed,
@@ -170,9 +171,9 @@ pub struct ProducerArgs {
 
 impl ProducerArgs {
     /// The producer config.
-    pub fn config(&self, seed: u64, rpc_timeout: Duration) -> Result<ProducerConfig, String> {
+    pub fn config(&self, seed: u64, rpc_timeout: Duration) -> Result<ProducerConfig, ConfigError> {
         if !self.churn_per_sec.is_finite() || self.churn_per_sec < 0.0 {
-            return Err("--churn-per-sec must be a finite value >= 0".into());
+            return Err(ConfigError::Negative("--churn-per-sec"));
         }
         Ok(ProducerConfig {
             flush: Duration::from_millis(self.flush_ms.max(1)),
@@ -230,14 +231,14 @@ pub struct MeasureArgs {
 
 impl MeasureArgs {
     /// Budgets as durations, validated.
-    pub fn budgets(&self) -> Result<Vec<Duration>, String> {
+    pub fn budgets(&self) -> Result<Vec<Duration>, ConfigError> {
         self.budget_ms
             .iter()
             .map(|&b| {
                 if b.is_finite() && b > 0.0 {
                     Ok(Duration::from_secs_f64(b / 1000.0))
                 } else {
-                    Err(format!("--budget-ms {b}: must be a positive number"))
+                    Err(ConfigError::Budget(b))
                 }
             })
             .collect()
@@ -274,15 +275,17 @@ pub struct RunArgs {
 }
 
 /// Turns `--requests`/`--duration` into bounds; with neither, 10 s.
-pub fn bounds(requests: Option<u64>, duration: Option<f64>) -> Result<Bounds, String> {
+pub fn bounds(requests: Option<u64>, duration: Option<f64>) -> Result<Bounds, ConfigError> {
     let duration = match duration {
-        Some(d) if !(d.is_finite() && d > 0.0) => return Err("--duration must be > 0".into()),
+        Some(d) if !(d.is_finite() && d > 0.0) => {
+            return Err(ConfigError::NotPositive("--duration"));
+        }
         Some(d) => Some(Duration::from_secs_f64(d)),
         None if requests.is_none() => Some(Duration::from_secs(10)),
         None => None,
     };
     if requests == Some(0) {
-        return Err("--requests must be > 0".into());
+        return Err(ConfigError::NotPositive("--requests"));
     }
     Ok(Bounds { requests, duration })
 }
@@ -336,7 +339,7 @@ pub struct CapacityArgs {
 
 impl CapacityArgs {
     /// The search config, validated.
-    pub fn search(&self) -> Result<SearchConfig, String> {
+    pub fn search(&self) -> Result<SearchConfig, ConfigError> {
         let c = SearchConfig {
             p99_budget_ms: self.p99_budget_ms,
             max_error_rate: self.max_error_rate,
@@ -350,7 +353,7 @@ impl CapacityArgs {
         };
         c.validate()?;
         if !(self.step_duration.is_finite() && self.step_duration > 0.0) {
-            return Err("--step-duration must be > 0".into());
+            return Err(ConfigError::NotPositive("--step-duration"));
         }
         Ok(c)
     }

@@ -16,7 +16,7 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
-use tokio::sync::Semaphore;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
 
 /// When a run stops: after `requests` requests and/or after `duration`, whichever comes first.
@@ -95,21 +95,9 @@ where
                 std::thread::sleep((due - now).min(Duration::from_millis(50)));
                 continue;
             }
-            let permit = loop {
-                if let Ok(p) = sem2.clone().try_acquire_owned() {
-                    break Some(p);
-                }
-                if stop.load(Ordering::Relaxed) {
-                    break None;
-                }
-                // Saturated: wake as soon as a request completes (re-checking stop every 50 ms).
-                let wait =
-                    tokio::time::timeout(Duration::from_millis(50), sem2.clone().acquire_owned());
-                if let Ok(Ok(p)) = handle.block_on(wait) {
-                    break Some(p);
-                }
+            let Some(permit) = acquire_inflight(&sem2, &stop, &handle) else {
+                break;
             };
-            let Some(permit) = permit else { break };
             let fut = make(Ticket {
                 index: i,
                 intended: due,
@@ -132,6 +120,28 @@ where
         started,
         elapsed: start.elapsed().max(span),
         abandoned,
+    }
+}
+
+/// An in-flight slot for the open-loop dispatcher thread, blocking while all are taken; None
+/// once `stop` is set.
+fn acquire_inflight(
+    sem: &Arc<Semaphore>,
+    stop: &AtomicBool,
+    handle: &tokio::runtime::Handle,
+) -> Option<OwnedSemaphorePermit> {
+    loop {
+        if let Ok(p) = sem.clone().try_acquire_owned() {
+            return Some(p);
+        }
+        if stop.load(Ordering::Relaxed) {
+            return None;
+        }
+        // Saturated: wake as soon as a request completes (re-checking stop every 50 ms).
+        let wait = tokio::time::timeout(Duration::from_millis(50), sem.clone().acquire_owned());
+        if let Ok(Ok(p)) = handle.block_on(wait) {
+            return Some(p);
+        }
     }
 }
 

@@ -8,12 +8,15 @@
 //!
 //! Modules follow the concepts: [`cli`] (flags), [`workload`] (seeded prompts and blocks),
 //! [`producer`] (ingest side), [`gateway`] (lookup side), [`driver`] (open/closed loop),
-//! [`histogram`] (recording), [`report`] (table/JSON), [`capacity`] (rate search) and [`run`]
-//! (orchestration).
+//! [`histogram`] (recording), [`report`] (table/JSON), [`capacity`] (rate search), [`run`]
+//! (orchestration) and [`error`] (what a subcommand reports when it cannot run).
+
+#![forbid(unsafe_code)]
 
 pub mod capacity;
 pub mod cli;
 pub mod driver;
+pub mod error;
 pub mod gateway;
 pub mod histogram;
 pub mod producer;

@@ -1,6 +1,8 @@
 //! The `loadgen` binary: parses the command line, runs the subcommand on a multi-threaded tokio
 //! runtime and maps failures to exit code 1 (2 for usage errors, from clap).
 
+#![forbid(unsafe_code)]
+
 use clap::Parser;
 use loadgen::cli::{Cli, Command};
 use loadgen::run;

@@ -178,32 +178,42 @@ fn ratio(a: u64, b: u64) -> f64 {
     if b == 0 { 0.0 } else { a as f64 / b as f64 }
 }
 
+/// Per-RPC reports keyed by RPC name, and failed calls of all RPCs by status code.
+fn rpc_reports(snap: &Snapshot) -> (BTreeMap<String, RpcReport>, BTreeMap<String, u64>) {
+    let mut rpcs = BTreeMap::new();
+    let mut errors_by_code: BTreeMap<String, u64> = BTreeMap::new();
+    for rpc in Rpc::ALL {
+        let s = &snap.rpcs[rpc as usize];
+        for (k, v) in &s.errors {
+            *errors_by_code.entry(k.clone()).or_default() += v;
+        }
+        rpcs.insert(rpc.name().to_string(), RpcReport::from_stats(s));
+    }
+    (rpcs, errors_by_code)
+}
+
+/// Lookups over each `--budget-ms`, as counts and as shares of the `ok` lookups.
+fn budget_reports(snap: &Snapshot, ok: u64) -> Vec<BudgetReport> {
+    snap.budgets_us
+        .iter()
+        .zip(&snap.lookup.over_budget)
+        .map(|(b, over)| BudgetReport {
+            budget_ms: *b as f64 / 1000.0,
+            over: *over,
+            share_over: ratio(*over, ok),
+        })
+        .collect()
+}
+
 impl Report {
     /// Assembles the report from a recorder snapshot and run facts.
     pub fn build(snap: &Snapshot, f: RunFacts) -> Self {
-        let mut rpcs = BTreeMap::new();
-        let mut errors_by_code: BTreeMap<String, u64> = BTreeMap::new();
-        for rpc in Rpc::ALL {
-            let s = &snap.rpcs[rpc as usize];
-            for (k, v) in &s.errors {
-                *errors_by_code.entry(k.clone()).or_default() += v;
-            }
-            rpcs.insert(rpc.name().to_string(), RpcReport::from_stats(s));
-        }
+        let (rpcs, errors_by_code) = rpc_reports(snap);
         let lk = &rpcs[Rpc::LookupRoute.name()];
         let ok = lk.ok;
         let done = lk.count;
         let l = &snap.lookup;
-        let budgets = snap
-            .budgets_us
-            .iter()
-            .zip(&l.over_budget)
-            .map(|(b, over)| BudgetReport {
-                budget_ms: *b as f64 / 1000.0,
-                over: *over,
-                share_over: ratio(*over, ok),
-            })
-            .collect();
+        let budgets = budget_reports(snap, ok);
         let hits = HitReport {
             with_scores: l.with_scores,
             share_with_scores: ratio(l.with_scores, ok),
@@ -273,6 +283,16 @@ impl Report {
     /// The human-readable table.
     pub fn to_table(&self) -> String {
         let mut o = String::new();
+        self.write_header(&mut o);
+        self.write_rpcs(&mut o);
+        self.write_lookup_outcomes(&mut o);
+        self.write_errors(&mut o);
+        self.write_ingest(&mut o);
+        o
+    }
+
+    /// Table: target, load shape, workload and run totals.
+    fn write_header(&self, o: &mut String) {
         let w = &self.workload;
         let _ = writeln!(
             o,
@@ -310,6 +330,10 @@ impl Report {
             "elapsed {:.2} s, lookups started {}, abandoned {}, achieved {:.1} req/s",
             self.elapsed_s, self.lookups_started, self.lookups_abandoned, self.achieved_rate
         );
+    }
+
+    /// Table: one latency row per RPC.
+    fn write_rpcs(&self, o: &mut String) {
         let _ = writeln!(o);
         let _ = writeln!(
             o,
@@ -323,6 +347,10 @@ impl Report {
                 name, r.ok, r.errors, r.p50_ms, r.p90_ms, r.p99_ms, r.p999_ms, r.max_ms, r.mean_ms
             );
         }
+    }
+
+    /// Table: LookupRoute reason codes, hit shares and budget overruns.
+    fn write_lookup_outcomes(&self, o: &mut String) {
         let ok = self.rpcs[Rpc::LookupRoute.name()].ok;
         let _ = writeln!(o);
         let _ = writeln!(o, "reason codes (LookupRoute):");
@@ -353,6 +381,10 @@ impl Report {
                 );
             }
         }
+    }
+
+    /// Table: failed calls by status code and the open loop's send lag.
+    fn write_errors(&self, o: &mut String) {
         let _ = writeln!(o, "errors by code:");
         if self.errors_by_code.is_empty() {
             let _ = writeln!(o, "  (none)");
@@ -367,6 +399,10 @@ impl Report {
                 l.p50_ms, l.p99_ms, l.max_ms
             );
         }
+    }
+
+    /// Table: preload and run-phase ingest counters.
+    fn write_ingest(&self, o: &mut String) {
         for (label, s) in [("preload", &self.preload), ("ingest", &self.ingest)] {
             if let Some(s) = s {
                 let _ = writeln!(
@@ -386,6 +422,5 @@ impl Report {
                 );
             }
         }
-        o
     }
 }

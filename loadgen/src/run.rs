@@ -11,8 +11,11 @@ use tokio::time::Instant;
 use tonic::transport::{Channel, Endpoint};
 
 use crate::capacity::{Measurement, Outcome, Search};
-use crate::cli::{self, CapacityArgs, OutputFormat, PreloadArgs, RunArgs};
+use crate::cli::{
+    self, CapacityArgs, ConnArgs, MeasureArgs, OutputFormat, PreloadArgs, ProducerArgs, RunArgs,
+};
 use crate::driver::{self, Bounds, DriveStats, Ticket};
+use crate::error::{ConfigError, Error};
 use crate::gateway::{self, LookupInput};
 use crate::histogram::{Recorder, Rpc, quantile_ms};
 use crate::producer::{IngestStats, ProducerConfig, Producers};
@@ -32,20 +35,23 @@ pub fn normalize_addr(addr: &str) -> String {
 }
 
 /// Opens `n` HTTP/2 connections to `addr` (each fails after 5 s); only ever this address.
-pub async fn connect(addr: &str, n: u32) -> Result<Vec<Client>, String> {
+pub async fn connect(addr: &str, n: u32) -> Result<Vec<Client>, Error> {
     let addr = normalize_addr(addr);
     let ep = Endpoint::from_shared(addr.clone())
-        .map_err(|e| format!("invalid --addr {addr}: {e}"))?
+        .map_err(|source| Error::InvalidAddr {
+            addr: addr.clone(),
+            source,
+        })?
         .connect_timeout(Duration::from_secs(5))
         .tcp_nodelay(true)
         .http2_keep_alive_interval(Duration::from_secs(30))
         .keep_alive_while_idle(true);
     let mut out = Vec::new();
     for _ in 0..n.max(1) {
-        let ch = ep
-            .connect()
-            .await
-            .map_err(|e| format!("cannot connect to {addr}: {e}"))?;
+        let ch = ep.connect().await.map_err(|source| Error::Connect {
+            addr: addr.clone(),
+            source,
+        })?;
         out.push(InferenceCacheClient::new(ch).max_decoding_message_size(64 << 20));
     }
     Ok(out)
@@ -120,7 +126,7 @@ pub struct WindowConfig {
 /// a producer barrier so its ingest counters and latencies are complete.
 pub async fn run_window(
     clients: &[Client],
-    mut wgen: Generator,
+    wgen: Generator,
     cfg: &WindowConfig,
     producers: Option<Arc<Producers>>,
     preload: Option<IngestStats>,
@@ -132,38 +138,8 @@ pub async fn run_window(
         // Start this window's accounting: earlier background activity is not counted.
         p.sync(rec.clone()).await;
     }
-    let names = Arc::new(Names::new(&wl));
-    let clients_arc: Arc<Vec<Client>> = Arc::new(clients.to_vec());
-
-    let mut make = {
-        let (rec, producers, names, clients) = (
-            rec.clone(),
-            producers.clone(),
-            names.clone(),
-            clients_arc.clone(),
-        );
-        let (scheme, bs, input, timeout) = (
-            wl.hash_scheme.clone(),
-            wl.block_size,
-            cfg.input,
-            cfg.rpc_timeout,
-        );
-        move |t: Ticket| {
-            let spec = wgen.next_request();
-            let req = gateway::lookup_request(&spec, &names, &scheme, bs, input);
-            let client = clients[(t.index % clients.len() as u64) as usize].clone();
-            let (rec, producers) = (rec.clone(), producers.clone());
-            let prompt_tokens = (spec.n_blocks as u64) * bs as u64;
-            async move {
-                gateway::lookup(client, req, prompt_tokens, timeout, t.intended, &rec).await;
-                // The prompt now "executes" on its replica, which caches its blocks.
-                if let Some(p) = &producers {
-                    p.try_store(spec.replica, spec.store_op());
-                }
-            }
-        }
-    };
-
+    let mut maker = LookupMaker::new(clients, wgen, cfg, &rec, &producers);
+    let mut make = move |t: Ticket| maker.make(t);
     let progress = cfg.progress.then(|| spawn_progress(rec.clone(), cfg.load));
     let drain = cfg.rpc_timeout + Duration::from_secs(1);
     let stats: DriveStats = match cfg.load {
@@ -184,30 +160,83 @@ pub async fn run_window(
         Some(p) => Some(p.sync(Arc::new(Recorder::new(&[]))).await),
         None => None,
     };
-    let snap = rec.snapshot();
-    Report::build(
-        &snap,
-        RunFacts {
-            target: cfg.target.clone(),
-            rate: match cfg.load {
-                Load::Open(r) => Some(r),
-                Load::Closed(_) => None,
-            },
-            concurrency: match cfg.load {
-                Load::Closed(c) => Some(c),
-                Load::Open(_) => None,
-            },
-            connections: clients.len() as u32,
-            lookup_input: format!("{:?}", cfg.input).to_lowercase(),
-            workload: wl,
-            producer: cfg.producer.clone(),
-            elapsed_s: stats.elapsed.as_secs_f64(),
-            started: stats.started,
-            abandoned: stats.abandoned,
-            ingest,
-            preload,
+    let facts = RunFacts {
+        target: cfg.target.clone(),
+        rate: match cfg.load {
+            Load::Open(r) => Some(r),
+            Load::Closed(_) => None,
         },
-    )
+        concurrency: match cfg.load {
+            Load::Closed(c) => Some(c),
+            Load::Open(_) => None,
+        },
+        connections: clients.len() as u32,
+        lookup_input: format!("{:?}", cfg.input).to_lowercase(),
+        workload: wl,
+        producer: cfg.producer.clone(),
+        elapsed_s: stats.elapsed.as_secs_f64(),
+        started: stats.started,
+        abandoned: stats.abandoned,
+        ingest,
+        preload,
+    };
+    Report::build(&rec.snapshot(), facts)
+}
+
+/// The driver's request factory: each ticket draws the workload's next request, sends it as a
+/// `LookupRoute` on a round-robin connection and, with producers, stores the prompt's blocks on
+/// its replica afterwards.
+struct LookupMaker {
+    wgen: Generator,
+    names: Arc<Names>,
+    clients: Arc<Vec<Client>>,
+    rec: Arc<Recorder>,
+    producers: Option<Arc<Producers>>,
+    scheme: String,
+    block_size: u32,
+    input: LookupInput,
+    timeout: Duration,
+}
+
+impl LookupMaker {
+    fn new(
+        clients: &[Client],
+        wgen: Generator,
+        cfg: &WindowConfig,
+        rec: &Arc<Recorder>,
+        producers: &Option<Arc<Producers>>,
+    ) -> Self {
+        let wl = wgen.config();
+        LookupMaker {
+            names: Arc::new(Names::new(wl)),
+            scheme: wl.hash_scheme.clone(),
+            block_size: wl.block_size,
+            clients: Arc::new(clients.to_vec()),
+            rec: rec.clone(),
+            producers: producers.clone(),
+            input: cfg.input,
+            timeout: cfg.rpc_timeout,
+            wgen,
+        }
+    }
+
+    /// The lookup (and store) of ticket `t`.
+    fn make(&mut self, t: Ticket) -> impl Future<Output = ()> + Send + use<> {
+        let bs = self.block_size;
+        let spec = self.wgen.next_request();
+        let req = gateway::lookup_request(&spec, &self.names, &self.scheme, bs, self.input);
+        let client = self.clients[(t.index % self.clients.len() as u64) as usize].clone();
+        let (rec, producers) = (self.rec.clone(), self.producers.clone());
+        let prompt_tokens = (spec.n_blocks as u64) * bs as u64;
+        let timeout = self.timeout;
+        async move {
+            gateway::lookup(client, req, prompt_tokens, timeout, t.intended, &rec).await;
+            // The prompt now "executes" on its replica, which caches its blocks.
+            if let Some(p) = &producers {
+                p.try_store(spec.replica, spec.store_op());
+            }
+        }
+    }
 }
 
 /// Prints one line per second on stderr: cumulative counts and this second's rate and
@@ -250,111 +279,170 @@ fn spawn_progress(rec: Arc<Recorder>, load: Load) -> tokio::task::JoinHandle<()>
     })
 }
 
-fn write_json(path: &std::path::Path, body: &str) -> Result<(), String> {
-    std::fs::write(path, body).map_err(|e| format!("cannot write {}: {e}", path.display()))
+fn write_json(path: &std::path::Path, body: &str) -> Result<(), Error> {
+    std::fs::write(path, body).map_err(|source| Error::WriteReport {
+        path: path.to_path_buf(),
+        source,
+    })
+}
+
+/// Writes the JSON report to `--json` if given, then prints the report in `--output` format.
+fn emit(measure: &MeasureArgs, json: &str, table: impl FnOnce() -> String) -> Result<(), Error> {
+    if let Some(p) = &measure.json {
+        write_json(p, json)?;
+    }
+    match measure.output {
+        OutputFormat::Table => print!("{}", table()),
+        OutputFormat::Json => println!("{json}"),
+    }
+    Ok(())
+}
+
+/// What `run` and `capacity` hold once connected: validated settings, the connections, the
+/// producers (started, population preloaded unless `--no-preload`) and the workload generator
+/// in its post-preload state.
+struct Setup {
+    wl: WorkloadConfig,
+    rpc_timeout: Duration,
+    pcfg: ProducerConfig,
+    budgets: Vec<Duration>,
+    clients: Vec<Client>,
+    stop: Arc<AtomicBool>,
+    producers: Arc<Producers>,
+    wgen: Generator,
+    preload: Option<IngestStats>,
+}
+
+impl Setup {
+    /// Validates the producer and measurement flags, connects, starts the producers and
+    /// preloads.
+    async fn start(
+        conn: &ConnArgs,
+        producer: &ProducerArgs,
+        measure: &MeasureArgs,
+        wl: WorkloadConfig,
+    ) -> Result<Setup, Error> {
+        let rpc_timeout = Duration::from_millis(conn.rpc_timeout_ms.max(1));
+        let pcfg = producer.config(wl.seed, rpc_timeout)?;
+        let budgets = measure.budgets()?;
+        let clients = connect(&conn.addr, conn.connections).await?;
+        let stop = ctrl_c_flag();
+        let producers = Arc::new(Producers::start(
+            &wl,
+            &pcfg,
+            &clients,
+            Arc::new(Recorder::new(&[])),
+        ));
+        let mut wgen = Generator::new(wl.clone());
+        let preload = preload(&producers, &mut wgen, !measure.no_preload).await;
+        Ok(Setup {
+            wl,
+            rpc_timeout,
+            pcfg,
+            budgets,
+            clients,
+            stop,
+            producers,
+            wgen,
+            preload,
+        })
+    }
+}
+
+/// The load shape of `--rate` / `--concurrency`.
+fn load_of(rate: Option<f64>, concurrency: Option<u32>) -> Result<Load, ConfigError> {
+    match (rate, concurrency) {
+        (Some(r), _) if r.is_finite() && r > 0.0 => Ok(Load::Open(r)),
+        (Some(_), _) => Err(ConfigError::NotPositive("--rate")),
+        (None, Some(c)) if c > 0 => Ok(Load::Closed(c)),
+        (None, Some(_)) => Err(ConfigError::NotPositive("--concurrency")),
+        (None, None) => Err(ConfigError::Rule(
+            "give --rate (open loop) or --concurrency (closed loop)",
+        )),
+    }
 }
 
 /// `loadgen run`.
-pub async fn cmd_run(a: RunArgs) -> Result<Report, String> {
+pub async fn cmd_run(a: RunArgs) -> Result<Report, Error> {
     let wl = a.workload.config()?;
     let bounds = cli::bounds(a.requests, a.duration)?;
-    let load = match (a.rate, a.concurrency) {
-        (Some(r), _) if r.is_finite() && r > 0.0 => Load::Open(r),
-        (Some(_), _) => return Err("--rate must be > 0".into()),
-        (None, Some(c)) if c > 0 => Load::Closed(c),
-        (None, Some(_)) => return Err("--concurrency must be > 0".into()),
-        (None, None) => return Err("give --rate (open loop) or --concurrency (closed loop)".into()),
-    };
-    let rpc_timeout = Duration::from_millis(a.conn.rpc_timeout_ms.max(1));
-    let pcfg = a.producer.config(wl.seed, rpc_timeout)?;
-    let budgets = a.measure.budgets()?;
-    let clients = connect(&a.conn.addr, a.conn.connections).await?;
-    let stop = ctrl_c_flag();
-    let producers = Arc::new(Producers::start(
-        &wl,
-        &pcfg,
-        &clients,
-        Arc::new(Recorder::new(&[])),
-    ));
-    let mut wgen = Generator::new(wl);
-    let pre = preload(&producers, &mut wgen, !a.measure.no_preload).await;
-    let window_producers = (!a.measure.no_producers).then(|| producers.clone());
+    let load = load_of(a.rate, a.concurrency)?;
+    let s = Setup::start(&a.conn, &a.producer, &a.measure, wl).await?;
+    let window_producers = (!a.measure.no_producers).then(|| s.producers.clone());
     let cfg = WindowConfig {
         target: normalize_addr(&a.conn.addr),
         load,
         bounds,
         input: a.measure.lookup_input,
-        budgets,
-        rpc_timeout,
+        budgets: s.budgets,
+        rpc_timeout: s.rpc_timeout,
         max_inflight: a.measure.max_inflight,
-        producer: (!a.measure.no_producers).then_some(pcfg),
+        producer: (!a.measure.no_producers).then_some(s.pcfg),
         progress: !a.measure.quiet,
     };
-    let report = run_window(&clients, wgen, &cfg, window_producers, pre, stop).await;
-    producers.finish().await;
-    let json = report.to_json();
-    if let Some(p) = &a.measure.json {
-        write_json(p, &json)?;
-    }
-    match a.measure.output {
-        OutputFormat::Table => print!("{}", report.to_table()),
-        OutputFormat::Json => println!("{json}"),
-    }
+    let report = run_window(
+        &s.clients,
+        s.wgen,
+        &cfg,
+        window_producers,
+        s.preload,
+        s.stop,
+    )
+    .await;
+    s.producers.finish().await;
+    emit(&a.measure, &report.to_json(), || report.to_table())?;
     Ok(report)
 }
 
 /// `loadgen capacity`.
-pub async fn cmd_capacity(a: CapacityArgs) -> Result<Outcome, String> {
+pub async fn cmd_capacity(a: CapacityArgs) -> Result<Outcome, Error> {
     let wl = a.workload.config()?;
     let scfg = a.search()?;
-    let rpc_timeout = Duration::from_millis(a.conn.rpc_timeout_ms.max(1));
-    let pcfg = a.producer.config(wl.seed, rpc_timeout)?;
-    let budgets = a.measure.budgets()?;
-    let clients = connect(&a.conn.addr, a.conn.connections).await?;
-    let stop = ctrl_c_flag();
-    let producers = Arc::new(Producers::start(
-        &wl,
-        &pcfg,
-        &clients,
-        Arc::new(Recorder::new(&[])),
-    ));
-    let mut wgen = Generator::new(wl.clone());
-    let pre = preload(&producers, &mut wgen, !a.measure.no_preload).await;
-    let window_producers = (!a.measure.no_producers).then(|| producers.clone());
+    let s = Setup::start(&a.conn, &a.producer, &a.measure, wl).await?;
     let mut search = Search::new(scfg);
-    let mut reports = Vec::new();
     eprintln!(
         "capacity search: p99 <= {} ms, error rate <= {}, {} s per step",
         a.p99_budget_ms, a.max_error_rate, a.step_duration
     );
+    let reports = run_capacity_steps(&a, &s, &mut search).await;
+    s.producers.finish().await;
+    let outcome = search.outcome();
+    let json = serde_json::to_string_pretty(&serde_json::json!({
+        "tool": "loadgen",
+        "version": env!("CARGO_PKG_VERSION"),
+        "target": normalize_addr(&a.conn.addr),
+        "criteria": search.config(),
+        "preload": s.preload,
+        "result": outcome,
+        "step_reports": reports,
+    }))
+    .expect("capacity JSON is serializable");
+    emit(&a.measure, &json, || {
+        capacity_table(&outcome, a.p99_budget_ms)
+    })?;
+    Ok(outcome)
+}
+
+/// Runs the search's steps, one open-loop window each, until it stops or Ctrl-C; prints a line
+/// per step on stderr and returns the steps' reports.
+async fn run_capacity_steps(a: &CapacityArgs, s: &Setup, search: &mut Search) -> Vec<Report> {
+    let window_producers = (!a.measure.no_producers).then(|| s.producers.clone());
+    let mut reports = Vec::new();
     while let Some(rate) = search.next_rate() {
-        if stop.load(Ordering::Relaxed) {
+        if s.stop.load(Ordering::Relaxed) {
             break;
         }
         // Every step replays the same seeded sequence from the post-preload state.
-        let mut g = Generator::new(wl.clone());
+        let mut g = Generator::new(s.wl.clone());
         g.preload_ops();
-        let cfg = WindowConfig {
-            target: normalize_addr(&a.conn.addr),
-            load: Load::Open(rate),
-            bounds: Bounds {
-                requests: Some((rate * a.step_duration).ceil().max(1.0) as u64),
-                duration: Some(Duration::from_secs_f64(a.step_duration)),
-            },
-            input: a.measure.lookup_input,
-            budgets: budgets.clone(),
-            rpc_timeout,
-            max_inflight: a.measure.max_inflight,
-            producer: (!a.measure.no_producers).then(|| pcfg.clone()),
-            progress: !a.measure.quiet,
-        };
+        let cfg = capacity_step_config(a, s, rate);
         let r = run_window(
-            &clients,
+            &s.clients,
             g,
             &cfg,
             window_producers.clone(),
             None,
-            stop.clone(),
+            s.stop.clone(),
         )
         .await;
         let l = &r.rpcs[Rpc::LookupRoute.name()];
@@ -376,8 +464,29 @@ pub async fn cmd_capacity(a: CapacityArgs) -> Result<Outcome, String> {
         );
         reports.push(r);
     }
-    producers.finish().await;
-    let outcome = search.outcome();
+    reports
+}
+
+/// The window of one capacity step: open loop at `rate` for `--step-duration` seconds.
+fn capacity_step_config(a: &CapacityArgs, s: &Setup, rate: f64) -> WindowConfig {
+    WindowConfig {
+        target: normalize_addr(&a.conn.addr),
+        load: Load::Open(rate),
+        bounds: Bounds {
+            requests: Some((rate * a.step_duration).ceil().max(1.0) as u64),
+            duration: Some(Duration::from_secs_f64(a.step_duration)),
+        },
+        input: a.measure.lookup_input,
+        budgets: s.budgets.clone(),
+        rpc_timeout: s.rpc_timeout,
+        max_inflight: a.measure.max_inflight,
+        producer: (!a.measure.no_producers).then(|| s.pcfg.clone()),
+        progress: !a.measure.quiet,
+    }
+}
+
+/// The human summary of a capacity search: one row per step, then the answer.
+fn capacity_table(outcome: &Outcome, p99_budget_ms: f64) -> String {
     let mut table =
         String::from("\nstep  target req/s  achieved req/s   p99 ms    err rate  verdict\n");
     for (i, s) in outcome.steps.iter().enumerate() {
@@ -398,32 +507,15 @@ pub async fn cmd_capacity(a: CapacityArgs) -> Result<Outcome, String> {
     match outcome.capacity_rate {
         Some(r) => table.push_str(&format!(
             "capacity: {r:.1} req/s with LookupRoute p99 <= {} ms ({})\n",
-            a.p99_budget_ms, outcome.stopped
+            p99_budget_ms, outcome.stopped
         )),
         None => table.push_str(&format!("capacity: no rate passed ({})\n", outcome.stopped)),
     }
-    let json = serde_json::to_string_pretty(&serde_json::json!({
-        "tool": "loadgen",
-        "version": env!("CARGO_PKG_VERSION"),
-        "target": normalize_addr(&a.conn.addr),
-        "criteria": search.config(),
-        "preload": pre,
-        "result": outcome,
-        "step_reports": reports,
-    }))
-    .expect("capacity JSON is serializable");
-    if let Some(p) = &a.measure.json {
-        write_json(p, &json)?;
-    }
-    match a.measure.output {
-        OutputFormat::Table => print!("{table}"),
-        OutputFormat::Json => println!("{json}"),
-    }
-    Ok(outcome)
+    table
 }
 
 /// `loadgen preload`.
-pub async fn cmd_preload(a: PreloadArgs) -> Result<IngestStats, String> {
+pub async fn cmd_preload(a: PreloadArgs) -> Result<IngestStats, Error> {
     let wl = a.workload.config()?;
     let rpc_timeout = Duration::from_millis(a.conn.rpc_timeout_ms.max(1));
     let pcfg = a.producer.config(wl.seed, rpc_timeout)?;
@@ -462,10 +554,7 @@ pub async fn cmd_preload(a: PreloadArgs) -> Result<IngestStats, String> {
         write_json(p, &body)?;
     }
     if stats.stream_errors > 0 {
-        return Err(format!(
-            "{} ReportCacheState streams failed",
-            stats.stream_errors
-        ));
+        return Err(Error::StreamsFailed(stats.stream_errors));
     }
     Ok(stats)
 }

@@ -4,16 +4,18 @@
 //! each replica stores, independent of timing or of the server under test.
 //!
 //! Token sequences are fingerprinted with the contract's block fingerprint
-//! (`inferencecache_index::fingerprint`, BEHAVIOUR.md §17), so the chain a gateway sends and the
+//! (`inferencecache_fingerprint`, BEHAVIOUR.md §17), so the chain a gateway sends and the
 //! per-block legacy entries a producer reports (conformance-cases.md §Q) use identical keys.
 
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use inferencecache_index::fingerprint;
+use inferencecache_fingerprint as fingerprint;
 use rand::rngs::Xoshiro256PlusPlus;
 use rand::{RngExt, SeedableRng};
 use serde::Serialize;
+
+use crate::error::ConfigError;
 
 /// Workload shapes: they differ in how much prompt prefix is shared and with whom.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, clap::ValueEnum)]
@@ -77,7 +79,7 @@ pub struct WorkloadConfig {
 impl WorkloadConfig {
     /// Rejects configurations that cannot generate a meaningful workload, with a message that
     /// names the flag.
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), ConfigError> {
         let positive = [
             ("--replicas", self.replicas),
             ("--tenants", self.tenants),
@@ -90,23 +92,29 @@ impl WorkloadConfig {
         ];
         for (flag, v) in positive {
             if v == 0 {
-                return Err(format!("{flag} must be > 0"));
+                return Err(ConfigError::NotPositive(flag));
             }
         }
         if self.models > self.replicas {
-            return Err("--models must be <= --replicas (every model needs a replica)".into());
+            return Err(ConfigError::Rule(
+                "--models must be <= --replicas (every model needs a replica)",
+            ));
         }
         if !(self.min_tokens <= self.mean_tokens && self.mean_tokens <= self.max_tokens) {
-            return Err("need --min-tokens <= --mean-tokens <= --max-tokens".into());
+            return Err(ConfigError::Rule(
+                "need --min-tokens <= --mean-tokens <= --max-tokens",
+            ));
         }
         if self.max_tokens > 1 << 20 {
-            return Err("--max-tokens must be <= 1048576 (the server's MaxLookupTokens)".into());
+            return Err(ConfigError::Rule(
+                "--max-tokens must be <= 1048576 (the server's MaxLookupTokens)",
+            ));
         }
         if !self.zipf.is_finite() || self.zipf < 0.0 {
-            return Err("--zipf must be a finite value >= 0".into());
+            return Err(ConfigError::Negative("--zipf"));
         }
         if self.block_size > i32::MAX as u32 {
-            return Err("--block-size too large".into());
+            return Err(ConfigError::Rule("--block-size too large"));
         }
         Ok(())
     }

@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use inferencecache_index::fingerprint;
+use inferencecache_fingerprint as fingerprint;
 use inferencecache_proto::v1alpha1::inference_cache_server::{
     InferenceCache, InferenceCacheServer,
 };

@@ -6,7 +6,7 @@
 
 use std::collections::{HashMap, HashSet};
 
-use inferencecache_index::fingerprint;
+use inferencecache_fingerprint as fingerprint;
 use inferencecache_proto::v1alpha1::{CacheTier, LookupRouteRequest};
 use loadgen::gateway::{LookupInput, lookup_request};
 use loadgen::producer::block_entries;

@@ -2,6 +2,8 @@
 //! `inferencecache/v1alpha1/inferencecache.proto`. Shared by the server, `loadgen` and the
 //! KV-event subscriber so that every binary speaks exactly the same messages.
 
+#![forbid(unsafe_code)]
+
 /// Messages, enums, client and server for `inferencecache.v1alpha1`.
 pub mod v1alpha1 {
     tonic::include_proto!("inferencecache.v1alpha1");

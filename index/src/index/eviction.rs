@@ -122,12 +122,12 @@ pub(crate) struct QuotaCand {
 
 /// Compares two keys' `(model, scheme, adapter, hash bytes)`, optionally tenant first.
 fn key_cmp(cat: &Catalog, a: KeyId, b: KeyId, with_tenant: bool) -> Ordering {
-    if a.part != b.part {
-        let pa = &cat.parts[a.part_id() as usize];
-        let pb = &cat.parts[b.part_id() as usize];
-        if pa.scope != pb.scope {
-            let sa = &cat.scopes[pa.scope as usize];
-            let sb = &cat.scopes[pb.scope as usize];
+    if a.ks != b.ks {
+        let ka = &cat.keyspaces[a.keyspace() as usize];
+        let kb = &cat.keyspaces[b.keyspace() as usize];
+        if ka.scope != kb.scope {
+            let sa = &cat.scopes[ka.scope as usize];
+            let sb = &cat.scopes[kb.scope as usize];
             let name = |x: u32, y: u32| {
                 if x == y {
                     Ordering::Equal
@@ -146,11 +146,11 @@ fn key_cmp(cat: &Catalog, a: KeyId, b: KeyId, with_tenant: bool) -> Ordering {
                 return o;
             }
         }
-        if pa.adapter != pb.adapter {
+        if ka.adapter != kb.adapter {
             let o = cat
                 .strings
-                .name(pa.adapter)
-                .cmp(cat.strings.name(pb.adapter));
+                .name(ka.adapter)
+                .cmp(cat.strings.name(kb.adapter));
             if o != Ordering::Equal {
                 return o;
             }
@@ -274,10 +274,10 @@ impl Index {
         let k = need
             .max(self.min_candidates)
             .max(self.store.entry_count() / SCAN_AMORTISATION);
-        // Per-partition policy bits, so the scan does no hash lookups per key.
-        let part_bits: Vec<u8> = self
+        // Per-keyspace policy bits, so the scan does no hash lookups per key.
+        let keyspace_bits: Vec<u8> = self
             .cat
-            .parts
+            .keyspaces
             .iter()
             .map(|p| {
                 let t = &self.cat.tenants[&self.cat.scopes[p.scope as usize].tenant];
@@ -290,7 +290,7 @@ impl Index {
         let mut seen = 0usize;
         for pos in 0..self.store.key_count() as u32 {
             let key = self.store.key_at(pos);
-            let bits = part_bits[key.part_id() as usize];
+            let bits = keyspace_bits[key.keyspace() as usize];
             if bits & 1 != 0 {
                 continue;
             }

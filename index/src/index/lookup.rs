@@ -5,7 +5,7 @@
 //! buffers owned by the index and reused; the result is returned as a view borrowing them.
 
 use super::ranking::{self, Tier, distinguishing_power, freshness, recency};
-use super::store::{KeyId, NIL};
+use super::store::{Holder, KeyId, NIL, Store};
 use super::{Catalog, Index};
 use crate::rules::{Eviction, TenantRules};
 use sha2::{Digest, Sha256};
@@ -85,7 +85,7 @@ pub struct LookupQuery<'a> {
     pub model: &'a str,
     /// Hash scheme.
     pub hash_scheme: &'a str,
-    /// Adapter partition ("" = default).
+    /// Adapter id ("" = default); with the scope it names the keyspace.
     pub adapter: &'a str,
     /// Exact-match key.
     pub prefix_hash: &'a [u8],
@@ -179,6 +179,100 @@ impl Scratch {
     }
 }
 
+impl Scratch {
+    /// Extends the runs by chain block `block` (`entry` = its key and slab position; `count` =
+    /// the request's token count for it): block 0 starts a run per live holder, later blocks
+    /// extend only runs that reached the previous block. Returns how many runs reached it.
+    #[inline]
+    fn extend_runs(
+        &mut self,
+        store: &Store,
+        block: usize,
+        entry: (KeyId, u32),
+        count: i32,
+        now: i64,
+        ttl: i64,
+    ) -> usize {
+        let (key, pos) = entry;
+        let mut running = 0usize;
+        for (_, h) in store.holders(pos) {
+            let r = h.replica();
+            // freshness > 0 ⇔ age < ttl (ttl > 0 here).
+            if now.saturating_sub(h.last_seen()) >= ttl {
+                continue;
+            }
+            if block == 0 {
+                self.start_run(r, count, h);
+            } else if !self.extend_run(r, block, count, h) {
+                continue;
+            }
+            let run_idx = self.run_of[r as usize];
+            self.run_hits.push((run_idx, LfuHit { key, replica: r }));
+            running += 1;
+        }
+        running
+    }
+
+    /// Opens replica `r`'s run at block 0.
+    #[inline]
+    fn start_run(&mut self, r: u32, count: i32, h: &Holder) {
+        self.stamp[r as usize] = self.epoch;
+        self.run_of[r as usize] = self.runs.len() as u32;
+        self.runs.push(Run {
+            replica: r,
+            matched: count,
+            oldest: h.last_seen(),
+            tier: h.tier(),
+            last_block: 0,
+            scored: false,
+        });
+    }
+
+    /// Extends replica `r`'s run to `block` if it reached `block - 1`; false when `r` has no
+    /// run or its run froze earlier (a frozen run can never rejoin).
+    #[inline]
+    fn extend_run(&mut self, r: u32, block: usize, count: i32, h: &Holder) -> bool {
+        if self.stamp[r as usize] != self.epoch {
+            return false;
+        }
+        let run = &mut self.runs[self.run_of[r as usize] as usize];
+        if run.last_block as usize != block - 1 {
+            return false;
+        }
+        run.matched = run.matched.wrapping_add(count);
+        run.oldest = run.oldest.min(h.last_seen());
+        run.tier = ranking::worst_tier(run.tier, h.tier());
+        run.last_block = block as u32;
+        true
+    }
+}
+
+/// Depth-aware distinguishing power (§9.5): scales each group of scores with equal matched
+/// tokens by the power of its size among `total` serving replicas. Reorders `scores` by
+/// matched tokens desc, replica name asc (the caller sorts by score afterwards).
+fn apply_depth_power(cat: &Catalog, scores: &mut [Score], total: usize) {
+    scores.sort_unstable_by(|a, b| {
+        b.matched_tokens
+            .cmp(&a.matched_tokens)
+            .then_with(|| cat.strings.name(a.replica).cmp(cat.strings.name(b.replica)))
+    });
+    let mut start = 0;
+    while start < scores.len() {
+        let m = scores[start].matched_tokens;
+        let mut end = start;
+        while end < scores.len() && scores[end].matched_tokens == m {
+            end += 1;
+        }
+        let dp = distinguishing_power(end as i64, total as i64);
+        if dp != 1.0 {
+            for s in &mut scores[start..end] {
+                s.score *= dp as f32;
+            }
+        }
+        start = end;
+    }
+}
+
 /// The last lookup's result buffers.
 #[derive(Default)]
 pub(crate) struct LastLookup {
@@ -236,10 +330,10 @@ impl Index {
         let Some(scope) = self.cat.find_scope(q.tenant, q.model, q.hash_scheme) else {
             return;
         };
-        let Some(part) = self.cat.find_part(scope, q.adapter) else {
+        let Some(ks) = self.cat.find_keyspace(scope, q.adapter) else {
             return;
         };
-        let Some(key) = self.cat.key_for(part, q.prefix_hash) else {
+        let Some(key) = self.cat.key_for(ks, q.prefix_hash) else {
             return;
         };
         let Some(pos) = self.store.find(key) else {
@@ -295,81 +389,70 @@ impl Index {
         let Some(scope) = self.cat.find_scope(q.tenant, q.model, q.hash_scheme) else {
             return;
         };
-        let Some(part) = self.cat.find_part(scope, q.adapter) else {
+        let Some(ks) = self.cat.find_keyspace(scope, q.adapter) else {
             return;
         };
         let ttl = self.ttl_for(rules, q.tenant);
         let srec = &self.cat.scopes[scope as usize];
         let (total, mscope) = (srec.serving.len(), srec.mscope);
+        debug_assert!(ttl > 0, "resolved TTLs are positive");
+        self.walk_chain(q, ks, now, ttl);
+        let mut scores = std::mem::take(&mut self.last.scores);
+        self.score_runs(&mut scores, mscope, q.ttft_ms, now, ttl);
+        self.keep_scored_run_hits();
+        if total > 1 && !scores.is_empty() {
+            apply_depth_power(&self.cat, &mut scores, total);
+        }
+        sort_scores(&self.cat, &mut scores);
+        self.last.scores = scores;
+    }
+
+    /// Walks the request's blocks in keyspace `ks` and builds one run per replica holding a
+    /// live entry for block 0 (`self.scratch`). Stops at the first block no live run reaches.
+    fn walk_chain(&mut self, q: &LookupQuery<'_>, ks: u32, now: i64, ttl: i64) {
         let sc = &mut self.scratch;
         sc.next_epoch(self.cat.strings.len());
         sc.runs.clear();
         sc.run_hits.clear();
-        let epoch = sc.epoch;
-        debug_assert!(ttl > 0, "resolved TTLs are positive");
         // Blocks are resolved in batches: the table probes of one batch are independent, so
         // their cache misses overlap instead of serialising block by block.
         const BATCH: usize = 8;
         let n = q.block_hashes.len();
-        let mut batch = [(KeyId { part: 0, h: 0 }, NIL); BATCH];
+        let mut batch = [(KeyId { ks: 0, h: 0 }, NIL); BATCH];
         let mut start = 0;
-        'walk: while start < n {
+        while start < n {
             let end = (start + BATCH).min(n);
             for (slot, hash) in batch.iter_mut().zip(&q.block_hashes[start..end]) {
-                *slot = match self.cat.key_for(part, hash) {
+                *slot = match self.cat.key_for(ks, hash) {
                     Some(k) => (k, self.store.find(k).unwrap_or(NIL)),
-                    None => (KeyId { part: 0, h: 0 }, NIL),
+                    None => (KeyId { ks: 0, h: 0 }, NIL),
                 };
             }
             for i in start..end {
-                let (key, pos) = batch[i - start];
-                if pos == NIL {
-                    break 'walk;
+                let block = batch[i - start];
+                if block.1 == NIL {
+                    return;
                 }
                 let count = q.block_token_counts[i];
-                let mut running = 0usize;
-                for (_, h) in self.store.holders(pos) {
-                    let r = h.replica();
-                    // freshness > 0 ⇔ age < ttl (ttl > 0 here).
-                    if now.saturating_sub(h.last_seen()) >= ttl {
-                        continue;
-                    }
-                    if i == 0 {
-                        sc.stamp[r as usize] = epoch;
-                        sc.run_of[r as usize] = sc.runs.len() as u32;
-                        sc.runs.push(Run {
-                            replica: r,
-                            matched: count,
-                            oldest: h.last_seen(),
-                            tier: h.tier(),
-                            last_block: 0,
-                            scored: false,
-                        });
-                    } else {
-                        if sc.stamp[r as usize] != epoch {
-                            continue;
-                        }
-                        let run = &mut sc.runs[sc.run_of[r as usize] as usize];
-                        if run.last_block as usize != i - 1 {
-                            continue; // frozen earlier: can never rejoin
-                        }
-                        run.matched = run.matched.wrapping_add(count);
-                        run.oldest = run.oldest.min(h.last_seen());
-                        run.tier = ranking::worst_tier(run.tier, h.tier());
-                        run.last_block = i as u32;
-                    }
-                    let run_idx = sc.run_of[r as usize];
-                    sc.run_hits.push((run_idx, LfuHit { key, replica: r }));
-                    running += 1;
-                }
-                if running == 0 {
-                    break 'walk;
+                if sc.extend_runs(&self.store, i, block, count, now, ttl) == 0 {
+                    return;
                 }
             }
             start = end;
         }
-        let coeff = self.cfg.ranker.slo_coeff(q.ttft_ms);
-        let mut scores = std::mem::take(&mut self.last.scores);
+    }
+
+    /// Scores every run with a positive matched sum and a fresh oldest entry (marking it
+    /// `scored`), appending to `scores`.
+    fn score_runs(
+        &mut self,
+        scores: &mut Vec<Score>,
+        mscope: u32,
+        ttft_ms: i32,
+        now: i64,
+        ttl: i64,
+    ) {
+        let coeff = self.cfg.ranker.slo_coeff(ttft_ms);
         for i in 0..self.scratch.runs.len() {
             let run = self.scratch.runs[i];
             if run.matched <= 0 {
@@ -392,38 +475,15 @@ impl Index {
                 tier: ranking::tier_to_wire(run.tier),
             });
         }
-        // LFU hits only for replicas whose run produced a score.
+    }
+
+    /// LFU hits only for replicas whose run produced a score.
+    fn keep_scored_run_hits(&mut self) {
         for (run_idx, hit) in self.scratch.run_hits.iter() {
             if self.scratch.runs[*run_idx as usize].scored {
                 self.last.hits.push(*hit);
             }
         }
-        // Depth-aware distinguishing power (§9.5).
-        if total > 1 && !scores.is_empty() {
-            let cat = &self.cat;
-            scores.sort_unstable_by(|a, b| {
-                b.matched_tokens
-                    .cmp(&a.matched_tokens)
-                    .then_with(|| cat.strings.name(a.replica).cmp(cat.strings.name(b.replica)))
-            });
-            let mut start = 0;
-            while start < scores.len() {
-                let m = scores[start].matched_tokens;
-                let mut end = start;
-                while end < scores.len() && scores[end].matched_tokens == m {
-                    end += 1;
-                }
-                let dp = distinguishing_power(end as i64, total as i64);
-                if dp != 1.0 {
-                    for s in &mut scores[start..end] {
-                        s.score *= dp as f32;
-                    }
-                }
-                start = end;
-            }
-        }
-        sort_scores(&self.cat, &mut scores);
-        self.last.scores = scores;
     }
 
     /// TENANT_HOT candidates (§8.4) into `self.last`.

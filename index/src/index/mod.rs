@@ -11,7 +11,7 @@
 //! * [`ranking`] — pure float32 formulas (freshness, distinguishing power, scores, tiers);
 //! * `intern` — string ids and out-of-line hash blobs;
 //! * `store` — the compact prefix map (key records, holders, hash table);
-//! * this file — the catalog (scopes, partitions, model scopes, tenants), the upsert/remove
+//! * this file — the catalog (scopes, keyspaces, model scopes, tenants), the upsert/remove
 //!   primitives with their secondary counters, ingest (§4) and events (§5);
 //! * `lookup` — exact, chain, TENANT_HOT, miss classifier, orchestrator, affinity, LFU credit;
 //! * `eviction` — TTL sweep, tenant quota, global cap (candidate heaps);
@@ -36,7 +36,9 @@ use crate::directory::{Directory, TenantFp};
 use crate::rules::{Eviction, TenantRules};
 use eviction::{CapState, QuotaState};
 use hashbrown::HashMap;
-use inferencecache_proto::v1alpha1::{CacheEvent, CacheStateUpdate, cache_event};
+use inferencecache_proto::v1alpha1::{
+    CacheEvent, CacheStateUpdate, PrefixEntry, ReplicaStats, cache_event,
+};
 use intern::{Blobs, Strings};
 use std::sync::Arc;
 use store::{BLOB_FLAG, Holder, KeyId, Store};
@@ -158,12 +160,14 @@ pub(crate) struct ScopeRec {
     pub serving: HashMap<u32, u32>,
     /// The serving replicas sorted by name (affinity candidates), kept in lock-step.
     pub sorted: Vec<u32>,
-    /// Partition ids `(scope, adapter)` of this scope.
-    pub parts: Vec<u32>,
+    /// Keyspace ids `(scope, adapter)` of this scope.
+    pub keyspaces: Vec<u32>,
 }
 
-/// `(scope, adapter)`: the namespace of prefix hashes.
-pub(crate) struct PartRec {
+/// A keyspace, `(scope, adapter)`: the namespace of prefix hashes. Two producers' keys are the
+/// same key only within one keyspace. (Not to be confused with the server's partitions, the 256
+/// hash buckets of `(tenant, model)` that decide which core owns a request.)
+pub(crate) struct KeyspaceRec {
     pub scope: u32,
     pub adapter: u32,
 }
@@ -191,7 +195,7 @@ pub(crate) struct TenantRec {
     pub algo: Eviction,
 }
 
-/// Interned names and the scope/partition/model-scope/tenant records. Split from the rest of
+/// Interned names and the scope/keyspace/model-scope/tenant records. Split from the rest of
 /// [`Index`] so eviction comparators can borrow it while heaps are mutated.
 #[derive(Default)]
 pub(crate) struct Catalog {
@@ -199,8 +203,8 @@ pub(crate) struct Catalog {
     pub blobs: Blobs,
     pub scopes: Vec<ScopeRec>,
     pub scope_ids: HashMap<(u32, u32, u32), u32>,
-    pub parts: Vec<PartRec>,
-    pub part_ids: HashMap<(u32, u32), u32>,
+    pub keyspaces: Vec<KeyspaceRec>,
+    pub keyspace_ids: HashMap<(u32, u32), u32>,
     pub models: Vec<ModelRec>,
     pub model_ids: HashMap<(u32, u32), u32>,
     pub tenants: HashMap<u32, TenantRec>,
@@ -209,7 +213,7 @@ pub(crate) struct Catalog {
 impl Catalog {
     /// The scope record of a key.
     pub fn scope_of(&self, k: KeyId) -> &ScopeRec {
-        &self.scopes[self.parts[k.part_id() as usize].scope as usize]
+        &self.scopes[self.keyspaces[k.keyspace() as usize].scope as usize]
     }
     /// Tenant string id of a key.
     pub fn tenant_of(&self, k: KeyId) -> u32 {
@@ -225,18 +229,18 @@ impl Catalog {
             &buf[..]
         }
     }
-    /// Resolves an existing key id from a partition and wire bytes (no allocation).
-    pub fn key_for(&self, part: u32, bytes: &[u8]) -> Option<KeyId> {
+    /// Resolves an existing key id from a keyspace and wire bytes (no allocation).
+    pub fn key_for(&self, ks: u32, bytes: &[u8]) -> Option<KeyId> {
         if bytes.len() == 8 {
             let mut b = [0u8; 8];
             b.copy_from_slice(bytes);
             Some(KeyId {
-                part,
+                ks,
                 h: u64::from_be_bytes(b),
             })
         } else {
             self.blobs.get(bytes).map(|id| KeyId {
-                part: part | BLOB_FLAG,
+                ks: ks | BLOB_FLAG,
                 h: id as u64,
             })
         }
@@ -254,10 +258,10 @@ impl Catalog {
         let m = self.strings.get(model)?;
         self.model_ids.get(&(t, m)).copied()
     }
-    /// Existing partition id of a scope and adapter string.
-    pub fn find_part(&self, scope: u32, adapter: &str) -> Option<u32> {
+    /// Existing keyspace id of a scope and adapter string.
+    pub fn find_keyspace(&self, scope: u32, adapter: &str) -> Option<u32> {
         let a = self.strings.get(adapter)?;
-        self.part_ids.get(&(scope, a)).copied()
+        self.keyspace_ids.get(&(scope, a)).copied()
     }
 }
 
@@ -444,22 +448,22 @@ impl Index {
             mscope,
             serving: HashMap::new(),
             sorted: Vec::new(),
-            parts: Vec::new(),
+            keyspaces: Vec::new(),
         });
         self.cat.scope_ids.insert((tenant, model, scheme), id);
         self.cat.models[mscope as usize].scopes.push(id);
         id
     }
 
-    fn ensure_part(&mut self, scope: u32, adapter: u32) -> u32 {
-        if let Some(id) = self.cat.part_ids.get(&(scope, adapter)) {
+    fn ensure_keyspace(&mut self, scope: u32, adapter: u32) -> u32 {
+        if let Some(id) = self.cat.keyspace_ids.get(&(scope, adapter)) {
             return *id;
         }
-        let id = self.cat.parts.len() as u32;
-        assert!(id < BLOB_FLAG, "too many partitions");
-        self.cat.parts.push(PartRec { scope, adapter });
-        self.cat.part_ids.insert((scope, adapter), id);
-        self.cat.scopes[scope as usize].parts.push(id);
+        let id = self.cat.keyspaces.len() as u32;
+        assert!(id < BLOB_FLAG, "too many keyspaces");
+        self.cat.keyspaces.push(KeyspaceRec { scope, adapter });
+        self.cat.keyspace_ids.insert((scope, adapter), id);
+        self.cat.scopes[scope as usize].keyspaces.push(id);
         id
     }
 
@@ -488,14 +492,14 @@ impl Index {
     // ---- primitives (§3.3) ------------------------------------------------------------------
 
     /// *Upsert(key, replica, token_count, tier, ts)* of §3.3 for a key given as wire bytes.
-    fn upsert(&mut self, part: u32, bytes: &[u8], replica: u32, tokens: i32, tier: u8, ts: i64) {
-        let (key, fresh_blob) = match self.cat.key_for(part, bytes) {
+    fn upsert(&mut self, ks: u32, bytes: &[u8], replica: u32, tokens: i32, tier: u8, ts: i64) {
+        let (key, fresh_blob) = match self.cat.key_for(ks, bytes) {
             Some(k) => (k, false),
             None => {
                 let id = self.cat.blobs.acquire(bytes);
                 (
                     KeyId {
-                        part: part | BLOB_FLAG,
+                        ks: ks | BLOB_FLAG,
                         h: id as u64,
                     },
                     true,
@@ -564,7 +568,7 @@ impl Index {
     }
 
     fn on_entry_created(&mut self, key: KeyId, replica: u32) {
-        let scope_id = self.cat.parts[key.part_id() as usize].scope;
+        let scope_id = self.cat.keyspaces[key.keyspace() as usize].scope;
         let tenant = self.cat.scopes[scope_id as usize].tenant;
         let t = self.cat.tenants.get_mut(&tenant).expect("tenant record");
         t.entries += 1;
@@ -589,7 +593,7 @@ impl Index {
     }
 
     fn on_entry_removed(&mut self, key: KeyId, replica: u32) {
-        let scope_id = self.cat.parts[key.part_id() as usize].scope;
+        let scope_id = self.cat.keyspaces[key.keyspace() as usize].scope;
         let tenant = self.cat.scopes[scope_id as usize].tenant;
         let t = self.cat.tenants.get_mut(&tenant).expect("tenant record");
         debug_assert!(t.entries > 0);
@@ -706,66 +710,94 @@ impl Index {
         };
         let tenant = self.cat.strings.intern(&u.tenant_id);
         self.ensure_tenant(tenant);
-
         if !u.hash_scheme.is_empty() && !u.prefixes.is_empty() {
-            let model = self.cat.strings.intern(&u.model_id);
-            let scheme = self.cat.strings.intern(&u.hash_scheme);
-            let replica = self.cat.strings.intern(&u.replica_id);
-            let scope = self.ensure_scope(tenant, model, scheme);
-            let default_adapter = self.cat.strings.intern(&u.adapter_id);
-            for p in &u.prefixes {
-                let tier = ranking::tier_from_wire(p.tier);
-                let adapter = if p.adapter_id.is_empty() {
-                    default_adapter
-                } else {
-                    self.cat.strings.intern(&p.adapter_id)
-                };
-                let part = self.ensure_part(scope, adapter);
-                if !p.block_hashes.is_empty() || !p.block_token_counts.is_empty() {
-                    if p.block_hashes.len() != p.block_token_counts.len() {
-                        out.malformed_dropped += 1;
-                        continue;
-                    }
-                    let mut cum: i32 = 0;
-                    for (h, c) in p.block_hashes.iter().zip(&p.block_token_counts) {
-                        cum = cum.wrapping_add(*c);
-                        self.upsert(part, h, replica, cum, tier, ts);
-                        out.upserts += 1;
-                    }
-                    if !p.prefix_hash.is_empty() {
-                        self.upsert(part, &p.prefix_hash, replica, p.token_count, tier, ts);
-                        out.upserts += 1;
-                    }
-                } else {
-                    self.upsert(part, &p.prefix_hash, replica, p.token_count, tier, ts);
-                    out.upserts += 1;
-                }
-            }
+            self.ingest_prefixes(u, tenant, ts, &mut out);
         }
-
         if let Some(s) = &u.stats {
-            let model = self.cat.strings.intern(&u.model_id);
-            let replica = self.cat.strings.intern(&u.replica_id);
-            let mscope = self.ensure_model(tenant, model);
-            let sanitize = |v: f32| if v.is_finite() { v } else { 0.0 };
-            let row = StatsRow {
-                cache_memory_bytes: s.cache_memory_bytes,
-                hit_rate: sanitize(s.hit_rate),
-                pressure: sanitize(s.pressure),
-                t2_hit_tokens: s.t2_hit_tokens,
-                t2_query_tokens: s.t2_query_tokens,
-                last_seen: ts,
-                stats_reported: ts,
-            };
-            self.cat.models[mscope as usize].stats.insert(replica, row);
+            self.ingest_stats(u, s, tenant, ts);
         }
-
         if let Some(b) = budget {
             out.quota_evicted_keys = self.enforce_quota(tenant, b);
         }
         self.enforce_cap(rules, &mut out.cap_evicted);
         self.flush();
         out
+    }
+
+    /// Upserts every prefix of `u` (chain blocks and legacy keys) at time `ts`, each in the
+    /// keyspace of its own adapter or else the update's.
+    fn ingest_prefixes(
+        &mut self,
+        u: &CacheStateUpdate,
+        tenant: u32,
+        ts: i64,
+        out: &mut IngestOutcome,
+    ) {
+        let model = self.cat.strings.intern(&u.model_id);
+        let scheme = self.cat.strings.intern(&u.hash_scheme);
+        let replica = self.cat.strings.intern(&u.replica_id);
+        let scope = self.ensure_scope(tenant, model, scheme);
+        let default_adapter = self.cat.strings.intern(&u.adapter_id);
+        for p in &u.prefixes {
+            let adapter = if p.adapter_id.is_empty() {
+                default_adapter
+            } else {
+                self.cat.strings.intern(&p.adapter_id)
+            };
+            let ks = self.ensure_keyspace(scope, adapter);
+            self.ingest_prefix(ks, p, replica, ts, out);
+        }
+    }
+
+    /// Upserts one `PrefixEntry`: its chain blocks with cumulative token counts (dropped whole
+    /// when the arrays differ in length), then its `prefix_hash` if set; or, without a chain,
+    /// its `prefix_hash` alone.
+    fn ingest_prefix(
+        &mut self,
+        ks: u32,
+        p: &PrefixEntry,
+        replica: u32,
+        ts: i64,
+        out: &mut IngestOutcome,
+    ) {
+        let tier = ranking::tier_from_wire(p.tier);
+        if !p.block_hashes.is_empty() || !p.block_token_counts.is_empty() {
+            if p.block_hashes.len() != p.block_token_counts.len() {
+                out.malformed_dropped += 1;
+                return;
+            }
+            let mut cum: i32 = 0;
+            for (h, c) in p.block_hashes.iter().zip(&p.block_token_counts) {
+                cum = cum.wrapping_add(*c);
+                self.upsert(ks, h, replica, cum, tier, ts);
+                out.upserts += 1;
+            }
+            if !p.prefix_hash.is_empty() {
+                self.upsert(ks, &p.prefix_hash, replica, p.token_count, tier, ts);
+                out.upserts += 1;
+            }
+        } else {
+            self.upsert(ks, &p.prefix_hash, replica, p.token_count, tier, ts);
+            out.upserts += 1;
+        }
+    }
+
+    /// Replaces the replica's stats row of `(tenant, model)`; non-finite floats are stored as 0.
+    fn ingest_stats(&mut self, u: &CacheStateUpdate, s: &ReplicaStats, tenant: u32, ts: i64) {
+        let model = self.cat.strings.intern(&u.model_id);
+        let replica = self.cat.strings.intern(&u.replica_id);
+        let mscope = self.ensure_model(tenant, model);
+        let sanitize = |v: f32| if v.is_finite() { v } else { 0.0 };
+        let row = StatsRow {
+            cache_memory_bytes: s.cache_memory_bytes,
+            hit_rate: sanitize(s.hit_rate),
+            pressure: sanitize(s.pressure),
+            t2_hit_tokens: s.t2_hit_tokens,
+            t2_query_tokens: s.t2_query_tokens,
+            last_seen: ts,
+            stats_reported: ts,
+        };
+        self.cat.models[mscope as usize].stats.insert(replica, row);
     }
 
     // ---- events (§5) -------------------------------------------------------------------------
@@ -799,15 +831,15 @@ impl Index {
                         None => return out,
                     }
                 };
-                // Index loops: removals never change the scope/partition lists.
+                // Index loops: removals never change the scope/keyspace lists.
                 for si in 0..self.cat.models[mscope as usize].scopes.len() {
                     let s = self.cat.models[mscope as usize].scopes[si];
-                    for pi in 0..self.cat.scopes[s as usize].parts.len() {
-                        let p = self.cat.scopes[s as usize].parts[pi];
-                        if adapter.is_some_and(|a| self.cat.parts[p as usize].adapter != a) {
+                    for ki in 0..self.cat.scopes[s as usize].keyspaces.len() {
+                        let ks = self.cat.scopes[s as usize].keyspaces[ki];
+                        if adapter.is_some_and(|a| self.cat.keyspaces[ks as usize].adapter != a) {
                             continue;
                         }
-                        if let Some(k) = self.cat.key_for(p, &e.prefix_hash)
+                        if let Some(k) = self.cat.key_for(ks, &e.prefix_hash)
                             && self.remove_entry(k, replica).is_some()
                         {
                             out.entries_removed += 1;
@@ -917,7 +949,7 @@ impl Index {
         for pos in 0..self.store.key_count() as u32 {
             let key = self.store.key_at(pos);
             let scope = self.cat.scope_of(key);
-            let part = &self.cat.parts[key.part_id() as usize];
+            let keyspace = &self.cat.keyspaces[key.keyspace() as usize];
             let mut buf = [0u8; 8];
             let hash = self.cat.hash_bytes(key, &mut buf).to_vec();
             for (_, h) in self.store.holders(pos) {
@@ -925,7 +957,7 @@ impl Index {
                     tenant: self.cat.strings.name(scope.tenant).to_string(),
                     model: self.cat.strings.name(scope.model).to_string(),
                     scheme: self.cat.strings.name(scope.scheme).to_string(),
-                    adapter: self.cat.strings.name(part.adapter).to_string(),
+                    adapter: self.cat.strings.name(keyspace.adapter).to_string(),
                     hash: hash.clone(),
                     replica: self.cat.strings.name(h.replica()).to_string(),
                     token_count: h.tokens,
@@ -954,7 +986,7 @@ pub struct EntryDump {
     pub model: String,
     /// Hash scheme.
     pub scheme: String,
-    /// Adapter partition ("" = default).
+    /// Adapter id ("" = default); with the scope it names the keyspace.
     pub adapter: String,
     /// Prefix hash bytes.
     pub hash: Vec<u8>,

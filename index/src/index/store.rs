@@ -2,7 +2,7 @@
 //! further holders in an overflow slab, and an index-only hash table over the key records.
 //!
 //! Layout (the memory target is < 48 bytes per storage entry, ARCHITECTURE.md §3):
-//! * `KeyRec` (36 bytes, align 4): the key's 8-byte hash (or blob id), its partition id
+//! * `KeyRec` (36 bytes, align 4): the key's 8-byte hash (or blob id), its keyspace id
 //!   (`(scope, adapter)`, top bit = "hash is a blob id"), the first holder, and the head of the
 //!   overflow chain.
 //! * `OverRec` (24 bytes): a further holder and the next link.
@@ -17,28 +17,29 @@ use std::hash::BuildHasher;
 
 /// "No link" marker for slab links.
 pub(crate) const NIL: u32 = u32::MAX;
-/// Top bit of [`KeyId::part`]: the hash word is a blob id, not an inline 8-byte hash.
+/// Top bit of [`KeyId::ks`]: the hash word is a blob id, not an inline 8-byte hash.
 pub(crate) const BLOB_FLAG: u32 = 1 << 31;
 /// Replica ids are stored in 24 bits next to the tier byte.
 pub(crate) const REPLICA_MASK: u32 = (1 << 24) - 1;
 
-/// Stable identity of a prefix key on one core: partition (scope + adapter) and hash word.
+/// Stable identity of a prefix key on one core: keyspace (scope + adapter) and hash word.
 /// Inline hashes are the big-endian u64 of the 8 wire bytes, so their numeric order is the
 /// bytewise order the eviction tie-breaks need.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub(crate) struct KeyId {
-    pub part: u32,
+    /// Keyspace id; the top bit is [`BLOB_FLAG`].
+    pub ks: u32,
     pub h: u64,
 }
 
 impl KeyId {
-    /// The partition id without the blob flag.
-    pub fn part_id(&self) -> u32 {
-        self.part & !BLOB_FLAG
+    /// The keyspace id without the blob flag.
+    pub fn keyspace(&self) -> u32 {
+        self.ks & !BLOB_FLAG
     }
     /// Whether `h` is a blob id.
     pub fn is_blob(&self) -> bool {
-        self.part & BLOB_FLAG != 0
+        self.ks & BLOB_FLAG != 0
     }
 }
 
@@ -93,7 +94,7 @@ impl Holder {
 #[repr(C)]
 struct KeyRec {
     h: [u32; 2],
-    part: u32,
+    ks: u32,
     first: Holder,
     next: u32,
 }
@@ -195,12 +196,12 @@ impl Store {
     }
 
     fn hash(hasher: &DefaultHashBuilder, k: KeyId) -> u64 {
-        hasher.hash_one((k.part, k.h))
+        hasher.hash_one((k.ks, k.h))
     }
 
     fn rec_key(rec: &KeyRec) -> KeyId {
         KeyId {
-            part: rec.part,
+            ks: rec.ks,
             h: (rec.h[1] as u64) << 32 | rec.h[0] as u64,
         }
     }
@@ -266,7 +267,7 @@ impl Store {
         debug_assert!(self.find(k).is_none());
         let rec = KeyRec {
             h: [k.h as u32, (k.h >> 32) as u32],
-            part: k.part,
+            ks: k.ks,
             first,
             next: NIL,
         };
@@ -296,7 +297,7 @@ impl Store {
             hashbrown::hash_table::Entry::Vacant(v) => {
                 let rec = KeyRec {
                     h: [k.h as u32, (k.h >> 32) as u32],
-                    part: k.part,
+                    ks: k.ks,
                     first,
                     next: NIL,
                 };
@@ -454,7 +455,7 @@ mod tests {
         let mut s = Store::new();
         let ks: Vec<KeyId> = (0..100u64)
             .map(|i| KeyId {
-                part: (i % 3) as u32,
+                ks: (i % 3) as u32,
                 h: i * 7,
             })
             .collect();

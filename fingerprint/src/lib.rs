@@ -1,6 +1,10 @@
 //! The block content fingerprint (BEHAVIOUR.md §17): how `token_ids` become the same block-hash
 //! chain an engine-event subscriber reports, so a gateway holding tokens and a producer holding
-//! blocks agree on keys. Byte-exact against `testdata/golden_vectors.json`.
+//! blocks agree on keys. Byte-exact against the golden vectors in
+//! `fingerprint/tests/data/golden_vectors.json` (checked by `tests/fingerprint_golden.rs`).
+//!
+//! A crate of its own, with one dependency, so producers, load generators and client SDKs can
+//! compute keys without pulling in the index.
 
 use xxhash_rust::xxh3::xxh3_64_with_seed;
 

@@ -1,8 +1,8 @@
 //! Byte-exact fingerprint checks (BEHAVIOUR.md §17; conformance C002, C004, C005) against the
-//! upstream fixture `tests/data/golden_vectors.json`, a byte-identical copy of
-//! `shared/testdata/golden_vectors.json`.
+//! contract's golden vectors, `tests/data/golden_vectors.json` (kept byte-identical to the
+//! contract's copy so the two can be diffed).
 
-use inferencecache_index::fingerprint::{chain, content_hash, prefix_hashes};
+use inferencecache_fingerprint::{chain, content_hash, prefix_hashes};
 use serde_json::Value;
 
 const GOLDEN: &str = include_str!("data/golden_vectors.json");
