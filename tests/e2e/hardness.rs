@@ -87,8 +87,7 @@ fn restart_binds_at_once_and_a_live_port_is_refused() {
     // A connected client keeps the server's side open while the server closes first.
     let mut client = TcpStream::connect(("127.0.0.1", g)).expect("connect");
     client.write_all(H2_PREFACE).expect("preface");
-    // SAFETY: sending SIGTERM to our own child process.
-    unsafe { libc::kill(first.id() as i32, libc::SIGTERM) };
+    sigterm(&first);
     let status = first.wait().expect("first exits");
     assert!(status.success(), "first exit {status}");
 

@@ -368,7 +368,7 @@ fn readyz_during_shutdown() {
     let mut buf = [0u8; 512];
     let _ = std::io::Read::read(&mut kept, &mut buf).unwrap();
     let t0 = std::time::Instant::now();
-    unsafe { libc::kill(srv.child.id() as i32, libc::SIGTERM) };
+    sigterm(&srv.child);
     // Either the 503 is observed or the listener is already gone; never a 200 after SIGTERM
     // once a 503 was seen.
     let mut saw_503 = false;

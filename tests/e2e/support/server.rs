@@ -55,6 +55,12 @@ fn listens_on(pid: u32, ports: &[u16]) -> bool {
     ports.iter().all(|p| listening.contains(p))
 }
 
+/// Sends SIGTERM to `child` (a graceful shutdown request).
+pub fn sigterm(child: &Child) {
+    // SAFETY: kill(2) with a pid we spawned and a valid signal number; no memory is shared.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+}
+
 /// A running server process, killed on drop.
 pub struct Server {
     pub child: Child,
@@ -100,7 +106,7 @@ impl Server {
 
     /// Sends SIGTERM and waits for the exit status.
     pub fn terminate(&mut self) -> std::process::ExitStatus {
-        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        sigterm(&self.child);
         let deadline = Instant::now() + Duration::from_secs(60);
         loop {
             if let Some(st) = self.child.try_wait().unwrap() {
