@@ -1,4 +1,4 @@
-//! The block content fingerprint (BEHAVIOUR.md §17): how `token_ids` become the same block-hash
+//! The block content fingerprint (docs/BEHAVIOUR.md §17): how `token_ids` become the same block-hash
 //! chain an engine-event subscriber reports, so a gateway holding tokens and a producer holding
 //! blocks agree on keys. Byte-exact against the golden vectors in
 //! `fingerprint/tests/data/golden_vectors.json` (checked by `tests/fingerprint_golden.rs`).

@@ -1,4 +1,4 @@
-//! Byte-exact fingerprint checks (BEHAVIOUR.md §17; conformance C002, C004, C005) against the
+//! Byte-exact fingerprint checks (docs/BEHAVIOUR.md §17; conformance C002, C004, C005) against the
 //! contract's golden vectors, `tests/data/golden_vectors.json` (kept byte-identical to the
 //! contract's copy so the two can be diffed).
 

@@ -1,4 +1,4 @@
-//! Memory per storage entry of one core's index (ARCHITECTURE.md §3 target: < 48 bytes).
+//! Memory per storage entry of one core's index (docs/ARCHITECTURE.md §3 target: < 48 bytes).
 //!
 //! Builds `N` storage entries (default 1,000,000) from realistic chain ingests (64 blocks of
 //! 8-byte hashes per update, 16 replicas, one tenant/model/scheme) and reports live heap bytes

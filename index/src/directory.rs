@@ -1,4 +1,4 @@
-//! Cross-core facts no single core can answer (BEHAVIOUR.md §7.1, §7.2, §8.5), shared by all
+//! Cross-core facts no single core can answer (docs/BEHAVIOUR.md §7.1, §7.2, §8.5), shared by all
 //! cores through an `Arc<Directory>`:
 //!
 //! 1. does tenant T hold any prefix key on any core (UNKNOWN_TENANT);

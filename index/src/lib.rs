@@ -10,7 +10,7 @@ pub mod policy;
 pub mod resolve;
 pub mod rules;
 
-/// The block content fingerprint (BEHAVIOUR.md §17), re-exported so `inferencecache_index::fingerprint`
+/// The block content fingerprint (docs/BEHAVIOUR.md §17), re-exported so `inferencecache_index::fingerprint`
 /// paths keep working; code that needs only the fingerprint depends on that small crate directly.
 pub use inferencecache_fingerprint as fingerprint;
 

@@ -1,4 +1,4 @@
-//! Per-tenant policy (BEHAVIOUR.md §12): the `/policy` wire body the controller pushes, its
+//! Per-tenant policy (docs/BEHAVIOUR.md §12): the `/policy` wire body the controller pushes, its
 //! per-version normalisation, and the immutable [`PolicyStore`] the server swaps atomically on
 //! every push and hands to each core as an `Arc`.
 //!

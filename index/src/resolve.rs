@@ -1,4 +1,4 @@
-//! Request-side logic of `LookupRoute` that never touches the index (BEHAVIOUR.md §10.1–§10.3,
+//! Request-side logic of `LookupRoute` that never touches the index (docs/BEHAVIOUR.md §10.1–§10.3,
 //! §10.7): which fingerprint a request resolves to, the gates evaluated on the raw request, the
 //! effective prefix length and the affinity seed.
 //!

@@ -1,7 +1,7 @@
 //! The per-tenant knobs the index itself needs (TTL, eviction algorithm, quota), as a trait so
 //! the index stays independent of how policies are pushed and parsed (`policy` implements it).
 
-/// Cap-victim order of a tenant's entries (BEHAVIOUR.md §7.3).
+/// Cap-victim order of a tenant's entries (docs/BEHAVIOUR.md §7.3).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Eviction {
     /// Oldest `last_seen` first.

@@ -1,6 +1,6 @@
-//! One test per [idx] conformance scenario (spec/conformance-cases.md sections B–L and C128),
+//! One test per [idx] conformance scenario (docs/CONFORMANCE.md sections B–L and C128),
 //! named after its id, with the scenario's exact numbers; in each section, the index-level pins
-//! of BEHAVIOUR.md rules the scenarios leave open follow, named after their section (`sN_M_…`).
+//! of docs/BEHAVIOUR.md rules the scenarios leave open follow, named after their section (`sN_M_…`).
 
 mod index_support;
 

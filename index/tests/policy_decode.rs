@@ -1,4 +1,4 @@
-//! `/policy` body decoding and wire shape (BEHAVIOUR.md §12.3; conformance C142, C144, C145 and
+//! `/policy` body decoding and wire shape (docs/BEHAVIOUR.md §12.3; conformance C142, C144, C145 and
 //! the decode error cases of the HTTP contract).
 
 use inferencecache_index::policy::{

@@ -1,4 +1,4 @@
-//! Policy normalisation, store rules and the §12.4 resolution table (BEHAVIOUR.md §12;
+//! Policy normalisation, store rules and the §12.4 resolution table (docs/BEHAVIOUR.md §12;
 //! conformance C082, C110, C142, C144).
 
 use inferencecache_index::PROBE_TENANT;

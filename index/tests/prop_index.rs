@@ -1,5 +1,5 @@
 //! Property test: random operation sequences are driven through the real [`Index`] and through a
-//! plain reference model written here straight from BEHAVIOUR.md (ordered maps, full scans and
+//! plain reference model written here straight from docs/BEHAVIOUR.md (ordered maps, full scans and
 //! full sorts, no incremental structures). Lookup outcomes (strategy, scores bit-exact, order),
 //! cache_state, eviction outcomes and the full entry set must be identical after every step.
 

@@ -1,4 +1,4 @@
-//! LookupRoute request-side logic (BEHAVIOUR.md §10.1–§10.3, §10.7, §21.9/§21.10; conformance
+//! LookupRoute request-side logic (docs/BEHAVIOUR.md §10.1–§10.3, §10.7, §21.9/§21.10; conformance
 //! C114, C116, C118, C120, C130, C136, C137).
 
 use inferencecache_index::fingerprint;

@@ -1,4 +1,4 @@
-//! Decoding of engine KV-event messages (KV-EVENTS.md §1–§2): ZMQ frames → `(topic, seq,
+//! Decoding of engine KV-event messages (docs/KV-EVENTS.md §1–§2): ZMQ frames → `(topic, seq,
 //! payload)`, and the msgpack payload → a [`Batch`] of [`Event`]s.
 //!
 //! Decoding goes through a dynamic `rmpv::Value` rather than typed serde structs because the
@@ -100,7 +100,7 @@ pub enum Event {
     Invalid(DecodeError),
 }
 
-/// `BlockStored` fields the mapping needs (KV-EVENTS.md §2 table, declaration order).
+/// `BlockStored` fields the mapping needs (docs/KV-EVENTS.md §2 table, declaration order).
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct BlockStored {
     /// Engine hashes of the stored blocks, in chain order.

@@ -1,5 +1,5 @@
 //! `kvevent-subscriber`: turns an inference engine's KV-cache events (vLLM / SGLang over ZMQ,
-//! KV-EVENTS.md) into InferenceCache index updates. A library so the integration tests can drive
+//! docs/KV-EVENTS.md) into InferenceCache index updates. A library so the integration tests can drive
 //! the same pipeline the binary runs.
 //!
 //! Data flow: [`ingest::read_loop`] (ZMQ SUB) → bounded queue → [`ingest::Processor`] (decode,

@@ -1,6 +1,6 @@
-//! Engine events → index operations (KV-EVENTS.md §3).
+//! Engine events → index operations (docs/KV-EVENTS.md §3).
 //!
-//! The index is keyed by the *content* fingerprint of the tokens (BEHAVIOUR.md §17), because
+//! The index is keyed by the *content* fingerprint of the tokens (docs/BEHAVIOUR.md §17), because
 //! engine hashes are seeded per process and differ between replicas. Engine hashes therefore
 //! live only in a bounded per-publisher reverse map (engine hash → prefix hash, cumulative
 //! tokens, adapter, media holding the block), which is what lets a child block continue its

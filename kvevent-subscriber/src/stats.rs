@@ -1,4 +1,4 @@
-//! Periodic engine stats (KV-EVENTS.md §3 "Stats"): scrape the engine's Prometheus `/metrics`,
+//! Periodic engine stats (docs/KV-EVENTS.md §3 "Stats"): scrape the engine's Prometheus `/metrics`,
 //! turn vLLM or SGLang metric names into a `ReplicaStats`, send it as a stats-only update. The
 //! server ranks replicas by these (pressure, hit rate), so a subscriber without them would make
 //! every replica look idle.

@@ -1,4 +1,4 @@
-//! Byte-level payload fixtures in every form KV-EVENTS.md §1–§2 allows, built with the rmpv
+//! Byte-level payload fixtures in every form docs/KV-EVENTS.md §1–§2 allows, built with the rmpv
 //! encoder plus one hand-written hex fixture, decoded by the production decoder.
 
 use bytes::Bytes;
@@ -29,7 +29,7 @@ fn ints(xs: impl IntoIterator<Item = u32>) -> Value {
     Value::Array(xs.into_iter().map(Value::from).collect())
 }
 
-/// The vLLM example of KV-EVENTS.md §2, map form.
+/// The vLLM example of docs/KV-EVENTS.md §2, map form.
 fn vllm_stored_map() -> Value {
     map(vec![
         ("type", s("BlockStored")),
@@ -256,7 +256,7 @@ fn invalid_event_does_not_spoil_the_batch() {
     assert!(decode_batch(&enc(&s("x"))).is_err());
 }
 
-/// Hand-written bytes (no encoder involved), KV-EVENTS.md layouts.
+/// Hand-written bytes (no encoder involved), docs/KV-EVENTS.md layouts.
 #[test]
 fn hand_written_hex_fixture() {
     let hex = concat!(

@@ -74,7 +74,7 @@ impl InferenceCache for Double {
         req: Request<Streaming<CacheStateUpdate>>,
     ) -> Result<Response<Ack>, Status> {
         let mut stream = req.into_inner();
-        // Applied on receipt, acknowledged at end of stream (BEHAVIOUR.md §4.1).
+        // Applied on receipt, acknowledged at end of stream (docs/BEHAVIOUR.md §4.1).
         let mut n = 0;
         while let Some(u) = stream.message().await? {
             self.log.lock().unwrap().push(Rec::Update(u));

@@ -1,4 +1,4 @@
-//! Mapping (KV-EVENTS.md §3) and seq handling, without sockets: events in, operations out.
+//! Mapping (docs/KV-EVENTS.md §3) and seq handling, without sockets: events in, operations out.
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};

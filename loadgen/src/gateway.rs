@@ -3,7 +3,7 @@
 //!
 //! The lookup covers exactly the prompt's full blocks, fingerprinted like the producers'
 //! reports, so a correct server answers PREFIX_MATCH whenever a replica reported the leading
-//! blocks (BEHAVIOUR.md §8.3, §10.3).
+//! blocks (docs/BEHAVIOUR.md §8.3, §10.3).
 
 use std::time::Duration;
 

@@ -1,5 +1,5 @@
 //! Producers: one task per simulated engine replica, reporting its KV blocks the way an engine
-//! event subscriber does (KV-EVENTS.md §3, conformance-cases.md §Q):
+//! event subscriber does (docs/KV-EVENTS.md §3, docs/CONFORMANCE.md §Q):
 //!
 //! * one legacy `PrefixEntry` per newly stored full block — `prefix_hash` = 8-byte big-endian
 //!   rolling fingerprint, `token_count` cumulative (bs, 2·bs, …), tier T1 — on a **long-lived**

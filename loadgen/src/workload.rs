@@ -4,8 +4,8 @@
 //! each replica stores, independent of timing or of the server under test.
 //!
 //! Token sequences are fingerprinted with the contract's block fingerprint
-//! (`inferencecache_fingerprint`, BEHAVIOUR.md §17), so the chain a gateway sends and the
-//! per-block legacy entries a producer reports (conformance-cases.md §Q) use identical keys.
+//! (`inferencecache_fingerprint`, docs/BEHAVIOUR.md §17), so the chain a gateway sends and the
+//! per-block legacy entries a producer reports (docs/CONFORMANCE.md §Q) use identical keys.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -269,7 +269,7 @@ fn gen_tokens(seed: u64, len: usize, vocab: u32, out: &mut Vec<u32>) {
     out.extend((0..len).map(|_| rng.random_range(0..vocab)));
 }
 
-/// Rolling prefix hashes of every full block (BEHAVIOUR.md §17).
+/// Rolling prefix hashes of every full block (docs/BEHAVIOUR.md §17).
 pub fn block_hashes(tokens: &[u32], block_size: u32) -> Vec<u64> {
     fingerprint::prefix_hashes(tokens, block_size as i32, None)
 }

@@ -1,7 +1,7 @@
 //! Workload determinism and producer/gateway key agreement.
 //!
 //! The second half models what a correct server does with the producers' legacy per-block
-//! entries (BEHAVIOUR.md §4.2 legacy form, §8.3 chain match) and checks that the gateways'
+//! entries (docs/BEHAVIOUR.md §4.2 legacy form, §8.3 chain match) and checks that the gateways'
 //! lookups would be PREFIX_MATCH wherever the workload says the prefix was stored.
 
 use std::collections::{HashMap, HashSet};
@@ -129,7 +129,7 @@ impl ModelIndex {
         }
     }
 
-    /// Longest common leading run of the chain held by `replica` (BEHAVIOUR.md §8.3).
+    /// Longest common leading run of the chain held by `replica` (docs/BEHAVIOUR.md §8.3).
     fn chain_run(&self, scope: Scope, req: &LookupRouteRequest, replica: u32) -> usize {
         req.block_hashes
             .iter()

@@ -1,4 +1,4 @@
-//! The `/snapshot` body (BEHAVIOUR.md §14), rendered by hand so the bytes match the reference:
+//! The `/snapshot` body (docs/BEHAVIOUR.md §14), rendered by hand so the bytes match the reference:
 //! key order as emitted by Go, `null` for empty arrays, omitted-when-false/zero fields, the
 //! zero-time sentinel, float32 formatting and the encoder's trailing newline.
 

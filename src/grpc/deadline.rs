@@ -1,5 +1,5 @@
 //! The caller's gRPC deadline. Without tonic's transport nothing applies `grpc-timeout`, and the
-//! contract wants an expired deadline answered with the fail-open TIMEOUT envelope (BEHAVIOUR.md
+//! contract wants an expired deadline answered with the fail-open TIMEOUT envelope (docs/BEHAVIOUR.md
 //! §10.2), never an error status, so handlers read the header themselves.
 
 use std::time::{Duration, Instant};

@@ -101,7 +101,7 @@ impl InferenceCache for CacheService {
         request: Request<Streaming<pb::CacheStateUpdate>>,
     ) -> Result<Response<pb::Ack>, Status> {
         let mut stream = request.into_inner();
-        // Each message is applied as soon as it is received (BEHAVIOUR.md §4.1); the await on
+        // Each message is applied as soon as it is received (docs/BEHAVIOUR.md §4.1); the await on
         // the owner's reply bounds this stream to one message in flight, so a slow owner slows
         // the producer through HTTP/2 flow control instead of growing a queue.
         while let Some(update) = stream.message().await.map_err(receive_status)? {

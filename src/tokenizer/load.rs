@@ -1,4 +1,4 @@
-//! Start-up discovery and loading of per-model tokenizer artifacts (BEHAVIOUR.md §18).
+//! Start-up discovery and loading of per-model tokenizer artifacts (docs/BEHAVIOUR.md §18).
 //!
 //! Every directory under the models root that holds a `tokenizer.json` is a model whose id is
 //! its slash-separated path relative to the root. Ids come only from directory names we walked,

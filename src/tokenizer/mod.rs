@@ -1,4 +1,4 @@
-//! Server-side tokenization for `LookupRoute.prompt_text` (BEHAVIOUR.md §10.3, §18).
+//! Server-side tokenization for `LookupRoute.prompt_text` (docs/BEHAVIOUR.md §10.3, §18).
 //!
 //! A lookup that carries only `prompt_text` needs the same token ids the engine will compute, so
 //! the server renders the model's chat template around one user message and tokenizes the result

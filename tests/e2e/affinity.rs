@@ -1,5 +1,5 @@
-//! End-to-end conformance: the consistent-hash affinity fallback (BEHAVIOUR.md §8.6, §10.6,
-//! §10.7; conformance-cases.md C120–C126). Computed picks (SHA-256 of the seed, BE u64 of the
+//! End-to-end conformance: the consistent-hash affinity fallback (docs/BEHAVIOUR.md §8.6, §10.6,
+//! §10.7; docs/CONFORMANCE.md C120–C126). Computed picks (SHA-256 of the seed, BE u64 of the
 //! first 8 bytes, mod the byte-sorted replica list) are the ones given in the scenarios.
 
 use crate::support::*;

@@ -1,4 +1,4 @@
-//! End-to-end checks of controller-facing authentication (BEHAVIOUR.md §13.2, C147) against a
+//! End-to-end checks of controller-facing authentication (docs/BEHAVIOUR.md §13.2, C147) against a
 //! stand-in Kubernetes TokenReview API served over HTTPS inside the test, plus the static
 //! token-file mode and the start-up failures. Every server runs with `--shards 1` and `2`.
 

@@ -1,5 +1,5 @@
-//! End-to-end conformance: caller deadlines (BEHAVIOUR.md §10.2 steps 1–4, §10.4, §10.5,
-//! §19.19–20; conformance-cases.md C140). Requests are sent over a raw HTTP/2 transport
+//! End-to-end conformance: caller deadlines (docs/BEHAVIOUR.md §10.2 steps 1–4, §10.4, §10.5,
+//! §19.19–20; docs/CONFORMANCE.md C140). Requests are sent over a raw HTTP/2 transport
 //! (`Server::raw_client`) so that an already-expired `grpc-timeout` reaches the server instead of
 //! being enforced by tonic's client channel.
 

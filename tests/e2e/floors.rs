@@ -1,5 +1,5 @@
-//! End-to-end conformance: result-side floors (BEHAVIOUR.md §10.6 stages 1–2, §12.4;
-//! conformance-cases.md C104–C109).
+//! End-to-end conformance: result-side floors (docs/BEHAVIOUR.md §10.6 stages 1–2, §12.4;
+//! docs/CONFORMANCE.md C104–C109).
 
 use crate::support::*;
 

@@ -1,5 +1,5 @@
-//! End-to-end conformance: request-side gates and strategy switches (BEHAVIOUR.md §10.2 steps
-//! 5, 9, 10, 12, §10.3, §10.4; conformance-cases.md C112–C118), and chain matching switched
+//! End-to-end conformance: request-side gates and strategy switches (docs/BEHAVIOUR.md §10.2 steps
+//! 5, 9, 10, 12, §10.3, §10.4; docs/CONFORMANCE.md C112–C118), and chain matching switched
 //! off (§19.3, §19.10, §21.8–§21.10).
 //!
 //! "The index is never consulted" is observed through the envelope (§10.4, §21.3): the

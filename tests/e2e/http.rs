@@ -1,4 +1,4 @@
-//! End-to-end checks of the HTTP listeners (BEHAVIOUR.md §13–§15) over real sockets against the
+//! End-to-end checks of the HTTP listeners (docs/BEHAVIOUR.md §13–§15) over real sockets against the
 //! real binary, with `--shards 1` and `--shards 2`: public endpoints, `/snapshot` (C088),
 //! `/policy` (status codes and exact bodies, effect on every core), `/probe` (C148/C149).
 

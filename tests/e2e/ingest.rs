@@ -1,4 +1,4 @@
-//! Ingest and event semantics over gRPC (BEHAVIOUR.md §4, §5, §19.12–§19.14): producer
+//! Ingest and event semantics over gRPC (docs/BEHAVIOUR.md §4, §5, §19.12–§19.14): producer
 //! timestamps, REPLICA_UPDATED and PREFIX_EVICTED as LookupRoute observes them.
 
 use crate::support::*;

@@ -174,7 +174,7 @@ async fn engine_events_drive_lookups(shards: usize) {
     eventually(&srv, 0..4 * BS, "PREFIX_MATCH", 128).await;
 
     // The engine clears its cache → a miss; the index is now empty, so the cold-start carve-out
-    // answers NO_HINT (BEHAVIOUR.md §8.5).
+    // answers NO_HINT (docs/BEHAVIOUR.md §8.5).
     publish(&mut pub_sock, seq, batch(vec![cleared()])).await;
     eventually(&srv, 0..4 * BS, "NO_HINT", 0).await;
 

@@ -1,5 +1,5 @@
-//! End-to-end conformance: LFU crediting through LookupRoute and the global cap (BEHAVIOUR.md
-//! §7.2–§7.4, §10.6; conformance-cases.md C074, C076). The cap is set with the hidden flag
+//! End-to-end conformance: LFU crediting through LookupRoute and the global cap (docs/BEHAVIOUR.md
+//! §7.2–§7.4, §10.6; docs/CONFORMANCE.md C074, C076). The cap is set with the hidden flag
 //! `--index-max-entries N`. No credit for discarded, downgraded or zero-token matches (§7.4).
 
 use crate::support::*;

@@ -1,6 +1,6 @@
 //! End-to-end conformance over gRPC against the real binary: LookupRoute basics, diagnostics,
 //! the probe tenant, other RPCs, the entries gauge under concurrency and cross-core routing
-//! (BEHAVIOUR.md §4, §8, §10, §11, §16; conformance-cases.md C033, C089, C092–C102); the
+//! (docs/BEHAVIOUR.md §4, §8, §10, §11, §16; docs/CONFORMANCE.md C033, C089, C092–C102); the
 //! empty prefix_hash key (§19.11), zero/negative chain counts (§8.3), pressure above 1 (§19.17),
 //! adapter echo and hint_used on every exit (§10.4, §16) and empty tenant/model buckets (§11).
 

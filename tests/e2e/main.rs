@@ -1,6 +1,6 @@
 //! The end-to-end suite: the real `inference-cache-server` binary on loopback ports, driven
 //! through generated gRPC clients and raw HTTP, one module per capability. Scenarios named
-//! `cNNN_…` / `sNN_…` pin conformance cases and BEHAVIOUR.md sections (docs/CONFORMANCE.md);
+//! `cNNN_…` / `sNN_…` pin conformance cases and docs/BEHAVIOUR.md sections (docs/CONFORMANCE.md);
 //! most run twice, as `<scenario>::shards_1` and `<scenario>::shards_2` (see `shards_1_and_2!`).
 //!
 //! `cargo test --test e2e` runs it all; `cargo test --test e2e gates::` one capability;

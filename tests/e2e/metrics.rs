@@ -1,4 +1,4 @@
-//! End-to-end checks of `/metrics` (BEHAVIOUR.md §16) with `--shards 1` and `--shards 2`: the
+//! End-to-end checks of `/metrics` (docs/BEHAVIOUR.md §16) with `--shards 1` and `--shards 2`: the
 //! exposition parsed by a real Prometheus text parser, histogram buckets cumulative and agreeing
 //! with `_count`/`_sum`, label pairs in name order, lazily created counters (C090), the entries
 //! gauge (C089) summed over cores, and the per-core operator series.

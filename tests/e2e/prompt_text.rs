@@ -1,5 +1,5 @@
 //! End-to-end conformance for the `prompt_text` path with a real (tiny) HF tokenizer loaded from
-//! `--tokenizer-models-dir` (BEHAVIOUR.md §10.3, §10.4, §18; conformance-cases.md C134, C136,
+//! `--tokenizer-models-dir` (docs/BEHAVIOUR.md §10.3, §10.4, §18; docs/CONFORMANCE.md C134, C136,
 //! C137). The model directory is generated per test: a WordLevel `tokenizer.json` with a
 //! whitespace pre-tokenizer ("wN" → 1000+N, "GEN" → 7) and a chat template that emits the user
 //! content followed by " GEN" when `add_generation_prompt` is set, so a prompt of words

@@ -1,5 +1,5 @@
 //! Robustness: bad input over real sockets must not crash, wedge or corrupt the server
-//! (BEHAVIOUR.md §1.2 read-header timeout, §1.3 4 MiB receive limit, §4.1 partial streams,
+//! (docs/BEHAVIOUR.md §1.2 read-header timeout, §1.3 4 MiB receive limit, §4.1 partial streams,
 //! §10 LookupRoute never errors, §13 admin endpoints). Every scenario ends by checking that the
 //! process is alive and still answers a normal LookupRoute.
 

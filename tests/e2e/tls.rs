@@ -1,4 +1,4 @@
-//! End-to-end checks of TLS on the gRPC port (BEHAVIOUR.md §1.1) with `--shards 1` and `2`:
+//! End-to-end checks of TLS on the gRPC port (docs/BEHAVIOUR.md §1.1) with `--shards 1` and `2`:
 //! real TLS clients (tonic with rustls, and a raw rustls client for the protocol details)
 //! complete handshakes and RPCs on every core, the certificate is rotated on disk and served
 //! without a restart, a broken rotation keeps the cached pair, and start-up failures exit.

@@ -1,5 +1,5 @@
-//! End-to-end conformance: the `token_ids` / `prompt_text` dual input (BEHAVIOUR.md §10.3,
-//! §17; conformance-cases.md C130, C132, C136, C137) and the `--engine-block-size` flag (§1.1).
+//! End-to-end conformance: the `token_ids` / `prompt_text` dual input (docs/BEHAVIOUR.md §10.3,
+//! §17; docs/CONFORMANCE.md C130, C132, C136, C137) and the `--engine-block-size` flag (§1.1).
 //! The tokenizer-dependent parts of C136/C137 are in `prompt_text`.
 
 use crate::support::*;

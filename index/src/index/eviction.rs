@@ -1,4 +1,4 @@
-//! Eviction (BEHAVIOUR.md §6 sweep, §7.1 tenant quota, §7.2 global cap).
+//! Eviction (docs/BEHAVIOUR.md §6 sweep, §7.1 tenant quota, §7.2 global cap).
 //!
 //! Cap and quota victims must follow the reference's total orders exactly (tie-breaks by
 //! strings), without sorting every entry on every ingest. Both use a *lazily rebuilt candidate

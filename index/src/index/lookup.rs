@@ -1,4 +1,4 @@
-//! Lookups (BEHAVIOUR.md §8): exact match, chain match, TENANT_HOT, the miss classifier, the
+//! Lookups (docs/BEHAVIOUR.md §8): exact match, chain match, TENANT_HOT, the miss classifier, the
 //! orchestrator, the affinity pick and LFU crediting (§7.4).
 //!
 //! A steady-state lookup does not allocate: scores, LFU hits and chain-run state live in

@@ -1,4 +1,4 @@
-//! One core's KV-cache routing index (BEHAVIOUR.md §3–§9, §11, §14, §16).
+//! One core's KV-cache routing index (docs/BEHAVIOUR.md §3–§9, §11, §14, §16).
 //!
 //! The server owns one [`Index`] per core and routes every request of a `(tenant, model)` pair to
 //! the same core, so every per-(tenant, model) and per-scope structure here is core-local. The

@@ -1,4 +1,4 @@
-//! Pure ranking arithmetic (BEHAVIOUR.md §6, §9). Kept free of index state so each formula can be
+//! Pure ranking arithmetic (docs/BEHAVIOUR.md §6, §9). Kept free of index state so each formula can be
 //! tested in isolation and so the evaluation order that makes float32 results bit-exact with the
 //! reference is visible in one place.
 

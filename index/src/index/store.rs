@@ -1,7 +1,7 @@
 //! The prefix map's storage: one compact record per prefix key with its first holder inline,
 //! further holders in an overflow slab, and an index-only hash table over the key records.
 //!
-//! Layout (the memory target is < 48 bytes per storage entry, ARCHITECTURE.md §3):
+//! Layout (the memory target is < 48 bytes per storage entry, docs/ARCHITECTURE.md §3):
 //! * `KeyRec` (36 bytes, align 4): the key's 8-byte hash (or blob id), its keyspace id
 //!   (`(scope, adapter)`, top bit = "hash is a blob id"), the first holder, and the head of the
 //!   overflow chain.

@@ -1,4 +1,4 @@
-//! Shared builders for the index conformance tests (BEHAVIOUR.md conventions: tenant `t`,
+//! Shared builders for the index conformance tests (docs/CONFORMANCE.md conventions: tenant `t`,
 //! model `m`, scheme `vllm`, adapter "", fixed clock).
 #![allow(dead_code)]
 

@@ -1,4 +1,4 @@
-//! The per-endpoint cache of successful TokenReviews (BEHAVIOUR.md §13.2): keyed by the hex
+//! The per-endpoint cache of successful TokenReviews (docs/BEHAVIOUR.md §13.2): keyed by the hex
 //! SHA-256 of the token (the raw token is never kept), entries valid [`AUTH_CACHE_TTL`], at most
 //! [`AUTH_CACHE_CAPACITY`] entries. Inserting into a full cache first drops expired entries, then the
 //! entry that expires soonest — the reference's eviction rule.

@@ -1,6 +1,6 @@
-//! The token fingerprint of BEHAVIOUR.md §17, computed independently of the server.
+//! The token fingerprint of docs/BEHAVIOUR.md §17, computed independently of the server.
 
-/// `Chain(tokens, bs)` of BEHAVIOUR.md §17: per-block big-endian 8-byte rolling XXH3 (seed 1337)
+/// `Chain(tokens, bs)` of docs/BEHAVIOUR.md §17: per-block big-endian 8-byte rolling XXH3 (seed 1337)
 /// prefix hashes and the per-block counts (all `bs`).
 pub fn fingerprint_chain(tokens: &[u32], bs: usize) -> (Vec<Vec<u8>>, Vec<i32>) {
     use xxhash_rust::xxh3::xxh3_64_with_seed;

@@ -1,5 +1,5 @@
 //! gRPC request builders, calls that must succeed, and the expected-response assertions of the
-//! conformance scenarios (BEHAVIOUR.md §4–§12).
+//! conformance scenarios (docs/BEHAVIOUR.md §4–§12).
 
 use super::pb;
 use pb::inference_cache_client::InferenceCacheClient;
@@ -21,7 +21,7 @@ pub fn now_us() -> i64 {
 }
 
 /// A producer timestamp 10 minutes ahead, for updates whose scores a scenario asserts as fresh.
-/// Producer timestamps are trusted (BEHAVIOUR.md §19.12), so TENANT_HOT recency and entry
+/// Producer timestamps are trusted (docs/BEHAVIOUR.md §19.12), so TENANT_HOT recency and entry
 /// freshness stay exactly 1 until then, however long a loaded machine takes between ingest and
 /// lookup. (Timestamp 0 means the server's receive time: a TENANT_HOT score then decays by the
 /// assertions' 1e-3 tolerance within 0.3 s.)
@@ -270,7 +270,7 @@ pub fn with_adapter(mut r: pb::LookupRouteRequest, a: &str) -> pb::LookupRouteRe
     r
 }
 
-/// Subscriber-style ingest of `tokens` (BEHAVIOUR.md §17): one legacy entry per full 16-token
+/// Subscriber-style ingest of `tokens` (docs/BEHAVIOUR.md §17): one legacy entry per full 16-token
 /// block, prefix_hash = BE fingerprint, cumulative token_count, tier T1, timestamp 0.
 pub fn per_block_update(
     replica: &str,
@@ -325,7 +325,7 @@ pub async fn publish_event(c: &mut InferenceCacheClient<Channel>, e: pb::CacheEv
     assert_eq!(ack.reason_code, "");
 }
 
-/// The affinity pick of BEHAVIOUR.md §8.6: `sorted(replicas)[BE-u64(SHA-256(seed)[0..8]) mod n]`.
+/// The affinity pick of docs/BEHAVIOUR.md §8.6: `sorted(replicas)[BE-u64(SHA-256(seed)[0..8]) mod n]`.
 pub fn pick<'a>(sorted: &[&'a str], seed: &[u8]) -> &'a str {
     let d = Sha256::digest(seed);
     let mut b = [0u8; 8];
@@ -333,7 +333,7 @@ pub fn pick<'a>(sorted: &[&'a str], seed: &[u8]) -> &'a str {
     sorted[(u64::from_be_bytes(b) % sorted.len() as u64) as usize]
 }
 
-/// The chain affinity seed of BEHAVIOUR.md §10.7: `u32_be(len(hash)) ‖ hash` per block.
+/// The chain affinity seed of docs/BEHAVIOUR.md §10.7: `u32_be(len(hash)) ‖ hash` per block.
 pub fn chain_seed(hashes: &[Vec<u8>]) -> Vec<u8> {
     let mut s = Vec::new();
     for h in hashes {
