@@ -186,10 +186,30 @@ pub struct AuthFlags {
     pub kube: tokenreview::KubeConfig,
 }
 
+/// Why the controller-facing auth could not be built (start-up: logged, exit 1).
+#[derive(Debug)]
+pub enum SetupError {
+    /// The TokenReview client (in-cluster config, CA, token file).
+    TokenReview(tokenreview::ClientError),
+    /// The static token file.
+    TokenFile(static_token::TokenFileError),
+}
+
+impl std::fmt::Display for SetupError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::TokenReview(e) => e.fmt(f),
+            Self::TokenFile(e) => e.fmt(f),
+        }
+    }
+}
+
+impl std::error::Error for SetupError {}
+
 /// Builds the controller-facing auth and logs the outcome: `controller_auth_enabled`
 /// (TokenReview and/or token file) or `controller_auth_disabled`. `Err` is logged by the caller
 /// and exits 1 (the reference's "in-cluster client could not be built").
-pub fn setup(flags: &AuthFlags) -> Result<Option<ControllerAuth>, String> {
+pub fn setup(flags: &AuthFlags) -> Result<Option<ControllerAuth>, SetupError> {
     if flags.insecure_disable_auth {
         tracing::warn!("controller_auth_disabled");
         return Ok(None);
@@ -197,12 +217,12 @@ pub fn setup(flags: &AuthFlags) -> Result<Option<ControllerAuth>, String> {
     let reviewer = if flags.allowed_controller_sa.is_empty() {
         None
     } else {
-        Some(TokenReviewer::new(&flags.kube).map_err(|e| e.to_string())?)
+        Some(TokenReviewer::new(&flags.kube).map_err(SetupError::TokenReview)?)
     };
     let static_token = if flags.controller_token_file.is_empty() {
         None
     } else {
-        Some(StaticToken::load(&flags.controller_token_file)?)
+        Some(StaticToken::load(&flags.controller_token_file).map_err(SetupError::TokenFile)?)
     };
     if reviewer.is_some() {
         tracing::info!(

@@ -25,15 +25,35 @@ pub struct StaticToken {
     state: RwLock<Loaded>,
 }
 
-fn read(path: &PathBuf) -> Result<String, String> {
-    let text = std::fs::read_to_string(path)
-        .map_err(|e| format!("read controller token file {}: {e}", path.display()))?;
+/// Why the token file cannot be used (start-up: exit 1; rotation: the old token stays).
+#[derive(Debug)]
+pub enum TokenFileError {
+    /// The file cannot be read.
+    Read(PathBuf, std::io::Error),
+    /// The trimmed content is shorter than [`MIN_STATIC_TOKEN_BYTES`].
+    TooShort(PathBuf),
+}
+
+impl std::fmt::Display for TokenFileError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Read(p, e) => write!(f, "read controller token file {}: {e}", p.display()),
+            Self::TooShort(p) => write!(
+                f,
+                "controller token file {} must hold a token of at least {MIN_STATIC_TOKEN_BYTES} bytes",
+                p.display()
+            ),
+        }
+    }
+}
+
+impl std::error::Error for TokenFileError {}
+
+fn read(path: &PathBuf) -> Result<String, TokenFileError> {
+    let text = std::fs::read_to_string(path).map_err(|e| TokenFileError::Read(path.clone(), e))?;
     let token = text.trim().to_string();
     if token.len() < MIN_STATIC_TOKEN_BYTES {
-        return Err(format!(
-            "controller token file {} must hold a token of at least {MIN_STATIC_TOKEN_BYTES} bytes",
-            path.display()
-        ));
+        return Err(TokenFileError::TooShort(path.clone()));
     }
     Ok(token)
 }
@@ -52,7 +72,7 @@ fn ct_eq(a: &[u8], b: &[u8]) -> bool {
 
 impl StaticToken {
     /// Loads the file (start-up: failure → log + exit 1).
-    pub fn load(path: &str) -> Result<StaticToken, String> {
+    pub fn load(path: &str) -> Result<StaticToken, TokenFileError> {
         let path = PathBuf::from(path);
         let mt = mtime(&path);
         let token = read(&path)?;

@@ -180,6 +180,38 @@ fn tls_connector(
     Ok((tokio_rustls::TlsConnector::from(Arc::new(config)), name))
 }
 
+/// Why a review gave no answer (the middleware answers 503 and logs it).
+#[derive(Debug)]
+pub enum ReviewError {
+    /// No answer within [`TOKEN_REVIEW_TIMEOUT`].
+    Timeout,
+    /// The service-account token file cannot be read.
+    ServiceAccountToken(std::io::Error),
+    /// The request could not be built.
+    Request(String),
+    /// The API server could not be reached, or the connection failed.
+    Transport(String),
+    /// The API server answered with a non-2xx status.
+    Status(http::StatusCode),
+    /// The answer is not a TokenReview.
+    Decode(String),
+}
+
+impl std::fmt::Display for ReviewError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Timeout => write!(f, "token review timed out after {TOKEN_REVIEW_TIMEOUT:?}"),
+            Self::ServiceAccountToken(e) => write!(f, "read service-account token: {e}"),
+            Self::Request(e) => write!(f, "token review request: {e}"),
+            Self::Transport(e) => write!(f, "token review transport: {e}"),
+            Self::Status(s) => write!(f, "token review failed: HTTP {s}"),
+            Self::Decode(e) => write!(f, "decode TokenReview: {e}"),
+        }
+    }
+}
+
+impl std::error::Error for ReviewError {}
+
 impl TokenReviewer {
     /// Builds the client (the start-up "in-cluster config" step: failure → log + exit 1).
     pub fn new(cfg: &KubeConfig) -> Result<TokenReviewer, ClientError> {
@@ -233,23 +265,20 @@ impl TokenReviewer {
         &self,
         token: &str,
         audience: Option<&str>,
-    ) -> Result<ReviewStatus, String> {
-        match tokio::time::timeout(TOKEN_REVIEW_TIMEOUT, self.review_inner(token, audience)).await {
-            Ok(r) => r,
-            Err(_) => Err(format!(
-                "token review timed out after {TOKEN_REVIEW_TIMEOUT:?}"
-            )),
-        }
+    ) -> Result<ReviewStatus, ReviewError> {
+        tokio::time::timeout(TOKEN_REVIEW_TIMEOUT, self.review_inner(token, audience))
+            .await
+            .unwrap_or(Err(ReviewError::Timeout))
     }
 
     async fn review_inner(
         &self,
         token: &str,
         audience: Option<&str>,
-    ) -> Result<ReviewStatus, String> {
+    ) -> Result<ReviewStatus, ReviewError> {
         // Re-read on every review: projected service-account tokens rotate on disk.
-        let sa_token = std::fs::read_to_string(&self.token_file)
-            .map_err(|e| format!("read service-account token: {e}"))?;
+        let sa_token =
+            std::fs::read_to_string(&self.token_file).map_err(ReviewError::ServiceAccountToken)?;
         let body = serde_json::to_vec(&ReviewRequest {
             api_version: "authentication.k8s.io/v1",
             kind: "TokenReview",
@@ -258,7 +287,7 @@ impl TokenReviewer {
                 audiences: audience.filter(|a| !a.is_empty()).map(|a| [a]),
             },
         })
-        .map_err(|e| e.to_string())?;
+        .map_err(|e| ReviewError::Request(e.to_string()))?;
         let req = http::Request::post(TOKENREVIEW_PATH)
             .header(http::header::HOST, &self.authority)
             .header(http::header::CONTENT_TYPE, "application/json")
@@ -268,27 +297,27 @@ impl TokenReviewer {
                 format!("Bearer {}", sa_token.trim()),
             )
             .body(Full::new(Bytes::from(body)))
-            .map_err(|e| e.to_string())?;
+            .map_err(|e| ReviewError::Request(e.to_string()))?;
         let tcp = tokio::net::TcpStream::connect((self.host.as_str(), self.port))
             .await
-            .map_err(|e| format!("connect {}: {e}", self.authority))?;
+            .map_err(|e| ReviewError::Transport(format!("connect {}: {e}", self.authority)))?;
         let _ = tcp.set_nodelay(true);
         let resp = match &self.tls {
             Some((connector, name)) => {
                 let tls = connector
                     .connect(name.clone(), tcp)
                     .await
-                    .map_err(|e| format!("tls {}: {e}", self.authority))?;
+                    .map_err(|e| ReviewError::Transport(format!("tls {}: {e}", self.authority)))?;
                 send(TokioIo::new(tls), req).await?
             }
             None => send(TokioIo::new(tcp), req).await?,
         };
         let (parts, body) = resp;
         if !parts.is_success() {
-            return Err(format!("token review failed: HTTP {parts}"));
+            return Err(ReviewError::Status(parts));
         }
         let parsed: ReviewResponse =
-            serde_json::from_slice(&body).map_err(|e| format!("decode TokenReview: {e}"))?;
+            serde_json::from_slice(&body).map_err(|e| ReviewError::Decode(e.to_string()))?;
         let st = parsed.status.unwrap_or_default();
         Ok(ReviewStatus {
             authenticated: st.authenticated,
@@ -302,13 +331,13 @@ impl TokenReviewer {
 async fn send<I>(
     io: I,
     req: http::Request<Full<Bytes>>,
-) -> Result<(http::StatusCode, Bytes), String>
+) -> Result<(http::StatusCode, Bytes), ReviewError>
 where
     I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
 {
     let (mut sender, conn) = hyper::client::conn::http1::handshake(io)
         .await
-        .map_err(|e| format!("http handshake: {e}"))?;
+        .map_err(|e| ReviewError::Transport(format!("http handshake: {e}")))?;
     let driver = tokio::spawn(async move {
         let _ = conn.await;
     });
@@ -316,12 +345,12 @@ where
         let resp = sender
             .send_request(req)
             .await
-            .map_err(|e| format!("token review request: {e}"))?;
+            .map_err(|e| ReviewError::Transport(e.to_string()))?;
         let status = resp.status();
         let body = Limited::new(resp.into_body(), MAX_TOKEN_REVIEW_RESPONSE_BYTES)
             .collect()
             .await
-            .map_err(|e| format!("token review response: {e}"))?
+            .map_err(|e| ReviewError::Transport(format!("response: {e}")))?
             .to_bytes();
         Ok((status, body))
     }
