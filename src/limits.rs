@@ -103,6 +103,12 @@ pub const MIN_STATIC_TOKEN_BYTES: usize = 16;
 
 // ---- prompt_text tokenization ---------------------------------------------------------------
 
+/// Default tokenizer worker threads: tokenization is a side path, and on small machines every
+/// extra thread competes with the serving cores, so a couple of workers is enough to hide one
+/// slow prompt behind another.
+pub const DEFAULT_TOKENIZER_WORKERS: usize = 2;
+/// Upper bound on tokenizer worker threads, whatever the configuration says.
+pub const MAX_TOKENIZER_WORKERS: usize = 16;
 /// Most tokens one tokenization may produce.
 pub const MAX_TOKENS: usize = 1 << 20;
 /// Tokenizations admitted at once; the next call fails open at once.
@@ -133,6 +139,7 @@ const _: () = assert!(
     "prompt fits a message"
 );
 const _: () = assert!(MAX_PROBE_BODY_BYTES < MAX_POLICY_BODY_BYTES);
+const _: () = assert!(DEFAULT_TOKENIZER_WORKERS <= MAX_TOKENIZER_WORKERS);
 const _: () = assert!(
     GATHER_TIMEOUT.as_secs() < HTTP_SHUTDOWN_BUDGET.as_secs(),
     "a scrape in flight finishes within the shutdown budget"

@@ -20,13 +20,7 @@ use tokio::sync::oneshot;
 use super::TokenizeError;
 use super::load::Model;
 
-/// Default worker threads: tokenization is a side path, and on small machines every extra
-/// thread competes with the serving cores, so a couple of workers is enough to hide one slow
-/// prompt behind another.
-pub const DEFAULT_WORKERS: usize = 2;
-
-/// Upper bound on worker threads, whatever the configuration says.
-pub const MAX_WORKERS: usize = 16;
+use crate::limits::{DEFAULT_TOKENIZER_WORKERS, MAX_TOKENIZER_WORKERS};
 
 /// Niceness of workers that share CPUs with the serving cores: under contention the kernel
 /// favours the lookup hot path over tokenization (which fails open on its deadline anyway).
@@ -68,7 +62,7 @@ fn wait_for_test_gate(gate: &Path, shutdown: &AtomicBool) {
 /// Where and how many tokenizer workers run.
 #[derive(Debug, Clone)]
 pub struct PoolConfig {
-    /// Worker threads (clamped to `1..=MAX_WORKERS`).
+    /// Worker threads (clamped to `1..=MAX_TOKENIZER_WORKERS`).
     pub workers: usize,
     /// CPUs the workers are pinned to; `None` = unpinned (they then run at a lower priority,
     /// since they share CPUs with the serving cores).
@@ -78,7 +72,7 @@ pub struct PoolConfig {
 impl Default for PoolConfig {
     fn default() -> Self {
         Self {
-            workers: DEFAULT_WORKERS,
+            workers: DEFAULT_TOKENIZER_WORKERS,
             cpus: None,
         }
     }
@@ -92,7 +86,7 @@ impl PoolConfig {
         let cpus = allowed_cpus();
         let spare: Vec<usize> = cpus.into_iter().skip(shards).collect();
         Self {
-            workers: DEFAULT_WORKERS,
+            workers: DEFAULT_TOKENIZER_WORKERS,
             cpus: (!spare.is_empty()).then_some(spare),
         }
     }
@@ -214,13 +208,13 @@ impl Pool {
             workers: OnceLock::new(),
             test_gate: test_gate_from_env(),
         });
-        let workers = cfg.workers.clamp(1, MAX_WORKERS);
+        let workers = cfg.workers.clamp(1, MAX_TOKENIZER_WORKERS);
         let mut handles = Vec::with_capacity(workers);
         for i in 0..workers {
             let shared = shared.clone();
             let cpus = cfg.cpus.clone();
             let spawned = std::thread::Builder::new()
-                .name(format!("tokenizer-{i}"))
+                .name(format!("{}{i}", super::WORKER_THREAD_PREFIX))
                 .spawn(move || {
                     place_current_thread(cpus.as_deref());
                     worker_loop(&shared, max_tokens);
