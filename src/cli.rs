@@ -4,7 +4,8 @@
 use clap::{ArgAction, Parser};
 
 use crate::limits::{
-    DEFAULT_MAX_CONNECTIONS_PER_CORE, DEFAULT_MAX_ENTRIES, DEFAULT_MAX_SHARDS, MAX_SHARDS,
+    DEFAULT_MAX_CONNECTIONS_PER_CORE, DEFAULT_MAX_ENTRIES, DEFAULT_MAX_SHARDS,
+    DEFAULT_MAX_TIMESTAMP_SKEW_MS, MAX_SHARDS,
 };
 
 /// Flags of `inference-cache-server`. Go-style single-dash spellings (`-grpc-bind-address`) are
@@ -66,6 +67,10 @@ pub struct Cli {
     /// gRPC connections each core serves at once; further connections are closed.
     #[arg(long, default_value_t = DEFAULT_MAX_CONNECTIONS_PER_CORE)]
     pub max_connections_per_core: usize,
+    /// Producer timestamps later than the server's clock plus this are clamped to it.
+    /// Hidden: an operations/test knob.
+    #[arg(long, default_value_t = DEFAULT_MAX_TIMESTAMP_SKEW_MS, hide = true)]
+    pub max_timestamp_skew_ms: u64,
     /// TTL sweep interval in milliseconds (the reference's fixed 1 min). Hidden test knob.
     #[arg(long, default_value_t = 60_000, hide = true)]
     pub sweep_interval_ms: u64,

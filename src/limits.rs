@@ -7,9 +7,13 @@
 
 use std::time::Duration;
 
-pub use inferencecache_index::index::DEFAULT_MAX_ENTRIES;
+pub use inferencecache_index::index::{DEFAULT_MAX_ENTRIES, DEFAULT_MAX_FUTURE_SKEW_NS};
 pub use inferencecache_index::policy::MAX_POLICY_BODY_BYTES;
 pub use inferencecache_index::resolve::MAX_PROMPT_TEXT_BYTES;
+
+/// Default `--max-timestamp-skew-ms`: how far ahead of the server's clock a producer timestamp
+/// may be before it is clamped.
+pub const DEFAULT_MAX_TIMESTAMP_SKEW_MS: u64 = (DEFAULT_MAX_FUTURE_SKEW_NS / 1_000_000) as u64;
 
 // ---- Cores and partitions -------------------------------------------------------------------
 

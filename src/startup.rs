@@ -207,6 +207,8 @@ fn start_runtime(cli: &Cli, shards: usize) -> Result<Runtime, StartupError> {
     });
     let index_config = IndexConfig {
         max_entries: cli.index_max_entries,
+        max_future_skew_ns: (cli.max_timestamp_skew_ms.min(i64::MAX as u64 / 1_000_000) * 1_000_000)
+            as i64,
         directory: Arc::new(Directory::default()),
         ..Default::default()
     };

@@ -1322,6 +1322,34 @@ fn c066_prefix_added_refreshes_nothing() {
     assert_eq!(ix.entry_count(), 0);
 }
 
+/// Producer timestamps in the future are clamped to `now` plus the allowed skew, so an entry
+/// stamped in year 2300 or at `i64::MAX` expires at most one skew after a correctly stamped one
+/// instead of never; past stamps are kept as given.
+#[test]
+fn future_producer_timestamps_are_clamped_to_the_skew() {
+    let rules = Rules::ttl("t", 10 * MIN);
+    let skew = inferencecache_index::index::DEFAULT_MAX_FUTURE_SKEW_NS;
+    for stamp_us in [i64::MAX, 10_000_000_000_000_000, (T0 + HOUR) / 1000] {
+        let mut ix = index();
+        let mut u = upd_r("r", vec![legacy(b"future", 16)]);
+        u.timestamp_us = stamp_us;
+        let out = ix.ingest(&u, T0, &rules);
+        assert!(out.timestamp_clamped, "{stamp_us}");
+        ix.sweep(T0 + 10 * MIN + skew - 1, &rules);
+        assert_eq!(ix.entry_count(), 1, "kept until ttl + skew ({stamp_us})");
+        ix.sweep(T0 + 10 * MIN + skew + 1, &rules);
+        assert_eq!(ix.entry_count(), 0, "expired after ttl + skew ({stamp_us})");
+    }
+    let mut ix = index();
+    let within = at(upd_r("r", vec![legacy(b"near", 16)]), T0 + skew);
+    assert!(!ix.ingest(&within, T0, &rules).timestamp_clamped);
+    let past = at(upd_r("r", vec![legacy(b"old", 16)]), T0 - 5 * MIN);
+    assert!(!ix.ingest(&past, T0, &rules).timestamp_clamped);
+    let mut e = event(Type::ReplicaUpdated, "t", "m", "r", b"");
+    e.timestamp_us = i64::MAX;
+    assert!(ix.apply_event(&e, T0, &rules).timestamp_clamped);
+}
+
 /// §19.13 / §5 / §6: REPLICA_UPDATED advances only stats liveness: the sweep keeps the row, but
 /// neither TENANT_HOT nor the prefix-path pressure treats it as fresh stats. Control: without
 /// the event the sweep deletes the row.

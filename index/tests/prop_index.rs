@@ -8,7 +8,8 @@ mod index_support;
 use index_support::Rules;
 use inferencecache_index::PROBE_TENANT;
 use inferencecache_index::index::{
-    EntryDump, Index, IndexConfig, LookupQuery, RankerConfig, Strategy as S,
+    DEFAULT_MAX_FUTURE_SKEW_NS, EntryDump, Index, IndexConfig, LookupQuery, RankerConfig,
+    Strategy as S,
 };
 use inferencecache_index::rules::{Eviction, TenantRules};
 use inferencecache_proto::v1alpha1::{CacheEvent, CacheStateUpdate, PrefixEntry, ReplicaStats};
@@ -162,7 +163,7 @@ impl Model {
         let ts = if u.timestamp_us == 0 {
             now
         } else {
-            u.timestamp_us * 1000
+            (u.timestamp_us * 1000).min(now + DEFAULT_MAX_FUTURE_SKEW_NS)
         };
         let t = &u.tenant_id;
         if !u.hash_scheme.is_empty() {
@@ -270,7 +271,7 @@ impl Model {
         let ts = if e.timestamp_us == 0 {
             now
         } else {
-            e.timestamp_us * 1000
+            (e.timestamp_us * 1000).min(now + DEFAULT_MAX_FUTURE_SKEW_NS)
         };
         match e.r#type {
             2 => {
@@ -767,7 +768,7 @@ fn pe() -> impl proptest::strategy::Strategy<Value = PE> {
 }
 
 fn op() -> impl proptest::strategy::Strategy<Value = Op> {
-    let ts = proptest::option::of(-25 * MIN..2 * MIN);
+    let ts = proptest::option::of(-25 * MIN..4 * MIN);
     prop_oneof![
         6 => (0..TENANTS.len(), 0..MODELS.len(), 0..SCHEMES.len(), 0..REPLICAS.len(), 0..ADAPTERS.len(), ts.clone(),
               proptest::collection::vec(pe(), 0..4),

@@ -288,6 +288,15 @@ fn operator_families<'a>(scrape: &'a Scrape, fams: &mut Vec<Family<'a>>) {
             }),
         ));
     }
+    let clamped = scrape.total.timestamps_clamped;
+    if clamped > 0 {
+        fams.push((
+            "inferencecache_ingest_timestamps_clamped",
+            "Producer timestamps later than the server clock plus the allowed skew, clamped to it.",
+            MetricType::Counter,
+            Box::new(move |e| counter(e, &[], clamped)),
+        ));
+    }
     let ingested = scrape.total.ingest_entries;
     if ingested > 0 {
         fams.push((

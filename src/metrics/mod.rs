@@ -127,6 +127,8 @@ pub struct CoreMetrics {
     pub index_evictions: BTreeMap<(&'static str, &'static str), u64>,
     /// Prefix entries carried by applied ingest messages.
     pub ingest_entries: u64,
+    /// Producer timestamps clamped to the allowed skew.
+    pub timestamps_clamped: u64,
     /// Requests answered on the core that received them.
     pub inline: u64,
     /// Requests that hopped to the owner core.
@@ -188,6 +190,7 @@ impl CoreMetrics {
             *self.index_entries.entry(m.clone()).or_default() += n;
         }
         self.ingest_entries += other.ingest_entries;
+        self.timestamps_clamped += other.timestamps_clamped;
         self.inline += other.inline;
         self.hopped += other.hopped;
         self.core_entries += other.core_entries;
@@ -266,6 +269,11 @@ pub fn record_index_evictions(algorithm: &'static str, reason: &'static str, n: 
 /// One applied ingest message carrying `entries` prefix entries (operator series).
 pub fn record_ingest(entries: u64) {
     with_store(|m| m.ingest_entries += entries);
+}
+
+/// One producer timestamp (ingest or event) later than the allowed skew, clamped.
+pub fn record_timestamp_clamped() {
+    with_store(|m| m.timestamps_clamped += 1);
 }
 
 /// One request routed by the receiving core: answered inline, or hopped to its owner.

@@ -82,6 +82,9 @@ impl CoreState {
             tracing::warn!(core = self.core, "index_string_table_full");
         }
         metrics::record_ingest(out.upserts);
+        if out.timestamp_clamped {
+            metrics::record_timestamp_clamped();
+        }
         if out.quota_evicted_keys > 0 {
             metrics::record_tenant_evictions(&update.tenant_id, out.quota_evicted_keys);
         }
@@ -91,7 +94,10 @@ impl CoreState {
 
     /// Applies one PublishEvent.
     pub fn apply_event(&mut self, event: &pb::CacheEvent) {
-        self.index.apply_event(event, unix_now_ns(), &*self.policy);
+        let out = self.index.apply_event(event, unix_now_ns(), &*self.policy);
+        if out.timestamp_clamped {
+            metrics::record_timestamp_clamped();
+        }
         self.publish_gauge();
     }
 

@@ -218,3 +218,55 @@ fn a_stalled_core_turns_readyz_503_until_it_recovers() {
         "/readyz did not recover"
     );
 }
+
+/// A producer timestamp in the future (year 2300, `i64::MAX`) is clamped to the server's clock
+/// plus the allowed skew, so the entry expires at most one skew after a correctly stamped one
+/// instead of never; the clamp is counted.
+async fn future_timestamps_expire_after_ttl_plus_skew(shards: usize) {
+    let srv = Server::start(
+        shards,
+        &[
+            "--max-timestamp-skew-ms",
+            "500",
+            "--sweep-interval-ms",
+            "100",
+        ],
+    );
+    let ttl_1s = r#"{"version":7,"policies":[{"namespace":"t","evictionTTL":1000000000}]}"#;
+    install_policy(&srv, ttl_1s);
+    let mut c = srv.client().await;
+    for (hash, stamp_us) in [
+        (b"y2300".as_slice(), 10_500_000_000_000_000),
+        (b"max", i64::MAX),
+    ] {
+        let mut u = legacy_update("r-future", "t", "m", "vllm", hash, 16);
+        u.timestamp_us = stamp_us;
+        assert!(report(&mut c, vec![u]).await.accepted);
+    }
+    let hit =
+        |r: &pb::LookupRouteResponse| r.replica_scores.iter().any(|s| s.replica_id == "r-future");
+    for hash in [b"y2300".as_slice(), b"max"] {
+        let r = lookup(&mut c, exact_lookup("t", "m", "vllm", hash, 16)).await;
+        assert!(hit(&r), "fresh right after ingest: {r:?}");
+    }
+    let deadline = Instant::now() + Duration::from_secs(20);
+    for hash in [b"y2300".as_slice(), b"max"] {
+        loop {
+            let r = lookup(&mut c, exact_lookup("t", "m", "vllm", hash, 16)).await;
+            if !hit(&r) {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "a future-stamped entry never expired"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+    let clamped = metric_value(
+        &metrics_text(&srv),
+        "inferencecache_ingest_timestamps_clamped_total",
+    );
+    assert_eq!(clamped, Some(2.0));
+}
+shards_1_and_2!(future_timestamps_expire_after_ttl_plus_skew);

@@ -48,6 +48,11 @@ pub const DEFAULT_TTL_NS: i64 = 30 * 60 * 1_000_000_000;
 /// Default global cap (§3.1) in storage entries; 0 = unbounded.
 pub const DEFAULT_MAX_ENTRIES: u64 = 1_000_000;
 
+/// How far ahead of the server's clock a producer timestamp may be. Later stamps are taken as
+/// `now + skew`, so an entry stamped in the future (a wrong clock, year 2300, `i64::MAX`)
+/// expires at most `skew` after a correctly stamped one instead of never.
+pub const DEFAULT_MAX_FUTURE_SKEW_NS: i64 = 2 * 60 * 1_000_000_000;
+
 /// Construction parameters of one core's index.
 #[derive(Clone, Debug)]
 pub struct IndexConfig {
@@ -63,6 +68,8 @@ pub struct IndexConfig {
     pub directory: Arc<Directory>,
     /// This core's number (diagnostics only).
     pub core_id: usize,
+    /// Producer timestamps later than `now` plus this are clamped to it; negative → 0.
+    pub max_future_skew_ns: i64,
 }
 
 impl Default for IndexConfig {
@@ -74,6 +81,7 @@ impl Default for IndexConfig {
             ranker: RankerConfig::default(),
             directory: Arc::new(Directory::default()),
             core_id: 0,
+            max_future_skew_ns: DEFAULT_MAX_FUTURE_SKEW_NS,
         }
     }
 }
@@ -116,6 +124,8 @@ pub struct IngestOutcome {
     /// The whole update was refused because this core's string table is full (ids would not
     /// fit the compact layout); nothing of it was applied.
     pub rejected_string_table_full: bool,
+    /// The producer's timestamp was later than the allowed skew and was clamped.
+    pub timestamp_clamped: bool,
 }
 
 /// What one sweep did.
@@ -134,6 +144,8 @@ pub struct EventOutcome {
     pub entries_removed: u64,
     /// Whether a stats row was touched (REPLICA_UPDATED) or deleted (ALL_CLEARED).
     pub stats_changed: bool,
+    /// The producer's timestamp was later than the allowed skew and was clamped.
+    pub timestamp_clamped: bool,
 }
 
 /// One stats row (§3.2 store 2). `client_version` is never stored.
@@ -653,6 +665,21 @@ impl Index {
 
     // ---- ingest (§4.2) -----------------------------------------------------------------------
 
+    /// A producer's `timestamp_us` in index nanoseconds: 0 is `now`; anything later than `now`
+    /// plus the allowed skew is clamped to that (and reported), earlier values are kept.
+    fn producer_ts(&self, timestamp_us: i64, now: i64) -> (i64, bool) {
+        if timestamp_us == 0 {
+            return (now, false);
+        }
+        let ts = timestamp_us.saturating_mul(1000);
+        let latest = now.saturating_add(self.cfg.max_future_skew_ns.max(0));
+        if ts > latest {
+            (latest, true)
+        } else {
+            (ts, false)
+        }
+    }
+
     /// Whether every string `u` may intern still fits this core's string table (at most
     /// [`intern::MAX_STRINGS`]); an update that does not fit is refused whole instead of
     /// overflowing the 24-bit replica ids. Counts unseen strings without deduplicating, so it
@@ -697,11 +724,8 @@ impl Index {
             out.rejected_string_table_full = true;
             return out;
         }
-        let ts = if u.timestamp_us == 0 {
-            now
-        } else {
-            u.timestamp_us.saturating_mul(1000)
-        };
+        let (ts, clamped) = self.producer_ts(u.timestamp_us, now);
+        out.timestamp_clamped = clamped;
         let reserved = u.tenant_id == PROBE_TENANT;
         let budget = if reserved {
             None
@@ -810,11 +834,8 @@ impl Index {
         _rules: &dyn TenantRules,
     ) -> EventOutcome {
         let mut out = EventOutcome::default();
-        let ts = if e.timestamp_us == 0 {
-            now
-        } else {
-            e.timestamp_us.saturating_mul(1000)
-        };
+        let (ts, clamped) = self.producer_ts(e.timestamp_us, now);
+        out.timestamp_clamped = clamped;
         let Some(mscope) = self.cat.find_model(&e.tenant_id, &e.model_id) else {
             return out;
         };
