@@ -67,6 +67,11 @@ pub struct Cli {
     /// gRPC connections each core serves at once; further connections are closed.
     #[arg(long, default_value_t = DEFAULT_MAX_CONNECTIONS_PER_CORE)]
     pub max_connections_per_core: usize,
+    /// Distinct strings (tenant, model, replica, scheme, adapter names) one core's index can
+    /// hold, for tests of the full-table path (default: the index's compile-time maximum).
+    /// Hidden test knob.
+    #[arg(long, hide = true)]
+    pub index_max_strings: Option<usize>,
     /// Producer timestamps later than the server's clock plus this are clamped to it.
     /// Hidden: an operations/test knob.
     #[arg(long, default_value_t = DEFAULT_MAX_TIMESTAMP_SKEW_MS, hide = true)]

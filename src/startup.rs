@@ -212,12 +212,13 @@ fn start_runtime(cli: &Cli, shards: usize) -> Result<Runtime, StartupError> {
         directory: Arc::new(Directory::default()),
         ..Default::default()
     };
+    let max_strings = cli.index_max_strings;
     let (health, _) = tonic_health::server::health_reporter();
     let health = Arc::new(health);
     let started = runtime::start(RuntimeConfig {
         shards,
         listen_addr: resolve(&cli.grpc_bind_address)?,
-        init: Arc::new(move |core| CoreState::new(core, index_config.clone())),
+        init: Arc::new(move |core| CoreState::new(core, index_config.clone(), max_strings)),
         on_core_start: Arc::new(move || grpc::install_services(lookup_cfg.clone(), &health)),
         serve_connection: grpc::serve_connection,
         max_connections_per_core: cli.max_connections_per_core,

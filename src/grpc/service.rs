@@ -101,19 +101,30 @@ impl InferenceCache for CacheService {
         request: Request<Streaming<pb::CacheStateUpdate>>,
     ) -> Result<Response<pb::Ack>, Status> {
         let mut stream = request.into_inner();
+        let mut refused = None;
         // Each message is applied as soon as it is received (docs/BEHAVIOUR.md §4.1); the await on
         // the owner's reply bounds this stream to one message in flight, so a slow owner slows
-        // the producer through HTTP/2 flow control instead of growing a queue.
+        // the producer through HTTP/2 flow control instead of growing a queue. A refused message
+        // does not stop the stream, but the Ack then says so: nothing unapplied is acknowledged.
         while let Some(update) = stream.message().await.map_err(receive_status)? {
             if update.tenant_id == PROBE_TENANT {
                 continue;
             }
             let core = owner(&update.tenant_id, &update.model_id);
-            mailbox::call(core, move |st| st.ingest(&update))
+            let applied = mailbox::call(core, move |st| st.ingest(&update))
                 .await
                 .map_err(|_| Status::unavailable("server shutting down"))?;
+            if let Err(why) = applied {
+                refused.get_or_insert(why);
+            }
         }
-        Ok(ack())
+        Ok(match refused {
+            None => ack(),
+            Some(why) => Response::new(pb::Ack {
+                accepted: false,
+                reason_code: why.reason_code().to_string(),
+            }),
+        })
     }
 
     async fn publish_event(

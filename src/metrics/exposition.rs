@@ -288,6 +288,20 @@ fn operator_families<'a>(scrape: &'a Scrape, fams: &mut Vec<Family<'a>>) {
             }),
         ));
     }
+    let refused = &scrape.total.ingest_refused;
+    if !refused.is_empty() {
+        fams.push((
+            "inferencecache_ingest_refused",
+            "ReportCacheState messages refused whole (not applied; the stream's Ack says accepted=false).",
+            MetricType::Counter,
+            Box::new(move |e| {
+                for (reason, n) in refused {
+                    counter(e, &[("reason", reason)], *n)?;
+                }
+                Ok(())
+            }),
+        ));
+    }
     let clamped = scrape.total.timestamps_clamped;
     if clamped > 0 {
         fams.push((

@@ -129,6 +129,8 @@ pub struct CoreMetrics {
     pub ingest_entries: u64,
     /// Producer timestamps clamped to the allowed skew.
     pub timestamps_clamped: u64,
+    /// Ingest messages refused whole, per reason.
+    pub ingest_refused: BTreeMap<&'static str, u64>,
     /// Requests answered on the core that received them.
     pub inline: u64,
     /// Requests that hopped to the owner core.
@@ -191,6 +193,9 @@ impl CoreMetrics {
         }
         self.ingest_entries += other.ingest_entries;
         self.timestamps_clamped += other.timestamps_clamped;
+        for (reason, n) in &other.ingest_refused {
+            *self.ingest_refused.entry(reason).or_default() += n;
+        }
         self.inline += other.inline;
         self.hopped += other.hopped;
         self.core_entries += other.core_entries;
@@ -269,6 +274,11 @@ pub fn record_index_evictions(algorithm: &'static str, reason: &'static str, n: 
 /// One applied ingest message carrying `entries` prefix entries (operator series).
 pub fn record_ingest(entries: u64) {
     with_store(|m| m.ingest_entries += entries);
+}
+
+/// One ingest message refused whole (`reason` is a fixed label value).
+pub fn record_ingest_refused(reason: &'static str) {
+    with_store(|m| *m.ingest_refused.entry(reason).or_default() += 1);
 }
 
 /// One producer timestamp (ingest or event) later than the allowed skew, clamped.

@@ -11,6 +11,29 @@ use inferencecache_proto::v1alpha1 as pb;
 use crate::metrics;
 use crate::sys::clock::unix_now_ns;
 
+/// Why an ingest message was not applied.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum IngestRefused {
+    /// The core's string table cannot take the message's new names.
+    StringTableFull,
+}
+
+impl IngestRefused {
+    /// The `Ack.reason_code` of a stream with a refused message.
+    pub fn reason_code(self) -> &'static str {
+        match self {
+            Self::StringTableFull => "STRING_TABLE_FULL",
+        }
+    }
+
+    /// The `reason` label of `inferencecache_ingest_refused_total`.
+    pub fn metric_label(self) -> &'static str {
+        match self {
+            Self::StringTableFull => "string_table_full",
+        }
+    }
+}
+
 /// Everything one core owns.
 pub struct CoreState {
     /// This core's id (0-based).
@@ -51,16 +74,20 @@ pub fn with_core<R>(f: impl FnOnce(&mut CoreState) -> R) -> R {
 
 impl CoreState {
     /// Fresh state for `core` with an empty index configured by `config`.
-    pub fn new(core: usize, config: IndexConfig) -> Self {
+    pub fn new(core: usize, config: IndexConfig, max_strings: Option<usize>) -> Self {
         let config = IndexConfig {
             core_id: core,
             ..config
         };
+        let mut index = Index::new(config);
+        if let Some(n) = max_strings {
+            index.set_string_capacity(n);
+        }
         Self {
             core,
             ingested: 0,
             policy: Arc::new(PolicyStore::empty()),
-            index: Index::new(config),
+            index,
             warned_string_table_full: false,
         }
     }
@@ -72,14 +99,20 @@ impl CoreState {
         self.index.rules_changed();
     }
 
-    /// Applies one ReportCacheState message.
-    pub fn ingest(&mut self, update: &pb::CacheStateUpdate) {
+    /// Applies one ReportCacheState message; `Err` when it was refused whole (nothing of it
+    /// was applied), so the stream's Ack must not claim it.
+    pub fn ingest(&mut self, update: &pb::CacheStateUpdate) -> Result<(), IngestRefused> {
         self.ingested += 1;
         let out = self.index.ingest(update, unix_now_ns(), &*self.policy);
-        if out.rejected_string_table_full && !self.warned_string_table_full {
-            // Once per core: every later refusal has the same cause.
-            self.warned_string_table_full = true;
-            tracing::warn!(core = self.core, "index_string_table_full");
+        if out.rejected_string_table_full {
+            if !self.warned_string_table_full {
+                // Logged once per core: every later refusal has the same cause; the metric
+                // counts each one.
+                self.warned_string_table_full = true;
+                tracing::warn!(core = self.core, "index_string_table_full");
+            }
+            metrics::record_ingest_refused(IngestRefused::StringTableFull.metric_label());
+            return Err(IngestRefused::StringTableFull);
         }
         metrics::record_ingest(out.upserts);
         if out.timestamp_clamped {
@@ -90,6 +123,7 @@ impl CoreState {
         }
         record_evictions(out.cap_evicted, "cap");
         self.publish_gauge();
+        Ok(())
     }
 
     /// Applies one PublishEvent.

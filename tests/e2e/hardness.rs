@@ -270,3 +270,34 @@ async fn future_timestamps_expire_after_ttl_plus_skew(shards: usize) {
     assert_eq!(clamped, Some(2.0));
 }
 shards_1_and_2!(future_timestamps_expire_after_ttl_plus_skew);
+
+/// When a core's string table is full, an update introducing a new name is not applied, and the
+/// stream's Ack says so (`accepted: false`, `STRING_TABLE_FULL`) instead of acknowledging it;
+/// updates that fit are still applied and the refusals are counted.
+async fn refused_updates_are_not_acknowledged(shards: usize) {
+    let srv = Server::start(shards, &["--index-max-strings", "16"]);
+    let mut c = srv.client().await;
+    let fits = legacy_update("r0", "t", "m", "vllm", b"fits", 16);
+    assert!(report(&mut c, vec![fits]).await.accepted);
+    let r = lookup(&mut c, exact_lookup("t", "m", "vllm", b"fits", 16)).await;
+    assert!(
+        r.replica_scores.iter().any(|s| s.replica_id == "r0"),
+        "before: {r:?}"
+    );
+    let flood: Vec<_> = (0..40)
+        .map(|i| legacy_update(&format!("replica-{i}"), "t", "m", "vllm", b"flood", 16))
+        .collect();
+    let ack = report(&mut c, flood).await;
+    assert!(!ack.accepted, "an update that was dropped was acknowledged");
+    assert_eq!(ack.reason_code, "STRING_TABLE_FULL");
+    // Names the table already holds still fit.
+    let known = legacy_update("r0", "t", "m", "vllm", b"again", 16);
+    assert!(report(&mut c, vec![known]).await.accepted);
+    let refused = metric_value(
+        &metrics_text(&srv),
+        "inferencecache_ingest_refused_total{reason=\"string_table_full\"}",
+    )
+    .expect("refusals counted");
+    assert!(refused >= 1.0, "{refused}");
+}
+shards_1_and_2!(refused_updates_are_not_acknowledged);
