@@ -98,6 +98,12 @@ pub const PROBE_TIMEOUT: Duration = Duration::from_secs(10);
 pub const AUTH_CACHE_TTL: Duration = Duration::from_secs(30);
 /// Tokens remembered per endpoint.
 pub const AUTH_CACHE_CAPACITY: usize = 32;
+/// How long a denied token (401/403) is remembered, so repeating it costs no review.
+pub const AUTH_NEGATIVE_CACHE_TTL: Duration = Duration::from_secs(5);
+/// Denied tokens remembered per endpoint.
+pub const AUTH_NEGATIVE_CACHE_CAPACITY: usize = 1024;
+/// TokenReview calls in flight in the whole process; further requests get 503 at once.
+pub const MAX_CONCURRENT_TOKEN_REVIEWS: usize = 8;
 /// Longest a TokenReview call may take.
 pub const TOKEN_REVIEW_TIMEOUT: Duration = Duration::from_secs(10);
 /// Largest TokenReview response body read.
@@ -144,6 +150,7 @@ const _: () = assert!(
 );
 const _: () = assert!(MAX_PROBE_BODY_BYTES < MAX_POLICY_BODY_BYTES);
 const _: () = assert!(DEFAULT_TOKENIZER_WORKERS <= MAX_TOKENIZER_WORKERS);
+const _: () = assert!(AUTH_NEGATIVE_CACHE_TTL.as_secs() <= AUTH_CACHE_TTL.as_secs());
 const _: () = assert!(
     GATHER_TIMEOUT.as_secs() < HTTP_SHUTDOWN_BUDGET.as_secs(),
     "a scrape in flight finishes within the shutdown budget"

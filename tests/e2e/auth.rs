@@ -34,6 +34,13 @@ struct StandIn {
     reviews: AtomicUsize,
     fail: AtomicBool,
     last_audiences: Mutex<Option<Value>>,
+    /// Answer `authenticated: true` without `status.audiences` (an audience-unaware server).
+    omit_audiences: AtomicBool,
+    /// Milliseconds each review takes.
+    delay_ms: std::sync::atomic::AtomicU64,
+    /// Reviews being answered now, and the most at once.
+    in_flight: AtomicUsize,
+    max_in_flight: AtomicUsize,
 }
 
 impl StandIn {
@@ -70,6 +77,8 @@ impl StandIn {
                 json!({"authenticated": false,
                        "error": format!("token audiences {:?} is invalid for the target audiences {:?}", id.audiences, wanted)})
             }
+            Some(id) if self.omit_audiences.load(Ordering::SeqCst) => json!({"authenticated": true,
+                               "user": {"username": id.username, "groups": ["system:serviceaccounts"]}}),
             Some(id) => json!({"authenticated": true,
                                "user": {"username": id.username, "groups": ["system:serviceaccounts"]},
                                "audiences": wanted}),
@@ -133,6 +142,13 @@ fn start_stand_in(state: Arc<StandIn>, dir: &std::path::Path) -> (u16, String) {
                                     .and_then(|v| v.to_str().ok())
                                     .map(str::to_string);
                                 let body = req.into_body().collect().await.unwrap().to_bytes();
+                                let now = state.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
+                                state.max_in_flight.fetch_max(now, Ordering::SeqCst);
+                                let delay = state.delay_ms.load(Ordering::SeqCst);
+                                if delay > 0 {
+                                    tokio::time::sleep(Duration::from_millis(delay)).await;
+                                }
+                                state.in_flight.fetch_sub(1, Ordering::SeqCst);
                                 let (status, text) = if ok_path {
                                     state.review(auth.as_deref(), &body)
                                 } else {
@@ -285,9 +301,18 @@ fn c147_tokenreview(shards: usize) {
         assert_eq!(probe(p, Some("ctrl-token")).status, 200);
     }
     assert_eq!(state.reviews.load(Ordering::SeqCst), before);
-    // Unknown token: reviewed every time, never cached.
+    // Unknown token: reviewed once, then remembered as denied for a few seconds (this
+    // server's negative cache; the reference reviews it every time).
     assert_eq!(snapshot(p, Some("nope")).status, 401);
     assert_eq!(snapshot(p, Some("nope")).status, 401);
+    assert_eq!(state.reviews.load(Ordering::SeqCst), before + 1);
+    // Concurrent requests with one new token share one review (single flight).
+    let parallel: Vec<_> = (0..6)
+        .map(|_| std::thread::spawn(move || snapshot(p, Some("nope-2")).status))
+        .collect();
+    for t in parallel {
+        assert_eq!(t.join().unwrap(), 401);
+    }
     assert_eq!(state.reviews.load(Ordering::SeqCst), before + 2);
 
     // API server failing: 503, result "error"; a cached token still works.
@@ -312,9 +337,9 @@ fn c147_tokenreview(shards: usize) {
             .sum()
     };
     assert_eq!(counter(&text, "snapshot", "error"), 1.0);
-    // snapshot: none, ctrl, 4 malformed, case-insensitive, 3 cached, 2 unknown, fresh 503,
-    // cached during failure, fresh ok.
-    assert_eq!(total("snapshot"), 15.0, "{text}");
+    // snapshot: none, ctrl, 4 malformed, case-insensitive, 3 cached, 2 unknown, 6 concurrent
+    // unknown, fresh 503, cached during failure, fresh ok.
+    assert_eq!(total("snapshot"), 21.0, "{text}");
     assert_eq!(total("policy"), 4.0);
     assert_eq!(total("probe"), 5.0);
     // The unauthenticated review with an error string is logged as a WARN with `error`.
@@ -468,3 +493,34 @@ fn startup_failures() {
     assert_eq!(code, 2);
     assert!(err.contains("missing --allowed-controller-sa"));
 }
+
+/// TokenReview hardening: a review that does not name the endpoint's audience is not trusted,
+/// and at most a bounded number of reviews run at once (the rest answer 503 at once instead of
+/// flooding the API server).
+fn tokenreview_audiences_and_concurrency(shards: usize) {
+    let (srv, state, _dir) = tokenreview_server(shards, &format!("auth-tr-hard-{shards}"));
+    let p = srv.admin_port;
+    state.omit_audiences.store(true, Ordering::SeqCst);
+    let r = snapshot(p, Some("ctrl-token"));
+    assert_eq!(
+        (r.status, r.body.as_str()),
+        (401, "unauthorized\n"),
+        "a review without status.audiences was trusted"
+    );
+    state.omit_audiences.store(false, Ordering::SeqCst);
+
+    state.delay_ms.store(3_000, Ordering::SeqCst);
+    let flood: Vec<_> = (0..16)
+        .map(|i| std::thread::spawn(move || snapshot(p, Some(&format!("bad-{i}"))).status))
+        .collect();
+    let statuses: Vec<u16> = flood.into_iter().map(|t| t.join().unwrap()).collect();
+    let shed = statuses.iter().filter(|s| **s == 503).count();
+    let most = state.max_in_flight.load(Ordering::SeqCst);
+    assert!(shed >= 1, "statuses {statuses:?}");
+    assert!(most <= 8, "{most} reviews ran at once");
+    assert!(
+        statuses.iter().all(|s| *s == 401 || *s == 503),
+        "{statuses:?}"
+    );
+}
+shards_1_and_2!(blocking tokenreview_audiences_and_concurrency);

@@ -17,6 +17,7 @@ pub mod cache;
 pub mod static_token;
 pub mod tokenreview;
 
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
@@ -24,6 +25,9 @@ use bytes::Bytes;
 use http::{HeaderMap, Response, StatusCode};
 use http_body_util::Full;
 
+use crate::limits::{
+    AUTH_NEGATIVE_CACHE_CAPACITY, AUTH_NEGATIVE_CACHE_TTL, MAX_CONCURRENT_TOKEN_REVIEWS,
+};
 use crate::metrics::{AuthEndpoint, AuthResult, record_auth};
 use cache::{ReviewCache, token_key};
 use static_token::StaticToken;
@@ -40,14 +44,31 @@ pub struct AuthConfig {
     pub static_token: Option<StaticToken>,
 }
 
-/// The authenticator of one endpoint: its audience, its counter family and its review cache.
+/// Why a reviewed token was turned away (remembered in the negative cache).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Denied {
+    /// Not authenticated, or not for this endpoint's audience: 401.
+    Unauth,
+    /// Authenticated as another identity: 403.
+    Forbidden,
+}
+
+/// The authenticator of one endpoint: its audience, its counter family, its verdict caches and
+/// the reviews in flight (one per token: concurrent requests with the same token share it).
 #[derive(Debug)]
 pub struct Authenticator {
     endpoint: AuthEndpoint,
     audience: String,
     config: Arc<AuthConfig>,
-    cache: Mutex<ReviewCache>,
+    cache: Mutex<ReviewCache<()>>,
+    denied: Mutex<ReviewCache<Denied>>,
+    in_flight: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
 }
+
+/// TokenReview calls in flight in the whole process; past it a request is answered 503 at once
+/// instead of queueing calls to the API server.
+static REVIEW_PERMITS: tokio::sync::Semaphore =
+    tokio::sync::Semaphore::const_new(MAX_CONCURRENT_TOKEN_REVIEWS);
 
 fn plain(status: StatusCode, body: &'static str) -> Response<Full<Bytes>> {
     Response::builder()
@@ -77,6 +98,11 @@ impl Authenticator {
             audience: audience.to_string(),
             config,
             cache: Mutex::new(ReviewCache::default()),
+            denied: Mutex::new(ReviewCache::new(
+                AUTH_NEGATIVE_CACHE_CAPACITY,
+                AUTH_NEGATIVE_CACHE_TTL,
+            )),
+            in_flight: Mutex::new(HashMap::new()),
         }
     }
 
@@ -87,8 +113,7 @@ impl Authenticator {
     /// `Ok` when the request may be served; otherwise the response to send (401/403/503).
     pub async fn check(&self, headers: &HeaderMap) -> Result<(), Response<Full<Bytes>>> {
         let Some(token) = bearer_token(headers) else {
-            self.done(AuthResult::Unauth);
-            return Err(plain(StatusCode::UNAUTHORIZED, "unauthorized\n"));
+            return Err(self.deny(Denied::Unauth));
         };
         if let Some(st) = &self.config.static_token
             && st.matches(token)
@@ -97,49 +122,115 @@ impl Authenticator {
             return Ok(());
         }
         let Some(reviewer) = &self.config.reviewer else {
-            self.done(AuthResult::Unauth);
-            return Err(plain(StatusCode::UNAUTHORIZED, "unauthorized\n"));
+            return Err(self.deny(Denied::Unauth));
         };
         let key = token_key(token);
-        if self
-            .cache
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .hit(&key, Instant::now())
-        {
-            self.done(AuthResult::Ok);
-            return Ok(());
+        if let Some(cached) = self.cached(&key) {
+            return self.answer(cached);
         }
-        let audience = (!self.audience.is_empty()).then_some(self.audience.as_str());
-        let status = match reviewer.review(token, audience).await {
-            Ok(s) => s,
-            Err(e) => {
-                tracing::debug!(error = %e, "auth_token_review_error");
-                self.done(AuthResult::Error);
-                return Err(plain(
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    "token review unavailable\n",
-                ));
-            }
+        // One review per token at a time: a request that waited finds the verdict cached.
+        let flight = self.flight(&key);
+        let _ours = flight.lock().await;
+        if let Some(cached) = self.cached(&key) {
+            return self.answer(cached);
+        }
+        let Ok(_permit) = REVIEW_PERMITS.try_acquire() else {
+            tracing::debug!("auth_token_review_saturated");
+            return Err(self.unavailable());
         };
+        let verdict = match self.review(reviewer, token).await {
+            Ok(v) => v,
+            Err(()) => return Err(self.unavailable()),
+        };
+        let now = Instant::now();
+        match verdict {
+            Ok(()) => lock(&self.cache).insert(key, (), now),
+            Err(d) => lock(&self.denied).insert(key, d, now),
+        }
+        self.answer(verdict)
+    }
+
+    /// The cached verdict of a token key, if any.
+    fn cached(&self, key: &str) -> Option<Result<(), Denied>> {
+        let now = Instant::now();
+        if lock(&self.cache).hit(key, now) {
+            return Some(Ok(()));
+        }
+        lock(&self.denied).get(key, now).map(Err)
+    }
+
+    /// The single-flight lock of a token key; locks nobody holds are dropped here.
+    fn flight(&self, key: &str) -> Arc<tokio::sync::Mutex<()>> {
+        let mut map = lock(&self.in_flight);
+        map.retain(|_, l| Arc::strong_count(l) > 1);
+        map.entry(key.to_string()).or_default().clone()
+    }
+
+    /// One TokenReview: `Ok(verdict)`, or `Err` when the API server gave no usable answer.
+    async fn review(
+        &self,
+        reviewer: &TokenReviewer,
+        token: &str,
+    ) -> Result<Result<(), Denied>, ()> {
+        let audience = (!self.audience.is_empty()).then_some(self.audience.as_str());
+        let status = reviewer.review(token, audience).await.map_err(|e| {
+            tracing::debug!(error = %e, "auth_token_review_error");
+        })?;
         if !status.authenticated {
             if !status.error.is_empty() {
                 tracing::warn!(error = %status.error, "auth_token_review_unauthenticated");
             }
-            self.done(AuthResult::Unauth);
-            return Err(plain(StatusCode::UNAUTHORIZED, "unauthorized\n"));
+            return Ok(Err(Denied::Unauth));
+        }
+        // An audience-aware API server names the requested audience in `status.audiences`; a
+        // review that does not is not proof the token was issued for this endpoint.
+        if let Some(aud) = audience
+            && !status.audiences.iter().any(|a| a == aud)
+        {
+            tracing::warn!(audience = %aud, "auth_token_review_audience_mismatch");
+            return Ok(Err(Denied::Unauth));
         }
         if status.username != self.config.expected_sa {
-            self.done(AuthResult::Forbidden);
-            return Err(plain(StatusCode::FORBIDDEN, "forbidden\n"));
+            return Ok(Err(Denied::Forbidden));
         }
-        self.cache
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(key, Instant::now());
-        self.done(AuthResult::Ok);
-        Ok(())
+        Ok(Ok(()))
     }
+
+    fn answer(&self, verdict: Result<(), Denied>) -> Result<(), Response<Full<Bytes>>> {
+        match verdict {
+            Ok(()) => {
+                self.done(AuthResult::Ok);
+                Ok(())
+            }
+            Err(d) => Err(self.deny(d)),
+        }
+    }
+
+    fn deny(&self, why: Denied) -> Response<Full<Bytes>> {
+        match why {
+            Denied::Unauth => {
+                self.done(AuthResult::Unauth);
+                plain(StatusCode::UNAUTHORIZED, "unauthorized\n")
+            }
+            Denied::Forbidden => {
+                self.done(AuthResult::Forbidden);
+                plain(StatusCode::FORBIDDEN, "forbidden\n")
+            }
+        }
+    }
+
+    fn unavailable(&self) -> Response<Full<Bytes>> {
+        self.done(AuthResult::Error);
+        plain(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "token review unavailable\n",
+        )
+    }
+}
+
+/// Locks a mutex whose data stays consistent even if a holder panicked.
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// The three controller-facing authenticators, or none when auth is disabled.

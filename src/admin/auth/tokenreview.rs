@@ -48,6 +48,8 @@ pub struct ReviewStatus {
     pub username: String,
     /// `status.error` (may be empty).
     pub error: String,
+    /// `status.audiences`: the requested audiences the token is valid for.
+    pub audiences: Vec<String>,
 }
 
 /// A TokenReview client bound to one API server.
@@ -98,6 +100,8 @@ struct RespStatus {
     user: Option<RespUser>,
     #[serde(default)]
     error: String,
+    #[serde(default)]
+    audiences: Vec<String>,
 }
 
 #[derive(Deserialize, Default)]
@@ -323,6 +327,7 @@ impl TokenReviewer {
             authenticated: st.authenticated,
             username: st.user.map(|u| u.username).unwrap_or_default(),
             error: st.error,
+            audiences: st.audiences,
         })
     }
 }
