@@ -196,6 +196,8 @@ impl Authenticator {
         Ok(Ok(()))
     }
 
+    // The `Err` is the response to send, built once per admin request, as `check` returns it.
+    #[allow(clippy::result_large_err)]
     fn answer(&self, verdict: Result<(), Denied>) -> Result<(), Response<Full<Bytes>>> {
         match verdict {
             Ok(()) => {
