@@ -113,7 +113,9 @@ impl InferenceCache for CacheService {
             let core = owner(&update.tenant_id, &update.model_id);
             let applied = mailbox::call(core, move |st| st.ingest(&update))
                 .await
-                .map_err(|_| Status::unavailable("server shutting down"))?;
+                .map_err(|_| {
+                    Status::unavailable("owner core unavailable (stalled or shutting down)")
+                })?;
             if let Err(why) = applied {
                 refused.get_or_insert(why);
             }
