@@ -322,6 +322,23 @@ pub async fn run(req: ProbeRequest) -> ProbeResult {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
+    use proptest::strategy::Strategy as _;
+
+    proptest! {
+        /// Fuzzing of the `/probe` body decoder: arbitrary and mutated bodies are refused with
+        /// a 400 body or accepted with the required fields, never a panic.
+        #[test]
+        fn fuzz_probe_body(body in prop_oneof![
+            prop::collection::vec(any::<u8>(), 0..600),
+            proptest::string::string_regex("[ -~]{0,80}").expect("regex").prop_map(|tail| format!(r#"{{"backend":"b","model":"m","hashScheme":"vllm"{tail}"#).into_bytes()),
+        ]) {
+            match parse_request(&body) {
+                Ok(req) => prop_assert!(!req.backend.is_empty() && !req.model.is_empty()),
+                Err(msg) => prop_assert!(msg.ends_with('\n')),
+            }
+        }
+    }
 
     #[test]
     fn hash_is_deterministic_and_boundary_injective() {
