@@ -82,6 +82,10 @@ pub const MAX_LABEL_VALUE_BYTES: usize = 256;
 
 /// hyper's header-read timeout on the HTTP listeners (the reference's `ReadHeaderTimeout`).
 pub const HTTP_READ_HEADER_TIMEOUT: Duration = Duration::from_secs(5);
+/// Longest a request body (`/policy`, `/probe`) may take to arrive.
+pub const HTTP_BODY_READ_TIMEOUT: Duration = Duration::from_secs(10);
+/// Open connections across both admin HTTP listeners; further ones are closed at once.
+pub const MAX_HTTP_CONNECTIONS: usize = 512;
 /// How long shutdown waits for in-flight HTTP requests (the reference's 5 s budget).
 pub const HTTP_SHUTDOWN_BUDGET: Duration = Duration::from_secs(5);
 /// Longest a `/metrics` scrape or `/snapshot` waits for one core's copy; a core that does not

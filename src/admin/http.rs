@@ -13,7 +13,7 @@ use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioIo, TokioTimer};
 
-use crate::limits::HTTP_READ_HEADER_TIMEOUT;
+use crate::limits::{HTTP_BODY_READ_TIMEOUT, HTTP_READ_HEADER_TIMEOUT, MAX_HTTP_CONNECTIONS};
 
 /// The response type of every route.
 pub type Resp = Response<Full<Bytes>>;
@@ -54,8 +54,20 @@ pub(super) fn json(status: StatusCode, body: String) -> Resp {
         .expect("json response")
 }
 
-/// Reads at most `limit + 1` bytes of `body` (enough to tell "over the limit" apart) and stops.
-pub(super) async fn read_limited(mut body: Incoming, limit: usize) -> Result<Vec<u8>, String> {
+/// Reads at most `limit + 1` bytes of `body` (enough to tell "over the limit" apart) and stops;
+/// a body that does not arrive within [`HTTP_BODY_READ_TIMEOUT`] is an error, so a client that
+/// trickles its body cannot hold a connection forever.
+pub(super) async fn read_limited(body: Incoming, limit: usize) -> Result<Vec<u8>, String> {
+    tokio::time::timeout(HTTP_BODY_READ_TIMEOUT, read_up_to(body, limit))
+        .await
+        .unwrap_or_else(|_| {
+            Err(format!(
+                "body not received within {HTTP_BODY_READ_TIMEOUT:?}"
+            ))
+        })
+}
+
+async fn read_up_to(mut body: Incoming, limit: usize) -> Result<Vec<u8>, String> {
     let mut out = Vec::new();
     while out.len() <= limit {
         match body.frame().await {
@@ -127,6 +139,13 @@ where
                 continue;
             }
         };
+        if OPEN.load(Ordering::SeqCst) >= MAX_HTTP_CONNECTIONS {
+            // Closed at once: idle connections are reaped by the header-read timeout, so the
+            // probes of a healthy load balancer get a slot again within seconds.
+            tracing::warn!(limit = MAX_HTTP_CONNECTIONS, "http_connection_refused");
+            drop(stream);
+            continue;
+        }
         let h = handler.clone();
         let mut stopping = stop().subscribe();
         OPEN.fetch_add(1, Ordering::SeqCst);

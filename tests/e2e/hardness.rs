@@ -301,3 +301,25 @@ async fn refused_updates_are_not_acknowledged(shards: usize) {
     assert!(refused >= 1.0, "{refused}");
 }
 shards_1_and_2!(refused_updates_are_not_acknowledged);
+
+/// A request body that trickles in is cut off after the body read timeout (10 s) with a 400,
+/// so a client cannot hold an admin connection (and its buffer) forever.
+#[test]
+fn a_trickling_admin_body_is_cut_off() {
+    let srv = Server::start(1, &[]);
+    let mut s = TcpStream::connect(("127.0.0.1", srv.admin_port)).unwrap();
+    s.write_all(b"POST /policy HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n{\"version\"")
+        .unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    let start = Instant::now();
+    let mut buf = [0u8; 512];
+    let n = s.read(&mut buf).unwrap_or(0);
+    let head = String::from_utf8_lossy(&buf[..n]);
+    assert!(
+        head.starts_with("HTTP/1.1 400"),
+        "got {head:?} after {:?}",
+        start.elapsed()
+    );
+    assert!(start.elapsed() < Duration::from_secs(25));
+    assert_eq!(http_get(srv.http_port, "/healthz").unwrap().0, 200);
+}
