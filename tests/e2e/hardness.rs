@@ -49,8 +49,9 @@ async fn metrics_label_values_are_bounded(shards: usize) {
 }
 shards_1_and_2!(metrics_label_values_are_bounded);
 
-/// Starts the binary on the given ports; `None` when it exits within `grace` (a bind failure).
-fn spawn_on(grpc: u16, http: u16, admin: u16, env: &[(&str, &str)]) -> std::process::Child {
+/// Starts the binary on the given ports with `extra` flags, without waiting for it.
+fn spawn_on(ports: (u16, u16, u16), extra: &[&str], env: &[(&str, &str)]) -> std::process::Child {
+    let (grpc, http, admin) = ports;
     Command::new(BIN)
         .args([
             "--insecure-disable-auth",
@@ -63,6 +64,7 @@ fn spawn_on(grpc: u16, http: u16, admin: u16, env: &[(&str, &str)]) -> std::proc
             "--snapshot-bind-address",
             &format!("127.0.0.1:{admin}"),
         ])
+        .args(extra)
         .envs(env.iter().copied())
         .stdout(Stdio::null())
         .stderr(Stdio::null())
@@ -79,7 +81,7 @@ fn ready(http: u16) -> bool {
 #[test]
 fn restart_binds_at_once_and_a_live_port_is_refused() {
     let (g, h, a) = (free_port(), free_port(), free_port());
-    let mut first = spawn_on(g, h, a, &[]);
+    let mut first = spawn_on((g, h, a), &[], &[]);
     assert!(
         wait_until(Duration::from_secs(30), || ready(h)),
         "first start"
@@ -91,7 +93,7 @@ fn restart_binds_at_once_and_a_live_port_is_refused() {
     let status = first.wait().expect("first exits");
     assert!(status.success(), "first exit {status}");
 
-    let mut second = spawn_on(g, h, a, &[]);
+    let mut second = spawn_on((g, h, a), &[], &[]);
     let started = wait_until(Duration::from_secs(10), || {
         ready(h) || second.try_wait().ok().flatten().is_some()
     });
@@ -101,7 +103,7 @@ fn restart_binds_at_once_and_a_live_port_is_refused() {
     );
 
     let (h2, a2) = (free_port(), free_port());
-    let mut third = spawn_on(g, h2, a2, &[]);
+    let mut third = spawn_on((g, h2, a2), &[], &[]);
     let exited = wait_until(Duration::from_secs(20), || {
         third.try_wait().ok().flatten().is_some()
     });
@@ -163,27 +165,13 @@ fn silent_connections_are_closed_and_free_their_slots() {
 /// it, instead of leaving the other cores serving while requests for the dead one hang.
 #[test]
 fn a_panic_on_a_core_aborts_the_process() {
-    let (g, h, a) = (free_port(), free_port(), free_port());
-    let mut child = Command::new(BIN)
-        .args([
-            "--insecure-disable-auth",
-            "--shards",
-            "2",
-            "--sweep-interval-ms",
-            "300",
-            "--grpc-bind-address",
-            &format!("127.0.0.1:{g}"),
-            "--http-bind-address",
-            &format!("127.0.0.1:{h}"),
-            "--snapshot-bind-address",
-            &format!("127.0.0.1:{a}"),
-        ])
-        .env("INFERENCECACHE_TEST_SWEEP_FAULT", "panic:1")
-        .env("RUST_BACKTRACE", "0")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("spawn");
+    let ports = (free_port(), free_port(), free_port());
+    let flags = ["--shards", "2", "--sweep-interval-ms", "300"];
+    let env = [
+        ("INFERENCECACHE_TEST_SWEEP_FAULT", "panic:1"),
+        ("RUST_BACKTRACE", "0"),
+    ];
+    let mut child = spawn_on(ports, &flags, &env);
     let exited = wait_until(Duration::from_secs(30), || {
         child.try_wait().ok().flatten().is_some()
     });
