@@ -4,6 +4,9 @@
 # (examples/baseline_server.rs), interleaved in one run so machine noise hits all variants.
 #
 # Usage: perf/unary.sh [requests-per-run] [rounds]
+#        PREV=<another build of inference-cache-server> perf/unary.sh ...  adds that build with
+#        --shards 1 as variant "prev-n1" (before/after comparisons in one run);
+#        VARIANTS="prev-n1 n1" picks the variants to run
 # Needs: cargo build --release -p loadgen -p inference-cache --bins --examples
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -24,6 +27,7 @@ start() {
     baseline) "$BASE" "127.0.0.1:$PORT" 2>/dev/null & ;;
     n1) "$SRV" --insecure-disable-auth --log-level error --shards 1 --grpc-bind-address "127.0.0.1:$PORT" --http-bind-address 127.0.0.1:0 --snapshot-bind-address 127.0.0.1:0 & ;;
     n2) "$SRV" --insecure-disable-auth --log-level error --shards 2 --grpc-bind-address "127.0.0.1:$PORT" --http-bind-address 127.0.0.1:0 --snapshot-bind-address 127.0.0.1:0 & ;;
+    prev-n1) "$PREV" --insecure-disable-auth --log-level error --shards 1 --grpc-bind-address "127.0.0.1:$PORT" --http-bind-address 127.0.0.1:0 --snapshot-bind-address 127.0.0.1:0 & ;;
   esac
   PID=$!
   for _ in $(seq 100); do (echo >/dev/tcp/127.0.0.1/$PORT) 2>/dev/null && return; sleep 0.05; done
@@ -33,7 +37,7 @@ start() {
 COMMON=(--addr "http://127.0.0.1:$PORT" --workload chat --seed 7 --population 2000 --replicas 8 --tenants 4)
 printf '%-9s %5s %10s %10s %10s %12s\n' variant round p50_us p99_us rps cpu_us_per_req
 for round in $(seq "$ROUNDS"); do
-  for v in baseline n1 n2; do
+  for v in ${VARIANTS:-baseline ${PREV:+prev-n1} n1 n2}; do
     start "$v"
     "$LG" preload "${COMMON[@]}" >/dev/null 2>&1
     c0=$(cpu_ticks "$PID")
