@@ -71,10 +71,11 @@ fn check(h: &Health, stall_after: Duration) {
     }
 }
 
-/// The watchdog, run on the admin thread for the process lifetime.
+/// The watchdog, run on the admin thread until shutdown (draining cores stop beating, which
+/// is not a stall).
 pub async fn watchdog() {
     let Some(h) = HEALTH.get() else { return };
-    loop {
+    while !super::shutting_down() {
         tokio::time::sleep(CORE_HEARTBEAT_INTERVAL).await;
         check(h, CORE_STALL_AFTER);
     }
