@@ -83,27 +83,14 @@ impl PoolConfig {
     /// `shards` executors to (the runtime takes the allowed CPUs in order). When every allowed CPU
     /// serves, the workers stay unpinned and deprioritised instead.
     pub fn sparing_serving_cores(shards: usize) -> Self {
-        let cpus = allowed_cpus();
+        // The same list, in the same order, as the runtime pins its executors to.
+        let cpus = crate::sys::cpus::allowed_cpus();
         let spare: Vec<usize> = cpus.into_iter().skip(shards).collect();
         Self {
             workers: DEFAULT_TOKENIZER_WORKERS,
             cpus: (!spare.is_empty()).then_some(spare),
         }
     }
-}
-
-/// CPUs this process may run on, in ascending order (respects taskset/cgroup limits).
-fn allowed_cpus() -> Vec<usize> {
-    // SAFETY: plain libc calls on a zeroed cpu_set_t owned by this frame.
-    unsafe {
-        let mut set: libc::cpu_set_t = std::mem::zeroed();
-        if libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) == 0 {
-            return (0..libc::CPU_SETSIZE as usize)
-                .filter(|&c| libc::CPU_ISSET(c, &set))
-                .collect();
-        }
-    }
-    Vec::new()
 }
 
 /// Best-effort placement of the calling worker thread; failures only cost isolation.
