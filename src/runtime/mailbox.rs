@@ -12,7 +12,8 @@ use crossbeam_queue::ArrayQueue;
 use futures_util::task::AtomicWaker;
 
 use crate::limits::{
-    MAILBOX_BACKOFF_MAX, MAILBOX_BACKOFF_MIN, MAILBOX_CAPACITY, MAILBOX_DRAIN_BATCH,
+    CORE_HEARTBEAT_INTERVAL, MAILBOX_BACKOFF_MAX, MAILBOX_BACKOFF_MIN, MAILBOX_CAPACITY,
+    MAILBOX_DRAIN_BATCH,
 };
 use crate::shard::{self, CoreState};
 
@@ -178,7 +179,16 @@ where
             }
         }
     }
-    rx.await.map_err(|_| HopError::Gone)
+    // Work queued just before its owner stalled fails once the watchdog marks the stall, instead
+    // of waiting for the core to come back (it may still run then; ingest is idempotent).
+    let reply = async { rx.await.map_err(|_| HopError::Gone) };
+    let stalled = async {
+        while !super::health::is_stalled(owner) {
+            backoff_sleep(CORE_HEARTBEAT_INTERVAL).await;
+        }
+        Err(HopError::Gone)
+    };
+    futures_lite::future::or(reply, stalled).await
 }
 
 /// Sleeps on the calling thread's timer: the core's, or the admin runtime's.

@@ -311,3 +311,40 @@ fn a_trickling_admin_body_is_cut_off() {
     assert!(start.elapsed() < Duration::from_secs(25));
     assert_eq!(http_get(srv.http_port, "/healthz").unwrap().0, 200);
 }
+
+/// Work queued to a core that then stalls fails once the stall is detected (UNAVAILABLE for an
+/// ingest stream) instead of hanging until the core comes back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ingest_queued_to_a_stalled_core_fails_fast() {
+    let srv = Server::start_opts(
+        2,
+        StartOpts {
+            flags: &["--sweep-interval-ms", "300"],
+            env: &[("INFERENCECACHE_TEST_SWEEP_FAULT", "stall:1:20000")],
+            ..Default::default()
+        },
+    );
+    // Core 1 is stalled once a scrape can no longer gather its series.
+    let stalled = wait_until(Duration::from_secs(20), || {
+        !metrics_text(&srv).contains("inferencecache_core_index_entries{core=\"1\"}")
+    });
+    assert!(stalled, "core 1 never stalled");
+    // The first gRPC connection is dealt to core 0; the model is owned by core 1.
+    let model = &models_per_core("t", 2)[1];
+    let mut c = srv.client().await;
+    let start = Instant::now();
+    let update = legacy_update("r", "t", model, "vllm", b"h", 16);
+    let sent = tokio::time::timeout(
+        Duration::from_secs(30),
+        c.report_cache_state(tokio_stream::iter(vec![update])),
+    )
+    .await
+    .expect("the ingest call hung");
+    let status = sent.expect_err("acknowledged while its owner core was stalled");
+    assert_eq!(status.code(), tonic::Code::Unavailable, "{status:?}");
+    assert!(
+        start.elapsed() < Duration::from_secs(15),
+        "failed only after {:?}",
+        start.elapsed()
+    );
+}
