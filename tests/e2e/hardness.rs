@@ -348,3 +348,36 @@ async fn ingest_queued_to_a_stalled_core_fails_fast() {
         start.elapsed()
     );
 }
+
+/// SIGTERM completes within the documented bound (10 s gRPC drain + 1 s, then at most 5 s for
+/// HTTP) even while a producer keeps a ReportCacheState stream open and busy.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_completes_within_the_drain_bound_under_a_live_producer() {
+    let mut srv = Server::start(2, &[]);
+    let mut c = srv.client().await;
+    let (tx, rx) = tokio::sync::mpsc::channel(16);
+    let producer = tokio::spawn(async move {
+        for i in 0..10_000u32 {
+            let u = legacy_update("r", "t", "m", "vllm", &i.to_be_bytes(), 16);
+            if tx.send(u).await.is_err() {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    });
+    let stream = tokio::spawn(async move {
+        let _ = c
+            .report_cache_state(tokio_stream::wrappers::ReceiverStream::new(rx))
+            .await;
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let start = Instant::now();
+    let status = tokio::task::spawn_blocking(move || srv.terminate())
+        .await
+        .unwrap();
+    let took = start.elapsed();
+    assert!(status.success(), "exit {status}");
+    assert!(took < Duration::from_secs(18), "SIGTERM took {took:?}");
+    producer.abort();
+    stream.abort();
+}
