@@ -15,6 +15,10 @@ pub use inferencecache_index::resolve::MAX_PROMPT_TEXT_BYTES;
 /// may be before it is clamped.
 pub const DEFAULT_MAX_TIMESTAMP_SKEW_MS: u64 = (DEFAULT_MAX_FUTURE_SKEW_NS / 1_000_000) as u64;
 
+/// Longest name (tenant, model, replica, hash scheme, adapter) the index accepts; an update
+/// with a longer one is refused (`ID_TOO_LONG`), a lookup with one fails open.
+pub const MAX_ID_BYTES: usize = 1024;
+
 // ---- Cores and partitions -------------------------------------------------------------------
 
 /// Fixed number of index partitions; larger than any core count so `--shards` never rehashes.

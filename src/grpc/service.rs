@@ -14,7 +14,7 @@ use tonic::{Request, Response, Status, Streaming};
 
 use crate::lookup::LookupConfig;
 use crate::runtime::mailbox;
-use crate::shard::owner;
+use crate::shard::{IngestRefused, owner};
 
 use super::status::receive_status;
 
@@ -108,6 +108,11 @@ impl InferenceCache for CacheService {
         // does not stop the stream, but the Ack then says so: nothing unapplied is acknowledged.
         while let Some(update) = stream.message().await.map_err(receive_status)? {
             if update.tenant_id == PROBE_TENANT {
+                continue;
+            }
+            if let Err(why) = IngestRefused::check_ids(&update) {
+                crate::metrics::record_ingest_refused(why.metric_label());
+                refused.get_or_insert(why);
                 continue;
             }
             let core = owner(&update.tenant_id, &update.model_id);

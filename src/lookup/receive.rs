@@ -9,6 +9,7 @@ use inferencecache_index::resolve::{self, DEFAULT_TOKENIZE_TIMEOUT};
 use inferencecache_proto::v1alpha1 as pb;
 
 use super::{Answer, LookupConfig, OwnerCall, envelope, expired, reason};
+use crate::limits::MAX_ID_BYTES;
 use crate::runtime::mailbox::{self, HopError};
 use crate::shard::{owner, with_core};
 
@@ -45,6 +46,17 @@ pub async fn lookup_route(
         let mut r = envelope(reason::NO_HINT, start, Vec::new());
         r.lookup_latency_us = 0;
         return r;
+    }
+    // Names longer than any the index accepts cannot match: fail open without touching it.
+    let ids = [
+        &req.tenant_id,
+        &req.model_id,
+        &req.hash_scheme,
+        &req.adapter_id,
+    ];
+    if ids.iter().any(|id| id.len() > MAX_ID_BYTES) {
+        crate::metrics::record_lookup(&req.model_id, reason::NO_HINT, false, start.elapsed());
+        return envelope(reason::NO_HINT, start, Vec::new());
     }
     let (resp, model) = lookup_route_inner(cfg, req, start, caller_deadline).await;
     crate::metrics::record_lookup(

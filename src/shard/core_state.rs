@@ -8,6 +8,7 @@ use inferencecache_index::index::{EvictionCounts, Index, IndexConfig};
 use inferencecache_index::policy::PolicyStore;
 use inferencecache_proto::v1alpha1 as pb;
 
+use crate::limits::MAX_ID_BYTES;
 use crate::metrics;
 use crate::sys::clock::unix_now_ns;
 
@@ -16,6 +17,8 @@ use crate::sys::clock::unix_now_ns;
 pub enum IngestRefused {
     /// The core's string table cannot take the message's new names.
     StringTableFull,
+    /// A name (tenant, model, replica, scheme, adapter) is longer than [`MAX_ID_BYTES`].
+    IdTooLong,
 }
 
 impl IngestRefused {
@@ -23,6 +26,7 @@ impl IngestRefused {
     pub fn reason_code(self) -> &'static str {
         match self {
             Self::StringTableFull => "STRING_TABLE_FULL",
+            Self::IdTooLong => "ID_TOO_LONG",
         }
     }
 
@@ -30,6 +34,25 @@ impl IngestRefused {
     pub fn metric_label(self) -> &'static str {
         match self {
             Self::StringTableFull => "string_table_full",
+            Self::IdTooLong => "id_too_long",
+        }
+    }
+
+    /// Checks the names an update would intern against [`MAX_ID_BYTES`].
+    pub fn check_ids(u: &pb::CacheStateUpdate) -> Result<(), IngestRefused> {
+        let names = [
+            &u.tenant_id,
+            &u.model_id,
+            &u.replica_id,
+            &u.hash_scheme,
+            &u.adapter_id,
+        ];
+        let too_long = names.iter().any(|n| n.len() > MAX_ID_BYTES)
+            || u.prefixes.iter().any(|p| p.adapter_id.len() > MAX_ID_BYTES);
+        if too_long {
+            Err(IngestRefused::IdTooLong)
+        } else {
+            Ok(())
         }
     }
 }

@@ -9,7 +9,7 @@ use std::sync::OnceLock;
 use xxhash_rust::xxh3::{xxh3_64, xxh3_64_with_seed};
 
 pub use crate::limits::PARTITIONS;
-pub use core_state::{CoreState, current_core, install, with_core};
+pub use core_state::{CoreState, IngestRefused, current_core, install, with_core};
 
 /// Number of cores serving, fixed once at start-up.
 static CORES: OnceLock<usize> = OnceLock::new();

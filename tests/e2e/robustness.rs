@@ -437,22 +437,36 @@ shards_1_and_2!(many_concurrent_lookups);
 async fn huge_and_non_utf8_ids(shards: usize) {
     let mut srv = Server::start(shards, &[]);
     let mut c = srv.client().await;
-    let huge_t = "t".repeat(100 * 1024);
-    let huge_m = "m".repeat(100 * 1024);
-    assert!(
-        report(
-            &mut c,
-            vec![legacy_update("rh", &huge_t, &huge_m, "vllm", b"h", 100)]
-        )
-        .await
-        .accepted
-    );
-    let r = lookup(&mut c, exact_lookup(&huge_t, &huge_m, "vllm", b"h", 100)).await;
+    // Names up to the 1 KiB limit round trip.
+    let long_t = "t".repeat(1024);
+    let long_m = "m".repeat(1024);
+    let ack = report(
+        &mut c,
+        vec![legacy_update("rh", &long_t, &long_m, "vllm", b"h", 100)],
+    )
+    .await;
+    assert!(ack.accepted);
+    let r = lookup(&mut c, exact_lookup(&long_t, &long_m, "vllm", b"h", 100)).await;
     assert!(
         r.replica_scores.iter().any(|s| s.replica_id == "rh"),
-        "huge ids round trip: {:?}",
+        "long ids round trip: {:?}",
         r.reason_code
     );
+    // Longer names are refused (not acknowledged) and their lookups fail open.
+    let huge_t = "t".repeat(100 * 1024);
+    let huge_m = "m".repeat(100 * 1024);
+    let ack = report(
+        &mut c,
+        vec![legacy_update("rh", &huge_t, &huge_m, "vllm", b"h", 100)],
+    )
+    .await;
+    assert_eq!(
+        (ack.accepted, ack.reason_code.as_str()),
+        (false, "ID_TOO_LONG")
+    );
+    let r = lookup(&mut c, exact_lookup(&huge_t, &huge_m, "vllm", b"h", 100)).await;
+    assert_eq!(r.reason_code, "NO_HINT");
+    assert!(r.replica_scores.is_empty());
     // Snapshot and metrics still render with the huge ids in them.
     let _ = snapshot_json(&srv);
     let (st, _) = http_get(srv.http_port, "/metrics").unwrap();
