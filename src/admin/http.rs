@@ -23,15 +23,19 @@ pub type RespFuture = std::pin::Pin<Box<dyn Future<Output = Result<Resp, Infalli
 
 /// A plain-text response, with the headers Go's `http.Error` sets.
 pub(super) fn text(status: StatusCode, body: &'static str) -> Resp {
-    text_owned(status, body.to_string())
+    plain_text(status, Bytes::from_static(body.as_bytes()))
 }
 
 pub(super) fn text_owned(status: StatusCode, body: String) -> Resp {
+    plain_text(status, Bytes::from(body))
+}
+
+fn plain_text(status: StatusCode, body: Bytes) -> Resp {
     Response::builder()
         .status(status)
         .header("content-type", "text/plain; charset=utf-8")
         .header("x-content-type-options", "nosniff")
-        .body(Full::new(Bytes::from(body)))
+        .body(Full::new(body))
         .expect("static response")
 }
 

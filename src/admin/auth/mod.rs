@@ -25,6 +25,7 @@ use bytes::Bytes;
 use http::{HeaderMap, Response, StatusCode};
 use http_body_util::Full;
 
+use super::http::text;
 use crate::limits::{
     AUTH_NEGATIVE_CACHE_CAPACITY, AUTH_NEGATIVE_CACHE_TTL, MAX_CONCURRENT_TOKEN_REVIEWS,
 };
@@ -69,15 +70,6 @@ pub struct Authenticator {
 /// instead of queueing calls to the API server.
 static REVIEW_PERMITS: tokio::sync::Semaphore =
     tokio::sync::Semaphore::const_new(MAX_CONCURRENT_TOKEN_REVIEWS);
-
-fn plain(status: StatusCode, body: &'static str) -> Response<Full<Bytes>> {
-    Response::builder()
-        .status(status)
-        .header("content-type", "text/plain; charset=utf-8")
-        .header("x-content-type-options", "nosniff")
-        .body(Full::new(Bytes::from_static(body.as_bytes())))
-        .expect("static response")
-}
 
 /// Extracts the bearer token: scheme case-insensitive, token trimmed and non-empty.
 pub fn bearer_token(headers: &HeaderMap) -> Option<&str> {
@@ -212,18 +204,18 @@ impl Authenticator {
         match why {
             Denied::Unauth => {
                 self.done(AuthResult::Unauth);
-                plain(StatusCode::UNAUTHORIZED, "unauthorized\n")
+                text(StatusCode::UNAUTHORIZED, "unauthorized\n")
             }
             Denied::Forbidden => {
                 self.done(AuthResult::Forbidden);
-                plain(StatusCode::FORBIDDEN, "forbidden\n")
+                text(StatusCode::FORBIDDEN, "forbidden\n")
             }
         }
     }
 
     fn unavailable(&self) -> Response<Full<Bytes>> {
         self.done(AuthResult::Error);
-        plain(
+        text(
             StatusCode::SERVICE_UNAVAILABLE,
             "token review unavailable\n",
         )
