@@ -25,7 +25,11 @@ const TENANTS: [&str; 4] = ["t1", "t2", "", PROBE_TENANT];
 const MODELS: [&str; 2] = ["m1", "m2"];
 const SCHEMES: [&str; 3] = ["s1", "s2", ""];
 const ADAPTERS: [&str; 3] = ["", "a1", "a2"];
-const REPLICAS: [&str; 4] = ["r1", "r2", "r3", "r10"];
+/// More replicas than a key keeps in its overflow chain (8), so hot keys move to the store's
+/// wide sets and back.
+const REPLICAS: [&str; 14] = [
+    "r1", "r2", "r3", "r10", "r4", "r5", "r6", "r7", "r8", "r9", "r11", "r12", "r13", "r0",
+];
 const HASHES: [&[u8]; 7] = [
     b"",
     b"x",
@@ -715,7 +719,7 @@ enum Op {
         hash: usize,
         chain: Option<(Vec<usize>, Vec<i32>)>,
         ttft: i32,
-        keep: u8,
+        keep: u16,
         plain: bool,
     },
     Rules {
@@ -785,7 +789,7 @@ fn op() -> impl proptest::strategy::Strategy<Value = Op> {
         6 => (0..3usize, 0..MODELS.len(), 0..SCHEMES.len(), 0..ADAPTERS.len(), 0..HASHES.len(),
               proptest::option::of((proptest::collection::vec(0..HASHES.len(), 0..4),
                                     proptest::collection::vec(prop_oneof![Just(16), Just(8), Just(0)], 0..4))),
-              prop_oneof![Just(0), Just(50), Just(500)], any::<u8>(), any::<bool>())
+              prop_oneof![Just(0), Just(50), Just(500)], any::<u16>(), any::<bool>())
             .prop_map(|(tenant, model, scheme, adapter, hash, chain, ttft, keep, plain)| Op::Lookup {
                 tenant, model, scheme, adapter, hash, chain, ttft, keep, plain
             }),
@@ -1105,6 +1109,44 @@ fn run(ops: Vec<Op>, ranker: RankerConfig, cap: u64, k: usize) -> Result<(), Tes
     Ok(())
 }
 
+/// Ordinary ops interleaved with bursts in which many replicas report the same keys (one
+/// chain, so exact and chain lookups both hit hot keys): keys go from the overflow chain to a
+/// wide set and back as holders expire, are cleared or evicted.
+fn ops_with_hot_keys() -> impl proptest::strategy::Strategy<Value = Vec<Op>> {
+    let burst = (
+        0..2usize,
+        0..2usize,
+        0..ADAPTERS.len(),
+        proptest::collection::vec(0..HASHES.len(), 1..3),
+        any::<u16>(),
+        proptest::option::of(-25 * MIN..4 * MIN),
+    )
+        .prop_map(|(tenant, scheme, adapter, hashes, mask, ts)| {
+            (0..REPLICAS.len())
+                .filter(|r| mask & (1 << r) != 0)
+                .map(|replica| Op::Ingest {
+                    tenant,
+                    model: 0,
+                    scheme,
+                    replica,
+                    adapter,
+                    ts,
+                    prefixes: vec![PE::Chain {
+                        counts: vec![16; hashes.len()],
+                        hashes: hashes.clone(),
+                        coset: None,
+                        tier: 1,
+                        adapter: None,
+                    }],
+                    stats: None,
+                })
+                .collect::<Vec<_>>()
+        });
+    let single = op().prop_map(|o| vec![o]);
+    proptest::collection::vec(prop_oneof![1 => burst, 3 => single], 1..30)
+        .prop_map(|v| v.into_iter().flatten().collect())
+}
+
 proptest! {
     // 300 cases by default; `PROPTEST_CASES=N` overrides.
     #![proptest_config(ProptestConfig {
@@ -1121,6 +1163,12 @@ proptest! {
     fn prop_index_matches_reference_tight_slo(ops in proptest::collection::vec(op(), 1..60)) {
         run(ops, RankerConfig { slo_tight_ttft_ms: 100, slo_tight_bias: 2.5, pressure_weight: 0.7,
                                  tenant_hot_min_hit_rate: 0.3, tenant_hot_max_age_ns: 3 * MIN }, 0, 2)?;
+    }
+
+    /// Hot keys held by up to 14 replicas (the store's wide sets), with and without the cap.
+    #[test]
+    fn prop_index_matches_reference_hot_keys(ops in ops_with_hot_keys(), cap in prop_oneof![Just(0u64), 5..40u64]) {
+        run(ops, RankerConfig::default(), cap, 2)?;
     }
 
     /// Cap pressure from the first step: exercises the candidate heap and its tie-breaks.

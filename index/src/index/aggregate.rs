@@ -251,8 +251,8 @@ impl Index {
             }
         }
         for m in &self.cat.models {
-            if reserved(m.tenant) {
-                continue;
+            if m.stats.is_empty() || reserved(m.tenant) {
+                continue; // freed records have no stats
             }
             for (r, row) in &m.stats {
                 let s = PartStats {
@@ -302,11 +302,16 @@ impl Index {
         for m in self.gauge.dirty.drain(..) {
             let e = self.gauge.counts.get_mut(&m).expect("dirty model");
             e.1 = false;
+            if e.0 == 0 {
+                // Its 0 is published: the next reclaim pass may free the model's name.
+                self.reclaimable += 1;
+            }
             f(self.cat.strings.name(m), e.0);
         }
     }
 
-    /// Current non-reserved key count of every model this core ever indexed (0 included).
+    /// Current non-reserved key count of every model this core knows: models with keys, and
+    /// models that drained to 0 until the reclaim pass after their 0 was published.
     pub fn model_entry_counts(&self) -> Vec<(String, u64)> {
         let mut v: Vec<(String, u64)> = self
             .gauge

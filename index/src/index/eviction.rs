@@ -280,6 +280,9 @@ impl Index {
             .keyspaces
             .iter()
             .map(|p| {
+                if p.keys == 0 {
+                    return 1; // no key to visit (freed records included)
+                }
                 let t = &self.cat.tenants[&self.cat.scopes[p.scope as usize].tenant];
                 (t.reserved as u8) | ((t.algo == Eviction::Lfu) as u8) << 1
             })
@@ -580,7 +583,8 @@ impl Index {
     // ---- TTL sweep (§6) ---------------------------------------------------------------------
 
     /// The periodic TTL sweep (§6): removes every entry with `now − last_seen ≥ ttl(tenant)`
-    /// (reserved tenants included) and every stats row with `now − last_seen ≥ ttl(tenant)`.
+    /// (reserved tenants included) and every stats row with `now − last_seen ≥ ttl(tenant)`,
+    /// then runs the reclaim pass when something may have become unreferenced.
     /// O(entries); never enforces the cap.
     pub fn sweep(&mut self, now: i64, rules: &dyn TenantRules) -> SweepOutcome {
         let mut out = SweepOutcome::default();
@@ -616,13 +620,21 @@ impl Index {
             }
         }
         for m in self.cat.models.iter_mut() {
+            if m.stats.is_empty() {
+                continue; // freed records included
+            }
             let (ttl, _) = policy[&m.tenant];
             let before = m.stats.len();
             m.stats
                 .retain(|_, row| now.saturating_sub(row.last_seen) < ttl);
             out.stats_rows_removed += (before - m.stats.len()) as u64;
         }
+        self.stats_rows -= out.stats_rows_removed as usize;
+        self.reclaimable += out.stats_rows_removed;
         self.flush();
+        if self.reclaimable > 0 {
+            out.strings_freed = self.reclaim();
+        }
         out
     }
 }

@@ -1,59 +1,136 @@
 //! Per-core interning: tenant/model/scheme/adapter/replica strings become small `u32` ids, and
 //! prefix hashes that are not exactly 8 bytes wide live out of line as reference-counted blobs.
 //!
-//! Strings are never reclaimed: their number is bounded by the distinct ids a core has ever seen
-//! (tenants, models, schemes, adapters, replica names), which is tiny next to the entry count.
+//! Strings are bounded in number ([`MAX_STRINGS`], lowered by `IndexConfig::max_strings`) and in
+//! bytes (`IndexConfig::max_string_bytes`). They are freed by the index's reclaim pass
+//! (`Index::reclaim`, run after every sweep and when the table is full) once no record, entry,
+//! stats row or gauge refers to them; a freed id is reused only by a later `intern`, after the
+//! pass has dropped every cached snapshot that could still name it.
 //! Blobs are reclaimed when their last reference (a key or an eviction candidate) goes away.
 
-use hashbrown::{DefaultHashBuilder, HashMap, HashTable};
+use hashbrown::{DefaultHashBuilder, HashTable};
 use std::hash::BuildHasher;
 
 /// Upper bound on interned strings per core; replica ids must fit 24 bits (see `Holder`).
-pub(crate) const MAX_STRINGS: usize = 1 << 24;
+pub const MAX_STRINGS: usize = 1 << 24;
 
-/// String ↔ id table. Ids are dense and stable for the life of the core.
-#[derive(Default)]
+/// String ↔ id table. An id is stable while the string is live; freed ids are reused.
 pub(crate) struct Strings {
-    ids: HashMap<Box<str>, u32>,
+    /// Slot per id; a freed slot holds the empty string and is on `free`.
     names: Vec<Box<str>>,
-    /// Lower capacity than [`MAX_STRINGS`] when set (tests of the full-table path).
-    limit: Option<usize>,
+    /// Whether a slot is live (freed slots are not).
+    live: Vec<bool>,
+    table: HashTable<u32>,
+    hasher: DefaultHashBuilder,
+    free: Vec<u32>,
+    /// Sum of the live names' lengths.
+    bytes: usize,
+    /// Capacity in strings (at most [`MAX_STRINGS`]).
+    max_count: usize,
+    /// Capacity in name bytes.
+    max_bytes: usize,
+}
+
+impl Default for Strings {
+    fn default() -> Self {
+        Strings::new(MAX_STRINGS, usize::MAX)
+    }
 }
 
 impl Strings {
-    /// Id of `s` if it was ever interned (no allocation).
+    /// An empty table holding at most `max_count` strings of `max_bytes` bytes in total.
+    pub fn new(max_count: usize, max_bytes: usize) -> Strings {
+        Strings {
+            names: Vec::new(),
+            live: Vec::new(),
+            table: HashTable::new(),
+            hasher: DefaultHashBuilder::default(),
+            free: Vec::new(),
+            bytes: 0,
+            max_count: max_count.min(MAX_STRINGS),
+            max_bytes,
+        }
+    }
+
+    /// Id of `s` if it is interned (no allocation).
     pub fn get(&self, s: &str) -> Option<u32> {
-        self.ids.get(s).copied()
+        let h = self.hasher.hash_one(s);
+        self.table
+            .find(h, |&id| &*self.names[id as usize] == s)
+            .copied()
     }
 
     /// How many more distinct strings fit.
     pub fn room(&self) -> usize {
-        self.limit
-            .unwrap_or(MAX_STRINGS)
-            .min(MAX_STRINGS)
-            .saturating_sub(self.names.len())
+        self.max_count.saturating_sub(self.count())
     }
 
-    /// Lowers the capacity (tests only reach the full-table path this way).
+    /// How many more name bytes fit.
+    pub fn room_bytes(&self) -> usize {
+        self.max_bytes.saturating_sub(self.bytes)
+    }
+
+    /// Lowers the capacity in strings (tests reach the full-table path this way).
     pub fn set_limit(&mut self, limit: usize) {
-        self.limit = Some(limit);
+        self.max_count = limit.min(MAX_STRINGS);
     }
 
-    /// Id of `s`, interning it on first sight. Callers check [`Strings::room`] first (ingest
-    /// refuses updates that would not fit), so the assertion below is an invariant, not a
-    /// reachable input check.
+    /// Sets the capacity in name bytes.
+    pub fn set_byte_limit(&mut self, limit: usize) {
+        self.max_bytes = limit;
+    }
+
+    /// Id of `s`, interning it on first sight. Callers check [`Strings::room`] and
+    /// [`Strings::room_bytes`] first (ingest refuses updates that would not fit), so the
+    /// assertion below is an invariant, not a reachable input check.
     pub fn intern(&mut self, s: &str) -> u32 {
-        if let Some(id) = self.ids.get(s) {
-            return *id;
+        if let Some(id) = self.get(s) {
+            return id;
         }
         assert!(
-            self.names.len() < MAX_STRINGS,
+            self.count() < MAX_STRINGS,
             "too many distinct strings on one core"
         );
-        let id = self.names.len() as u32;
-        self.names.push(s.into());
-        self.ids.insert(s.into(), id);
+        let id = match self.free.pop() {
+            Some(id) => {
+                self.names[id as usize] = s.into();
+                self.live[id as usize] = true;
+                id
+            }
+            None => {
+                self.names.push(s.into());
+                self.live.push(true);
+                (self.names.len() - 1) as u32
+            }
+        };
+        self.bytes += s.len();
+        let h = self.hasher.hash_one(s);
+        let names = &self.names;
+        let hasher = &self.hasher;
+        self.table
+            .insert_unique(h, id, |&i| hasher.hash_one(&*names[i as usize]));
         id
+    }
+
+    /// Frees a live id (the reclaim pass has checked that nothing refers to it).
+    pub fn free(&mut self, id: u32) {
+        debug_assert!(self.live[id as usize], "free of a dead string");
+        let h = self.hasher.hash_one(&*self.names[id as usize]);
+        match self.table.find_entry(h, |&i| i == id) {
+            Ok(e) => {
+                e.remove();
+            }
+            Err(_) => panic!("string missing from its table"),
+        }
+        self.bytes -= self.names[id as usize].len();
+        self.names[id as usize] = "".into();
+        self.live[id as usize] = false;
+        self.free.push(id);
+    }
+
+    /// Whether `id` names a live string.
+    pub fn is_live(&self, id: u32) -> bool {
+        self.live.get(id as usize).copied().unwrap_or(false)
     }
 
     /// The string behind an id.
@@ -61,14 +138,28 @@ impl Strings {
         &self.names[id as usize]
     }
 
-    /// Number of interned strings (ids are `0..len`).
-    pub fn len(&self) -> usize {
+    /// Number of id slots (ids are `0..slots()`, live or free).
+    pub fn slots(&self) -> usize {
         self.names.len()
     }
 
-    /// Approximate heap bytes (for the memory report).
+    /// Number of live strings.
+    pub fn count(&self) -> usize {
+        self.names.len() - self.free.len()
+    }
+
+    /// Sum of the live names' lengths.
+    pub fn bytes(&self) -> usize {
+        self.bytes
+    }
+
+    /// Approximate heap bytes (for the memory report): the names, one slot and one table bucket
+    /// per id.
     pub fn heap_bytes(&self) -> usize {
-        self.names.iter().map(|n| 2 * n.len() + 32).sum::<usize>()
+        self.bytes
+            + self.names.capacity() * (std::mem::size_of::<Box<str>>() + 1)
+            + self.table.capacity() * 5
+            + self.free.capacity() * 4
     }
 }
 
@@ -165,5 +256,28 @@ impl Blobs {
     /// The bytes of a live blob.
     pub fn bytes(&self, id: u32) -> &[u8] {
         &self.recs[id as usize].bytes
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn freed_names_leave_the_table_and_their_ids_are_reused() {
+        let mut s = Strings::new(3, 10);
+        let a = s.intern("aaaa");
+        let b = s.intern("bbb");
+        assert_eq!((s.count(), s.bytes()), (2, 7));
+        assert_eq!((s.room(), s.room_bytes()), (1, 3));
+        s.free(a);
+        assert_eq!(s.get("aaaa"), None);
+        assert!(!s.is_live(a));
+        assert_eq!((s.count(), s.bytes()), (1, 3));
+        let c = s.intern("cc");
+        assert_eq!(c, a, "a freed id is reused");
+        assert_eq!(s.name(c), "cc");
+        assert_eq!(s.get("bbb"), Some(b));
+        assert_eq!(s.slots(), 2);
     }
 }

@@ -309,7 +309,7 @@ impl Index {
         }
     }
 
-    fn reset_last(&mut self) {
+    pub(crate) fn reset_last(&mut self) {
         self.last.strategy = Strategy::None;
         self.last.tenant = None;
         self.last.scores.clear();
@@ -411,7 +411,7 @@ impl Index {
     /// live entry for block 0 (`self.scratch`). Stops at the first block no live run reaches.
     fn walk_chain(&mut self, q: &LookupQuery<'_>, ks: u32, now: i64, ttl: i64) {
         let sc = &mut self.scratch;
-        sc.next_epoch(self.cat.strings.len());
+        sc.next_epoch(self.cat.strings.slots());
         sc.runs.clear();
         sc.run_hits.clear();
         // Blocks are resolved in batches: the table probes of one batch are independent, so

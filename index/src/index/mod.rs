@@ -41,7 +41,9 @@ use inferencecache_proto::v1alpha1::{
 };
 use intern::{Blobs, Strings};
 use std::sync::Arc;
-use store::{BLOB_FLAG, Holder, KeyId, Store};
+use store::{BLOB_FLAG, Holder, HolderUpsert, KeyId, Store};
+
+pub use intern::MAX_STRINGS;
 
 /// Default TTL (§3.1): 30 minutes in ns.
 pub const DEFAULT_TTL_NS: i64 = 30 * 60 * 1_000_000_000;
@@ -52,6 +54,29 @@ pub const DEFAULT_MAX_ENTRIES: u64 = 1_000_000;
 /// `now + skew`, so an entry stamped in the future (a wrong clock, year 2300, `i64::MAX`)
 /// expires at most `skew` after a correctly stamped one instead of never.
 pub const DEFAULT_MAX_FUTURE_SKEW_NS: i64 = 2 * 60 * 1_000_000_000;
+
+/// Default bound on the bytes of the names (tenant, model, replica, scheme, adapter) one core
+/// interns; an update whose new names would exceed it is refused (`STRING_TABLE_FULL`).
+pub const DEFAULT_MAX_STRING_BYTES: usize = 256 << 20;
+
+/// Default bound on the replicas holding one prefix key; a further replica's upsert of that key
+/// is refused (the rest of the update is applied, the stream's Ack says `KEY_HOLDERS_FULL`).
+pub const DEFAULT_MAX_HOLDERS_PER_KEY: usize = 1024;
+
+/// Default bound on the stats rows (replicas) of one `(tenant, model)`; a further replica's
+/// stats are refused (`STATS_ROWS_FULL`).
+pub const DEFAULT_MAX_STATS_ROWS_PER_MODEL: usize = 1024;
+
+/// Default bound on the stats rows of one core, all models together (`STATS_ROWS_FULL`).
+pub const DEFAULT_MAX_STATS_ROWS: usize = 1 << 20;
+
+/// When the string table is full, the reclaim pass runs at once (instead of waiting for the
+/// next sweep) at most this often per core, so a full table of live names cannot make every
+/// refused update pay a pass.
+pub const RECLAIM_ON_FULL_INTERVAL_NS: i64 = 1_000_000_000;
+
+/// Marks a freed scope, keyspace or model-scope record.
+const DEAD: u32 = u32::MAX;
 
 /// Construction parameters of one core's index.
 #[derive(Clone, Debug)]
@@ -70,6 +95,16 @@ pub struct IndexConfig {
     pub core_id: usize,
     /// Producer timestamps later than `now` plus this are clamped to it; negative → 0.
     pub max_future_skew_ns: i64,
+    /// Distinct names this core may hold at once (at most [`MAX_STRINGS`]).
+    pub max_strings: usize,
+    /// Bytes of the names this core may hold at once.
+    pub max_string_bytes: usize,
+    /// Replicas that may hold one prefix key (at least 1).
+    pub max_holders_per_key: usize,
+    /// Stats rows of one `(tenant, model)`.
+    pub max_stats_rows_per_model: usize,
+    /// Stats rows of this core.
+    pub max_stats_rows: usize,
 }
 
 impl Default for IndexConfig {
@@ -82,6 +117,11 @@ impl Default for IndexConfig {
             directory: Arc::new(Directory::default()),
             core_id: 0,
             max_future_skew_ns: DEFAULT_MAX_FUTURE_SKEW_NS,
+            max_strings: MAX_STRINGS,
+            max_string_bytes: DEFAULT_MAX_STRING_BYTES,
+            max_holders_per_key: DEFAULT_MAX_HOLDERS_PER_KEY,
+            max_stats_rows_per_model: DEFAULT_MAX_STATS_ROWS_PER_MODEL,
+            max_stats_rows: DEFAULT_MAX_STATS_ROWS,
         }
     }
 }
@@ -121,9 +161,15 @@ pub struct IngestOutcome {
     pub quota_evicted_keys: u64,
     /// Storage entries evicted by the global cap (`index_evictions_total{algorithm, reason="cap"}`).
     pub cap_evicted: EvictionCounts,
-    /// The whole update was refused because this core's string table is full (ids would not
-    /// fit the compact layout); nothing of it was applied.
+    /// The whole update was refused because this core's string table is full (in names or in
+    /// bytes); nothing of it was applied.
     pub rejected_string_table_full: bool,
+    /// Upserts not applied because their key already had the maximum number of holders (the
+    /// rest of the update was applied).
+    pub holders_refused: u64,
+    /// The update's stats were not stored: its replica would have been one stats row too many
+    /// (per model or per core). The rest of the update was applied.
+    pub stats_refused: bool,
     /// The producer's timestamp was later than the allowed skew and was clamped.
     pub timestamp_clamped: bool,
 }
@@ -135,6 +181,8 @@ pub struct SweepOutcome {
     pub ttl_evicted: EvictionCounts,
     /// Stats rows deleted by TTL.
     pub stats_rows_removed: u64,
+    /// Interned names freed by the reclaim pass that followed.
+    pub strings_freed: u64,
 }
 
 /// What one event did.
@@ -164,6 +212,7 @@ pub(crate) struct StatsRow {
 
 /// `(tenant, model, scheme)`: serving membership lives here.
 pub(crate) struct ScopeRec {
+    /// Tenant string id, [`DEAD`] for a freed record.
     pub tenant: u32,
     pub model: u32,
     pub scheme: u32,
@@ -180,12 +229,16 @@ pub(crate) struct ScopeRec {
 /// same key only within one keyspace. (Not to be confused with the server's partitions, the 256
 /// hash buckets of `(tenant, model)` that decide which core owns a request.)
 pub(crate) struct KeyspaceRec {
+    /// Scope id, [`DEAD`] for a freed record.
     pub scope: u32,
     pub adapter: u32,
+    /// Prefix keys in this keyspace (0 → reclaimable).
+    pub keys: u64,
 }
 
 /// `(tenant, model)`: stats rows and the per-model-scope key count.
 pub(crate) struct ModelRec {
+    /// Tenant string id, [`DEAD`] for a freed record.
     pub tenant: u32,
     pub model: u32,
     /// `prefixes_by_tenant_model`.
@@ -220,6 +273,10 @@ pub(crate) struct Catalog {
     pub models: Vec<ModelRec>,
     pub model_ids: HashMap<(u32, u32), u32>,
     pub tenants: HashMap<u32, TenantRec>,
+    /// Freed record ids, reused by the next creation.
+    scope_free: Vec<u32>,
+    keyspace_free: Vec<u32>,
+    model_free: Vec<u32>,
 }
 
 impl Catalog {
@@ -319,6 +376,13 @@ pub struct Index {
     scratch: lookup::Scratch,
     last: lookup::LastLookup,
     min_candidates: usize,
+    /// Stats rows on this core (all models).
+    stats_rows: usize,
+    /// Removals since the last reclaim pass that may have left records or names unreferenced
+    /// (a hint: 0 means the pass would free nothing).
+    reclaimable: u64,
+    /// `now` of the last reclaim pass run because the string table was full.
+    last_full_reclaim: i64,
 }
 
 impl Default for Index {
@@ -333,11 +397,16 @@ impl Index {
         if config.default_ttl_ns <= 0 {
             config.default_ttl_ns = DEFAULT_TTL_NS;
         }
+        config.max_holders_per_key = config.max_holders_per_key.max(1);
         let dir = config.directory.clone();
+        let cat = Catalog {
+            strings: Strings::new(config.max_strings, config.max_string_bytes),
+            ..Default::default()
+        };
         Index {
             cfg: config,
             dir,
-            cat: Catalog::default(),
+            cat,
             store: Store::new(),
             reserved_entries: 0,
             pending: Pending::default(),
@@ -347,6 +416,9 @@ impl Index {
             scratch: lookup::Scratch::default(),
             last: lookup::LastLookup::default(),
             min_candidates: eviction::MIN_CANDIDATES,
+            stats_rows: 0,
+            reclaimable: 0,
+            last_full_reclaim: i64::MIN,
         }
     }
 
@@ -374,7 +446,25 @@ impl Index {
     /// [`Index::ingest`] can be exercised without interning 2^24 strings.
     #[doc(hidden)]
     pub fn set_string_capacity(&mut self, n: usize) {
+        self.cfg.max_strings = n;
         self.cat.strings.set_limit(n);
+    }
+
+    /// Test knob: sets this core's string-table capacity in name bytes.
+    #[doc(hidden)]
+    pub fn set_string_bytes_capacity(&mut self, n: usize) {
+        self.cfg.max_string_bytes = n;
+        self.cat.strings.set_byte_limit(n);
+    }
+
+    /// Live interned names on this core and their total bytes.
+    pub fn string_usage(&self) -> (usize, usize) {
+        (self.cat.strings.count(), self.cat.strings.bytes())
+    }
+
+    /// Stats rows on this core.
+    pub fn stats_row_count(&self) -> usize {
+        self.stats_rows
     }
 
     /// Test knob: minimum candidate-set size of the cap/quota heaps (default 1024). Tiny values
@@ -435,15 +525,27 @@ impl Index {
         if let Some(id) = self.cat.model_ids.get(&(tenant, model)) {
             return *id;
         }
-        let id = self.cat.models.len() as u32;
-        self.cat.models.push(ModelRec {
+        self.ensure_tenant(tenant);
+        let rec = ModelRec {
             tenant,
             model,
             prefixes: 0,
             stats: HashMap::new(),
             scopes: Vec::new(),
-        });
+        };
+        let id = match self.cat.model_free.pop() {
+            Some(id) => {
+                self.cat.models[id as usize] = rec;
+                id
+            }
+            None => {
+                self.cat.models.push(rec);
+                (self.cat.models.len() - 1) as u32
+            }
+        };
         self.cat.model_ids.insert((tenant, model), id);
+        // Reclaimable until something is stored under it.
+        self.reclaimable += 1;
         id
     }
 
@@ -452,8 +554,7 @@ impl Index {
             return *id;
         }
         let mscope = self.ensure_model(tenant, model);
-        let id = self.cat.scopes.len() as u32;
-        self.cat.scopes.push(ScopeRec {
+        let rec = ScopeRec {
             tenant,
             model,
             scheme,
@@ -461,7 +562,17 @@ impl Index {
             serving: HashMap::new(),
             sorted: Vec::new(),
             keyspaces: Vec::new(),
-        });
+        };
+        let id = match self.cat.scope_free.pop() {
+            Some(id) => {
+                self.cat.scopes[id as usize] = rec;
+                id
+            }
+            None => {
+                self.cat.scopes.push(rec);
+                (self.cat.scopes.len() - 1) as u32
+            }
+        };
         self.cat.scope_ids.insert((tenant, model, scheme), id);
         self.cat.models[mscope as usize].scopes.push(id);
         id
@@ -471,9 +582,23 @@ impl Index {
         if let Some(id) = self.cat.keyspace_ids.get(&(scope, adapter)) {
             return *id;
         }
-        let id = self.cat.keyspaces.len() as u32;
+        let rec = KeyspaceRec {
+            scope,
+            adapter,
+            keys: 0,
+        };
+        let id = match self.cat.keyspace_free.pop() {
+            Some(id) => {
+                self.cat.keyspaces[id as usize] = rec;
+                id
+            }
+            None => {
+                self.cat.keyspaces.push(rec);
+                (self.cat.keyspaces.len() - 1) as u32
+            }
+        };
         assert!(id < BLOB_FLAG, "too many keyspaces");
-        self.cat.keyspaces.push(KeyspaceRec { scope, adapter });
+        self.reclaimable += 1;
         self.cat.keyspace_ids.insert((scope, adapter), id);
         self.cat.scopes[scope as usize].keyspaces.push(id);
         id
@@ -504,7 +629,17 @@ impl Index {
     // ---- primitives (§3.3) ------------------------------------------------------------------
 
     /// *Upsert(key, replica, token_count, tier, ts)* of §3.3 for a key given as wire bytes.
-    fn upsert(&mut self, ks: u32, bytes: &[u8], replica: u32, tokens: i32, tier: u8, ts: i64) {
+    /// Returns false (and changes nothing) when the key is new to the replica but already has
+    /// the maximum number of holders.
+    fn upsert(
+        &mut self,
+        ks: u32,
+        bytes: &[u8],
+        replica: u32,
+        tokens: i32,
+        tier: u8,
+        ts: i64,
+    ) -> bool {
         let (key, fresh_blob) = match self.cat.key_for(ks, bytes) {
             Some(k) => (k, false),
             None => {
@@ -529,25 +664,28 @@ impl Index {
             self.on_entry_created(key, replica);
         } else {
             debug_assert!(!fresh_blob, "a new blob cannot name an existing key");
-            match self.store.find_holder(pos, replica) {
-                Some(at) => {
+            let holder = Holder::new(replica, tier, tokens, ts);
+            match self
+                .store
+                .find_or_add_holder(pos, holder, self.cfg.max_holders_per_key)
+            {
+                HolderUpsert::Existing(at) => {
                     let h = self.store.holder_mut(at);
                     h.tokens = tokens;
                     h.set_last_seen(ts);
                     h.set_tier(tier);
                 }
-                None => {
-                    self.store
-                        .add_holder(pos, Holder::new(replica, tier, tokens, ts));
-                    self.on_entry_created(key, replica);
-                }
+                HolderUpsert::Added => self.on_entry_created(key, replica),
+                HolderUpsert::Full => return false,
             }
         }
         self.cap_touch(key, replica, Some(pos));
         self.quota_touch(key);
+        true
     }
 
     fn on_key_created(&mut self, key: KeyId) {
+        self.cat.keyspaces[key.keyspace() as usize].keys += 1;
         let scope = self.cat.scope_of(key);
         let (tenant, model, mscope) = (scope.tenant, scope.model, scope.mscope);
         let t = self.cat.tenants.get_mut(&tenant).expect("tenant record");
@@ -561,6 +699,11 @@ impl Index {
     }
 
     fn on_key_removed(&mut self, key: KeyId) {
+        let ks = &mut self.cat.keyspaces[key.keyspace() as usize];
+        ks.keys -= 1;
+        if ks.keys == 0 {
+            self.reclaimable += 1;
+        }
         let scope = self.cat.scope_of(key);
         let (tenant, model, mscope) = (scope.tenant, scope.model, scope.mscope);
         let t = self.cat.tenants.get_mut(&tenant).expect("tenant record");
@@ -621,6 +764,7 @@ impl Index {
         let c = scope.serving.get_mut(&replica).expect("serving count");
         *c -= 1;
         if *c == 0 {
+            self.reclaimable += 1;
             scope.serving.remove(&replica);
             let name = strings.name(replica);
             let at = scope
@@ -680,39 +824,73 @@ impl Index {
         }
     }
 
-    /// Whether every string `u` may intern still fits this core's string table (at most
-    /// [`intern::MAX_STRINGS`]); an update that does not fit is refused whole instead of
-    /// overflowing the 24-bit replica ids. Counts unseen strings without deduplicating, so it
-    /// can only refuse early, never late.
-    fn strings_fit(&self, u: &CacheStateUpdate) -> bool {
-        let room = self.cat.strings.room();
-        let fixed = [
-            &u.tenant_id,
-            &u.model_id,
-            &u.hash_scheme,
-            &u.replica_id,
-            &u.adapter_id,
-        ];
-        if room >= fixed.len() + u.prefixes.len() {
-            return true; // fast path: cannot overflow even if every string were new
-        }
-        let unseen = fixed
-            .iter()
-            .filter(|s| self.cat.strings.get(s).is_none())
-            .count()
-            + u.prefixes
+    /// Whether a `PrefixEntry` is applied (upserts at least one key): only a chain whose two
+    /// arrays differ in length is dropped (§4.2).
+    fn prefix_applies(p: &PrefixEntry) -> bool {
+        p.block_hashes.len() == p.block_token_counts.len()
+    }
+
+    /// Whether every name `u` may intern still fits this core's string table, in names and in
+    /// bytes; an update that does not fit is refused whole. Only names that would be stored
+    /// count: with neither an applied prefix nor stats an update interns nothing. Counts unseen
+    /// names without deduplicating, so it can only refuse early, never late.
+    fn strings_fit(&self, u: &CacheStateUpdate, prefixes: bool) -> bool {
+        let strings = &self.cat.strings;
+        let (room, room_bytes) = (strings.room(), strings.room_bytes());
+        let mut names: [&str; 4] = [&u.tenant_id, &u.model_id, &u.replica_id, &u.hash_scheme];
+        let fixed = if prefixes {
+            &mut names[..]
+        } else if u.stats.is_some() {
+            &mut names[..3]
+        } else {
+            return true;
+        };
+        let adapters = || {
+            u.prefixes
                 .iter()
-                .filter(|p| {
-                    !p.adapter_id.is_empty() && self.cat.strings.get(&p.adapter_id).is_none()
+                .filter(|p| Self::prefix_applies(p))
+                .map(|p| {
+                    if p.adapter_id.is_empty() {
+                        u.adapter_id.as_str()
+                    } else {
+                        p.adapter_id.as_str()
+                    }
                 })
-                .count();
-        unseen <= room
+        };
+        let n = fixed.len() + if prefixes { u.prefixes.len() } else { 0 };
+        let bytes = fixed.iter().map(|s| s.len()).sum::<usize>()
+            + if prefixes {
+                adapters().map(str::len).sum::<usize>()
+            } else {
+                0
+            };
+        if room >= n && room_bytes >= bytes {
+            return true; // fast path: fits even if every name were new
+        }
+        let mut count = 0usize;
+        let mut size = 0usize;
+        for s in fixed.iter().filter(|s| strings.get(s).is_none()) {
+            count += 1;
+            size += s.len();
+        }
+        if prefixes {
+            for s in adapters().filter(|s| strings.get(s).is_none()) {
+                count += 1;
+                size += s.len();
+            }
+        }
+        count <= room && size <= room_bytes
     }
 
     /// Applies one `CacheStateUpdate` (§4.2): prefixes (chain and legacy forms), stats, then the
     /// tenant quota and the global cap. The gRPC handler skips the probe tenant; `/probe` ingests
     /// under it directly, and its entries are reserved (never counted toward or evicted by the
     /// cap, excluded from aggregates).
+    ///
+    /// Names are interned only when something is stored under them (an applied prefix or a
+    /// stats row). When they do not fit the string table, a reclaim pass runs first (at most
+    /// once per [`RECLAIM_ON_FULL_INTERVAL_NS`]) and the update is refused whole only if they
+    /// still do not fit.
     pub fn ingest(
         &mut self,
         u: &CacheStateUpdate,
@@ -720,9 +898,21 @@ impl Index {
         rules: &dyn TenantRules,
     ) -> IngestOutcome {
         let mut out = IngestOutcome::default();
-        if !self.strings_fit(u) {
-            out.rejected_string_table_full = true;
-            return out;
+        let prefixes = !u.hash_scheme.is_empty() && u.prefixes.iter().any(Self::prefix_applies);
+        if !self.strings_fit(u, prefixes) {
+            if self.reclaimable > 0
+                && now
+                    >= self
+                        .last_full_reclaim
+                        .saturating_add(RECLAIM_ON_FULL_INTERVAL_NS)
+            {
+                self.last_full_reclaim = now;
+                self.reclaim();
+            }
+            if !self.strings_fit(u, prefixes) {
+                out.rejected_string_table_full = true;
+                return out;
+            }
         }
         let (ts, clamped) = self.producer_ts(u.timestamp_us, now);
         out.timestamp_clamped = clamped;
@@ -732,15 +922,23 @@ impl Index {
         } else {
             rules.quota(&u.tenant_id)
         };
-        let tenant = self.cat.strings.intern(&u.tenant_id);
-        self.ensure_tenant(tenant);
-        if !u.hash_scheme.is_empty() && !u.prefixes.is_empty() {
-            self.ingest_prefixes(u, tenant, ts, &mut out);
+        if !u.hash_scheme.is_empty() {
+            out.malformed_dropped = u
+                .prefixes
+                .iter()
+                .filter(|p| !Self::prefix_applies(p))
+                .count() as u64;
+        }
+        if prefixes {
+            self.ingest_prefixes(u, ts, &mut out);
         }
         if let Some(s) = &u.stats {
-            self.ingest_stats(u, s, tenant, ts);
+            self.ingest_stats(u, s, ts, &mut out);
         }
-        if let Some(b) = budget {
+        if let Some(b) = budget
+            && let Some(tenant) = self.cat.strings.get(&u.tenant_id)
+            && self.cat.tenants.contains_key(&tenant)
+        {
             out.quota_evicted_keys = self.enforce_quota(tenant, b);
         }
         self.enforce_cap(rules, &mut out.cap_evicted);
@@ -748,34 +946,30 @@ impl Index {
         out
     }
 
-    /// Upserts every prefix of `u` (chain blocks and legacy keys) at time `ts`, each in the
-    /// keyspace of its own adapter or else the update's.
-    fn ingest_prefixes(
-        &mut self,
-        u: &CacheStateUpdate,
-        tenant: u32,
-        ts: i64,
-        out: &mut IngestOutcome,
-    ) {
+    /// Upserts every applied prefix of `u` (chain blocks and legacy keys) at time `ts`, each in
+    /// the keyspace of its own adapter or else the update's. The caller checked that at least
+    /// one prefix applies.
+    fn ingest_prefixes(&mut self, u: &CacheStateUpdate, ts: i64, out: &mut IngestOutcome) {
+        let tenant = self.cat.strings.intern(&u.tenant_id);
         let model = self.cat.strings.intern(&u.model_id);
         let scheme = self.cat.strings.intern(&u.hash_scheme);
         let replica = self.cat.strings.intern(&u.replica_id);
         let scope = self.ensure_scope(tenant, model, scheme);
-        let default_adapter = self.cat.strings.intern(&u.adapter_id);
-        for p in &u.prefixes {
+        for p in u.prefixes.iter().filter(|p| Self::prefix_applies(p)) {
             let adapter = if p.adapter_id.is_empty() {
-                default_adapter
+                &u.adapter_id
             } else {
-                self.cat.strings.intern(&p.adapter_id)
+                &p.adapter_id
             };
+            let adapter = self.cat.strings.intern(adapter);
             let ks = self.ensure_keyspace(scope, adapter);
             self.ingest_prefix(ks, p, replica, ts, out);
         }
     }
 
-    /// Upserts one `PrefixEntry`: its chain blocks with cumulative token counts (dropped whole
-    /// when the arrays differ in length), then its `prefix_hash` if set; or, without a chain,
-    /// its `prefix_hash` alone.
+    /// Upserts one applied `PrefixEntry`: its chain blocks with cumulative token counts, then
+    /// its `prefix_hash` if set; or, without a chain, its `prefix_hash` alone. An upsert refused
+    /// because its key is full is counted in `out.holders_refused`.
     fn ingest_prefix(
         &mut self,
         ks: u32,
@@ -785,29 +979,40 @@ impl Index {
         out: &mut IngestOutcome,
     ) {
         let tier = ranking::tier_from_wire(p.tier);
-        if !p.block_hashes.is_empty() || !p.block_token_counts.is_empty() {
-            if p.block_hashes.len() != p.block_token_counts.len() {
-                out.malformed_dropped += 1;
-                return;
+        let mut count = |applied: bool| {
+            if applied {
+                out.upserts += 1;
+            } else {
+                out.holders_refused += 1;
             }
+        };
+        if !p.block_hashes.is_empty() {
             let mut cum: i32 = 0;
             for (h, c) in p.block_hashes.iter().zip(&p.block_token_counts) {
                 cum = cum.wrapping_add(*c);
-                self.upsert(ks, h, replica, cum, tier, ts);
-                out.upserts += 1;
+                count(self.upsert(ks, h, replica, cum, tier, ts));
             }
             if !p.prefix_hash.is_empty() {
-                self.upsert(ks, &p.prefix_hash, replica, p.token_count, tier, ts);
-                out.upserts += 1;
+                count(self.upsert(ks, &p.prefix_hash, replica, p.token_count, tier, ts));
             }
         } else {
-            self.upsert(ks, &p.prefix_hash, replica, p.token_count, tier, ts);
-            out.upserts += 1;
+            count(self.upsert(ks, &p.prefix_hash, replica, p.token_count, tier, ts));
+        }
+        if out.holders_refused > 0 {
+            self.reclaimable += 1;
         }
     }
 
     /// Replaces the replica's stats row of `(tenant, model)`; non-finite floats are stored as 0.
-    fn ingest_stats(&mut self, u: &CacheStateUpdate, s: &ReplicaStats, tenant: u32, ts: i64) {
+    /// A new row beyond the per-model or per-core bound is refused (`out.stats_refused`).
+    fn ingest_stats(
+        &mut self,
+        u: &CacheStateUpdate,
+        s: &ReplicaStats,
+        ts: i64,
+        out: &mut IngestOutcome,
+    ) {
+        let tenant = self.cat.strings.intern(&u.tenant_id);
         let model = self.cat.strings.intern(&u.model_id);
         let replica = self.cat.strings.intern(&u.replica_id);
         let mscope = self.ensure_model(tenant, model);
@@ -821,7 +1026,20 @@ impl Index {
             last_seen: ts,
             stats_reported: ts,
         };
-        self.cat.models[mscope as usize].stats.insert(replica, row);
+        let stats = &mut self.cat.models[mscope as usize].stats;
+        if let Some(cur) = stats.get_mut(&replica) {
+            *cur = row;
+            return;
+        }
+        if stats.len() >= self.cfg.max_stats_rows_per_model
+            || self.stats_rows >= self.cfg.max_stats_rows
+        {
+            out.stats_refused = true;
+            self.reclaimable += 1;
+            return;
+        }
+        stats.insert(replica, row);
+        self.stats_rows += 1;
     }
 
     // ---- events (§5) -------------------------------------------------------------------------
@@ -880,6 +1098,10 @@ impl Index {
                     .stats
                     .remove(&replica)
                     .is_some();
+                if out.stats_changed {
+                    self.stats_rows -= 1;
+                    self.reclaimable += 1;
+                }
             }
             _ => {}
         }
@@ -916,6 +1138,151 @@ impl Index {
         }
         debug_assert_eq!(removed, expected);
         removed
+    }
+
+    // ---- reclaiming names and records --------------------------------------------------------
+
+    /// The reclaim pass: frees every keyspace without keys, every scope without live keyspaces,
+    /// every model scope without scopes and stats rows, every tenant record without model
+    /// scopes, then every interned name no live record, entry, stats row or unpublished gauge
+    /// value refers to (entries name their replica through their scope's serving set). Before
+    /// freeing anything it drops what could still hold a freed id: the cap and quota candidate
+    /// heaps (rebuilt on the next need) and the last lookup's buffers. Runs after every sweep
+    /// and when the string table is full; O(records + names), no entry is visited.
+    /// Returns the number of names freed.
+    pub(crate) fn reclaim(&mut self) -> u64 {
+        self.flush();
+        self.reclaimable = 0;
+        let cat = &self.cat;
+        let dead_ks: Vec<u32> = (0..cat.keyspaces.len() as u32)
+            .filter(|&k| {
+                let r = &cat.keyspaces[k as usize];
+                r.scope != DEAD && r.keys == 0
+            })
+            .collect();
+        let dead_scopes: Vec<u32> = (0..cat.scopes.len() as u32)
+            .filter(|&s| {
+                let r = &cat.scopes[s as usize];
+                r.tenant != DEAD
+                    && r.serving.is_empty()
+                    && r.keyspaces
+                        .iter()
+                        .all(|k| cat.keyspaces[*k as usize].keys == 0)
+            })
+            .collect();
+        // A model scope dies when its stats are gone and every scope of it dies now.
+        let dead_models: Vec<u32> = (0..cat.models.len() as u32)
+            .filter(|&m| {
+                let r = &cat.models[m as usize];
+                r.tenant != DEAD
+                    && r.stats.is_empty()
+                    && r.scopes
+                        .iter()
+                        .all(|s| dead_scopes.binary_search(s).is_ok())
+            })
+            .collect();
+        // A tenant record lives while one of its model scopes does.
+        let mut live_tenants: hashbrown::HashSet<u32> = hashbrown::HashSet::new();
+        for (i, r) in cat.models.iter().enumerate() {
+            if r.tenant != DEAD && dead_models.binary_search(&(i as u32)).is_err() {
+                live_tenants.insert(r.tenant);
+            }
+        }
+        let dead_tenants: Vec<u32> = cat
+            .tenants
+            .keys()
+            .copied()
+            .filter(|t| !live_tenants.contains(t))
+            .collect();
+        let records = dead_ks.len() + dead_scopes.len() + dead_models.len() + dead_tenants.len();
+        // Names still referred to.
+        let mut mark = vec![false; cat.strings.slots()];
+        for (i, r) in cat.models.iter().enumerate() {
+            if r.tenant == DEAD || dead_models.binary_search(&(i as u32)).is_ok() {
+                continue;
+            }
+            mark[r.tenant as usize] = true;
+            mark[r.model as usize] = true;
+            for rep in r.stats.keys() {
+                mark[*rep as usize] = true;
+            }
+        }
+        for (i, r) in cat.scopes.iter().enumerate() {
+            if r.tenant == DEAD || dead_scopes.binary_search(&(i as u32)).is_ok() {
+                continue;
+            }
+            mark[r.scheme as usize] = true;
+            for rep in r.serving.keys() {
+                mark[*rep as usize] = true;
+            }
+        }
+        for (i, r) in cat.keyspaces.iter().enumerate() {
+            if r.scope == DEAD || dead_ks.binary_search(&(i as u32)).is_ok() {
+                continue;
+            }
+            mark[r.adapter as usize] = true;
+        }
+        // The entries gauge keeps a model's name while its count is unpublished or non-zero.
+        self.gauge.counts.retain(|_, (c, dirty)| *c > 0 || *dirty);
+        for m in self.gauge.counts.keys() {
+            mark[*m as usize] = true;
+        }
+        let dead_strings: Vec<u32> = (0..mark.len() as u32)
+            .filter(|&i| !mark[i as usize] && self.cat.strings.is_live(i))
+            .collect();
+        if records == 0 && dead_strings.is_empty() {
+            return 0;
+        }
+        self.cap_clear();
+        for t in self.quotas.keys().copied().collect::<Vec<_>>() {
+            self.quota_clear(t);
+        }
+        self.reset_last();
+        let cat = &mut self.cat;
+        for k in dead_ks {
+            let r = &mut cat.keyspaces[k as usize];
+            let (scope, adapter) = (r.scope, r.adapter);
+            r.scope = DEAD;
+            cat.keyspace_ids.remove(&(scope, adapter));
+            cat.scopes[scope as usize].keyspaces.retain(|x| *x != k);
+            cat.keyspace_free.push(k);
+        }
+        for s in dead_scopes {
+            let r = &mut cat.scopes[s as usize];
+            let key = (r.tenant, r.model, r.scheme);
+            let mscope = r.mscope;
+            *r = ScopeRec {
+                tenant: DEAD,
+                model: DEAD,
+                scheme: DEAD,
+                mscope: DEAD,
+                serving: HashMap::new(),
+                sorted: Vec::new(),
+                keyspaces: Vec::new(),
+            };
+            cat.scope_ids.remove(&key);
+            cat.models[mscope as usize].scopes.retain(|x| *x != s);
+            cat.scope_free.push(s);
+        }
+        for m in dead_models {
+            let r = &mut cat.models[m as usize];
+            cat.model_ids.remove(&(r.tenant, r.model));
+            *r = ModelRec {
+                tenant: DEAD,
+                model: DEAD,
+                prefixes: 0,
+                stats: HashMap::new(),
+                scopes: Vec::new(),
+            };
+            cat.model_free.push(m);
+        }
+        for t in dead_tenants {
+            cat.tenants.remove(&t);
+        }
+        for id in &dead_strings {
+            cat.strings.free(*id);
+        }
+        dead_strings.len() as u64
     }
 
     // ---- presence helpers (C049) -------------------------------------------------------------

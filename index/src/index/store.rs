@@ -1,5 +1,8 @@
 //! The prefix map's storage: one compact record per prefix key with its first holder inline,
 //! further holders in an overflow slab, and an index-only hash table over the key records.
+//! A key with more than [`CHAIN_MAX`] overflow holders (a hot key held by many replicas) keeps
+//! them in a *wide set* instead: a vector plus a replica → slot map, so finding, adding and
+//! removing one holder is O(1) whatever the number of holders (the chain is a linear walk).
 //!
 //! Layout (the memory target is < 48 bytes per storage entry, docs/ARCHITECTURE.md §3):
 //! * `KeyRec` (36 bytes, align 4): the key's 8-byte hash (or blob id), its keyspace id
@@ -19,6 +22,10 @@ use std::hash::BuildHasher;
 pub(crate) const NIL: u32 = u32::MAX;
 /// Top bit of [`KeyId::ks`]: the hash word is a blob id, not an inline 8-byte hash.
 pub(crate) const BLOB_FLAG: u32 = 1 << 31;
+/// Top bit of a key record's `next` link: the rest is a wide-set id, not an overflow position.
+const WIDE_FLAG: u32 = 1 << 31;
+/// Overflow holders a key keeps in its chain; one more converts the chain into a wide set.
+pub(crate) const CHAIN_MAX: usize = 8;
 /// Replica ids are stored in 24 bits next to the tier byte.
 pub(crate) const REPLICA_MASK: u32 = (1 << 24) - 1;
 
@@ -164,11 +171,43 @@ impl<T> Chunked<T> {
     }
 }
 
-/// Where a holder lives: inline in its key record, or at an overflow position.
+/// Where a holder lives: inline in its key record, at an overflow position, or at a slot of a
+/// wide set (valid until the next removal from that set).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum HolderPos {
     Inline(u32),
     Over(u32),
+    Wide(u32, u32),
+}
+
+/// The holders of a hot key beyond the inline one, with O(1) access by replica. Never empty
+/// while linked from a key record.
+#[derive(Default)]
+struct Wide {
+    holders: Vec<Holder>,
+    slot_of: hashbrown::HashMap<u32, u32>,
+}
+
+/// What [`Store::find_or_add_holder`] did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum HolderUpsert {
+    /// The replica already holds the key, here.
+    Existing(HolderPos),
+    /// The holder was added.
+    Added,
+    /// The key already has the maximum number of holders; nothing changed.
+    Full,
+}
+
+/// Decodes a `next` link.
+fn link(next: u32) -> Option<HolderPos> {
+    if next == NIL {
+        None
+    } else if next & WIDE_FLAG != 0 {
+        Some(HolderPos::Wide(next & !WIDE_FLAG, 0))
+    } else {
+        Some(HolderPos::Over(next))
+    }
 }
 
 /// The prefix map.
@@ -177,6 +216,12 @@ pub(crate) struct Store {
     over: Chunked<OverRec>,
     over_free: u32,
     over_live: usize,
+    wides: Vec<Wide>,
+    wide_free: Vec<u32>,
+    wide_holders: usize,
+    /// Holders examined by holder searches (tests of the per-key bound on work).
+    #[cfg(test)]
+    probes: std::cell::Cell<u64>,
     table: HashTable<u32>,
     hasher: DefaultHashBuilder,
     entries: usize,
@@ -189,6 +234,11 @@ impl Store {
             over: Chunked::new(),
             over_free: NIL,
             over_live: 0,
+            wides: Vec::new(),
+            wide_free: Vec::new(),
+            wide_holders: 0,
+            #[cfg(test)]
+            probes: std::cell::Cell::new(0),
             table: HashTable::new(),
             hasher: DefaultHashBuilder::default(),
             entries: 0,
@@ -237,11 +287,125 @@ impl Store {
         }
     }
 
-    /// The holder of `replica` in the key at `pos`.
+    /// The holder of `replica` in the key at `pos` (O(1) for wide keys, a walk of at most
+    /// [`CHAIN_MAX`] overflow holders otherwise).
     pub fn find_holder(&self, pos: u32, replica: u32) -> Option<HolderPos> {
-        self.holders(pos)
-            .find(|(_, h)| h.replica() == replica)
-            .map(|(p, _)| p)
+        let rec = self.keys.get(pos);
+        if rec.first.replica() == replica {
+            return Some(HolderPos::Inline(pos));
+        }
+        if rec.next != NIL && rec.next & WIDE_FLAG != 0 {
+            let w = rec.next & !WIDE_FLAG;
+            return self.wides[w as usize]
+                .slot_of
+                .get(&replica)
+                .map(|&i| HolderPos::Wide(w, i));
+        }
+        let mut cur = rec.next;
+        while cur != NIL {
+            #[cfg(test)]
+            self.probes.set(self.probes.get() + 1);
+            let o = self.over.get(cur);
+            if o.holder.replica() == replica {
+                return Some(HolderPos::Over(cur));
+            }
+            cur = o.next;
+        }
+        None
+    }
+
+    /// Number of holders of the key at `pos`.
+    #[cfg(test)]
+    pub fn holder_count(&self, pos: u32) -> usize {
+        let next = self.keys.get(pos).next;
+        if next != NIL && next & WIDE_FLAG != 0 {
+            return 1 + self.wides[(next & !WIDE_FLAG) as usize].holders.len();
+        }
+        self.holders(pos).count()
+    }
+
+    /// The holder of `holder.replica()` in the key at `pos` if there is one; otherwise adds
+    /// `holder` unless the key already has `max` holders. O(1) for wide keys.
+    pub fn find_or_add_holder(&mut self, pos: u32, holder: Holder, max: usize) -> HolderUpsert {
+        let replica = holder.replica();
+        let rec = self.keys.get(pos);
+        if rec.first.replica() == replica {
+            return HolderUpsert::Existing(HolderPos::Inline(pos));
+        }
+        let next = rec.next;
+        if next != NIL && next & WIDE_FLAG != 0 {
+            let w = next & !WIDE_FLAG;
+            let set = &mut self.wides[w as usize];
+            if let Some(&i) = set.slot_of.get(&replica) {
+                return HolderUpsert::Existing(HolderPos::Wide(w, i));
+            }
+            if 1 + set.holders.len() >= max {
+                return HolderUpsert::Full;
+            }
+            set.slot_of.insert(replica, set.holders.len() as u32);
+            set.holders.push(holder);
+            self.wide_holders += 1;
+            self.entries += 1;
+            return HolderUpsert::Added;
+        }
+        let mut chain = 0usize;
+        let mut cur = next;
+        while cur != NIL {
+            #[cfg(test)]
+            self.probes.set(self.probes.get() + 1);
+            let o = self.over.get(cur);
+            if o.holder.replica() == replica {
+                return HolderUpsert::Existing(HolderPos::Over(cur));
+            }
+            chain += 1;
+            cur = o.next;
+        }
+        if 1 + chain >= max {
+            return HolderUpsert::Full;
+        }
+        if chain >= CHAIN_MAX {
+            self.widen(pos, holder);
+        } else {
+            self.push_over(pos, holder);
+        }
+        HolderUpsert::Added
+    }
+
+    /// Moves the key's overflow chain into a new wide set together with `holder`.
+    fn widen(&mut self, pos: u32, holder: Holder) {
+        let mut set = Wide::default();
+        let mut cur = self.keys.get(pos).next;
+        while cur != NIL {
+            let o = self.over.get(cur);
+            let (h, n) = (o.holder, o.next);
+            set.slot_of.insert(h.replica(), set.holders.len() as u32);
+            set.holders.push(h);
+            self.free_over(cur);
+            cur = n;
+        }
+        set.slot_of
+            .insert(holder.replica(), set.holders.len() as u32);
+        set.holders.push(holder);
+        self.wide_holders += set.holders.len();
+        let w = match self.wide_free.pop() {
+            Some(w) => {
+                self.wides[w as usize] = set;
+                w
+            }
+            None => {
+                self.wides.push(set);
+                (self.wides.len() - 1) as u32
+            }
+        };
+        assert!(w < WIDE_FLAG - 1, "too many wide keys");
+        self.keys.get_mut(pos).next = WIDE_FLAG | w;
+        self.entries += 1;
+    }
+
+    /// Frees an emptied wide set.
+    fn free_wide(&mut self, w: u32) {
+        self.wides[w as usize] = Wide::default();
+        self.wide_free.push(w);
     }
 
     /// Read access to one holder.
@@ -249,6 +413,7 @@ impl Store {
         match at {
             HolderPos::Inline(p) => &self.keys.get(p).first,
             HolderPos::Over(o) => &self.over.get(o).holder,
+            HolderPos::Wide(w, i) => &self.wides[w as usize].holders[i as usize],
         }
     }
 
@@ -257,6 +422,7 @@ impl Store {
         match at {
             HolderPos::Inline(p) => &mut self.keys.get_mut(p).first,
             HolderPos::Over(o) => &mut self.over.get_mut(o).holder,
+            HolderPos::Wide(w, i) => &mut self.wides[w as usize].holders[i as usize],
         }
     }
 
@@ -309,9 +475,15 @@ impl Store {
         }
     }
 
-    /// Adds a holder to an existing key (the replica must not hold it yet).
+    /// Adds a holder to an existing key (the replica must not hold it yet; no bound).
+    #[cfg(test)]
     pub fn add_holder(&mut self, pos: u32, holder: Holder) {
-        debug_assert!(self.find_holder(pos, holder.replica()).is_none());
+        let r = self.find_or_add_holder(pos, holder, usize::MAX);
+        debug_assert_eq!(r, HolderUpsert::Added);
+    }
+
+    /// Links a new overflow holder at the head of the key's chain.
+    fn push_over(&mut self, pos: u32, holder: Holder) {
         let next = self.keys.get(pos).next;
         let rec = OverRec { holder, next };
         let o = if self.over_free != NIL {
@@ -323,6 +495,7 @@ impl Store {
         } else {
             self.over.push(rec)
         };
+        assert!(o & WIDE_FLAG == 0, "overflow slab full");
         self.keys.get_mut(pos).next = o;
         self.over_live += 1;
         self.entries += 1;
@@ -349,6 +522,22 @@ impl Store {
                 if next == NIL {
                     self.remove_key_record(pos);
                     return Some((removed, true));
+                }
+                if next & WIDE_FLAG != 0 {
+                    // Promote the wide set's last holder (no other slot moves).
+                    let w = next & !WIDE_FLAG;
+                    let set = &mut self.wides[w as usize];
+                    let promoted = set.holders.pop().expect("wide set never empty");
+                    set.slot_of.remove(&promoted.replica());
+                    let emptied = set.holders.is_empty();
+                    self.wide_holders -= 1;
+                    let rec = self.keys.get_mut(pos);
+                    rec.first = promoted;
+                    if emptied {
+                        rec.next = NIL;
+                        self.free_wide(w);
+                    }
+                    return Some((removed, false));
                 }
                 let o = self.over.get(next);
                 let (promoted, after) = (o.holder, o.next);
@@ -380,6 +569,21 @@ impl Store {
                 self.free_over(o);
                 Some((removed, false))
             }
+            HolderPos::Wide(w, i) => {
+                let set = &mut self.wides[w as usize];
+                let removed = set.holders.swap_remove(i as usize);
+                set.slot_of.remove(&replica);
+                if let Some(moved) = set.holders.get(i as usize) {
+                    set.slot_of.insert(moved.replica(), i);
+                }
+                let emptied = set.holders.is_empty();
+                self.wide_holders -= 1;
+                if emptied {
+                    self.keys.get_mut(pos).next = NIL;
+                    self.free_wide(w);
+                }
+                Some((removed, false))
+            }
         }
     }
 
@@ -407,13 +611,24 @@ impl Store {
 
     /// Approximate heap bytes held by the store (for the memory report).
     pub fn heap_bytes(&self) -> usize {
-        self.keys.bytes() + self.over.bytes() + self.table.capacity() * 5
+        let wide: usize = self
+            .wides
+            .iter()
+            .map(|w| {
+                w.holders.capacity() * std::mem::size_of::<Holder>() + w.slot_of.capacity() * 9
+            })
+            .sum();
+        self.keys.bytes()
+            + self.over.bytes()
+            + self.table.capacity() * 5
+            + wide
+            + self.wides.capacity() * std::mem::size_of::<Wide>()
     }
 
     /// Number of overflow holders in use.
     #[allow(dead_code)]
     pub fn overflow_holders(&self) -> usize {
-        self.over_live
+        self.over_live + self.wide_holders
     }
 }
 
@@ -427,20 +642,26 @@ impl<'a> Iterator for Holders<'a> {
     type Item = (HolderPos, &'a Holder);
     fn next(&mut self) -> Option<Self::Item> {
         let at = self.at?;
-        let (h, next) = match at {
+        let h = match at {
             HolderPos::Inline(p) => {
                 let r = self.store.keys.get(p);
-                (&r.first, r.next)
+                self.at = link(r.next);
+                &r.first
             }
             HolderPos::Over(o) => {
                 let r = self.store.over.get(o);
-                (&r.holder, r.next)
+                self.at = link(r.next);
+                &r.holder
             }
-        };
-        self.at = if next == NIL {
-            None
-        } else {
-            Some(HolderPos::Over(next))
+            HolderPos::Wide(w, i) => {
+                let set = &self.store.wides[w as usize].holders;
+                self.at = if (i as usize) + 1 < set.len() {
+                    Some(HolderPos::Wide(w, i + 1))
+                } else {
+                    None
+                };
+                &set[i as usize]
+            }
         };
         Some((at, h))
     }
@@ -484,6 +705,105 @@ mod tests {
                 }
                 None => assert_eq!(i % 2, 0),
             }
+        }
+    }
+
+    fn reps(s: &Store, p: u32) -> Vec<u32> {
+        let mut v: Vec<u32> = s.holders(p).map(|(_, h)| h.replica()).collect();
+        v.sort();
+        v
+    }
+
+    /// A key held by many replicas moves to a wide set; every holder stays findable and
+    /// removable, whichever position it is removed from.
+    #[test]
+    fn wide_keys_find_add_and_remove_every_holder() {
+        let mut s = Store::new();
+        let k = KeyId { ks: 1, h: 9 };
+        let p = s.insert_key(k, Holder::new(0, 1, 0, 0));
+        let n = 200u32;
+        for r in 1..n {
+            let got = s.find_or_add_holder(p, Holder::new(r, 1, r as i32, 0), usize::MAX);
+            assert_eq!(got, HolderUpsert::Added);
+        }
+        assert_eq!(s.holder_count(p), n as usize);
+        assert_eq!(s.entry_count(), n as usize);
+        assert_eq!(s.overflow_holders(), n as usize - 1);
+        for r in 0..n {
+            let at = s.find_holder(p, r).expect("holder");
+            assert_eq!(s.holder(at).replica(), r);
+            assert_eq!(s.holder(at).tokens, r as i32);
+            let again = s.find_or_add_holder(p, Holder::new(r, 1, 0, 0), usize::MAX);
+            assert_eq!(again, HolderUpsert::Existing(at));
+        }
+        // Remove the inline holder, then from the middle, then everything.
+        assert!(!s.remove_holder(p, 0).unwrap().1);
+        assert!(s.find_holder(p, 0).is_none());
+        assert!(!s.remove_holder(p, 100).unwrap().1);
+        assert_eq!(reps(&s, p).len(), n as usize - 2);
+        let mut left = reps(&s, p);
+        while let Some(r) = left.pop() {
+            let (h, gone) = s.remove_holder(p, r).unwrap();
+            assert_eq!(h.replica(), r);
+            assert_eq!(gone, left.is_empty());
+            if !gone {
+                assert_eq!(reps(&s, p), left);
+            }
+        }
+        assert_eq!(s.key_count(), 0);
+        assert_eq!(s.entry_count(), 0);
+        assert_eq!(s.overflow_holders(), 0);
+    }
+
+    /// Finding, adding and removing one holder of a key with many holders examines a bounded
+    /// number of holders (at most the overflow chain's [`CHAIN_MAX`]), not all of them: ingest
+    /// of a hot key costs O(1) per message, not O(holders).
+    #[test]
+    fn holder_upsert_work_does_not_grow_with_holders() {
+        let mut s = Store::new();
+        let k = KeyId { ks: 0, h: 7 };
+        let p = s.insert_key(k, Holder::new(0, 1, 0, 0));
+        let n = 20_000u32;
+        let mut worst = 0;
+        for r in 1..n {
+            let before = s.probes.get();
+            s.find_or_add_holder(p, Holder::new(r, 1, 0, 0), usize::MAX);
+            assert!(s.find_holder(p, r).is_some());
+            assert!(s.find_holder(p, r / 2).is_some());
+            worst = worst.max(s.probes.get() - before);
+        }
+        for r in (1..n).step_by(3) {
+            let before = s.probes.get();
+            s.remove_holder(p, r).unwrap();
+            worst = worst.max(s.probes.get() - before);
+        }
+        assert!(
+            worst <= 3 * CHAIN_MAX as u64,
+            "{worst} holders examined by one operation"
+        );
+    }
+
+    /// A key refuses a new holder at the bound (chain and wide forms alike) and still updates
+    /// the holders it has.
+    #[test]
+    fn holders_per_key_are_bounded() {
+        for max in [3usize, CHAIN_MAX + 1, CHAIN_MAX + 2, 50] {
+            let mut s = Store::new();
+            let k = KeyId { ks: 0, h: 1 };
+            let p = s.insert_key(k, Holder::new(0, 1, 0, 0));
+            for r in 1..max as u32 {
+                let got = s.find_or_add_holder(p, Holder::new(r, 1, 0, 0), max);
+                assert_eq!(got, HolderUpsert::Added, "max {max}, replica {r}");
+            }
+            let full = s.find_or_add_holder(p, Holder::new(max as u32, 1, 0, 0), max);
+            assert_eq!(full, HolderUpsert::Full, "max {max}");
+            assert_eq!(s.holder_count(p), max);
+            let known = s.find_or_add_holder(p, Holder::new(1, 1, 0, 0), max);
+            assert!(matches!(known, HolderUpsert::Existing(_)));
+            // Room again after a removal.
+            s.remove_holder(p, 0).unwrap();
+            let got = s.find_or_add_holder(p, Holder::new(max as u32, 1, 0, 0), max);
+            assert_eq!(got, HolderUpsert::Added);
         }
     }
 }
