@@ -4,8 +4,8 @@
 use clap::{ArgAction, Parser};
 
 use crate::limits::{
-    DEFAULT_MAX_CONNECTIONS_PER_CORE, DEFAULT_MAX_ENTRIES, DEFAULT_MAX_SHARDS,
-    DEFAULT_MAX_TIMESTAMP_SKEW_MS, MAX_SHARDS,
+    DEFAULT_MAX_CONNECTIONS_PER_CORE, DEFAULT_MAX_ENTRIES, DEFAULT_MAX_HOLDERS_PER_KEY,
+    DEFAULT_MAX_SHARDS, DEFAULT_MAX_STRING_BYTES, DEFAULT_MAX_TIMESTAMP_SKEW_MS, MAX_SHARDS,
 };
 
 /// Flags of `inference-cache-server`. Go-style single-dash spellings (`-grpc-bind-address`) are
@@ -72,6 +72,14 @@ pub struct Cli {
     /// Hidden test knob.
     #[arg(long, hide = true)]
     pub index_max_strings: Option<usize>,
+    /// Bytes of the names one core's index can hold at once.
+    /// Hidden: an operations/test knob.
+    #[arg(long, default_value_t = DEFAULT_MAX_STRING_BYTES, hide = true)]
+    pub index_max_string_bytes: usize,
+    /// Replicas that may hold one prefix key (at least 1).
+    /// Hidden: an operations/test knob.
+    #[arg(long, default_value_t = DEFAULT_MAX_HOLDERS_PER_KEY, hide = true)]
+    pub index_max_holders_per_key: usize,
     /// Producer timestamps later than the server's clock plus this are clamped to it.
     /// Hidden: an operations/test knob.
     #[arg(long, default_value_t = DEFAULT_MAX_TIMESTAMP_SKEW_MS, hide = true)]

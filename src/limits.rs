@@ -7,7 +7,11 @@
 
 use std::time::Duration;
 
-pub use inferencecache_index::index::{DEFAULT_MAX_ENTRIES, DEFAULT_MAX_FUTURE_SKEW_NS};
+pub use inferencecache_index::index::{
+    DEFAULT_MAX_ENTRIES, DEFAULT_MAX_FUTURE_SKEW_NS, DEFAULT_MAX_HOLDERS_PER_KEY,
+    DEFAULT_MAX_STATS_ROWS, DEFAULT_MAX_STATS_ROWS_PER_MODEL, DEFAULT_MAX_STRING_BYTES,
+    MAX_STRINGS, RECLAIM_ON_FULL_INTERVAL_NS,
+};
 pub use inferencecache_index::policy::MAX_POLICY_BODY_BYTES;
 pub use inferencecache_index::resolve::MAX_PROMPT_TEXT_BYTES;
 
@@ -18,6 +22,23 @@ pub const DEFAULT_MAX_TIMESTAMP_SKEW_MS: u64 = (DEFAULT_MAX_FUTURE_SKEW_NS / 1_0
 /// Longest name (tenant, model, replica, hash scheme, adapter) the index accepts; an update
 /// with a longer one is refused (`ID_TOO_LONG`), a lookup with one fails open.
 pub const MAX_ID_BYTES: usize = 1024;
+
+// ---- The index (per core; defaults of the `inferencecache-index` crate, re-exported above) ----
+//
+// * [`MAX_STRINGS`] (`--index-max-strings` lowers it) and [`DEFAULT_MAX_STRING_BYTES`]
+//   (`--index-max-string-bytes`): distinct names a core holds at once, in number and in bytes.
+//   Names are freed by the reclaim pass after every sweep (and at once, at most every
+//   [`RECLAIM_ON_FULL_INTERVAL_NS`], when the table is full) once nothing refers to them. An
+//   update whose new names do not fit is refused whole: `STRING_TABLE_FULL`.
+// * [`DEFAULT_MAX_HOLDERS_PER_KEY`] (`--index-max-holders-per-key`): replicas holding one prefix
+//   key; a further replica's upsert of a full key is refused, the rest of its update applied:
+//   `KEY_HOLDERS_FULL`.
+// * [`DEFAULT_MAX_STATS_ROWS_PER_MODEL`] and [`DEFAULT_MAX_STATS_ROWS`]: stats rows of one
+//   `(tenant, model)` and of one core; a new row beyond either is refused: `STATS_ROWS_FULL`.
+
+/// Replica scores in one LookupRoute answer: the top-ranked ones are kept (docs/BEHAVIOUR.md
+/// §9.6 order). Never reached with the default holder and stats-row bounds (see below).
+pub const MAX_SCORES_PER_ANSWER: usize = 1024;
 
 // ---- Cores and partitions -------------------------------------------------------------------
 
@@ -157,6 +178,25 @@ const _: () = assert!(
     "prompt fits a message"
 );
 const _: () = assert!(MAX_PROBE_BODY_BYTES < MAX_POLICY_BODY_BYTES);
+const _: () = assert!(
+    MAX_SCORES_PER_ANSWER * (MAX_ID_BYTES + 64) <= MAX_MESSAGE_BYTES / 2,
+    "a full answer stays well under the clients' 4 MiB receive limit"
+);
+const _: () = assert!(
+    DEFAULT_MAX_HOLDERS_PER_KEY <= MAX_SCORES_PER_ANSWER
+        && DEFAULT_MAX_STATS_ROWS_PER_MODEL <= MAX_SCORES_PER_ANSWER,
+    "with the defaults every qualifying replica is returned, as in the reference"
+);
+const _: () = assert!(DEFAULT_MAX_STATS_ROWS_PER_MODEL <= DEFAULT_MAX_STATS_ROWS);
+const _: () = assert!(
+    MAX_ID_BYTES <= DEFAULT_MAX_STRING_BYTES,
+    "one longest name fits an empty table"
+);
+const _: () = assert!(MAX_STRINGS <= 1 << 24, "replica ids are stored in 24 bits");
+const _: () = assert!(
+    RECLAIM_ON_FULL_INTERVAL_NS > 0 && RECLAIM_ON_FULL_INTERVAL_NS <= 60_000_000_000,
+    "a full table reclaims more often than the once-a-minute sweep"
+);
 const _: () = assert!(DEFAULT_TOKENIZER_WORKERS <= MAX_TOKENIZER_WORKERS);
 const _: () = assert!(AUTH_NEGATIVE_CACHE_TTL.as_secs() <= AUTH_CACHE_TTL.as_secs());
 const _: () = assert!(

@@ -12,7 +12,7 @@ use inferencecache_index::index::IndexConfig;
 
 use crate::admin::{self, auth};
 use crate::cli::{self, Cli};
-use crate::limits::HTTP_SHUTDOWN_BUDGET;
+use crate::limits::{HTTP_SHUTDOWN_BUDGET, MAX_STRINGS};
 use crate::lookup::LookupConfig;
 use crate::runtime::{self, Runtime, RuntimeConfig, admin_thread};
 use crate::shard::CoreState;
@@ -210,15 +210,17 @@ fn start_runtime(cli: &Cli, shards: usize) -> Result<Runtime, StartupError> {
         max_future_skew_ns: (cli.max_timestamp_skew_ms.min(i64::MAX as u64 / 1_000_000) * 1_000_000)
             as i64,
         directory: Arc::new(Directory::default()),
+        max_strings: cli.index_max_strings.unwrap_or(MAX_STRINGS),
+        max_string_bytes: cli.index_max_string_bytes,
+        max_holders_per_key: cli.index_max_holders_per_key,
         ..Default::default()
     };
-    let max_strings = cli.index_max_strings;
     let (health, _) = tonic_health::server::health_reporter();
     let health = Arc::new(health);
     let started = runtime::start(RuntimeConfig {
         shards,
         listen_addr: resolve(&cli.grpc_bind_address)?,
-        init: Arc::new(move |core| CoreState::new(core, index_config.clone(), max_strings)),
+        init: Arc::new(move |core| CoreState::new(core, index_config.clone())),
         on_core_start: Arc::new(move || grpc::install_services(lookup_cfg.clone(), &health)),
         serve_connection: grpc::serve_connection,
         max_connections_per_core: cli.max_connections_per_core,

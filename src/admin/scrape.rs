@@ -14,6 +14,9 @@ fn core_series(st: &mut CoreState) -> CoreMetrics {
     let mut m = metrics::core_snapshot();
     m.core_entries = st.index.entry_count() as i64;
     m.core_bytes = st.index.approx_heap_bytes() as i64;
+    let (strings, string_bytes) = st.index.string_usage();
+    m.core_strings = strings as i64;
+    m.core_string_bytes = string_bytes as i64;
     m
 }
 

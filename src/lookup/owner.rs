@@ -10,6 +10,7 @@ use inferencecache_index::resolve::{self, Resolution, ResolvedChain, ResolvedInp
 use inferencecache_proto::v1alpha1 as pb;
 
 use super::{Answer, OwnerCall, expired, reason, response};
+use crate::limits::MAX_SCORES_PER_ANSWER;
 use crate::shard::CoreState;
 use crate::sys::clock::unix_now_ns;
 
@@ -138,10 +139,13 @@ fn query_index(
     let view = st.index.lookup_route(&query, unix_now_ns(), &*st.policy);
     let floor = policy.minimum_matched_tokens;
     let prefix = view.strategy == Strategy::PrefixMatch;
+    // The index's order is the final order (§9.6): the first MAX_SCORES_PER_ANSWER that pass
+    // the floor are the top-ranked ones.
     let scores = view
         .scores
         .iter()
         .filter(|s| !prefix || floor <= 0 || s.matched_tokens >= floor)
+        .take(MAX_SCORES_PER_ANSWER)
         .map(|s| pb::ReplicaScore {
             replica_id: view.replica_id(s).to_string(),
             score: s.score,

@@ -292,7 +292,7 @@ fn operator_families<'a>(scrape: &'a Scrape, fams: &mut Vec<Family<'a>>) {
     if !refused.is_empty() {
         fams.push((
             "inferencecache_ingest_refused",
-            "ReportCacheState messages refused whole (not applied; the stream's Ack says accepted=false).",
+            "ReportCacheState messages not applied, or not in full (the stream's Ack says accepted=false).",
             MetricType::Counter,
             Box::new(move |e| {
                 for (reason, n) in refused {
@@ -387,5 +387,19 @@ fn core_families<'a>(cores: &'a [CoreView], fams: &mut Vec<Family<'a>>) {
         "Approximate heap bytes of a core's index partitions.",
         MetricType::Gauge,
         |c| c.metrics.core_bytes,
+    ));
+    fams.push(per_core(
+        cores,
+        "inferencecache_core_index_strings",
+        "Names (tenant, model, replica, scheme, adapter) a core's index holds.",
+        MetricType::Gauge,
+        |c| c.metrics.core_strings,
+    ));
+    fams.push(per_core(
+        cores,
+        "inferencecache_core_index_string_bytes",
+        "Bytes of the names a core's index holds.",
+        MetricType::Gauge,
+        |c| c.metrics.core_string_bytes,
     ));
 }

@@ -141,6 +141,10 @@ pub struct CoreMetrics {
     pub core_entries: i64,
     /// Approximate heap bytes of this core's index (read at scrape time).
     pub core_bytes: i64,
+    /// Live interned names of this core's index (read at scrape time).
+    pub core_strings: i64,
+    /// Bytes of those names (read at scrape time).
+    pub core_string_bytes: i64,
     /// Observations folded into [`OVERFLOW_LABEL`], per family.
     pub label_overflows: BTreeMap<&'static str, u64>,
 }
@@ -200,6 +204,8 @@ impl CoreMetrics {
         self.hopped += other.hopped;
         self.core_entries += other.core_entries;
         self.core_bytes += other.core_bytes;
+        self.core_strings += other.core_strings;
+        self.core_string_bytes += other.core_string_bytes;
     }
 }
 

@@ -12,13 +12,21 @@ use crate::limits::MAX_ID_BYTES;
 use crate::metrics;
 use crate::sys::clock::unix_now_ns;
 
-/// Why an ingest message was not applied.
+/// Why an ingest message was not applied, or not in full.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum IngestRefused {
-    /// The core's string table cannot take the message's new names.
+    /// The core's string table cannot take the message's new names (in number or in bytes);
+    /// nothing of the message was applied.
     StringTableFull,
-    /// A name (tenant, model, replica, scheme, adapter) is longer than [`MAX_ID_BYTES`].
+    /// A name (tenant, model, replica, scheme, adapter) is longer than [`MAX_ID_BYTES`];
+    /// nothing of the message was applied.
     IdTooLong,
+    /// Some prefix key of the message already had the maximum number of holders, so this
+    /// replica was not added to it; the rest of the message was applied.
+    KeyHoldersFull,
+    /// The message's stats would have been one stats row too many (per model or per core) and
+    /// were not stored; the rest of the message was applied.
+    StatsRowsFull,
 }
 
 impl IngestRefused {
@@ -27,6 +35,8 @@ impl IngestRefused {
         match self {
             Self::StringTableFull => "STRING_TABLE_FULL",
             Self::IdTooLong => "ID_TOO_LONG",
+            Self::KeyHoldersFull => "KEY_HOLDERS_FULL",
+            Self::StatsRowsFull => "STATS_ROWS_FULL",
         }
     }
 
@@ -35,6 +45,8 @@ impl IngestRefused {
         match self {
             Self::StringTableFull => "string_table_full",
             Self::IdTooLong => "id_too_long",
+            Self::KeyHoldersFull => "key_holders_full",
+            Self::StatsRowsFull => "stats_rows_full",
         }
     }
 
@@ -97,15 +109,12 @@ pub fn with_core<R>(f: impl FnOnce(&mut CoreState) -> R) -> R {
 
 impl CoreState {
     /// Fresh state for `core` with an empty index configured by `config`.
-    pub fn new(core: usize, config: IndexConfig, max_strings: Option<usize>) -> Self {
+    pub fn new(core: usize, config: IndexConfig) -> Self {
         let config = IndexConfig {
             core_id: core,
             ..config
         };
-        let mut index = Index::new(config);
-        if let Some(n) = max_strings {
-            index.set_string_capacity(n);
-        }
+        let index = Index::new(config);
         Self {
             core,
             ingested: 0,
@@ -123,7 +132,8 @@ impl CoreState {
     }
 
     /// Applies one ReportCacheState message; `Err` when it was refused whole (nothing of it
-    /// was applied), so the stream's Ack must not claim it.
+    /// was applied) or applied only in part (a full key, a full stats table), so the stream's
+    /// Ack must not claim it.
     pub fn ingest(&mut self, update: &pb::CacheStateUpdate) -> Result<(), IngestRefused> {
         self.ingested += 1;
         let out = self.index.ingest(update, unix_now_ns(), &*self.policy);
@@ -146,7 +156,20 @@ impl CoreState {
         }
         record_evictions(out.cap_evicted, "cap");
         self.publish_gauge();
-        Ok(())
+        let partial = if out.holders_refused > 0 {
+            Some(IngestRefused::KeyHoldersFull)
+        } else if out.stats_refused {
+            Some(IngestRefused::StatsRowsFull)
+        } else {
+            None
+        };
+        match partial {
+            Some(why) => {
+                metrics::record_ingest_refused(why.metric_label());
+                Err(why)
+            }
+            None => Ok(()),
+        }
     }
 
     /// Applies one PublishEvent.

@@ -381,3 +381,207 @@ async fn sigterm_completes_within_the_drain_bound_under_a_live_producer() {
     producer.abort();
     stream.abort();
 }
+
+/// The values of a per-core series (`name{core="…"} value`), one per core.
+fn per_core_values(text: &str, name: &str) -> Vec<f64> {
+    text.lines()
+        .filter_map(|l| l.strip_prefix(name)?.strip_prefix('{'))
+        .filter_map(|l| l.rsplit(' ').next()?.parse().ok())
+        .collect()
+}
+
+fn name_bytes(srv: &Server) -> f64 {
+    per_core_values(&metrics_text(srv), "inferencecache_core_index_string_bytes")
+        .iter()
+        .sum()
+}
+
+/// Issue 10 item 2: interned names are freed once nothing refers to them, and bounded in bytes.
+/// Messages that store nothing keep no names; names of swept entries are reclaimed, so unique
+/// tenants whose entries expire are accepted for ever under a 64 KiB table (without the reclaim
+/// the third round would not fit); fresh names beyond the bound are refused
+/// (`STRING_TABLE_FULL`, counted) and the table stays within it.
+async fn interned_names_are_reclaimed_and_bounded_in_bytes(shards: usize) {
+    let srv = Server::start(
+        shards,
+        &[
+            "--sweep-interval-ms",
+            "100",
+            "--index-max-string-bytes",
+            "65536",
+        ],
+    );
+    let mut c = srv.client().await;
+    let tenant = |tag: &str, i: usize| format!("{tag}-{i:04}-{}", "x".repeat(1000));
+    // No prefixes, no stats: accepted, nothing kept.
+    let empty: Vec<_> = (0..300)
+        .map(|i| pb::CacheStateUpdate {
+            tenant_id: tenant("empty", i),
+            model_id: "m".into(),
+            replica_id: "r".into(),
+            hash_scheme: "vllm".into(),
+            ..Default::default()
+        })
+        .collect();
+    assert!(report(&mut c, empty).await.accepted);
+    assert_eq!(name_bytes(&srv), 0.0);
+    // Entries stamped so that they expire 300 ms after arrival.
+    let ttl_us: i64 = 30 * 60 * 1_000_000;
+    for round in 0..5 {
+        let ts = now_us() - ttl_us + 300_000;
+        let updates: Vec<_> = (0..40)
+            .map(|i| {
+                let mut u = legacy_update(
+                    "r",
+                    &tenant(&format!("round{round}"), i),
+                    "m",
+                    "vllm",
+                    b"h",
+                    16,
+                );
+                u.timestamp_us = ts;
+                u
+            })
+            .collect();
+        let ack = report(&mut c, updates).await;
+        assert!(ack.accepted, "round {round}: {ack:?}");
+        assert!(name_bytes(&srv) > 0.0);
+        let s = &srv;
+        poll_until(
+            "names of swept entries reclaimed",
+            Duration::from_secs(20),
+            || async move { name_bytes(s) == 0.0 },
+        )
+        .await;
+    }
+    // Fresh unique names: the table fills up to its byte bound, then refuses.
+    let updates: Vec<_> = (0..200)
+        .map(|i| legacy_update("r", &tenant("fresh", i), "m", "vllm", b"h", 16))
+        .collect();
+    let ack = report(&mut c, updates).await;
+    assert!(!ack.accepted);
+    assert_eq!(ack.reason_code, "STRING_TABLE_FULL");
+    let text = metrics_text(&srv);
+    let per_core = per_core_values(&text, "inferencecache_core_index_string_bytes");
+    assert_eq!(per_core.len(), shards);
+    assert!(per_core.iter().all(|b| *b <= 65536.0), "{per_core:?}");
+    let refused = metric_value(
+        &text,
+        "inferencecache_ingest_refused_total{reason=\"string_table_full\"}",
+    );
+    assert!(refused.is_some_and(|n| n >= 1.0), "{refused:?}");
+}
+shards_1_and_2!(interned_names_are_reclaimed_and_bounded_in_bytes);
+
+/// Issue 10 item 4: a key keeps at most `--index-max-holders-per-key` replicas. A further
+/// replica is not added to it, the rest of its message is applied, and the stream's Ack says
+/// `accepted: false`, `KEY_HOLDERS_FULL` (counted); known holders still refresh.
+async fn a_key_keeps_at_most_its_holder_bound(shards: usize) {
+    let srv = Server::start(shards, &["--index-max-holders-per-key", "8"]);
+    let mut c = srv.client().await;
+    let updates: Vec<_> = (0..10)
+        .map(|i| {
+            let mut u = legacy_update(&format!("r{i:02}"), "t", "m", "vllm", b"hot", 128);
+            let own = u.prefixes[0].clone();
+            u.prefixes.push(pb::PrefixEntry {
+                prefix_hash: format!("own-{i}").into_bytes(),
+                ..own
+            });
+            u
+        })
+        .collect();
+    let ack = report(&mut c, updates).await;
+    assert!(!ack.accepted);
+    assert_eq!(ack.reason_code, "KEY_HOLDERS_FULL");
+    let r = lookup(&mut c, exact_lookup("t", "m", "vllm", b"hot", 128)).await;
+    let mut got: Vec<_> = r
+        .replica_scores
+        .iter()
+        .map(|s| s.replica_id.clone())
+        .collect();
+    got.sort();
+    let want: Vec<_> = (0..8).map(|i| format!("r{i:02}")).collect();
+    assert_eq!(got, want);
+    let r = lookup(&mut c, exact_lookup("t", "m", "vllm", b"own-9", 128)).await;
+    let got: Vec<_> = r
+        .replica_scores
+        .iter()
+        .map(|s| s.replica_id.as_str())
+        .collect();
+    assert_eq!(
+        got,
+        ["r09"],
+        "the rest of a partly refused message is applied"
+    );
+    let refresh = legacy_update("r03", "t", "m", "vllm", b"hot", 256);
+    assert!(report(&mut c, vec![refresh]).await.accepted);
+    let refused = metric_value(
+        &metrics_text(&srv),
+        "inferencecache_ingest_refused_total{reason=\"key_holders_full\"}",
+    );
+    assert_eq!(refused, Some(2.0));
+}
+shards_1_and_2!(a_key_keeps_at_most_its_holder_bound);
+
+/// Issue 10 item 4: a LookupRoute answer carries at most 1,024 replica scores, the top-ranked
+/// ones in the final order (score descending, replica id ascending), even for a key held by
+/// more replicas (here 1,100, allowed by raising the holder bound).
+async fn lookup_answers_keep_the_top_ranked_scores(shards: usize) {
+    let srv = Server::start(shards, &["--index-max-holders-per-key", "2000"]);
+    let mut c = srv.client().await;
+    let ts = fresh_ts();
+    let n = 1100;
+    // At least the default matched-tokens floor (64).
+    let tokens = |i: usize| 64 + (i * 7 % 100) as i32;
+    let mut updates: Vec<_> = (0..n)
+        .map(|i| {
+            let mut u = legacy_update(&format!("r{i:04}"), "t", "m", "vllm", b"hot", tokens(i));
+            u.timestamp_us = ts;
+            u
+        })
+        .collect();
+    // One more serving replica, so distinguishing power is not 0 and scores follow tokens.
+    updates.push(legacy_update("other", "t", "m", "vllm", b"cold", 16));
+    assert!(report(&mut c, updates).await.accepted);
+    let r = lookup(&mut c, exact_lookup("t", "m", "vllm", b"hot", 16)).await;
+    assert_eq!(r.reason_code, "PREFIX_MATCH");
+    let mut want: Vec<(i32, String)> = (0..n).map(|i| (tokens(i), format!("r{i:04}"))).collect();
+    want.sort_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
+    want.truncate(1024);
+    let got: Vec<(i32, String)> = r
+        .replica_scores
+        .iter()
+        .map(|s| (s.matched_tokens, s.replica_id.clone()))
+        .collect();
+    assert_eq!(got.len(), 1024);
+    assert_eq!(got, want);
+}
+shards_1_and_2!(lookup_answers_keep_the_top_ranked_scores);
+
+/// Stats rows are bounded per `(tenant, model)` (1,024 replicas): a further replica's stats are
+/// not stored and the stream's Ack says `accepted: false`, `STATS_ROWS_FULL` (counted); known
+/// replicas still update theirs.
+async fn stats_rows_per_model_are_bounded(shards: usize) {
+    let srv = Server::start(shards, &[]);
+    let mut c = srv.client().await;
+    let row = |i: usize| pb::CacheStateUpdate {
+        tenant_id: "t".into(),
+        model_id: "m".into(),
+        replica_id: format!("r{i:04}"),
+        stats: stats(0.5, 0.1),
+        ..Default::default()
+    };
+    assert!(report(&mut c, (0..1024).map(row).collect()).await.accepted);
+    let ack = report(&mut c, vec![row(1024)]).await;
+    assert!(!ack.accepted);
+    assert_eq!(ack.reason_code, "STATS_ROWS_FULL");
+    assert!(report(&mut c, vec![row(7)]).await.accepted);
+    let st = cache_state(&mut c, "t", "m").await;
+    assert_eq!(st.replicas.len(), 1024);
+    let refused = metric_value(
+        &metrics_text(&srv),
+        "inferencecache_ingest_refused_total{reason=\"stats_rows_full\"}",
+    );
+    assert_eq!(refused, Some(1.0));
+}
+shards_1_and_2!(stats_rows_per_model_are_bounded);
