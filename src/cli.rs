@@ -68,8 +68,8 @@ pub struct Cli {
     #[arg(long, default_value_t = DEFAULT_MAX_CONNECTIONS_PER_CORE)]
     pub max_connections_per_core: usize,
     /// Distinct strings (tenant, model, replica, scheme, adapter names) one core's index can
-    /// hold, for tests of the full-table path (default: the index's compile-time maximum).
-    /// Hidden test knob.
+    /// hold at once, for tests of the full-table path (default: the index's compile-time
+    /// maximum, 2^24). Hidden test knob.
     #[arg(long, hide = true)]
     pub index_max_strings: Option<usize>,
     /// Bytes of the names one core's index can hold at once.

@@ -318,3 +318,41 @@ fn refused_update_stores_nothing() {
     assert_eq!(ix.stats_row_count(), 0);
     assert_eq!(ix.string_usage(), (0, 0));
 }
+
+/// LFU hits carried past a reclaim pass (the `credit_hits` API) are never credited to another
+/// tenant's entry that reuses a freed keyspace id, and never panic on a freed one.
+#[test]
+fn carried_lfu_hits_survive_a_reclaim() {
+    let mut rules = Rules::lfu("t");
+    rules.lfu.push("u".into());
+    let mut ix = index_cfg(|_| {});
+    ix.ingest(
+        &upd("t", "m1", "vllm", "r", vec![legacy(b"k", 16)]),
+        T0,
+        &rules,
+    );
+    ix.ingest(
+        &upd("t", "m2", "vllm", "r", vec![legacy(b"p", 16)]),
+        T0,
+        &rules,
+    );
+    let q = inferencecache_index::index::LookupQuery {
+        model: "m2",
+        ..q_exact(b"p")
+    };
+    let hits = ix.lookup_route(&q, T0, &rules).lfu_hits.to_vec();
+    assert_eq!(hits.len(), 1);
+    let evict = event(cache_event::Type::PrefixEvicted, "t", "m2", "r", b"p");
+    assert_eq!(ix.apply_event(&evict, T0, &rules).entries_removed, 1);
+    ix.sweep(T0, &rules);
+    // Freed and not reused yet.
+    assert_eq!(ix.credit_hits("t", &hits, |_| true, &rules), 0);
+    // Reused by another tenant's key with the same hash and replica.
+    ix.ingest(
+        &upd("u", "m2", "vllm", "r", vec![legacy(b"p", 16)]),
+        T0,
+        &rules,
+    );
+    assert_eq!(ix.credit_hits("t", &hits, |_| true, &rules), 0);
+    assert!(ix.dump_entries().iter().all(|e| e.access_count == 0));
+}

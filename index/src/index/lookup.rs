@@ -6,7 +6,7 @@
 
 use super::ranking::{self, Tier, distinguishing_power, freshness, recency};
 use super::store::{Holder, KeyId, NIL, Store};
-use super::{Catalog, Index};
+use super::{Catalog, DEAD, Index};
 use crate::rules::{Eviction, TenantRules};
 use sha2::{Digest, Sha256};
 use std::cmp::Ordering;
@@ -61,8 +61,9 @@ pub struct Score {
 
 /// An entry that contributed to a delivered prefix match and is credited for LFU (§7.4).
 /// Identifies the entry by key and replica, so it stays valid across index mutations (a key
-/// removed and re-created with a reused blob id in between could be credited instead; this
-/// needs a same-core mutation between lookup and credit and only affects LFU order).
+/// removed and re-created with a reused blob id in between, or a keyspace or replica id reused
+/// after a reclaim pass, could be credited instead; this needs a same-core mutation between
+/// lookup and credit and only affects LFU order).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct LfuHit {
     key: KeyId,
@@ -667,7 +668,11 @@ impl Index {
             if !kept {
                 continue;
             }
-            debug_assert_eq!(self.cat.tenant_of(hit.key), tenant);
+            // A hit carried across a reclaim pass may name a freed (or reused) keyspace.
+            let ks = &self.cat.keyspaces[hit.key.keyspace() as usize];
+            if ks.scope == DEAD || self.cat.scopes[ks.scope as usize].tenant != tenant {
+                continue;
+            }
             let Some(pos) = self.store.find(hit.key) else {
                 continue;
             };
