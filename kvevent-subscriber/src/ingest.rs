@@ -24,6 +24,11 @@ pub fn bind_address(endpoint: &str) -> String {
     endpoint.replace("://*:", "://0.0.0.0:")
 }
 
+/// First pause between failed SUB connect attempts.
+pub const CONNECT_RETRY_MIN: Duration = Duration::from_millis(100);
+/// Longest pause between failed SUB connect attempts.
+pub const CONNECT_RETRY_MAX: Duration = Duration::from_secs(5);
+
 /// Opens the SUB socket: binds when the endpoint contains `*`, otherwise connects (retrying
 /// until the engine is up; the library then reconnects by itself after engine restarts).
 pub async fn open_sub(endpoint: &str, topic: &str) -> anyhow::Result<SubSocket> {
@@ -34,11 +39,17 @@ pub async fn open_sub(endpoint: &str, topic: &str) -> anyhow::Result<SubSocket> 
         let bound = sock.bind(&bind_address(endpoint)).await?;
         tracing::info!(endpoint = %bound, "SUB bound");
     } else {
+        // The library retries refused connections itself; any other failure (unresolvable
+        // host, unreachable network, ...) returns at once, so this loop waits between attempts
+        // (100 ms doubling to 5 s) and stays cancellable by shutdown.
+        let mut delay = CONNECT_RETRY_MIN;
         loop {
             match sock.connect(endpoint).await {
                 Ok(()) => break,
                 Err(e) => {
-                    tracing::warn!(%endpoint, error = %e, "engine publisher not reachable yet; retrying")
+                    tracing::warn!(%endpoint, error = %e, retry_in_ms = delay.as_millis() as u64, "engine publisher not reachable yet; retrying");
+                    tokio::time::sleep(delay).await;
+                    delay = (delay * 2).min(CONNECT_RETRY_MAX);
                 }
             }
         }
