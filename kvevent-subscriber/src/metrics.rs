@@ -30,10 +30,18 @@ pub struct Metrics {
     pub batches: Counter,
     /// Engine events by `type` (BlockStored, BlockRemoved, AllBlocksCleared, unknown, invalid).
     pub events: Family<Label, Counter>,
-    /// Prefix entries delivered in `ReportCacheState` messages.
+    /// Prefix entries written to a `ReportCacheState` stream (counted when sent; re-sends after
+    /// a failed stream are counted in `resent` instead).
     pub entries_sent: Counter,
-    /// `ReportCacheState` messages delivered (entries and stats-only).
+    /// `ReportCacheState` messages written to a stream (entries and stats-only), when sent.
     pub updates_sent: Counter,
+    /// Prefix entries of streams the server acknowledged.
+    pub entries_acked: Counter,
+    /// `ReportCacheState` messages of streams the server acknowledged.
+    pub updates_acked: Counter,
+    /// Acknowledgements with `accepted = false` (the server refused the stream's content;
+    /// re-sending would not help, so it is not re-sent).
+    pub streams_refused: Counter,
     /// `PublishEvent` calls delivered by `type`.
     pub cache_events_sent: Family<Label, Counter>,
     /// Data dropped by `reason`; each is an index entry or batch that will be missing.
@@ -70,6 +78,9 @@ impl Metrics {
             events: Family::default(),
             entries_sent: Counter::default(),
             updates_sent: Counter::default(),
+            entries_acked: Counter::default(),
+            updates_acked: Counter::default(),
+            streams_refused: Counter::default(),
             cache_events_sent: Family::default(),
             drops: Family::default(),
             gaps: Counter::default(),
@@ -104,6 +115,21 @@ impl Metrics {
             "updates_sent",
             "ReportCacheState messages sent",
             m.updates_sent.clone(),
+        );
+        r.register(
+            "entries_acked",
+            "Prefix entries of acknowledged ReportCacheState streams",
+            m.entries_acked.clone(),
+        );
+        r.register(
+            "updates_acked",
+            "ReportCacheState messages of acknowledged streams",
+            m.updates_acked.clone(),
+        );
+        r.register(
+            "streams_refused",
+            "ReportCacheState streams acknowledged with accepted=false",
+            m.streams_refused.clone(),
         );
         r.register(
             "cache_events_sent",

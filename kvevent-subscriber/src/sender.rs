@@ -284,6 +284,8 @@ impl Sender {
             }
             self.recover().await;
         }
+        self.metrics.updates_sent.inc();
+        self.metrics.entries_sent.inc_by(u.prefixes.len() as u64);
         self.unacked.push(u);
         if self.unacked.len() >= self.cfg.max_unacked {
             self.barrier().await;
@@ -333,10 +335,14 @@ impl Sender {
             };
             drop(s.tx);
             match timeout(self.cfg.call_timeout, s.call).await {
-                Ok(Ok(Ok(_ack))) => {
+                Ok(Ok(Ok(ack))) => {
                     let entries: usize = self.unacked.iter().map(|u| u.prefixes.len()).sum();
-                    self.metrics.entries_sent.inc_by(entries as u64);
-                    self.metrics.updates_sent.inc_by(self.unacked.len() as u64);
+                    self.metrics.entries_acked.inc_by(entries as u64);
+                    self.metrics.updates_acked.inc_by(self.unacked.len() as u64);
+                    if !ack.accepted {
+                        self.metrics.streams_refused.inc();
+                        tracing::warn!(reason = %ack.reason_code, messages = self.unacked.len(), "server refused a ReportCacheState stream; not re-sending");
+                    }
                     self.unacked.clear();
                     self.backoff.reset();
                     return;

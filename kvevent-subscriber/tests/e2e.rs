@@ -822,3 +822,45 @@ async fn back_pressure_while_server_is_down_loses_nothing() {
     }
     assert_eq!(sub_metric(&sub, "kvevent_missing_batches_total").await, 0.0);
 }
+
+/// Issue 12 item 5: `entries_sent` / `updates_sent` count when a message is written to the
+/// stream, not when the stream is acknowledged (which, on a healthy subscriber, happens only after
+/// `--max-unacked` messages or before an event); acknowledgements are their own series.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sent_counters_are_true_before_the_ack() {
+    let (addr, double) = start_double().await;
+    let mut pub_sock = PubSocket::new();
+    let ep = pub_sock.bind("tcp://127.0.0.1:0").await.unwrap();
+    let sub = spawn_subscriber(&ep.to_string(), addr, &[]);
+    let seq = warm_up(&mut pub_sock, &sub).await;
+    publish(
+        &mut pub_sock,
+        seq,
+        payload(
+            7000.0,
+            vec![map_stored(
+                vec![Value::from(1u64), Value::from(2u64)],
+                Value::Nil,
+                1..=32,
+            )],
+        ),
+    )
+    .await;
+    wait_for(&double, 1).await;
+    // The stream is still open (1 of 256 messages): sent, not yet acknowledged.
+    assert_eq!(sub_metric(&sub, "kvevent_entries_sent_total").await, 2.0);
+    assert_eq!(sub_metric(&sub, "kvevent_updates_sent_total").await, 1.0);
+    assert_eq!(sub_metric(&sub, "kvevent_entries_acked_total").await, 0.0);
+    assert_eq!(sub_metric(&sub, "kvevent_updates_acked_total").await, 0.0);
+    // An eviction closes the stream first (barrier): now acknowledged too.
+    let removed = Value::Array(vec![
+        "BlockRemoved".into(),
+        Value::Array(vec![Value::from(2u64)]),
+        "GPU".into(),
+    ]);
+    publish(&mut pub_sock, seq + 1, payload(7001.0, vec![removed])).await;
+    wait_for(&double, 2).await;
+    assert_eq!(sub_metric(&sub, "kvevent_entries_acked_total").await, 2.0);
+    assert_eq!(sub_metric(&sub, "kvevent_updates_acked_total").await, 1.0);
+    assert_eq!(sub_metric(&sub, "kvevent_entries_sent_total").await, 2.0);
+}
