@@ -62,10 +62,12 @@ pub struct Args {
     #[arg(long, default_value = "", value_parser = parse_adapter_map)]
     pub lora_adapter_names: AdapterMap,
 
-    /// Use the event's `lora_name` (vLLM) as the adapter id when `lora_id` is not mapped by
-    /// `--lora-adapter-names`. Names are what operators load adapters as, so they agree across
-    /// replicas, unlike the numbers.
-    #[arg(long)]
+    /// Use the event's `lora_name` as the adapter id when `lora_id` is not mapped by
+    /// `--lora-adapter-names` (on by default; `--use-lora-name=false` turns it off, and then an
+    /// adapter event without a mapped number is dropped). Names are what operators load
+    /// adapters as, so they agree across replicas, unlike the numbers; SGLang sends only the
+    /// name.
+    #[arg(long, default_value_t = true, num_args = 0..=1, default_missing_value = "true", action = clap::ArgAction::Set)]
     pub use_lora_name: bool,
 
     /// Tokens per block; overrides the event's `block_size` (used when an engine omits it).
@@ -380,6 +382,25 @@ mod tests {
         assert_eq!(a.pressure_ceiling, 256.0);
         assert_eq!(a.endpoint, "tcp://127.0.0.1:5557");
         assert_eq!(a.metrics_bind, None);
+        assert!(a.use_lora_name);
+        let b = Args::parse_from([
+            "x",
+            "--replica-id",
+            "r",
+            "--model-id",
+            "m",
+            "--use-lora-name",
+        ]);
+        assert!(b.use_lora_name);
+        let c = Args::parse_from([
+            "x",
+            "--replica-id",
+            "r",
+            "--model-id",
+            "m",
+            "--use-lora-name=false",
+        ]);
+        assert!(!c.use_lora_name);
     }
 
     #[test]

@@ -14,7 +14,7 @@ use inferencecache_proto::v1alpha1::{CacheTier, PrefixEntry, ReplicaStats};
 use lru::LruCache;
 
 use crate::cli::AdapterMap;
-use crate::decode::{Batch, BlockRemoved, BlockStored, EngineHash, Event};
+use crate::decode::{Batch, BlockRemoved, BlockStored, EngineHash, Event, ExtraKey};
 use crate::metrics::Metrics;
 
 /// Where the index should learn something; the sender turns these into gRPC traffic.
@@ -111,9 +111,16 @@ struct BlockInfo {
     tokens: i64,
     adapter: Arc<str>,
     media: Media,
-    /// False when the block (or an ancestor) carried extra keys: its identity is more than its
-    /// tokens, so a token fingerprint would alias other content; never indexed.
-    reportable: bool,
+    /// Why the block is not indexed, when it (or an ancestor) is more than its tokens (cache
+    /// salt, multimodal input, prompt embeddings): a token fingerprint would alias other
+    /// content (docs/KV-EVENTS.md §5).
+    skip: Option<&'static str>,
+}
+
+impl BlockInfo {
+    fn reportable(&self) -> bool {
+        self.skip.is_none()
+    }
 }
 
 /// Per-publisher mapping state: the bounded reverse map. The seq tracker lives beside it in the
@@ -219,23 +226,44 @@ impl Mapper {
         group.is_none_or(|g| g == self.cfg.kv_cache_group)
     }
 
+    /// The adapter partition of a stored event (docs/KV-EVENTS.md §5): a `lora_id` mapped by
+    /// `--lora-adapter-names` → that name; else a non-empty `lora_name` (unless
+    /// `--use-lora-name=false`); else, when neither `lora_id` nor `lora_name` is set, the base
+    /// model `""`. An event that names an adapter in any way but resolves to no name is `None`
+    /// (dropped): adapter KV must never be filed under the base model.
     fn adapter(&self, e: &BlockStored) -> Option<Arc<str>> {
-        match e.lora_id {
-            None => Some(Arc::from("")),
-            Some(id) => self
-                .cfg
-                .adapters
-                .get(&id)
-                .map(|n| Arc::from(n.as_str()))
-                .or_else(|| {
-                    self.cfg
-                        .use_lora_name
-                        .then_some(e.lora_name.as_deref())
-                        .flatten()
-                        .filter(|n| !n.is_empty())
-                        .map(Arc::from)
-                }),
+        let name = e.lora_name.as_deref().filter(|n| !n.is_empty());
+        if let Some(mapped) = e.lora_id.and_then(|id| self.cfg.adapters.get(&id)) {
+            return Some(Arc::from(mapped.as_str()));
         }
+        if e.lora_id.is_none() && name.is_none() {
+            return Some(Arc::from(""));
+        }
+        name.filter(|_| self.cfg.use_lora_name).map(Arc::from)
+    }
+
+    /// Why block `i` of `e` must not be indexed, from the event's cache salt (SGLang) or the
+    /// block's extra keys (vLLM) once a leading LoRA name equal to `lora_name` is set aside
+    /// (the adapter partition carries it).
+    fn block_skip(e: &BlockStored, i: usize) -> Option<&'static str> {
+        if e.cache_salt.as_deref().is_some_and(|s| !s.is_empty()) {
+            return Some("cache_salt");
+        }
+        let Some(Some(keys)) = e.extra_keys.get(i) else {
+            return None;
+        };
+        let mut rest = keys.as_slice();
+        if let (Some(ExtraKey::Str(first)), Some(name)) = (rest.first(), e.lora_name.as_deref())
+            && first == name
+        {
+            rest = &rest[1..];
+        }
+        rest.first().map(|k| match k {
+            ExtraKey::Str(_) => "cache_salt",
+            ExtraKey::Multimodal => "multimodal",
+            ExtraKey::Binary => "prompt_embeds",
+            ExtraKey::Other => "extra_keys",
+        })
     }
 
     fn stored(&self, st: &mut PublisherState, e: &BlockStored, ts_us: i64, out: &mut Vec<Op>) {
@@ -281,7 +309,7 @@ impl Mapper {
             let before = tier_of(info.media);
             info.media |= bit;
             let after = tier_of(info.media);
-            if info.reportable && after != before {
+            if info.reportable() && after != before {
                 entries.push(entry(info, after.unwrap_or(CacheTier::T1)));
             }
         }
@@ -313,8 +341,8 @@ impl Mapper {
     }
 
     /// Fingerprints the stored blocks' tokens onto their parent's prefix and records each block
-    /// in the reverse map; returns the entries to report. A block with extra keys (and every
-    /// block after it) is remembered but not reported.
+    /// in the reverse map; returns the entries to report. A salted / multimodal block (and every
+    /// block after it) is remembered but not reported (counted under its reason).
     fn stored_blocks(
         &self,
         st: &mut PublisherState,
@@ -324,14 +352,14 @@ impl Mapper {
         bit: Media,
     ) -> Vec<PrefixEntry> {
         let mut entries = Vec::new();
-        let (parent, base_tokens, mut reportable) =
+        let (parent, base_tokens, mut skip) =
             match e.parent_block_hash.as_ref().and_then(|p| st.blocks.get(p)) {
-                Some(p) => (Some(p.prefix), p.tokens, p.reportable),
-                None => (None, 0, true),
+                Some(p) => (Some(p.prefix), p.tokens, p.skip),
+                None => (None, 0, None),
             };
         let mut i = 0usize;
         for_each_prefix_hash(&e.token_ids, bs as i32, parent, |prefix| {
-            reportable &= !e.extra_keys.get(i).copied().unwrap_or(false);
+            skip = skip.or_else(|| Self::block_skip(e, i));
             let tokens = base_tokens + (i as i64 + 1) * bs;
             let key = e.block_hashes[i].clone();
             let media = st.blocks.peek(&key).map_or(0, |b| b.media) | bit;
@@ -340,12 +368,11 @@ impl Mapper {
                 tokens,
                 adapter: adapter.clone(),
                 media,
-                reportable,
+                skip,
             };
-            if reportable {
-                entries.push(entry(&info, tier_of(media).unwrap_or(CacheTier::T1)));
-            } else {
-                self.metrics.drop_n("extra_keys", 1);
+            match skip {
+                None => entries.push(entry(&info, tier_of(media).unwrap_or(CacheTier::T1))),
+                Some(reason) => self.metrics.drop_n(reason, 1),
             }
             st.blocks.put(key, info);
             i += 1;
@@ -375,7 +402,7 @@ impl Mapper {
                 info.media |= CPU;
             }
             let after = tier_of(info.media);
-            if !info.reportable || before == after {
+            if !info.reportable() || before == after {
                 continue;
             }
             match after {

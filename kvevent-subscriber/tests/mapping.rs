@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex};
 use bytes::Bytes;
 use inferencecache_fingerprint::prefix_hashes;
 use inferencecache_proto::v1alpha1::{CacheTier, PrefixEntry};
-use kvevent_subscriber::decode::{Batch, BlockRemoved, BlockStored, EngineHash, Event};
+use kvevent_subscriber::decode::{Batch, BlockRemoved, BlockStored, EngineHash, Event, ExtraKey};
 use kvevent_subscriber::ingest::Processor;
 use kvevent_subscriber::mapping::{Mapper, MappingConfig, Op, PublisherState, ts_to_us};
 use kvevent_subscriber::metrics::Metrics;
@@ -384,11 +384,11 @@ fn extra_keys_and_other_groups_are_not_indexed() {
     let (m, mut st, metrics) = setup(cfg());
     let all = tokens(0..48);
     let mut e = stored(&[1, 2, 3], None, all);
-    e.extra_keys = vec![false, true, false];
+    e.extra_keys = vec![None, Some(vec![ExtraKey::Multimodal]), None];
     let ops = run(&m, &mut st, 1.0, vec![Event::BlockStored(e)]);
-    // Block 0 is plain; block 1 carries extras (e.g. an image hash) and block 2 descends from it.
+    // Block 0 is plain; block 1 carries an image hash and block 2 descends from it.
     assert!(matches!(&ops[..], [Op::Add { entries, .. }] if entries.len() == 1));
-    assert_eq!(metrics.dropped("extra_keys"), 2);
+    assert_eq!(metrics.dropped("multimodal"), 2);
 
     let mut g = stored(&[9], None, tokens(0..16));
     g.group_idx = Some(1);
