@@ -194,4 +194,5 @@ fn new_processor(
         timeout: args.replay_timeout,
     });
     Processor::new(mapper, replay, metrics.clone(), replicas)
+        .with_max_publishers(args.max_publishers)
 }

@@ -113,6 +113,11 @@ pub struct Args {
     #[arg(long, default_value_t = 1_000_000)]
     pub reverse_map_capacity: usize,
 
+    /// Most publishers (`(topic, dp_rank)` pairs) tracked at once, each with its own seq state
+    /// and reverse map; batches of further ones are dropped (`reason="too_many_publishers"`).
+    #[arg(long, default_value_t = 64)]
+    pub max_publishers: usize,
+
     /// Capacity of the in-process queues (batches from ZMQ, operations to the sender). When
     /// they are full the ZMQ reader stops reading (back-pressure to the engine's PUB socket).
     #[arg(long, default_value_t = 1024)]

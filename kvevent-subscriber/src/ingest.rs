@@ -143,7 +143,11 @@ pub struct Processor {
     metrics: Arc<Metrics>,
     publishers: HashMap<PublisherKey, Publisher>,
     replicas: Arc<Mutex<BTreeSet<String>>>,
+    max_publishers: usize,
 }
+
+/// Default bound on distinct publishers (`(topic, dp_rank)` pairs) one subscriber tracks.
+pub const DEFAULT_MAX_PUBLISHERS: usize = 64;
 
 impl Processor {
     /// A processor; `replicas` collects every replica id seen (the stats task reports to them).
@@ -159,7 +163,16 @@ impl Processor {
             metrics,
             publishers: HashMap::new(),
             replicas,
+            max_publishers: DEFAULT_MAX_PUBLISHERS,
         }
+    }
+
+    /// Bounds the publishers tracked at once (`--max-publishers`): each has a seq tracker and a
+    /// reverse map, so batches from further unknown `(topic, dp_rank)` pairs (a misconfigured
+    /// topic filter, garbage ranks) are dropped and counted instead of growing memory.
+    pub fn with_max_publishers(mut self, n: usize) -> Self {
+        self.max_publishers = n.max(1);
+        self
     }
 
     /// Consumes the frame queue, forwarding operations to the sender (waiting when its queue
@@ -198,6 +211,11 @@ impl Processor {
             }
         };
         let key = (raw.topic.clone(), batch.dp_rank);
+        if !self.publishers.contains_key(&key) && self.publishers.len() >= self.max_publishers {
+            self.metrics.drop_n("too_many_publishers", 1);
+            tracing::warn!(dp_rank = ?batch.dp_rank, limit = self.max_publishers, "batch from one publisher too many; dropped");
+            return;
+        }
         let verdict = self.publisher(&key).seq.observe(seq);
         match verdict {
             SeqVerdict::Restart => {

@@ -6,7 +6,6 @@
 //! tokens, adapter, media holding the block), which is what lets a child block continue its
 //! parent's chain and a `BlockRemoved` name the index key to evict.
 
-use std::num::NonZeroUsize;
 use std::sync::Arc;
 
 use inferencecache_fingerprint::for_each_prefix_hash;
@@ -53,6 +52,10 @@ pub enum Op {
         stats: ReplicaStats,
     },
 }
+
+/// Longest adapter id the server accepts (longer names are refused with `ID_TOO_LONG`,
+/// docs/BEHAVIOUR.md).
+pub const MAX_ADAPTER_BYTES: usize = 1024;
 
 /// Mapping knobs, from the flags.
 #[derive(Debug, Clone)]
@@ -126,16 +129,19 @@ impl BlockInfo {
 /// Per-publisher mapping state: the bounded reverse map. The seq tracker lives beside it in the
 /// pipeline.
 pub struct PublisherState {
+    /// Unbounded in the type (so a new publisher allocates nothing up front), bounded by
+    /// `capacity` on every insert.
     blocks: LruCache<EngineHash, BlockInfo>,
+    capacity: usize,
     replica: String,
 }
 
 impl PublisherState {
     /// Fresh state for the publisher of `dp_rank`.
     pub fn new(cfg: &MappingConfig, dp_rank: Option<i64>) -> Self {
-        let cap = NonZeroUsize::new(cfg.reverse_map_capacity.max(1)).expect("max(1) is non-zero");
         Self {
-            blocks: LruCache::new(cap),
+            blocks: LruCache::unbounded(),
+            capacity: cfg.reverse_map_capacity.max(1),
             replica: replica_for(cfg, dp_rank),
         }
     }
@@ -231,15 +237,23 @@ impl Mapper {
     /// `--use-lora-name=false`); else, when neither `lora_id` nor `lora_name` is set, the base
     /// model `""`. An event that names an adapter in any way but resolves to no name is `None`
     /// (dropped): adapter KV must never be filed under the base model.
-    fn adapter(&self, e: &BlockStored) -> Option<Arc<str>> {
+    ///
+    /// A name longer than the server accepts ([`MAX_ADAPTER_BYTES`]) drops the event too (the
+    /// server would refuse the whole message).
+    fn adapter(&self, e: &BlockStored) -> Result<Arc<str>, &'static str> {
         let name = e.lora_name.as_deref().filter(|n| !n.is_empty());
-        if let Some(mapped) = e.lora_id.and_then(|id| self.cfg.adapters.get(&id)) {
-            return Some(Arc::from(mapped.as_str()));
+        let resolved = if let Some(mapped) = e.lora_id.and_then(|id| self.cfg.adapters.get(&id)) {
+            mapped.as_str()
+        } else if e.lora_id.is_none() && name.is_none() {
+            ""
+        } else {
+            name.filter(|_| self.cfg.use_lora_name)
+                .ok_or("unmapped_adapter")?
+        };
+        if resolved.len() > MAX_ADAPTER_BYTES {
+            return Err("adapter_name_too_long");
         }
-        if e.lora_id.is_none() && name.is_none() {
-            return Some(Arc::from(""));
-        }
-        name.filter(|_| self.cfg.use_lora_name).map(Arc::from)
+        Ok(Arc::from(resolved))
     }
 
     /// Why block `i` of `e` must not be indexed, from the event's cache salt (SGLang) or the
@@ -281,9 +295,12 @@ impl Mapper {
             self.push_add(st, ts_us, entries, out);
             return;
         }
-        let Some(adapter) = self.adapter(e) else {
-            self.metrics.drop_n("unmapped_adapter", n as u64);
-            return;
+        let adapter = match self.adapter(e) {
+            Ok(a) => a,
+            Err(reason) => {
+                self.metrics.drop_n(reason, n as u64);
+                return;
+            }
         };
         let Some(bs) = self.stored_block_size(e) else {
             return;
@@ -375,6 +392,9 @@ impl Mapper {
                 Some(reason) => self.metrics.drop_n(reason, 1),
             }
             st.blocks.put(key, info);
+            while st.blocks.len() > st.capacity {
+                st.blocks.pop_lru();
+            }
             i += 1;
         });
         entries

@@ -23,6 +23,7 @@ use std::time::Duration;
 use inferencecache_proto::v1alpha1::cache_event::Type;
 use inferencecache_proto::v1alpha1::inference_cache_client::InferenceCacheClient;
 use inferencecache_proto::v1alpha1::{Ack, CacheEvent, CacheStateUpdate, PrefixEntry};
+use prost::Message;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tokio::time::{Instant, sleep, timeout};
@@ -31,6 +32,13 @@ use tonic::transport::Channel;
 
 use crate::mapping::Op;
 use crate::metrics::Metrics;
+
+/// Largest encoded `CacheStateUpdate` this sender builds: a quarter of the server's 4 MiB
+/// receive limit (docs/BEHAVIOUR.md §1.3), leaving room for gRPC framing and any estimate slack.
+pub const MAX_UPDATE_BYTES: usize = 1 << 20;
+/// Upper bound of the bytes one repeated-field entry adds besides its own encoding (tag +
+/// length prefix).
+const ENTRY_FRAMING_BYTES: usize = 6;
 
 /// Delivery knobs, from the flags.
 #[derive(Debug, Clone)]
@@ -103,6 +111,8 @@ pub struct Sender {
     pending: Vec<CacheStateUpdate>,
     pending_entries: usize,
     pending_since: Option<Instant>,
+    /// Encoded size (upper bound) of the last pending update.
+    last_pending_bytes: usize,
     backoff: Backoff,
 }
 
@@ -118,6 +128,7 @@ impl Sender {
             pending: Vec::new(),
             pending_entries: 0,
             pending_since: None,
+            last_pending_bytes: 0,
             backoff: Backoff::new(),
         }
     }
@@ -177,22 +188,32 @@ impl Sender {
     /// Queues entries, merged into the last pending update when it has the same replica and
     /// timestamp; flushes once `max_batch` entries are pending.
     async fn add(&mut self, replica: String, ts_us: i64, entries: Vec<PrefixEntry>) {
-        self.pending_entries += entries.len();
-        match self.pending.last_mut() {
-            Some(last) if last.replica_id == replica && last.timestamp_us == ts_us => {
-                last.prefixes.extend(entries)
+        // One engine event can carry any number of blocks: entries go into updates of at most
+        // `max_batch` entries and MAX_UPDATE_BYTES encoded, so no message reaches the server's
+        // 4 MiB receive limit (a refused message would otherwise be re-sent forever).
+        for e in entries {
+            let len = e.encoded_len() + ENTRY_FRAMING_BYTES;
+            let fits = matches!(self.pending.last(), Some(last)
+                if last.replica_id == replica
+                    && last.timestamp_us == ts_us
+                    && last.prefixes.len() < self.cfg.max_batch
+                    && self.last_pending_bytes + len <= MAX_UPDATE_BYTES);
+            if fits {
+                self.pending.last_mut().expect("checked").prefixes.push(e);
+                self.last_pending_bytes += len;
+            } else {
+                let u = CacheStateUpdate {
+                    prefixes: vec![e],
+                    ..self.update(replica.clone(), ts_us)
+                };
+                self.last_pending_bytes = u.encoded_len() + ENTRY_FRAMING_BYTES;
+                self.pending.push(u);
             }
-            _ => {
-                let u = self.update(replica, ts_us);
-                self.pending.push(CacheStateUpdate {
-                    prefixes: entries,
-                    ..u
-                });
+            self.pending_entries += 1;
+            self.pending_since.get_or_insert_with(Instant::now);
+            if self.pending_entries >= self.cfg.max_batch {
+                self.flush_pending().await;
             }
-        }
-        self.pending_since.get_or_insert_with(Instant::now);
-        if self.pending_entries >= self.cfg.max_batch {
-            self.flush_pending().await;
         }
     }
 
@@ -221,6 +242,9 @@ impl Sender {
         let before = self.pending_entries;
         self.pending.retain(|u| u.replica_id != replica);
         self.pending_entries = self.pending.iter().map(|u| u.prefixes.len()).sum();
+        self.last_pending_bytes = self.pending.last().map_or(0, |u| {
+            u.encoded_len() + u.prefixes.len() * ENTRY_FRAMING_BYTES
+        });
         if before > self.pending_entries {
             let dropped = (before - self.pending_entries) as u64;
             self.metrics.drop_n("cleared_before_send", dropped);

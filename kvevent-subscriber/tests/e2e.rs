@@ -864,3 +864,58 @@ async fn sent_counters_are_true_before_the_ack() {
     assert_eq!(sub_metric(&sub, "kvevent_updates_acked_total").await, 1.0);
     assert_eq!(sub_metric(&sub, "kvevent_entries_sent_total").await, 2.0);
 }
+
+/// Issue 12: one engine event whose entries would exceed the server's 4 MiB message limit (here
+/// 5,000 one-token blocks of an adapter with a 1,000-byte name, with `--max-batch` far above
+/// them) is split into several messages, each well under the limit, and all of it is indexed;
+/// the test double refuses messages over 4 MiB like the server (tonic's default limit).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn update_larger_than_the_message_limit_is_split() {
+    let (addr, double) = start_double().await;
+    let mut pub_sock = PubSocket::new();
+    let ep = pub_sock.bind("tcp://127.0.0.1:0").await.unwrap();
+    let sub = spawn_subscriber(&ep.to_string(), addr, &["--max-batch", "100000"]);
+    let seq = warm_up(&mut pub_sock, &sub).await;
+    const N: u64 = 5000;
+    let name = "a".repeat(1000);
+    let ev = Value::Map(vec![
+        ("type".into(), "BlockStored".into()),
+        (
+            "block_hashes".into(),
+            Value::Array((0..N).map(|i| Value::from(10_000 + i)).collect()),
+        ),
+        ("parent_block_hash".into(), Value::Nil),
+        (
+            "token_ids".into(),
+            Value::Array((0..N).map(|i| Value::from(i as u32)).collect()),
+        ),
+        ("block_size".into(), Value::from(1)),
+        ("lora_id".into(), Value::Nil),
+        ("medium".into(), "GPU".into()),
+        ("lora_name".into(), name.as_str().into()),
+    ]);
+    publish(&mut pub_sock, seq, payload(8000.0, vec![ev])).await;
+    let mut n = 0;
+    for _ in 0..400 {
+        n = double.index().len();
+        if n == N as usize {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(n, N as usize, "every entry indexed");
+    let updates: Vec<CacheStateUpdate> = double
+        .traffic()
+        .into_iter()
+        .filter_map(|r| match r {
+            Rec::Update(u) => Some(u),
+            Rec::Event(_) => None,
+        })
+        .collect();
+    assert!(updates.len() >= 5, "{} messages", updates.len());
+    for u in &updates {
+        assert!(prost::Message::encoded_len(u) <= 4 << 20);
+        assert!(u.prefixes.iter().all(|p| p.adapter_id == name));
+    }
+    assert_eq!(sub_metric(&sub, "kvevent_resent_messages_total").await, 0.0);
+}

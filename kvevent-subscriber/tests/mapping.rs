@@ -479,3 +479,48 @@ async fn processor_restart_clears_and_gap_is_counted() {
     assert_eq!(metrics.dropped("bad_frames"), 1);
     assert_eq!(metrics.dropped("undecodable_batch"), 1);
 }
+
+/// Issue 12: memory stays bounded when batches arrive from ever new data-parallel ranks.
+#[tokio::test]
+async fn unknown_dp_ranks_are_bounded() {
+    let metrics = Metrics::new();
+    let mut p = Processor::new(
+        Mapper::new(cfg(), metrics.clone()),
+        None,
+        metrics.clone(),
+        Arc::new(Mutex::new(BTreeSet::new())),
+    )
+    .with_max_publishers(2);
+    let ranked = |rank: i64| {
+        let mut payload = Vec::new();
+        rmpv::encode::write_value(
+            &mut payload,
+            &Value::Array(vec![
+                Value::F64(10.0),
+                Value::Array(vec![stored_value(rank as u64, 0..16)]),
+                Value::from(rank),
+            ]),
+        )
+        .unwrap();
+        vec![
+            Bytes::from_static(b"kv"),
+            Bytes::copy_from_slice(&0u64.to_be_bytes()),
+            Bytes::from(payload),
+        ]
+    };
+    let mut out = Vec::new();
+    for rank in 0..1000 {
+        p.handle_frames(&ranked(rank), &mut out).await;
+    }
+    assert_eq!(out.len(), 2, "only the first two ranks are tracked");
+    assert_eq!(metrics.dropped("too_many_publishers"), 998);
+    assert_eq!(metrics.reverse_map_entries.get(), 2);
+    // A tracked rank keeps working.
+    out.clear();
+    p.handle_frames(&ranked(1), &mut out).await;
+    assert_eq!(
+        out.len(),
+        2,
+        "restart (seq 0 again) clears, then adds: {out:?}"
+    );
+}
