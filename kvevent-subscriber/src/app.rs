@@ -17,6 +17,7 @@ use crate::ingest::{self, Processor, ReplayConfig};
 use crate::mapping::{Mapper, MappingConfig, Op};
 use crate::metrics::{self, Metrics};
 use crate::sender::{Sender, SenderConfig};
+use crate::state::{self, Resume};
 use crate::stats::{self, StatsConfig};
 
 /// How long shutdown waits for the sender to flush and be acknowledged.
@@ -46,7 +47,8 @@ pub async fn run(args: Args, shutdown: impl Future<Output = ()>) -> anyhow::Resu
     let sender_task = tokio::spawn(new_sender(&args, &metrics)?.run(ops_rx));
     let replicas = Arc::new(Mutex::new(BTreeSet::new()));
     let stats_task = spawn_stats(&args, &replicas, &ops_tx, &metrics);
-    let processor = new_processor(&args, &metrics, replicas);
+    let resume = load_state(&args)?;
+    let processor = new_processor(&args, &metrics, replicas, resume);
     let (frames_tx, frames_rx) = mpsc::channel(cap);
 
     tracing::info!(
@@ -140,6 +142,8 @@ fn new_sender(args: &Args, metrics: &Arc<Metrics>) -> anyhow::Result<Sender> {
             flush_interval: args.flush_interval,
             max_unacked: args.max_unacked.max(1),
             call_timeout: Duration::from_secs(30),
+            ack_interval: args.ack_interval,
+            state_file: args.state_file.clone(),
         },
         channel,
         metrics.clone(),
@@ -175,6 +179,7 @@ fn new_processor(
     args: &Args,
     metrics: &Arc<Metrics>,
     replicas: Arc<Mutex<BTreeSet<String>>>,
+    resume: Option<Resume>,
 ) -> Processor {
     let mapper = Mapper::new(
         MappingConfig {
@@ -193,6 +198,25 @@ fn new_processor(
         endpoint,
         timeout: args.replay_timeout,
     });
-    Processor::new(mapper, replay, metrics.clone(), replicas)
+    let p = Processor::new(mapper, replay, metrics.clone(), replicas)
         .with_max_publishers(args.max_publishers)
+        .with_tail_probe(args.tail_probe_interval);
+    match resume {
+        Some(r) => p.with_resume(r),
+        None => p,
+    }
+}
+
+/// Reads `--state-file` and checks that it can be written (a start-up error otherwise).
+fn load_state(args: &Args) -> anyhow::Result<Option<Resume>> {
+    let Some(path) = &args.state_file else {
+        return Ok(None);
+    };
+    let shown = path.display();
+    let resume = state::load(path)
+        .map_err(|e| StartupError(format!("--state-file {shown}: cannot read: {e}")))?;
+    state::save(path, &resume)
+        .map_err(|e| StartupError(format!("--state-file {shown}: cannot write: {e}")))?;
+    tracing::info!(publishers = resume.len(), "resuming from the state file");
+    Ok(Some(resume))
 }

@@ -23,6 +23,24 @@ pub struct Args {
     #[arg(long, default_value = "")]
     pub topic: String,
 
+    /// File remembering the last acknowledged seq per publisher. On start-up the subscriber
+    /// resumes from it: batches published while it was down are fetched from the replay
+    /// socket (or counted as missing without one), and an engine that restarted meanwhile is
+    /// cleared. Written atomically after acknowledgements (at most every 250 ms).
+    #[arg(long)]
+    pub state_file: Option<std::path::PathBuf>,
+
+    /// With `--replay-endpoint`: a publisher quiet for this long is asked for batches past the
+    /// last one received, so a lost tail (or batches sent while the subscriber was down) is
+    /// recovered even if the engine publishes nothing more.
+    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    pub tail_probe_interval: Duration,
+
+    /// Close and acknowledge the gRPC stream once its oldest unacknowledged message is this
+    /// old (bounds how far acknowledgements and the state file lag behind).
+    #[arg(long, default_value = "1s", value_parser = parse_duration)]
+    pub ack_interval: Duration,
+
     /// Engine replay (ROUTER) endpoint, `tcp://HOST:PORT`; when set, a seq gap triggers a
     /// replay request.
     #[arg(long, value_parser = parse_connect_endpoint)]

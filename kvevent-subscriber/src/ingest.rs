@@ -18,6 +18,7 @@ use crate::decode::{decode_batch, split_frames};
 use crate::mapping::{Mapper, Op, PublisherState, ts_to_us};
 use crate::metrics::Metrics;
 use crate::seq::{SeqTracker, SeqVerdict};
+use crate::state::{PublisherKey, Resume};
 
 /// ZMQ endpoints use `*` for "all interfaces"; the socket library wants an address.
 pub fn bind_address(endpoint: &str) -> String {
@@ -132,9 +133,16 @@ pub struct ReplayConfig {
 struct Publisher {
     seq: SeqTracker,
     state: PublisherState,
+    /// When this publisher's last batch arrived (live or replayed).
+    last_seen: Instant,
+    /// Seqs `[lo, hi)` applied by the last tail probe: their live copies may still arrive and
+    /// are duplicates, not an engine restart.
+    probed: Option<(u64, u64)>,
+    /// Resumed from the state file with this last acknowledged seq: the first probe asks the
+    /// replay socket from 0 and replays batches up to it into the reverse map only (their
+    /// operations were delivered before the restart), so later blocks chain onto them.
+    rebuild_upto: Option<u64>,
 }
-
-type PublisherKey = (Bytes, Option<i64>);
 
 /// Turns raw ZMQ messages into index operations.
 pub struct Processor {
@@ -144,6 +152,13 @@ pub struct Processor {
     publishers: HashMap<PublisherKey, Publisher>,
     replicas: Arc<Mutex<BTreeSet<String>>>,
     max_publishers: usize,
+    /// Emit `Op::Checkpoint` after every batch (`--state-file`).
+    checkpoints: bool,
+    /// Probe quiet publishers' replay sockets this often (needs a replay endpoint).
+    tail_probe: Option<Duration>,
+    /// Back-off of the probe after a failed replay request.
+    probe_pause: Duration,
+    probe_paused_until: Option<Instant>,
 }
 
 /// Default bound on distinct publishers (`(topic, dp_rank)` pairs) one subscriber tracks.
@@ -164,7 +179,40 @@ impl Processor {
             publishers: HashMap::new(),
             replicas,
             max_publishers: DEFAULT_MAX_PUBLISHERS,
+            checkpoints: false,
+            tail_probe: None,
+            probe_pause: Duration::ZERO,
+            probe_paused_until: None,
         }
+    }
+
+    /// Resumes from a state file: each remembered publisher expects `last + 1` next, so its
+    /// first batch after the restart is in order, a gap (replayed), or a restart of the engine
+    /// (cleared); and operations are followed by checkpoints for the sender to persist.
+    pub fn with_resume(mut self, resume: Resume) -> Self {
+        self.checkpoints = true;
+        let long_ago = Instant::now()
+            .checked_sub(Duration::from_secs(3600))
+            .unwrap_or_else(Instant::now);
+        for (key, last) in resume {
+            if self.publishers.len() >= self.max_publishers {
+                break;
+            }
+            let p = self.publisher(&key);
+            p.seq.set_expected(last.wrapping_add(1));
+            p.rebuild_upto = Some(last);
+            // Probed at the first tick: batches published while the subscriber was down are
+            // fetched even if the engine stays quiet.
+            p.last_seen = long_ago;
+        }
+        self
+    }
+
+    /// Asks the replay socket of every publisher quiet for `every` whether it published past
+    /// what was received (a lost tail); see [`Processor::probe_tails`].
+    pub fn with_tail_probe(mut self, every: Duration) -> Self {
+        self.tail_probe = Some(every);
+        self
     }
 
     /// Bounds the publishers tracked at once (`--max-publishers`): each has a seq tracker and a
@@ -179,12 +227,116 @@ impl Processor {
     /// is full, which propagates back-pressure to the reader).
     pub async fn run(mut self, mut rx: mpsc::Receiver<Vec<Bytes>>, ops: mpsc::Sender<Op>) {
         let mut out = Vec::new();
-        while let Some(frames) = rx.recv().await {
-            self.handle_frames(&frames, &mut out).await;
+        let probe_every = self
+            .tail_probe
+            .filter(|_| self.replay.is_some())
+            .unwrap_or(Duration::from_secs(3600));
+        let mut probe = tokio::time::interval(probe_every);
+        probe.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let probing = self.tail_probe.is_some() && self.replay.is_some();
+        // Publishers resumed from the state file catch up (and rebuild their reverse maps)
+        // before the first live batch is handled.
+        self.probe_tails(Duration::ZERO, &mut out).await;
+        for op in out.drain(..) {
+            if ops.send(op).await.is_err() {
+                return;
+            }
+        }
+        loop {
+            tokio::select! {
+                frames = rx.recv() => match frames {
+                    Some(frames) => self.handle_frames(&frames, &mut out).await,
+                    None => return,
+                },
+                _ = probe.tick(), if probing => self.probe_tails(probe_every, &mut out).await,
+            }
             for op in out.drain(..) {
                 if ops.send(op).await.is_err() {
                     return;
                 }
+            }
+        }
+    }
+
+    /// For every publisher that sent nothing for `quiet`, asks its replay socket for batches
+    /// from the next expected seq on: any that come back were published but never received
+    /// (dropped by the PUB high-water mark, or sent while this subscriber was down), and are
+    /// applied in order and counted (`kvevent_lost_tail_batches_total`). Without it a lost tail
+    /// would only be noticed when the engine publishes again.
+    pub async fn probe_tails(&mut self, quiet: Duration, out: &mut Vec<Op>) {
+        let Some(rc) = self.replay.clone() else {
+            return;
+        };
+        let keys: Vec<PublisherKey> = self
+            .publishers
+            .iter()
+            .filter(|(_, p)| p.last_seen.elapsed() >= quiet && p.seq.expected().is_some())
+            .map(|(k, _)| k.clone())
+            .collect();
+        for key in keys {
+            let from = self.publishers[&key].seq.expected().expect("filtered");
+            let rebuild_upto = self.publishers[&key].rebuild_upto;
+            let ask = if rebuild_upto.is_some() { 0 } else { from };
+            if self.probe_paused_until.is_some_and(|t| Instant::now() < t) {
+                return;
+            }
+            let replies = match fetch_replay(&rc.endpoint, ask, u64::MAX, rc.timeout).await {
+                Ok(r) => {
+                    self.probe_pause = Duration::ZERO;
+                    r
+                }
+                Err(e) => {
+                    // An unreachable replay socket must not stall the live stream at every
+                    // tick: pause probing, doubling up to 10 minutes.
+                    self.probe_pause =
+                        (self.probe_pause * 2).clamp(quiet, Duration::from_secs(600));
+                    self.probe_paused_until = Some(Instant::now() + self.probe_pause);
+                    tracing::warn!(error = %e, from, pause_s = self.probe_pause.as_secs(), "tail probe failed");
+                    return;
+                }
+            };
+            let metrics = self.metrics.clone();
+            let p = self.publishers.get_mut(&key).expect("publisher exists");
+            p.last_seen = Instant::now();
+            p.rebuild_upto = None;
+            let mut recovered = 0u64;
+            let mut rebuilt = 0u64;
+            for (seq, payload) in replies {
+                let Ok(batch) = decode_batch(&payload) else {
+                    metrics.drop_n("undecodable_batch", 1);
+                    continue;
+                };
+                if batch.dp_rank != key.1 {
+                    continue;
+                }
+                if rebuild_upto.is_some_and(|upto| seq <= upto) {
+                    // Delivered before the restart: reverse map only, operations discarded.
+                    self.mapper
+                        .apply_batch(&mut p.state, &batch, &mut Vec::new());
+                    rebuilt += 1;
+                    continue;
+                }
+                if !p.seq.accept_replayed(seq) {
+                    continue;
+                }
+                self.mapper.apply_batch(&mut p.state, &batch, out);
+                recovered += 1;
+                metrics.replayed_batches.inc();
+                metrics.batches.inc();
+                if self.checkpoints {
+                    out.push(Op::Checkpoint {
+                        key: key.clone(),
+                        seq,
+                    });
+                }
+            }
+            if rebuilt > 0 {
+                tracing::info!(rebuilt, replica = %p.state.replica(), "reverse map rebuilt from the replay buffer");
+            }
+            if recovered > 0 {
+                p.probed = Some((from, from + recovered));
+                metrics.lost_tail_batches.inc_by(recovered);
+                tracing::warn!(from, recovered, replica = %p.state.replica(), "lost tail recovered by the replay probe");
             }
         }
     }
@@ -216,7 +368,17 @@ impl Processor {
             tracing::warn!(dp_rank = ?batch.dp_rank, limit = self.max_publishers, "batch from one publisher too many; dropped");
             return;
         }
-        let verdict = self.publisher(&key).seq.observe(seq);
+        let p = self.publisher(&key);
+        if let Some((lo, hi)) = p.probed {
+            if (lo..hi).contains(&seq) {
+                self.metrics.drop_n("duplicate_batch", 1);
+                return;
+            }
+            if seq >= hi {
+                p.probed = None;
+            }
+        }
+        let verdict = p.seq.observe(seq);
         match verdict {
             SeqVerdict::Restart => {
                 self.metrics.restarts.inc();
@@ -240,7 +402,14 @@ impl Processor {
             .publishers
             .get_mut(&key)
             .expect("publisher inserted above");
+        p.last_seen = Instant::now();
         self.mapper.apply_batch(&mut p.state, &batch, out);
+        if self.checkpoints {
+            out.push(Op::Checkpoint {
+                key: key.clone(),
+                seq,
+            });
+        }
         self.metrics.batches.inc();
         let known: usize = self
             .publishers
@@ -261,6 +430,9 @@ impl Processor {
                 Publisher {
                     seq: SeqTracker::new(),
                     state,
+                    last_seen: Instant::now(),
+                    probed: None,
+                    rebuild_upto: None,
                 },
             );
         }

@@ -15,6 +15,7 @@ use lru::LruCache;
 use crate::cli::AdapterMap;
 use crate::decode::{Batch, BlockRemoved, BlockStored, EngineHash, Event, ExtraKey};
 use crate::metrics::Metrics;
+use crate::state::PublisherKey;
 
 /// Where the index should learn something; the sender turns these into gRPC traffic.
 #[derive(Debug, Clone, PartialEq)]
@@ -43,6 +44,14 @@ pub enum Op {
         replica: String,
         /// Batch timestamp in µs.
         ts_us: i64,
+    },
+    /// Every operation before this one covers the publisher's batches up to `seq`: once they
+    /// are acknowledged, `seq` is what the state file remembers (`--state-file`).
+    Checkpoint {
+        /// The publisher.
+        key: PublisherKey,
+        /// Its last applied batch.
+        seq: u64,
     },
     /// Stats-only update for `replica`.
     Stats {

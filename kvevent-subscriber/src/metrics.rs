@@ -68,6 +68,11 @@ pub struct Metrics {
     pub scrapes: Family<Label, Counter>,
     /// Times the ZMQ reader had to wait for a full queue (back-pressure engaged).
     pub backpressure_waits: Counter,
+    /// Batches the engine published after the last one received here, found by the replay
+    /// probe of a quiet publisher (a lost tail) and applied.
+    pub lost_tail_batches: Counter,
+    /// Failed writes of `--state-file`.
+    pub state_write_errors: Counter,
 }
 
 impl Metrics {
@@ -94,6 +99,8 @@ impl Metrics {
             reverse_map_entries: Gauge::default(),
             scrapes: Family::default(),
             backpressure_waits: Counter::default(),
+            lost_tail_batches: Counter::default(),
+            state_write_errors: Counter::default(),
             registry: Registry::default(),
         };
         let mut registry = Registry::with_prefix("kvevent");
@@ -183,6 +190,16 @@ impl Metrics {
             "backpressure_waits",
             "Times the ZMQ reader waited on a full queue",
             m.backpressure_waits.clone(),
+        );
+        r.register(
+            "lost_tail_batches",
+            "Batches recovered by the replay probe of a quiet publisher",
+            m.lost_tail_batches.clone(),
+        );
+        r.register(
+            "state_write_errors",
+            "Failed writes of the state file",
+            m.state_write_errors.clone(),
         );
     }
 

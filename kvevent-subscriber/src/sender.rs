@@ -17,6 +17,8 @@
 //! Nothing here drops data: a slow or absent server blocks this task, which fills the bounded
 //! operation queue and so slows the ZMQ reader (back-pressure).
 
+use std::collections::VecDeque;
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -32,6 +34,7 @@ use tonic::transport::Channel;
 
 use crate::mapping::Op;
 use crate::metrics::Metrics;
+use crate::state::{self, PublisherKey, Resume};
 
 /// Largest encoded `CacheStateUpdate` this sender builds: a quarter of the server's 4 MiB
 /// receive limit (docs/BEHAVIOUR.md §1.3), leaving room for gRPC framing and any estimate slack.
@@ -57,7 +60,14 @@ pub struct SenderConfig {
     pub max_unacked: usize,
     /// Timeout of one unary call / one stream acknowledgement.
     pub call_timeout: Duration,
+    /// Close and acknowledge the stream once its oldest unacknowledged message is this old.
+    pub ack_interval: Duration,
+    /// Where acknowledged checkpoints are written (`--state-file`).
+    pub state_file: Option<PathBuf>,
 }
+
+/// Least time between two writes of the state file.
+const STATE_WRITE_INTERVAL: Duration = Duration::from_millis(250);
 
 /// Exponential backoff with a little time-derived jitter (100 ms → 10 s).
 #[derive(Debug)]
@@ -114,6 +124,17 @@ pub struct Sender {
     /// Encoded size (upper bound) of the last pending update.
     last_pending_bytes: usize,
     backoff: Backoff,
+    /// When the oldest unacknowledged message was sent.
+    unacked_since: Option<Instant>,
+    /// Messages sent (first sends only) and how many of them are acknowledged.
+    sent_total: u64,
+    acked_total: u64,
+    /// Checkpoints waiting for their messages' Ack: (sent count that must be acked, key, seq).
+    marks: VecDeque<(u64, PublisherKey, u64)>,
+    /// Acknowledged checkpoints (the state file's content) and whether it is unwritten.
+    committed: Resume,
+    dirty: bool,
+    last_write: Option<Instant>,
 }
 
 impl Sender {
@@ -130,6 +151,13 @@ impl Sender {
             pending_since: None,
             last_pending_bytes: 0,
             backoff: Backoff::new(),
+            unacked_since: None,
+            sent_total: 0,
+            acked_total: 0,
+            marks: VecDeque::new(),
+            committed: Resume::new(),
+            dirty: false,
+            last_write: None,
         }
     }
 
@@ -152,11 +180,20 @@ impl Sender {
                     if self.stream.as_ref().is_some_and(|s| s.call.is_finished()) {
                         self.recover().await;
                     }
+                    // A quiet stream is acknowledged after `ack_interval`, so checkpoints (and
+                    // the acked counters) never lag further behind.
+                    if self.unacked_since.is_some_and(|t| t.elapsed() >= self.cfg.ack_interval) {
+                        self.barrier().await;
+                    }
+                    self.commit_marks();
+                    self.write_state(false);
                 }
             }
         }
         self.flush_pending().await;
         self.barrier().await;
+        self.commit_marks();
+        self.write_state(true);
         tracing::info!("sender drained");
     }
 
@@ -174,6 +211,12 @@ impl Sender {
                 keys,
             } => self.evict(replica, ts_us, keys).await,
             Op::Clear { replica, ts_us } => self.clear(replica, ts_us).await,
+            Op::Checkpoint { key, seq } => {
+                let must_ack = self.sent_total + self.pending.len() as u64;
+                self.marks.push_back((must_ack, key, seq));
+                self.commit_marks();
+                self.write_state(false);
+            }
             Op::Stats { replica, stats } => {
                 self.flush_pending().await;
                 let u = CacheStateUpdate {
@@ -276,6 +319,44 @@ impl Sender {
         }
     }
 
+    /// Moves checkpoints whose messages are all acknowledged into the committed state. With
+    /// nothing pending or unacknowledged every checkpoint is covered (messages it counted on may
+    /// have been dropped by a clear).
+    fn commit_marks(&mut self) {
+        let idle = self.pending.is_empty() && self.unacked.is_empty();
+        while let Some((must_ack, _, _)) = self.marks.front() {
+            if *must_ack > self.acked_total && !idle {
+                break;
+            }
+            let (_, key, seq) = self.marks.pop_front().expect("front exists");
+            self.committed.insert(key, seq);
+            self.dirty = true;
+        }
+    }
+
+    /// Writes the committed state when it changed (at most every 250 ms unless `now`).
+    fn write_state(&mut self, now: bool) {
+        let Some(path) = &self.cfg.state_file else {
+            return;
+        };
+        if !self.dirty
+            || (!now
+                && self
+                    .last_write
+                    .is_some_and(|t| t.elapsed() < STATE_WRITE_INTERVAL))
+        {
+            return;
+        }
+        match state::save(path, &self.committed) {
+            Ok(()) => self.dirty = false,
+            Err(e) => {
+                tracing::warn!(error = %e, "writing the state file failed");
+                self.metrics.state_write_errors.inc();
+            }
+        }
+        self.last_write = Some(Instant::now());
+    }
+
     /// Moves every pending update onto the stream.
     pub async fn flush_pending(&mut self) {
         self.pending_since = None;
@@ -310,6 +391,8 @@ impl Sender {
         }
         self.metrics.updates_sent.inc();
         self.metrics.entries_sent.inc_by(u.prefixes.len() as u64);
+        self.sent_total += 1;
+        self.unacked_since.get_or_insert_with(Instant::now);
         self.unacked.push(u);
         if self.unacked.len() >= self.cfg.max_unacked {
             self.barrier().await;
@@ -368,7 +451,10 @@ impl Sender {
                         tracing::warn!(reason = %ack.reason_code, messages = self.unacked.len(), "server refused a ReportCacheState stream; not re-sending");
                     }
                     self.unacked.clear();
+                    self.unacked_since = None;
+                    self.acked_total = self.sent_total;
                     self.backoff.reset();
+                    self.commit_marks();
                     return;
                 }
                 res => {

@@ -831,7 +831,7 @@ async fn sent_counters_are_true_before_the_ack() {
     let (addr, double) = start_double().await;
     let mut pub_sock = PubSocket::new();
     let ep = pub_sock.bind("tcp://127.0.0.1:0").await.unwrap();
-    let sub = spawn_subscriber(&ep.to_string(), addr, &[]);
+    let sub = spawn_subscriber(&ep.to_string(), addr, &["--ack-interval", "60s"]);
     let seq = warm_up(&mut pub_sock, &sub).await;
     publish(
         &mut pub_sock,
@@ -918,4 +918,222 @@ async fn update_larger_than_the_message_limit_is_split() {
         assert!(u.prefixes.iter().all(|p| p.adapter_id == name));
     }
     assert_eq!(sub_metric(&sub, "kvevent_resent_messages_total").await, 0.0);
+}
+
+/// An engine replay ROUTER over `buffer` (seq → payload), like the engines': every buffered
+/// batch with `seq >= start`, each `[topic, seq, payload]`, then the end marker. Returns its
+/// endpoint and the requested start seqs.
+async fn replay_router(buffer: Arc<Mutex<BTreeMap<u64, Bytes>>>) -> (String, Arc<Mutex<Vec<u64>>>) {
+    let mut router = RouterSocket::new();
+    let rep = router.bind("tcp://127.0.0.1:0").await.unwrap();
+    let requests: Arc<Mutex<Vec<u64>>> = Arc::default();
+    let reqs = requests.clone();
+    tokio::spawn(async move {
+        while let Ok(msg) = router.recv().await {
+            let frames = msg.into_vec();
+            let id = frames[0].clone();
+            let Ok(start) = frames.last().unwrap()[..]
+                .try_into()
+                .map(u64::from_be_bytes)
+            else {
+                continue;
+            };
+            reqs.lock().unwrap().push(start);
+            let items: Vec<(u64, Bytes)> = buffer
+                .lock()
+                .unwrap()
+                .range(start..)
+                .map(|(k, v)| (*k, v.clone()))
+                .collect();
+            for (s, body) in items {
+                let f = vec![
+                    id.clone(),
+                    Bytes::new(),
+                    Bytes::from_static(b"kv"),
+                    Bytes::copy_from_slice(&s.to_be_bytes()),
+                    body,
+                ];
+                router.send(ZmqMessage::try_from(f).unwrap()).await.unwrap();
+            }
+            let end = vec![
+                id,
+                Bytes::new(),
+                Bytes::new(),
+                Bytes::from_static(&[0xFF; 8]),
+                Bytes::new(),
+            ];
+            router
+                .send(ZmqMessage::try_from(end).unwrap())
+                .await
+                .unwrap();
+        }
+    });
+    (rep.to_string(), requests)
+}
+
+/// Block `i` of a chain of one-block batches: tokens `16i+1 ..= 16i+16`, engine hash 0x500+i,
+/// parent 0x500+i-1.
+fn chain_batch(i: u32) -> Bytes {
+    let parent = if i == 0 {
+        Value::Nil
+    } else {
+        Value::from(0x500 + u64::from(i) - 1)
+    };
+    payload(
+        9000.0 + f64::from(i),
+        vec![map_stored(
+            vec![Value::from(0x500 + u64::from(i))],
+            parent,
+            (i * 16 + 1)..=(i * 16 + 16),
+        )],
+    )
+}
+
+async fn wait_index(d: &Double, n: usize) -> usize {
+    for _ in 0..300 {
+        if d.index().len() >= n {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    d.index().len()
+}
+
+fn chain_prefixes(n: u32) -> Vec<Vec<u8>> {
+    prefix_hashes(&u32s(1..=n * 16), 16, None)
+        .into_iter()
+        .map(|h| h.to_be_bytes().to_vec())
+        .collect()
+}
+
+/// Issue 12 item 6: the subscriber is killed mid-stream (SIGKILL), the engine keeps publishing,
+/// the subscriber is restarted with the same `--state-file` and, without any further live
+/// batch, fetches what it missed from the replay socket: every batch is indexed, chained
+/// correctly, and a later live batch is in order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn restarted_subscriber_catches_up_from_its_state_file() {
+    let (addr, double) = start_double().await;
+    let mut pub_sock = PubSocket::new();
+    let ep = pub_sock.bind("tcp://127.0.0.1:0").await.unwrap();
+    let buffer: Arc<Mutex<BTreeMap<u64, Bytes>>> = Arc::default();
+    let (rep, requests) = replay_router(buffer.clone()).await;
+    let dir = std::env::temp_dir().join(format!("kvevent-e2e-state-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let state = dir.join("state");
+    let _ = std::fs::remove_file(&state);
+    let flags = [
+        "--replay-endpoint",
+        &rep,
+        "--state-file",
+        state.to_str().unwrap(),
+        "--tail-probe-interval",
+        "300ms",
+        "--ack-interval",
+        "100ms",
+    ];
+    let sub = spawn_subscriber(&ep.to_string(), addr, &flags);
+    let first = warm_up(&mut pub_sock, &sub).await;
+    // Batches 0..5 of the chain, live (and buffered for replay, as the engine does).
+    let mut seq = first;
+    for i in 0..5 {
+        buffer.lock().unwrap().insert(seq, chain_batch(i));
+        publish(&mut pub_sock, seq, chain_batch(i)).await;
+        seq += 1;
+    }
+    assert_eq!(wait_index(&double, 5).await, 5);
+    // The state file catches up with the acknowledgement (ack interval 100 ms).
+    let want_line = format!("v1 6b76 0 {}", seq - 1);
+    for _ in 0..100 {
+        if std::fs::read_to_string(&state)
+            .unwrap_or_default()
+            .contains(&want_line)
+        {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(
+        std::fs::read_to_string(&state)
+            .unwrap()
+            .contains(&want_line)
+    );
+    drop(sub); // SIGKILL: no drain, no final state write
+
+    // The engine keeps publishing while no subscriber listens.
+    for i in 5..10 {
+        buffer.lock().unwrap().insert(seq, chain_batch(i));
+        publish(&mut pub_sock, seq, chain_batch(i)).await;
+        seq += 1;
+    }
+    let asked_before = requests.lock().unwrap().len();
+    let sub = spawn_subscriber(&ep.to_string(), addr, &flags);
+    assert_eq!(
+        wait_index(&double, 10).await,
+        10,
+        "every batch indexed after the restart"
+    );
+    let idx = double.index();
+    for (i, p) in chain_prefixes(10).into_iter().enumerate() {
+        let key = ("r1".to_string(), String::new(), p);
+        assert_eq!(
+            idx.get(&key),
+            Some(&(16 * (i as i32 + 1), CacheTier::T1 as i32)),
+            "block {i}"
+        );
+    }
+    // The first request after the restart starts at 0: batches up to the remembered seq rebuild
+    // the reverse map (so block 5 chains onto block 4), the rest are indexed.
+    assert_eq!(requests.lock().unwrap().get(asked_before), Some(&0));
+    assert_eq!(
+        sub_metric(&sub, "kvevent_lost_tail_batches_total").await,
+        5.0
+    );
+    // A live batch after the catch-up is in order: no gap, no restart, no clear.
+    buffer.lock().unwrap().insert(seq, chain_batch(10));
+    publish(&mut pub_sock, seq, chain_batch(10)).await;
+    assert_eq!(wait_index(&double, 11).await, 11);
+    assert_eq!(sub_metric(&sub, "kvevent_seq_gaps_total").await, 0.0);
+    assert_eq!(sub_metric(&sub, "kvevent_engine_restarts_total").await, 0.0);
+    assert!(double.traffic().iter().all(|r| !matches!(r, Rec::Event(_))));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Issue 12 item 6: batches the engine published but the subscriber never received, followed by
+/// a quiet spell (a lost tail), are found by the replay probe and indexed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lost_tail_is_recovered_by_the_replay_probe() {
+    let (addr, double) = start_double().await;
+    let mut pub_sock = PubSocket::new();
+    let ep = pub_sock.bind("tcp://127.0.0.1:0").await.unwrap();
+    let buffer: Arc<Mutex<BTreeMap<u64, Bytes>>> = Arc::default();
+    let (rep, _) = replay_router(buffer.clone()).await;
+    let sub = spawn_subscriber(
+        &ep.to_string(),
+        addr,
+        &["--replay-endpoint", &rep, "--tail-probe-interval", "300ms"],
+    );
+    let seq = warm_up(&mut pub_sock, &sub).await;
+    buffer.lock().unwrap().insert(seq, chain_batch(0));
+    publish(&mut pub_sock, seq, chain_batch(0)).await;
+    assert_eq!(wait_index(&double, 1).await, 1);
+    // Two more batches reach only the engine's buffer (dropped on the way), then silence.
+    buffer.lock().unwrap().insert(seq + 1, chain_batch(1));
+    buffer.lock().unwrap().insert(seq + 2, chain_batch(2));
+    assert_eq!(wait_index(&double, 3).await, 3, "lost tail recovered");
+    assert_eq!(
+        sub_metric(&sub, "kvevent_lost_tail_batches_total").await,
+        2.0
+    );
+    // Their live copies arriving late are duplicates, not an engine restart.
+    publish(&mut pub_sock, seq + 1, chain_batch(1)).await;
+    publish(&mut pub_sock, seq + 2, chain_batch(2)).await;
+    buffer.lock().unwrap().insert(seq + 3, chain_batch(3));
+    publish(&mut pub_sock, seq + 3, chain_batch(3)).await;
+    assert_eq!(wait_index(&double, 4).await, 4);
+    assert_eq!(sub_metric(&sub, "kvevent_engine_restarts_total").await, 0.0);
+    assert_eq!(
+        sub_metric(&sub, "kvevent_dropped_total{reason=\"duplicate_batch\"}").await,
+        2.0
+    );
+    assert!(double.traffic().iter().all(|r| !matches!(r, Rec::Event(_))));
 }

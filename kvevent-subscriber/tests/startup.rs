@@ -66,6 +66,9 @@ fn run_bad(extra: &[&str]) -> (i32, String) {
 fn malformed_addresses_exit_2_naming_the_flag() {
     let taken = TcpListener::bind("127.0.0.1:0").unwrap();
     let taken = taken.local_addr().unwrap().to_string();
+    let file = std::env::temp_dir().join(format!("kvevent-startup-{}", std::process::id()));
+    std::fs::write(&file, b"").unwrap();
+    let not_a_dir = file.join("state").to_string_lossy().into_owned();
     let cases: Vec<(Vec<&str>, &str)> = vec![
         (vec!["--endpoint", "127.0.0.1:5557"], "--endpoint"),
         (vec!["--endpoint", "tcp://127.0.0.1:notaport"], "--endpoint"),
@@ -85,6 +88,8 @@ fn malformed_addresses_exit_2_naming_the_flag() {
             vec!["--metrics-url", "127.0.0.1:8000/metrics"],
             "--metrics-url",
         ),
+        // A state file that cannot be written (its "directory" is a regular file).
+        (vec!["--state-file", &not_a_dir], "--state-file"),
     ];
     for (args, flag) in cases {
         let started = Instant::now();
@@ -104,6 +109,7 @@ fn malformed_addresses_exit_2_naming_the_flag() {
             started.elapsed()
         );
     }
+    let _ = std::fs::remove_file(&file);
 }
 
 /// A peer on the engine port that accepts and hangs up at once (something else listening
