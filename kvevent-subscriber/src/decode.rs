@@ -127,6 +127,8 @@ pub struct BlockStored {
     /// Cache salt of the request that stored the blocks (SGLang); the blocks' hashes are
     /// namespaced by it.
     pub cache_salt: Option<String>,
+    /// Attention kind of the KV-cache group (vLLM: `full_attention`, `sliding_window`, ...).
+    pub kv_cache_spec_kind: Option<String>,
 }
 
 /// One extra key of a block, classified by its msgpack shape (vLLM publishes them untagged:
@@ -279,6 +281,10 @@ fn decode_stored(f: &Fields<'_>) -> Result<BlockStored, DecodeError> {
         extra_keys,
         group_idx: opt_int(f.get("group_idx"), "group_idx is not an integer")?,
         cache_salt: f.get("cache_salt").and_then(as_str).map(str::to_owned),
+        kv_cache_spec_kind: f
+            .get("kv_cache_spec_kind")
+            .and_then(as_str)
+            .map(str::to_owned),
     })
 }
 

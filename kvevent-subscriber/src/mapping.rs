@@ -62,6 +62,10 @@ pub enum Op {
     },
 }
 
+/// `kv_cache_spec_kind` values whose groups hold every block of a cached prefix (vLLM's
+/// `KVCacheSpecKind`); stores of other kinds are not indexed (docs/KV-EVENTS.md §5).
+pub const FULL_PREFIX_KINDS: [&str; 3] = ["full_attention", "mla_attention", "sink_full_attention"];
+
 /// Longest adapter id the server accepts (longer names are refused with `ID_TOO_LONG`,
 /// docs/BEHAVIOUR.md).
 pub const MAX_ADAPTER_BYTES: usize = 1024;
@@ -296,6 +300,16 @@ impl Mapper {
         }
         if !self.in_group(e.group_idx) {
             self.metrics.drop_n("other_kv_group", n as u64);
+            return;
+        }
+        if e.kv_cache_spec_kind
+            .as_deref()
+            .is_some_and(|k| !FULL_PREFIX_KINDS.contains(&k))
+        {
+            // A sliding-window / chunked-local / state-space group keeps only part of a
+            // prefix: its blocks say nothing about a full prefix match, even when
+            // `--kv-cache-group` names it.
+            self.metrics.drop_n("not_full_attention", n as u64);
             return;
         }
         let bit = medium_bit(e.medium.as_deref());

@@ -58,6 +58,7 @@ fn expected_stored() -> BlockStored {
         extra_keys: vec![None],
         group_idx: Some(0),
         cache_salt: None,
+        kv_cache_spec_kind: Some("full_attention".into()),
     }
 }
 

@@ -1,4 +1,4 @@
-//! Byte-exact messages from the engines' own publishers (vLLM 0.34.0, SGLang 0.5.23; see
+//! Byte-exact messages from the engines' own publishers (vLLM 0.34.0 and 0.9.0, SGLang 0.5.23; see
 //! tests/data/engines/gen_fixtures.py) through the processor, checked operation by operation
 //! against docs/KV-EVENTS.md §5: LoRA by number and by name, salts, multimodal blocks, offload
 //! media, hybrid groups, 32-byte and signed hashes, AllBlocksCleared and the dp rank.
@@ -212,4 +212,47 @@ async fn adapter_without_a_resolvable_name_is_dropped_not_filed_as_base() {
     p.handle_frames(&frames[1], &mut out).await;
     assert!(out.is_empty(), "{out:?}");
     assert_eq!(metrics.dropped("unmapped_adapter"), 4);
+}
+
+const VLLM_LEGACY: &str = include_str!("data/engines/vllm-0.9.0.frames");
+
+/// vLLM 0.9.0's legacy form: `[ts, events]` batches of positional `["BlockStored", hashes,
+/// parent, tokens, block_size, lora_id]` events, no dp rank, no medium, no name.
+#[tokio::test]
+async fn vllm_0_9_legacy_array_messages_map_by_the_written_rule() {
+    let frames = parse_frames(VLLM_LEGACY);
+    assert_eq!(frames.len(), 5);
+    let (mut p, metrics) = processor(false);
+    let mut ops: Vec<Vec<Op>> = Vec::new();
+    for f in &frames {
+        let mut out = Vec::new();
+        p.handle_frames(f, &mut out).await;
+        ops.push(out);
+    }
+    let t0 = 1_789_095_700;
+    let five = entries(1000, 5, CacheTier::T1, "");
+    let want: Vec<Vec<Op>> = vec![
+        vec![add("r1", t0, five[..4].to_vec())],
+        // Chained through the parent given as the uint64 ≥ 2^63.
+        vec![add("r1", t0 + 1, five[4..].to_vec())],
+        // LoRA by number only, mapped by --lora-adapter-names.
+        vec![add(
+            "r1",
+            t0 + 2,
+            entries(2000, 4, CacheTier::T1, "sql-lora"),
+        )],
+        vec![Op::Evict {
+            replica: "r1".into(),
+            ts_us: (t0 + 3) * 1_000_000,
+            keys: vec![(five[4].prefix_hash.clone(), String::new())],
+        }],
+        vec![Op::Clear {
+            replica: "r1".into(),
+            ts_us: (t0 + 4) * 1_000_000,
+        }],
+    ];
+    for (i, (got, want)) in ops.iter().zip(&want).enumerate() {
+        assert_eq!(got, want, "message {i}");
+    }
+    assert_eq!(metrics.dropped("invalid_event"), 0);
 }

@@ -394,6 +394,16 @@ fn extra_keys_and_other_groups_are_not_indexed() {
     g.group_idx = Some(1);
     assert!(run(&m, &mut st, 1.0, vec![Event::BlockStored(g)]).is_empty());
     assert_eq!(metrics.dropped("other_kv_group"), 1);
+
+    // The configured group itself is a sliding-window group: not indexed either.
+    let mut w = stored(&[10], None, tokens(100..116));
+    w.group_idx = Some(0);
+    w.kv_cache_spec_kind = Some("sliding_window".into());
+    assert!(run(&m, &mut st, 1.0, vec![Event::BlockStored(w)]).is_empty());
+    assert_eq!(metrics.dropped("not_full_attention"), 1);
+    let mut f = stored(&[11], None, tokens(200..216));
+    f.kv_cache_spec_kind = Some("full_attention".into());
+    assert_eq!(run(&m, &mut st, 1.0, vec![Event::BlockStored(f)]).len(), 1);
 }
 
 #[test]

@@ -11,7 +11,7 @@ Usage (needs `pip` reaching PyPI, and `msgspec` + `pyzmq` importable):
 
     python3 -m pip install msgspec pyzmq
     python3 gen_fixtures.py            # downloads the wheels with `pip download --no-deps`
-    python3 gen_fixtures.py --vllm-wheel W1.whl --sglang-wheel W2.whl
+    python3 gen_fixtures.py --vllm-wheel W1.whl --sglang-wheel W2.whl --vllm-legacy-wheel W3.whl
 
 Each message is read back twice, live through a SUB socket and through the engine's replay
 socket; the script fails unless both are byte-identical. Output is deterministic (fixed
@@ -32,6 +32,7 @@ import types
 import zipfile
 
 VLLM_VERSION = "0.34.0"
+VLLM_LEGACY_VERSION = "0.9.0"  # the legacy tagged-array event form
 SGLANG_VERSION = "0.5.23"
 HERE = os.path.dirname(os.path.abspath(__file__))
 TOPIC = "kv"
@@ -80,6 +81,42 @@ def load_vllm(wheel):
     )
     stub("vllm.v1.core.kv_cache_utils", ExternalBlockHash=bytes | int)
     return load_module(wheel, "vllm/distributed/kv_events.py", "vllm.distributed.kv_events")
+
+
+def load_vllm_legacy(wheel):
+    for pkg in ["vllm", "vllm.config"]:
+        if pkg not in sys.modules:
+            stub(pkg, __path__=[])
+
+    class KVEventsConfig:
+        pass
+
+    sys.modules["vllm.config"].KVEventsConfig = KVEventsConfig
+    if "vllm.logger" not in sys.modules:
+        stub("vllm.logger", init_logger=logging.getLogger)
+    return load_module(wheel, "vllm/distributed/kv_events.py", "vllm_legacy_kv_events")
+
+
+def vllm_legacy_batches(m):
+    """vLLM 0.9.0: events and batches are positional arrays, no dp rank, no medium."""
+    S = m.BlockStored
+    b = [
+        ("base prompt 1000.., 4 blocks, parent nil", [
+            S(block_hashes=[0x11, 0x12, 0x13, 15_760_518_052_499_183_552],
+              parent_block_hash=None, token_ids=toks(1000, 4), block_size=BS, lora_id=None),
+        ]),
+        ("one more block chained on the last one", [
+            S(block_hashes=[0x15], parent_block_hash=15_760_518_052_499_183_552,
+              token_ids=toks(1064, 1), block_size=BS, lora_id=None),
+        ]),
+        ("LoRA number 1 (no name in this version): prompt 2000..", [
+            S(block_hashes=[0x21, 0x22, 0x23, 0x24], parent_block_hash=None,
+              token_ids=toks(2000, 4), block_size=BS, lora_id=1),
+        ]),
+        ("the chained block removed", [m.BlockRemoved(block_hashes=[0x15])]),
+        ("AllBlocksCleared", [m.AllBlocksCleared()]),
+    ]
+    return [(c, m.KVEventBatch(ts=1_789_095_700.0 + i, events=e)) for i, (c, e) in enumerate(b)]
 
 
 def load_sglang(wheel):
@@ -202,18 +239,22 @@ def capture(mod, make_publisher, batches, rank):
     import zmq
 
     ctx = zmq.Context.instance()
-    sub = ctx.socket(zmq.SUB)
-    sub.setsockopt(zmq.SUBSCRIBE, b"")
-    port = sub.bind_to_random_port("tcp://127.0.0.1")
-    with socket.socket() as probe:  # a free port for the engine's replay ROUTER
-        probe.bind(("127.0.0.1", 0))
-        replay_port = probe.getsockname()[1]
-    # The engines add the data-parallel rank to both ports.
+
+    def free_port():
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            return probe.getsockname()[1]
+
+    port, replay_port = free_port(), free_port()
+    # The engine binds (`*`, its default) and adds the data-parallel rank to both ports.
     pub = make_publisher(
-        endpoint=f"tcp://127.0.0.1:{port - rank}",
-        replay_endpoint=f"tcp://127.0.0.1:{replay_port - rank}",
+        endpoint=f"tcp://*:{port - rank}",
+        replay_endpoint=f"tcp://*:{replay_port - rank}",
         topic=TOPIC,
     )
+    sub = ctx.socket(zmq.SUB)
+    sub.setsockopt(zmq.SUBSCRIBE, b"")
+    sub.connect(f"tcp://127.0.0.1:{port}")
     time.sleep(1.0)  # the PUB side learns the subscription
     for _, batch in batches:
         pub.publish(batch)
@@ -232,7 +273,8 @@ def capture(mod, make_publisher, batches, rank):
         if frames[-2] == b"\xff" * 8:
             break
         replayed.append(frames)
-    assert replayed == live, "replay differs from the live stream"
+    # Older engines reply [seq, payload] without the topic; seq and payload must match.
+    assert [f[-2:] for f in replayed] == [f[-2:] for f in live], "replay differs from live"
     pub.shutdown()
     for s in (sub, dealer):
         s.close(linger=0)
@@ -265,10 +307,12 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--vllm-wheel")
     ap.add_argument("--sglang-wheel")
+    ap.add_argument("--vllm-legacy-wheel")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         vw = args.vllm_wheel or download("vllm", VLLM_VERSION, tmp)
         sw = args.sglang_wheel or download("sglang", SGLANG_VERSION, tmp)
+        lw = args.vllm_legacy_wheel or download("vllm", VLLM_LEGACY_VERSION, tmp)
         v = load_vllm(vw)
         rows = capture(
             v,
@@ -278,6 +322,10 @@ def main():
         )
         write(os.path.join(HERE, f"vllm-{VLLM_VERSION}.frames"),
               HEADER.format(engine="vLLM", version=VLLM_VERSION), rows)
+        legacy = load_vllm_legacy(lw)
+        rows = capture(legacy, legacy.ZmqEventPublisher, vllm_legacy_batches(legacy), 0)
+        write(os.path.join(HERE, f"vllm-{VLLM_LEGACY_VERSION}.frames"),
+              HEADER.format(engine="vLLM", version=VLLM_LEGACY_VERSION), rows)
         s = load_sglang(sw)
         rows = capture(
             s,
