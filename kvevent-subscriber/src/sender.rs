@@ -135,7 +135,14 @@ pub struct Sender {
     committed: Resume,
     dirty: bool,
     last_write: Option<Instant>,
+    /// Consecutive stream failures that refused the content (see [`MAX_REFUSALS`]).
+    refusals: u32,
 }
+
+/// Consecutive refusals (RESOURCE_EXHAUSTED, INVALID_ARGUMENT, OUT_OF_RANGE) of the same
+/// unacknowledged messages after which they are dropped (`reason="refused_by_server"`) instead of
+/// being re-sent forever; transient failures (UNAVAILABLE, timeouts) are retried without limit.
+pub const MAX_REFUSALS: u32 = 5;
 
 impl Sender {
     /// A sender over `channel` (lazily connected; reconnects are handled by tonic + backoff).
@@ -158,6 +165,7 @@ impl Sender {
             committed: Resume::new(),
             dirty: false,
             last_write: None,
+            refusals: 0,
         }
     }
 
@@ -319,6 +327,18 @@ impl Sender {
         }
     }
 
+    /// Counts a stream failure whose status says the content itself is refused (too large,
+    /// invalid): such a failure does not heal by waiting, unlike an unavailable server.
+    fn note_failure(&mut self, status: &tonic::Status) {
+        use tonic::Code;
+        if matches!(
+            status.code(),
+            Code::ResourceExhausted | Code::InvalidArgument | Code::OutOfRange
+        ) {
+            self.refusals += 1;
+        }
+    }
+
     /// Moves checkpoints whose messages are all acknowledged into the committed state. With
     /// nothing pending or unacknowledged every checkpoint is covered (messages it counted on may
     /// have been dropped by a clear).
@@ -407,10 +427,29 @@ impl Sender {
                 drop(s.tx);
                 let err = match s.call.await {
                     Ok(Ok(_)) => "stream ended early".to_string(),
-                    Ok(Err(status)) => status.to_string(),
+                    Ok(Err(status)) => {
+                        self.note_failure(&status);
+                        status.to_string()
+                    }
                     Err(join) => join.to_string(),
                 };
                 tracing::warn!(error = %err, unacked = self.unacked.len(), "ReportCacheState stream failed; reconnecting");
+            }
+            if self.refusals >= MAX_REFUSALS {
+                // The server keeps refusing this content (not a transient failure): re-sending
+                // it forever would stop all delivery, so it is dropped and counted.
+                let n = self.unacked.len() as u64;
+                tracing::error!(
+                    messages = n,
+                    "server refused the same unacknowledged messages {MAX_REFUSALS} times; dropping them"
+                );
+                self.metrics.drop_n("refused_by_server", n);
+                self.unacked.clear();
+                self.unacked_since = None;
+                self.acked_total = self.sent_total;
+                self.refusals = 0;
+                self.commit_marks();
+                return;
             }
             self.metrics.reconnects.inc();
             sleep(self.backoff.step()).await;
@@ -453,13 +492,17 @@ impl Sender {
                     self.unacked.clear();
                     self.unacked_since = None;
                     self.acked_total = self.sent_total;
+                    self.refusals = 0;
                     self.backoff.reset();
                     self.commit_marks();
                     return;
                 }
                 res => {
                     let err = match res {
-                        Ok(Ok(Err(status))) => status.to_string(),
+                        Ok(Ok(Err(status))) => {
+                            self.note_failure(&status);
+                            status.to_string()
+                        }
                         Ok(Err(join)) => join.to_string(),
                         Err(_) => "ack timeout".to_string(),
                         Ok(Ok(Ok(_))) => unreachable!(),

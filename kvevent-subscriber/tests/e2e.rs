@@ -41,6 +41,10 @@ struct Double {
     /// When non-zero, the next stream fails (UNAVAILABLE) after applying this many messages,
     /// like a server crashing mid-stream before its Ack.
     fail_stream_after: Arc<std::sync::atomic::AtomicUsize>,
+    /// While set, every stream is refused with RESOURCE_EXHAUSTED after its first message (a
+    /// server refusing the content, not a transient failure); counts the refused streams.
+    refuse: Arc<std::sync::atomic::AtomicBool>,
+    refused: Arc<std::sync::atomic::AtomicUsize>,
 }
 
 #[tonic::async_trait]
@@ -77,6 +81,11 @@ impl InferenceCache for Double {
         // Applied on receipt, acknowledged at end of stream (docs/BEHAVIOUR.md §4.1).
         let mut n = 0;
         while let Some(u) = stream.message().await? {
+            if self.refuse.load(std::sync::atomic::Ordering::SeqCst) {
+                self.refused
+                    .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                return Err(Status::resource_exhausted("simulated refusal"));
+            }
             self.log.lock().unwrap().push(Rec::Update(u));
             n += 1;
             let fail = &self.fail_stream_after;
@@ -1136,4 +1145,54 @@ async fn lost_tail_is_recovered_by_the_replay_probe() {
         2.0
     );
     assert!(double.traffic().iter().all(|r| !matches!(r, Rec::Event(_))));
+}
+
+/// Issue 12: content the server keeps refusing (RESOURCE_EXHAUSTED) is re-sent a bounded number
+/// of times, then dropped and counted; delivery of later data continues.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refused_content_is_not_resent_forever() {
+    use std::sync::atomic::Ordering;
+    let (addr, double) = start_double().await;
+    let mut pub_sock = PubSocket::new();
+    let ep = pub_sock.bind("tcp://127.0.0.1:0").await.unwrap();
+    let sub = spawn_subscriber(&ep.to_string(), addr, &[]);
+    let seq = warm_up(&mut pub_sock, &sub).await;
+    double.refuse.store(true, Ordering::SeqCst);
+    publish(
+        &mut pub_sock,
+        seq,
+        payload(
+            9500.0,
+            vec![map_stored(vec![Value::from(1u64)], Value::Nil, 1..=16)],
+        ),
+    )
+    .await;
+    let dropped = "kvevent_dropped_total{reason=\"refused_by_server\"}";
+    for _ in 0..200 {
+        if sub_metric(&sub, dropped).await >= 1.0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(sub_metric(&sub, dropped).await, 1.0);
+    let attempts = double.refused.load(Ordering::SeqCst);
+    assert!((5..=6).contains(&attempts), "{attempts} refused streams");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(
+        double.refused.load(Ordering::SeqCst),
+        attempts,
+        "no more re-sends"
+    );
+    // The server accepts again: new data flows.
+    double.refuse.store(false, Ordering::SeqCst);
+    publish(
+        &mut pub_sock,
+        seq + 1,
+        payload(
+            9501.0,
+            vec![map_stored(vec![Value::from(2u64)], Value::Nil, 17..=32)],
+        ),
+    )
+    .await;
+    assert_eq!(wait_index(&double, 1).await, 1);
 }
