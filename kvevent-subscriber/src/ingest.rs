@@ -299,8 +299,23 @@ impl Processor {
             let p = self.publishers.get_mut(&key).expect("publisher exists");
             p.last_seen = Instant::now();
             p.rebuild_upto = None;
+            let mut rebuild_upto = rebuild_upto;
+            // Resumed, but the engine's buffer ends below the last batch delivered before the
+            // restart: the engine restarted meanwhile, so its buffer is all new and the index
+            // holds the old engine's blocks.
+            let newest = replies.iter().map(|(s, _)| *s).max();
+            if let (Some(upto), Some(newest)) = (rebuild_upto, newest)
+                && newest < upto
+            {
+                metrics.restarts.inc();
+                tracing::warn!(replica = %p.state.replica(), "engine restarted while the subscriber was down; clearing replica");
+                p.state.clear(0, out);
+                p.seq.set_expected(replies.first().map_or(0, |(s, _)| *s));
+                rebuild_upto = None;
+            }
             let mut recovered = 0u64;
             let mut rebuilt = 0u64;
+            let mut applied: Option<(u64, u64)> = None;
             for (seq, payload) in replies {
                 let Ok(batch) = decode_batch(&payload) else {
                     metrics.drop_n("undecodable_batch", 1);
@@ -316,11 +331,19 @@ impl Processor {
                     rebuilt += 1;
                     continue;
                 }
+                if let Some(want) = p.seq.expected()
+                    && seq > want
+                {
+                    // The buffer no longer holds [want, seq): lost for good, counted.
+                    metrics.missing_batches.inc_by(seq - want);
+                    p.seq.set_expected(seq);
+                }
                 if !p.seq.accept_replayed(seq) {
                     continue;
                 }
                 self.mapper.apply_batch(&mut p.state, &batch, out);
                 recovered += 1;
+                applied = Some((applied.map_or(seq, |(lo, _)| lo), seq + 1));
                 metrics.replayed_batches.inc();
                 metrics.batches.inc();
                 if self.checkpoints {
@@ -333,8 +356,8 @@ impl Processor {
             if rebuilt > 0 {
                 tracing::info!(rebuilt, replica = %p.state.replica(), "reverse map rebuilt from the replay buffer");
             }
-            if recovered > 0 {
-                p.probed = Some((from, from + recovered));
+            if let Some(range) = applied {
+                p.probed = Some(range);
                 metrics.lost_tail_batches.inc_by(recovered);
                 tracing::warn!(from, recovered, replica = %p.state.replica(), "lost tail recovered by the replay probe");
             }

@@ -1196,3 +1196,73 @@ async fn refused_content_is_not_resent_forever() {
     .await;
     assert_eq!(wait_index(&double, 1).await, 1);
 }
+
+/// Issue 12: the engine restarted while the subscriber was down (its replay buffer now ends
+/// below the last seq the subscriber delivered): the restarted subscriber clears the replica
+/// and indexes the new engine's batches instead of taking them for already-delivered ones.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn engine_restart_while_the_subscriber_was_down_clears_the_replica() {
+    let (addr, double) = start_double().await;
+    let mut pub_sock = PubSocket::new();
+    let ep = pub_sock.bind("tcp://127.0.0.1:0").await.unwrap();
+    let buffer: Arc<Mutex<BTreeMap<u64, Bytes>>> = Arc::default();
+    let (rep, _) = replay_router(buffer.clone()).await;
+    let dir = std::env::temp_dir().join(format!("kvevent-e2e-restart-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let state = dir.join("state");
+    let _ = std::fs::remove_file(&state);
+    let flags = [
+        "--replay-endpoint",
+        &rep,
+        "--state-file",
+        state.to_str().unwrap(),
+        "--ack-interval",
+        "100ms",
+        "--tail-probe-interval",
+        "60s",
+    ];
+    let sub = spawn_subscriber(&ep.to_string(), addr, &flags);
+    let mut seq = warm_up(&mut pub_sock, &sub).await;
+    for i in 0..3 {
+        buffer.lock().unwrap().insert(seq, chain_batch(i));
+        publish(&mut pub_sock, seq, chain_batch(i)).await;
+        seq += 1;
+    }
+    assert_eq!(wait_index(&double, 3).await, 3);
+    let want_line = format!("v1 6b76 0 {}", seq - 1);
+    for _ in 0..100 {
+        if std::fs::read_to_string(&state)
+            .unwrap_or_default()
+            .contains(&want_line)
+        {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    drop(sub);
+    // The engine restarts (seq from 0, empty cache) and stores two new blocks.
+    buffer.lock().unwrap().clear();
+    buffer.lock().unwrap().insert(0, chain_batch(10));
+    buffer.lock().unwrap().insert(1, chain_batch(11));
+    let sub = spawn_subscriber(&ep.to_string(), addr, &flags);
+    for _ in 0..200 {
+        if sub_metric(&sub, "kvevent_engine_restarts_total").await >= 1.0
+            && double.index().len() == 2
+        {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(sub_metric(&sub, "kvevent_engine_restarts_total").await, 1.0);
+    let idx = double.index();
+    let new = prefix_hashes(&u32s(161..=192), 16, None);
+    assert_eq!(idx.len(), 2, "{idx:?}");
+    assert!(idx.contains_key(&("r1".into(), String::new(), new[0].to_be_bytes().to_vec())));
+    // Their live copies arriving late are duplicates, not a second restart.
+    publish(&mut pub_sock, 0, chain_batch(10)).await;
+    publish(&mut pub_sock, 1, chain_batch(11)).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(sub_metric(&sub, "kvevent_engine_restarts_total").await, 1.0);
+    assert_eq!(double.index().len(), 2);
+    let _ = std::fs::remove_dir_all(&dir);
+}
