@@ -83,12 +83,13 @@ pub async fn read_loop(mut sock: SubSocket, tx: mpsc::Sender<Vec<Bytes>>, metric
     }
 }
 
-/// Asks the engine's replay socket for batches `[from, to)`. Sends `["", be8(from)]` (a
+/// Asks the engine's replay socket for batches `[from, to)` of `topic`. Sends `["", be8(from)]` (a
 /// REQ-compatible envelope from a DEALER), then reads `[seq, payload]` / `[topic, seq, payload]`
 /// replies until the end marker (seq = -1), a seq ≥ `to`, or the timeout. A fresh socket per
 /// replay means leftovers of an abandoned replay can never be mistaken for a later one.
 pub async fn fetch_replay(
     endpoint: &str,
+    topic: &[u8],
     from: u64,
     to: u64,
     limit: Duration,
@@ -115,6 +116,8 @@ pub async fn fetch_replay(
         match raw.seq {
             None => break,
             Some(s) if s >= to => break,
+            // A reply naming another topic belongs to another publisher on the same socket.
+            Some(_) if !raw.topic.is_empty() && raw.topic != topic => {}
             Some(s) => out.push((s, raw.payload)),
         }
     }
@@ -280,7 +283,8 @@ impl Processor {
             if self.probe_paused_until.is_some_and(|t| Instant::now() < t) {
                 return;
             }
-            let replies = match fetch_replay(&rc.endpoint, ask, u64::MAX, rc.timeout).await {
+            let replies = match fetch_replay(&rc.endpoint, &key.0, ask, u64::MAX, rc.timeout).await
+            {
                 Ok(r) => {
                     self.probe_pause = Duration::ZERO;
                     r
@@ -470,7 +474,7 @@ impl Processor {
             tracing::warn!(from, to, "seq gap and no replay endpoint; batches lost");
             return;
         };
-        let replies = match fetch_replay(&rc.endpoint, from, to, rc.timeout).await {
+        let replies = match fetch_replay(&rc.endpoint, &key.0, from, to, rc.timeout).await {
             Ok(r) => r,
             Err(e) => {
                 tracing::warn!(error = %e, from, to, "replay failed");

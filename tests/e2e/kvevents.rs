@@ -295,6 +295,21 @@ async fn fixture_subscriber(
     tokio::task::JoinHandle<()>,
     u16,
 ) {
+    fixture_subscriber_warm(srv, replica, extra, b"kv-warm").await
+}
+
+/// [`fixture_subscriber`] warming up on topic `warm`.
+async fn fixture_subscriber_warm(
+    srv: &Server,
+    replica: &str,
+    extra: &[&str],
+    warm: &'static [u8],
+) -> (
+    PubSocket,
+    tokio::sync::oneshot::Sender<()>,
+    tokio::task::JoinHandle<()>,
+    u16,
+) {
     let mut pub_sock = PubSocket::new();
     let ep = pub_sock.bind("tcp://127.0.0.1:0").await.unwrap();
     let metrics_port = free_port();
@@ -331,7 +346,7 @@ async fn fixture_subscriber(
     let deadline = Instant::now() + Duration::from_secs(30);
     for seq in 0u64.. {
         let msg = ZmqMessage::try_from(vec![
-            Bytes::from_static(b"kv-warm"),
+            Bytes::from_static(warm),
             Bytes::copy_from_slice(&seq.to_be_bytes()),
             batch(vec![]),
         ])
@@ -474,3 +489,160 @@ async fn sglang_0_5_23_fixtures_route_by_adapter(shards: usize) {
 }
 
 shards_1_and_2!(sglang_0_5_23_fixtures_route_by_adapter);
+
+/// The engine's replay ROUTER over `buffer` (seq → frames as published): every buffered batch
+/// with `seq >= start` as `[topic, seq, payload]`, then the end marker.
+async fn replay_router(
+    buffer: std::sync::Arc<std::sync::Mutex<std::collections::BTreeMap<u64, Vec<Bytes>>>>,
+) -> String {
+    use zeromq::{RouterSocket, SocketRecv};
+    let mut router = RouterSocket::new();
+    let ep = router.bind("tcp://127.0.0.1:0").await.unwrap();
+    tokio::spawn(async move {
+        while let Ok(msg) = router.recv().await {
+            let frames = msg.into_vec();
+            let id = frames[0].clone();
+            let Ok(start) = frames.last().unwrap()[..]
+                .try_into()
+                .map(u64::from_be_bytes)
+            else {
+                continue;
+            };
+            let items: Vec<Vec<Bytes>> = buffer
+                .lock()
+                .unwrap()
+                .range(start..)
+                .map(|(_, f)| f.clone())
+                .collect();
+            for f in items {
+                let mut out = vec![id.clone(), Bytes::new()];
+                out.extend(f);
+                router
+                    .send(ZmqMessage::try_from(out).unwrap())
+                    .await
+                    .unwrap();
+            }
+            let end = vec![
+                id,
+                Bytes::new(),
+                Bytes::new(),
+                Bytes::from_static(&[0xFF; 8]),
+                Bytes::new(),
+            ];
+            router
+                .send(ZmqMessage::try_from(end).unwrap())
+                .await
+                .unwrap();
+        }
+    });
+    ep.to_string()
+}
+
+/// Issue 12: the subscriber stops mid-stream (vLLM 0.34.0's own messages), the engine keeps
+/// publishing, the subscriber restarts with the same `--state-file` and catches up through the
+/// replay socket: every batch, including LoRA blocks chained after the restart, is in the real
+/// server's index once the replay completes.
+async fn restarted_subscriber_catches_up_into_the_server(shards: usize) {
+    let srv = Server::start(shards, &[]);
+    let frames: Vec<Vec<Bytes>> = fixture_frames(VLLM_FRAMES)
+        .iter()
+        .map(|f| restamped(f))
+        .collect();
+    let buffer = std::sync::Arc::new(std::sync::Mutex::new(std::collections::BTreeMap::new()));
+    let rep = replay_router(buffer.clone()).await;
+    let dir = std::env::temp_dir().join(format!("ic-e2e-resume-{}-{shards}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let state = dir.join("state");
+    let _ = std::fs::remove_file(&state);
+    let state_s = state.to_string_lossy().into_owned();
+    let flags = [
+        "--lora-adapter-names",
+        "1=sql-lora",
+        "--replay-endpoint",
+        rep.as_str(),
+        "--state-file",
+        state_s.as_str(),
+        "--ack-interval",
+        "100ms",
+    ];
+    let seq_of = |f: &Vec<Bytes>| u64::from_be_bytes(f[1][..].try_into().unwrap());
+    let (mut p, stop, task, mport) = fixture_subscriber(&srv, "vllm-0", &flags).await;
+    // Messages 0..3 (base, LoRA by number, LoRA by name) live, and kept by the engine.
+    for f in &frames[..3] {
+        buffer.lock().unwrap().insert(seq_of(f), f.clone());
+    }
+    send_fixture_exact(&mut p, mport, &frames[..3]).await;
+    eventually_adapter(&srv, 2500, 4, "chat-lora", "before the stop", full_match).await;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !std::fs::read_to_string(&state)
+        .unwrap_or_default()
+        .contains("v1 6b76 0 2")
+    {
+        assert!(Instant::now() < deadline, "state file never reached seq 2");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let _ = stop.send(());
+    let _ = tokio::time::timeout(Duration::from_secs(15), task).await;
+    drop(p);
+
+    // While no subscriber listens the engine publishes messages 3..10 (salted, multimodal,
+    // hybrid, offload, 32-byte hashes, the removal); the replay buffer keeps them.
+    for f in &frames[3..11] {
+        buffer.lock().unwrap().insert(seq_of(f), f.clone());
+    }
+    // A warm-up topic of its own, so the restarted subscriber's warm-up is not a restart of
+    // the first one's warm-up publisher.
+    let (_p, stop, task, mport) =
+        fixture_subscriber_warm(&srv, "vllm-0", &flags, b"kv-warm2").await;
+    // The offloaded LoRA tail (message 7) is now T2; the 32-byte chain (8, 9) is indexed; the
+    // base prompt lost its last block (10).
+    eventually_adapter(&srv, 2000, 4, "sql-lora", "offload after restart", |a| {
+        full_match(a) && a.3 == pb::CacheTier::T2 as i32
+    })
+    .await;
+    eventually_adapter(&srv, 7000, 4, "", "32-byte chain after restart", full_match).await;
+    eventually_adapter(&srv, 1000, 4, "", "removal after restart", |a| {
+        a.0 != "PREFIX_MATCH"
+    })
+    .await;
+    eventually_adapter(&srv, 3000, 4, "", "salted", no_match).await;
+    eventually_adapter(
+        &srv,
+        2500,
+        4,
+        "chat-lora",
+        "kept from before the stop",
+        full_match,
+    )
+    .await;
+    let (_, body) = http_get(mport, "/metrics").unwrap();
+    let metric = |name: &str| {
+        body.lines()
+            .find(|l| l.starts_with(name))
+            .and_then(|l| l.split_whitespace().last())
+            .and_then(|v| v.parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    assert_eq!(metric("kvevent_lost_tail_batches_total"), 8.0);
+    assert_eq!(metric("kvevent_engine_restarts_total"), 0.0);
+    let _ = stop.send(());
+    let _ = tokio::time::timeout(Duration::from_secs(15), task).await;
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+shards_1_and_2!(restarted_subscriber_catches_up_into_the_server);
+
+/// Sends already-restamped fixture messages and waits until the subscriber decoded each one.
+async fn send_fixture_exact(p: &mut PubSocket, metrics_port: u16, frames: &[Vec<Bytes>]) {
+    for f in frames {
+        let before = subscriber_batches(metrics_port).await;
+        p.send(ZmqMessage::try_from(f.clone()).unwrap())
+            .await
+            .unwrap();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while subscriber_batches(metrics_port).await < before + 1.0 {
+            assert!(Instant::now() < deadline, "fixture message not received");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+}
