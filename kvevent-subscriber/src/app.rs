@@ -5,30 +5,50 @@ use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use std::net::SocketAddr;
+
+use tokio::net::TcpListener;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tonic::transport::Endpoint;
 
-use crate::cli::Args;
+use crate::cli::{Args, DEFAULT_METRICS_BIND, DEFAULT_METRICS_PORTS, MetricsBind};
 use crate::ingest::{self, Processor, ReplayConfig};
 use crate::mapping::{Mapper, MappingConfig, Op};
 use crate::metrics::{self, Metrics};
 use crate::sender::{Sender, SenderConfig};
+use crate::state::{self, Resume};
 use crate::stats::{self, StatsConfig};
 
 /// How long shutdown waits for the sender to flush and be acknowledged.
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// A configuration problem found at start-up (an address that cannot be bound); the binary
+/// prints it and exits 2, like a flag that does not parse.
+#[derive(Debug)]
+pub struct StartupError(pub String);
+
+impl std::fmt::Display for StartupError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for StartupError {}
+
 /// Runs until `shutdown` resolves (or the SUB side fails to open).
 pub async fn run(args: Args, shutdown: impl Future<Output = ()>) -> anyhow::Result<()> {
     let metrics = Metrics::new();
-    spawn_metrics_endpoint(&args, &metrics)?;
+    if let Some(listener) = bind_metrics(args.metrics_bind).await? {
+        tokio::spawn(metrics::serve(listener, metrics.clone()));
+    }
     let cap = args.queue_capacity.max(1);
     let (ops_tx, ops_rx) = mpsc::channel(cap);
     let sender_task = tokio::spawn(new_sender(&args, &metrics)?.run(ops_rx));
     let replicas = Arc::new(Mutex::new(BTreeSet::new()));
     let stats_task = spawn_stats(&args, &replicas, &ops_tx, &metrics);
-    let processor = new_processor(&args, &metrics, replicas);
+    let resume = load_state(&args)?;
+    let processor = new_processor(&args, &metrics, replicas, resume);
     let (frames_tx, frames_rx) = mpsc::channel(cap);
 
     tracing::info!(
@@ -65,19 +85,44 @@ pub async fn run(args: Args, shutdown: impl Future<Output = ()>) -> anyhow::Resu
     result
 }
 
-/// Serves the subscriber's own `/metrics` on `--metrics-bind` (empty = none). Fails only on an
-/// unparsable address; a bind failure is logged by the endpoint task.
-fn spawn_metrics_endpoint(args: &Args, metrics: &Arc<Metrics>) -> anyhow::Result<()> {
-    if !args.metrics_bind.is_empty() {
-        let addr = args.metrics_bind.parse()?;
-        let m = metrics.clone();
-        tokio::spawn(async move {
-            if let Err(e) = metrics::serve(addr, m).await {
-                tracing::error!(error = %e, "metrics endpoint failed");
+/// Binds the subscriber's own `/metrics` listener (README "Own metrics"): the given
+/// `--metrics-bind` address exactly (failure = [`StartupError`]), nothing when disabled, and by
+/// default the first free port of 9102 … 9102 + 63 on all interfaces, so several subscribers on
+/// one host (one per data-parallel rank) do not collide. The bound address is logged.
+pub async fn bind_metrics(bind: Option<MetricsBind>) -> anyhow::Result<Option<TcpListener>> {
+    let listener = match bind {
+        Some(MetricsBind::Disabled) => return Ok(None),
+        Some(MetricsBind::At(addr)) => TcpListener::bind(addr)
+            .await
+            .map_err(|e| StartupError(format!("--metrics-bind {addr}: cannot listen: {e}")))?,
+        None => {
+            let first: SocketAddr = DEFAULT_METRICS_BIND.parse().expect("valid default");
+            let mut bound = None;
+            let mut last_err = None;
+            for i in 0..DEFAULT_METRICS_PORTS {
+                let addr = SocketAddr::new(first.ip(), first.port() + i);
+                match TcpListener::bind(addr).await {
+                    Ok(l) => {
+                        bound = Some(l);
+                        break;
+                    }
+                    Err(e) => last_err = Some(e),
+                }
             }
-        });
-    }
-    Ok(())
+            bound.ok_or_else(|| {
+                StartupError(format!(
+                    "--metrics-bind not given and ports {}..{} are all taken ({}); pass \
+                     --metrics-bind IP:PORT, or an empty value to disable",
+                    first.port(),
+                    first.port() + DEFAULT_METRICS_PORTS - 1,
+                    last_err.map_or_else(String::new, |e| e.to_string())
+                ))
+            })?
+        }
+    };
+    let addr = listener.local_addr()?;
+    tracing::info!(%addr, "metrics endpoint listening");
+    Ok(Some(listener))
 }
 
 /// The sender of ReportCacheState streams to `--server` (connected lazily, on first use).
@@ -97,6 +142,8 @@ fn new_sender(args: &Args, metrics: &Arc<Metrics>) -> anyhow::Result<Sender> {
             flush_interval: args.flush_interval,
             max_unacked: args.max_unacked.max(1),
             call_timeout: Duration::from_secs(30),
+            ack_interval: args.ack_interval,
+            state_file: args.state_file.clone(),
         },
         channel,
         metrics.clone(),
@@ -132,6 +179,7 @@ fn new_processor(
     args: &Args,
     metrics: &Arc<Metrics>,
     replicas: Arc<Mutex<BTreeSet<String>>>,
+    resume: Option<Resume>,
 ) -> Processor {
     let mapper = Mapper::new(
         MappingConfig {
@@ -150,5 +198,25 @@ fn new_processor(
         endpoint,
         timeout: args.replay_timeout,
     });
-    Processor::new(mapper, replay, metrics.clone(), replicas)
+    let p = Processor::new(mapper, replay, metrics.clone(), replicas)
+        .with_max_publishers(args.max_publishers)
+        .with_tail_probe(args.tail_probe_interval);
+    match resume {
+        Some(r) => p.with_resume(r),
+        None => p,
+    }
+}
+
+/// Reads `--state-file` and checks that it can be written (a start-up error otherwise).
+fn load_state(args: &Args) -> anyhow::Result<Option<Resume>> {
+    let Some(path) = &args.state_file else {
+        return Ok(None);
+    };
+    let shown = path.display();
+    let resume = state::load(path)
+        .map_err(|e| StartupError(format!("--state-file {shown}: cannot read: {e}")))?;
+    state::save(path, &resume)
+        .map_err(|e| StartupError(format!("--state-file {shown}: cannot write: {e}")))?;
+    tracing::info!(publishers = resume.len(), "resuming from the state file");
+    Ok(Some(resume))
 }

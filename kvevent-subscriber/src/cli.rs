@@ -3,6 +3,7 @@
 
 use std::collections::HashMap;
 use std::fmt;
+use std::net::SocketAddr;
 use std::num::{ParseFloatError, ParseIntError};
 use std::time::Duration;
 
@@ -12,25 +13,45 @@ use clap::Parser;
 #[derive(Debug, Clone, Parser)]
 #[command(name = "kvevent-subscriber", version, about)]
 pub struct Args {
-    /// Engine ZMQ PUB endpoint. An endpoint containing `*` is bound (the engine connects to us),
-    /// anything else is connected to (the engine binds, vLLM's default `tcp://*:5557`).
-    #[arg(long, default_value = "tcp://127.0.0.1:5557")]
+    /// Engine ZMQ PUB endpoint, `tcp://HOST:PORT` (or `ipc://PATH`). An endpoint containing `*`
+    /// is bound (the engine connects to us), anything else is connected to (the engine binds,
+    /// vLLM's default `tcp://*:5557`).
+    #[arg(long, default_value = "tcp://127.0.0.1:5557", value_parser = parse_sub_endpoint)]
     pub endpoint: String,
 
     /// SUB topic prefix filter; empty subscribes to everything.
     #[arg(long, default_value = "")]
     pub topic: String,
 
-    /// Engine replay (ROUTER) endpoint; when set, a seq gap triggers a replay request.
+    /// File remembering the last acknowledged seq per publisher. On start-up the subscriber
+    /// resumes from it: batches published while it was down are fetched from the replay
+    /// socket (or counted as missing without one), and an engine that restarted meanwhile is
+    /// cleared. Written atomically after acknowledgements (at most every 250 ms).
     #[arg(long)]
+    pub state_file: Option<std::path::PathBuf>,
+
+    /// With `--replay-endpoint`: a publisher quiet for this long is asked for batches past the
+    /// last one received, so a lost tail (or batches sent while the subscriber was down) is
+    /// recovered even if the engine publishes nothing more.
+    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    pub tail_probe_interval: Duration,
+
+    /// Close and acknowledge the gRPC stream once its oldest unacknowledged message is this
+    /// old (bounds how far acknowledgements and the state file lag behind).
+    #[arg(long, default_value = "1s", value_parser = parse_duration)]
+    pub ack_interval: Duration,
+
+    /// Engine replay (ROUTER) endpoint, `tcp://HOST:PORT`; when set, a seq gap triggers a
+    /// replay request.
+    #[arg(long, value_parser = parse_connect_endpoint)]
     pub replay_endpoint: Option<String>,
 
     /// How long one replay may take before the gap is counted as unrecovered.
     #[arg(long, default_value = "5s", value_parser = parse_duration)]
     pub replay_timeout: Duration,
 
-    /// InferenceCache gRPC server URL.
-    #[arg(long, default_value = "http://127.0.0.1:9090")]
+    /// InferenceCache gRPC server: `http://HOST:PORT` or just `HOST:PORT` (plain-text gRPC).
+    #[arg(long, default_value = "http://127.0.0.1:9090", value_parser = parse_server)]
     pub server: String,
 
     /// Replica id reported to the server (the routing target, e.g. the pod's address).
@@ -59,10 +80,12 @@ pub struct Args {
     #[arg(long, default_value = "", value_parser = parse_adapter_map)]
     pub lora_adapter_names: AdapterMap,
 
-    /// Use the event's `lora_name` (vLLM) as the adapter id when `lora_id` is not mapped by
-    /// `--lora-adapter-names`. Names are what operators load adapters as, so they agree across
-    /// replicas, unlike the numbers.
-    #[arg(long)]
+    /// Use the event's `lora_name` as the adapter id when `lora_id` is not mapped by
+    /// `--lora-adapter-names` (on by default; `--use-lora-name=false` turns it off, and then an
+    /// adapter event without a mapped number is dropped). Names are what operators load
+    /// adapters as, so they agree across replicas, unlike the numbers; SGLang sends only the
+    /// name.
+    #[arg(long, default_value_t = true, num_args = 0..=1, default_missing_value = "true", action = clap::ArgAction::Set)]
     pub use_lora_name: bool,
 
     /// Tokens per block; overrides the event's `block_size` (used when an engine omits it).
@@ -80,7 +103,7 @@ pub struct Args {
     pub kv_cache_group: i64,
 
     /// Engine Prometheus endpoint scraped for stats, e.g. `http://127.0.0.1:8000/metrics`.
-    #[arg(long)]
+    #[arg(long, value_parser = parse_metrics_url)]
     pub metrics_url: Option<String>,
 
     /// Stats scrape / report period.
@@ -108,6 +131,11 @@ pub struct Args {
     #[arg(long, default_value_t = 1_000_000)]
     pub reverse_map_capacity: usize,
 
+    /// Most publishers (`(topic, dp_rank)` pairs) tracked at once, each with its own seq state
+    /// and reverse map; batches of further ones are dropped (`reason="too_many_publishers"`).
+    #[arg(long, default_value_t = 64)]
+    pub max_publishers: usize,
+
     /// Capacity of the in-process queues (batches from ZMQ, operations to the sender). When
     /// they are full the ZMQ reader stops reading (back-pressure to the engine's PUB socket).
     #[arg(long, default_value_t = 1024)]
@@ -118,9 +146,133 @@ pub struct Args {
     #[arg(long, default_value_t = 256)]
     pub max_unacked: usize,
 
-    /// Address of this process's own Prometheus `/metrics` endpoint; empty disables it.
-    #[arg(long, default_value = "0.0.0.0:9102")]
-    pub metrics_bind: String,
+    /// Address (`IP:PORT`) of this process's own Prometheus `/metrics` endpoint; empty
+    /// disables it. When not given, `0.0.0.0:9102` is tried first and, if that port is taken
+    /// (a second subscriber on the host, e.g. one per data-parallel rank), the next ports up
+    /// to 9102 + 63; the bound address is logged. A given address that cannot be bound is a
+    /// start-up error.
+    #[arg(long, value_parser = parse_metrics_bind)]
+    pub metrics_bind: Option<MetricsBind>,
+}
+
+/// `--metrics-bind`: an address, or disabled (empty value).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MetricsBind {
+    /// Serve on exactly this address.
+    At(SocketAddr),
+    /// No metrics endpoint.
+    Disabled,
+}
+
+/// The default metrics address and how many ports after it are tried when it is taken.
+pub const DEFAULT_METRICS_BIND: &str = "0.0.0.0:9102";
+/// Ports tried from the default metrics port on (9102 … 9165).
+pub const DEFAULT_METRICS_PORTS: u16 = 64;
+
+/// Parses `--metrics-bind`: `IP:PORT`, or empty to disable.
+pub fn parse_metrics_bind(s: &str) -> Result<MetricsBind, String> {
+    let s = s.trim();
+    if s.is_empty() {
+        return Ok(MetricsBind::Disabled);
+    }
+    s.parse::<SocketAddr>()
+        .map(MetricsBind::At)
+        .map_err(|_| format!("expected IP:PORT (e.g. 0.0.0.0:9102) or an empty value, got {s:?}"))
+}
+
+/// Parses a ZMQ endpoint the subscriber connects to or binds (`*` host = bind).
+pub fn parse_sub_endpoint(s: &str) -> Result<String, String> {
+    parse_zmq_endpoint(s, true)
+}
+
+/// Parses a ZMQ endpoint the subscriber connects to (no `*`, port 1..65535).
+pub fn parse_connect_endpoint(s: &str) -> Result<String, String> {
+    parse_zmq_endpoint(s, false)
+}
+
+fn parse_zmq_endpoint(s: &str, may_bind: bool) -> Result<String, String> {
+    let s = s.trim();
+    let ep: zeromq::Endpoint = s
+        .parse()
+        .map_err(|e| format!("expected tcp://HOST:PORT (or ipc://PATH), got {s:?}: {e}"))?;
+    match &ep {
+        zeromq::Endpoint::Tcp(host, port) => {
+            let binds = host.to_string().contains('*');
+            if binds && !may_bind {
+                return Err(format!(
+                    "{s:?}: `*` (bind) is not allowed here; give the engine's address"
+                ));
+            }
+            if *port == 0 && !binds {
+                return Err(format!("{s:?}: port 0 cannot be connected to"));
+            }
+        }
+        zeromq::Endpoint::Ipc(path) => {
+            if path.as_ref().is_none_or(|p| p.as_os_str().is_empty()) {
+                return Err(format!("{s:?}: ipc:// needs a path"));
+            }
+        }
+        _ => {
+            return Err(format!(
+                "{s:?}: unsupported transport (use tcp:// or ipc://)"
+            ));
+        }
+    }
+    Ok(s.to_string())
+}
+
+/// Parses `--server`: `http://HOST:PORT`, or `HOST:PORT` (taken as `http://`). Returns the URL.
+pub fn parse_server(s: &str) -> Result<String, String> {
+    let s = s.trim();
+    let url = if s.contains("://") {
+        s.to_string()
+    } else {
+        format!("http://{s}")
+    };
+    let uri: hyper::Uri = url
+        .parse()
+        .map_err(|e| format!("expected http://HOST:PORT or HOST:PORT, got {s:?}: {e}"))?;
+    match uri.scheme_str() {
+        Some("http") => {}
+        Some("https") => {
+            return Err(format!(
+                "{s:?}: TLS is not supported by this subscriber; use http:// (plain-text gRPC)"
+            ));
+        }
+        _ => return Err(format!("{s:?}: the scheme must be http://")),
+    }
+    let host = uri.host().unwrap_or("");
+    if host.is_empty() {
+        return Err(format!("{s:?}: no host"));
+    }
+    // The URI parser accepts any text after the host's colon; the port must be 1..65535.
+    let authority = uri.authority().map_or("", |a| a.as_str());
+    let after_host = authority.rsplit_once(']').map_or(authority, |(_, r)| r);
+    if let Some((_, port)) = after_host.rsplit_once(':') {
+        match port.parse::<u16>() {
+            Ok(p) if p > 0 => {}
+            _ => return Err(format!("{s:?}: the port must be a number in 1..65535")),
+        }
+    }
+    if uri.path_and_query().is_some_and(|p| p.as_str() != "/") {
+        return Err(format!("{s:?}: a gRPC server address has no path"));
+    }
+    tonic::transport::Endpoint::from_shared(url.clone()).map_err(|e| format!("{s:?}: {e}"))?;
+    Ok(url)
+}
+
+/// Parses `--metrics-url`: an `http://HOST[:PORT]/PATH` URL.
+pub fn parse_metrics_url(s: &str) -> Result<String, String> {
+    let s = s.trim();
+    let uri: hyper::Uri = s
+        .parse()
+        .map_err(|e| format!("expected http://HOST:PORT/metrics, got {s:?}: {e}"))?;
+    if uri.scheme_str() != Some("http") || uri.host().is_none_or(str::is_empty) {
+        return Err(format!(
+            "expected http://HOST:PORT/metrics (plain HTTP), got {s:?}"
+        ));
+    }
+    Ok(s.to_string())
 }
 
 /// Engine LoRA number → adapter name.
@@ -251,5 +403,85 @@ mod tests {
         assert_eq!(a.hash_scheme, "vllm");
         assert_eq!(a.stats_interval, Duration::from_secs(10));
         assert_eq!(a.pressure_ceiling, 256.0);
+        assert_eq!(a.endpoint, "tcp://127.0.0.1:5557");
+        assert_eq!(a.metrics_bind, None);
+        assert!(a.use_lora_name);
+        let b = Args::parse_from([
+            "x",
+            "--replica-id",
+            "r",
+            "--model-id",
+            "m",
+            "--use-lora-name",
+        ]);
+        assert!(b.use_lora_name);
+        let c = Args::parse_from([
+            "x",
+            "--replica-id",
+            "r",
+            "--model-id",
+            "m",
+            "--use-lora-name=false",
+        ]);
+        assert!(!c.use_lora_name);
+    }
+
+    #[test]
+    fn endpoints_are_validated() {
+        assert!(parse_sub_endpoint("tcp://127.0.0.1:5557").is_ok());
+        assert!(parse_sub_endpoint("tcp://*:5557").is_ok());
+        assert!(parse_sub_endpoint("tcp://[::1]:5557").is_ok());
+        assert!(parse_sub_endpoint("tcp://engine.local:5557").is_ok());
+        assert!(parse_sub_endpoint("ipc:///tmp/kv.sock").is_ok());
+        for bad in [
+            "127.0.0.1:5557",
+            "tcp://127.0.0.1:notaport",
+            "tcp://127.0.0.1:70000",
+            "tcp://127.0.0.1",
+            "tcp://127.0.0.1:0",
+            "udp://127.0.0.1:5557",
+            "",
+        ] {
+            assert!(parse_sub_endpoint(bad).is_err(), "{bad:?} accepted");
+        }
+        assert!(parse_connect_endpoint("tcp://*:5558").is_err());
+    }
+
+    #[test]
+    fn server_accepts_host_port_and_urls() {
+        assert_eq!(
+            parse_server("127.0.0.1:9090").unwrap(),
+            "http://127.0.0.1:9090"
+        );
+        assert_eq!(
+            parse_server("http://cache.svc:9090").unwrap(),
+            "http://cache.svc:9090"
+        );
+        assert_eq!(parse_server("[::1]:9090").unwrap(), "http://[::1]:9090");
+        for bad in [
+            "not a url",
+            "127.0.0.1:notaport",
+            "https://cache:9090",
+            "ftp://cache:9090",
+            "http://:9090",
+            "http://cache:9090/path",
+            "cache:0",
+            "",
+        ] {
+            assert!(parse_server(bad).is_err(), "{bad:?} accepted");
+        }
+    }
+
+    #[test]
+    fn metrics_bind_is_an_address_or_empty() {
+        assert_eq!(
+            parse_metrics_bind("127.0.0.1:9102").unwrap(),
+            MetricsBind::At("127.0.0.1:9102".parse().unwrap())
+        );
+        assert_eq!(parse_metrics_bind("").unwrap(), MetricsBind::Disabled);
+        assert!(parse_metrics_bind("localhost").is_err());
+        assert!(parse_metrics_bind("0.0.0.0:99999").is_err());
+        assert!(parse_metrics_url("http://127.0.0.1:8000/metrics").is_ok());
+        assert!(parse_metrics_url("127.0.0.1:8000/metrics").is_err());
     }
 }

@@ -117,11 +117,33 @@ pub struct BlockStored {
     pub medium: Option<String>,
     /// LoRA adapter name (vLLM).
     pub lora_name: Option<String>,
-    /// Per block: whether the engine attached extra keys (multimodal hashes, cache salt), i.e.
-    /// whether the block's identity is more than its tokens. Empty when the field is absent.
-    pub extra_keys: Vec<bool>,
+    /// Per block: the extra keys the engine hashed into the block besides its tokens (vLLM:
+    /// the LoRA name, multimodal `(hash, offset)` pairs, the cache salt, prompt-embedding
+    /// digests, in that order). `None` for a block without extras; empty when the field is
+    /// absent.
+    pub extra_keys: Vec<Option<Vec<ExtraKey>>>,
     /// KV-cache group (hybrid models).
     pub group_idx: Option<i64>,
+    /// Cache salt of the request that stored the blocks (SGLang); the blocks' hashes are
+    /// namespaced by it.
+    pub cache_salt: Option<String>,
+    /// Attention kind of the KV-cache group (vLLM: `full_attention`, `sliding_window`, ...).
+    pub kv_cache_spec_kind: Option<String>,
+}
+
+/// One extra key of a block, classified by its msgpack shape (vLLM publishes them untagged:
+/// bare strings for the LoRA name and the cache salt, `[identifier, offset]` arrays for
+/// multimodal inputs, bytes for prompt-embedding digests).
+#[derive(Debug, Clone, PartialEq)]
+pub enum ExtraKey {
+    /// A string: the LoRA name (first, when the event has `lora_name`) or a cache salt.
+    Str(String),
+    /// An array: a multimodal `(identifier, offset)` pair.
+    Multimodal,
+    /// Bytes: a prompt-embeddings digest.
+    Binary,
+    /// Anything else.
+    Other,
 }
 
 /// `BlockRemoved` fields.
@@ -245,7 +267,7 @@ fn decode_stored(f: &Fields<'_>) -> Result<BlockStored, DecodeError> {
         Some(_) => return Err(DecodeError("token_ids is not an array")),
     };
     let extra_keys = match f.get("extra_keys") {
-        Some(Value::Array(items)) => items.iter().map(|x| !x.is_nil()).collect(),
+        Some(Value::Array(items)) => items.iter().map(block_extra_keys).collect(),
         _ => Vec::new(),
     };
     Ok(BlockStored {
@@ -258,7 +280,30 @@ fn decode_stored(f: &Fields<'_>) -> Result<BlockStored, DecodeError> {
         lora_name: f.get("lora_name").and_then(as_str).map(str::to_owned),
         extra_keys,
         group_idx: opt_int(f.get("group_idx"), "group_idx is not an integer")?,
+        cache_salt: f.get("cache_salt").and_then(as_str).map(str::to_owned),
+        kv_cache_spec_kind: f
+            .get("kv_cache_spec_kind")
+            .and_then(as_str)
+            .map(str::to_owned),
     })
+}
+
+/// One block's entry of `extra_keys`: nil, or a list of keys (a lone non-list value is taken
+/// as a one-key list).
+fn block_extra_keys(v: &Value) -> Option<Vec<ExtraKey>> {
+    let classify = |k: &Value| match k {
+        Value::String(s) => s
+            .as_str()
+            .map_or(ExtraKey::Other, |s| ExtraKey::Str(s.to_owned())),
+        Value::Array(_) => ExtraKey::Multimodal,
+        Value::Binary(_) => ExtraKey::Binary,
+        _ => ExtraKey::Other,
+    };
+    match v {
+        Value::Nil => None,
+        Value::Array(keys) => Some(keys.iter().map(classify).collect()),
+        other => Some(vec![classify(other)]),
+    }
 }
 
 fn decode_removed(f: &Fields<'_>) -> Result<BlockRemoved, DecodeError> {

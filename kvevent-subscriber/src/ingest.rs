@@ -18,11 +18,17 @@ use crate::decode::{decode_batch, split_frames};
 use crate::mapping::{Mapper, Op, PublisherState, ts_to_us};
 use crate::metrics::Metrics;
 use crate::seq::{SeqTracker, SeqVerdict};
+use crate::state::{PublisherKey, Resume};
 
 /// ZMQ endpoints use `*` for "all interfaces"; the socket library wants an address.
 pub fn bind_address(endpoint: &str) -> String {
     endpoint.replace("://*:", "://0.0.0.0:")
 }
+
+/// First pause between failed SUB connect attempts.
+pub const CONNECT_RETRY_MIN: Duration = Duration::from_millis(100);
+/// Longest pause between failed SUB connect attempts.
+pub const CONNECT_RETRY_MAX: Duration = Duration::from_secs(5);
 
 /// Opens the SUB socket: binds when the endpoint contains `*`, otherwise connects (retrying
 /// until the engine is up; the library then reconnects by itself after engine restarts).
@@ -34,11 +40,17 @@ pub async fn open_sub(endpoint: &str, topic: &str) -> anyhow::Result<SubSocket> 
         let bound = sock.bind(&bind_address(endpoint)).await?;
         tracing::info!(endpoint = %bound, "SUB bound");
     } else {
+        // The library retries refused connections itself; any other failure (unresolvable
+        // host, unreachable network, ...) returns at once, so this loop waits between attempts
+        // (100 ms doubling to 5 s) and stays cancellable by shutdown.
+        let mut delay = CONNECT_RETRY_MIN;
         loop {
             match sock.connect(endpoint).await {
                 Ok(()) => break,
                 Err(e) => {
-                    tracing::warn!(%endpoint, error = %e, "engine publisher not reachable yet; retrying")
+                    tracing::warn!(%endpoint, error = %e, retry_in_ms = delay.as_millis() as u64, "engine publisher not reachable yet; retrying");
+                    tokio::time::sleep(delay).await;
+                    delay = (delay * 2).min(CONNECT_RETRY_MAX);
                 }
             }
         }
@@ -71,12 +83,13 @@ pub async fn read_loop(mut sock: SubSocket, tx: mpsc::Sender<Vec<Bytes>>, metric
     }
 }
 
-/// Asks the engine's replay socket for batches `[from, to)`. Sends `["", be8(from)]` (a
+/// Asks the engine's replay socket for batches `[from, to)` of `topic`. Sends `["", be8(from)]` (a
 /// REQ-compatible envelope from a DEALER), then reads `[seq, payload]` / `[topic, seq, payload]`
 /// replies until the end marker (seq = -1), a seq ≥ `to`, or the timeout. A fresh socket per
 /// replay means leftovers of an abandoned replay can never be mistaken for a later one.
 pub async fn fetch_replay(
     endpoint: &str,
+    topic: &[u8],
     from: u64,
     to: u64,
     limit: Duration,
@@ -103,6 +116,8 @@ pub async fn fetch_replay(
         match raw.seq {
             None => break,
             Some(s) if s >= to => break,
+            // A reply naming another topic belongs to another publisher on the same socket.
+            Some(_) if !raw.topic.is_empty() && raw.topic != topic => {}
             Some(s) => out.push((s, raw.payload)),
         }
     }
@@ -121,9 +136,16 @@ pub struct ReplayConfig {
 struct Publisher {
     seq: SeqTracker,
     state: PublisherState,
+    /// When this publisher's last batch arrived (live or replayed).
+    last_seen: Instant,
+    /// Seqs `[lo, hi)` applied by the last tail probe: their live copies may still arrive and
+    /// are duplicates, not an engine restart.
+    probed: Option<(u64, u64)>,
+    /// Resumed from the state file with this last acknowledged seq: the first probe asks the
+    /// replay socket from 0 and replays batches up to it into the reverse map only (their
+    /// operations were delivered before the restart), so later blocks chain onto them.
+    rebuild_upto: Option<u64>,
 }
-
-type PublisherKey = (Bytes, Option<i64>);
 
 /// Turns raw ZMQ messages into index operations.
 pub struct Processor {
@@ -132,7 +154,18 @@ pub struct Processor {
     metrics: Arc<Metrics>,
     publishers: HashMap<PublisherKey, Publisher>,
     replicas: Arc<Mutex<BTreeSet<String>>>,
+    max_publishers: usize,
+    /// Emit `Op::Checkpoint` after every batch (`--state-file`).
+    checkpoints: bool,
+    /// Probe quiet publishers' replay sockets this often (needs a replay endpoint).
+    tail_probe: Option<Duration>,
+    /// Back-off of the probe after a failed replay request.
+    probe_pause: Duration,
+    probe_paused_until: Option<Instant>,
 }
+
+/// Default bound on distinct publishers (`(topic, dp_rank)` pairs) one subscriber tracks.
+pub const DEFAULT_MAX_PUBLISHERS: usize = 64;
 
 impl Processor {
     /// A processor; `replicas` collects every replica id seen (the stats task reports to them).
@@ -148,19 +181,189 @@ impl Processor {
             metrics,
             publishers: HashMap::new(),
             replicas,
+            max_publishers: DEFAULT_MAX_PUBLISHERS,
+            checkpoints: false,
+            tail_probe: None,
+            probe_pause: Duration::ZERO,
+            probe_paused_until: None,
         }
+    }
+
+    /// Resumes from a state file: each remembered publisher expects `last + 1` next, so its
+    /// first batch after the restart is in order, a gap (replayed), or a restart of the engine
+    /// (cleared); and operations are followed by checkpoints for the sender to persist.
+    pub fn with_resume(mut self, resume: Resume) -> Self {
+        self.checkpoints = true;
+        let long_ago = Instant::now()
+            .checked_sub(Duration::from_secs(3600))
+            .unwrap_or_else(Instant::now);
+        for (key, last) in resume {
+            if self.publishers.len() >= self.max_publishers {
+                break;
+            }
+            let p = self.publisher(&key);
+            p.seq.set_expected(last.wrapping_add(1));
+            p.rebuild_upto = Some(last);
+            // Probed at the first tick: batches published while the subscriber was down are
+            // fetched even if the engine stays quiet.
+            p.last_seen = long_ago;
+        }
+        self
+    }
+
+    /// Asks the replay socket of every publisher quiet for `every` whether it published past
+    /// what was received (a lost tail); see [`Processor::probe_tails`].
+    pub fn with_tail_probe(mut self, every: Duration) -> Self {
+        self.tail_probe = Some(every);
+        self
+    }
+
+    /// Bounds the publishers tracked at once (`--max-publishers`): each has a seq tracker and a
+    /// reverse map, so batches from further unknown `(topic, dp_rank)` pairs (a misconfigured
+    /// topic filter, garbage ranks) are dropped and counted instead of growing memory.
+    pub fn with_max_publishers(mut self, n: usize) -> Self {
+        self.max_publishers = n.max(1);
+        self
     }
 
     /// Consumes the frame queue, forwarding operations to the sender (waiting when its queue
     /// is full, which propagates back-pressure to the reader).
     pub async fn run(mut self, mut rx: mpsc::Receiver<Vec<Bytes>>, ops: mpsc::Sender<Op>) {
         let mut out = Vec::new();
-        while let Some(frames) = rx.recv().await {
-            self.handle_frames(&frames, &mut out).await;
+        let probe_every = self
+            .tail_probe
+            .filter(|_| self.replay.is_some())
+            .unwrap_or(Duration::from_secs(3600));
+        let mut probe = tokio::time::interval(probe_every);
+        probe.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let probing = self.tail_probe.is_some() && self.replay.is_some();
+        // Publishers resumed from the state file catch up (and rebuild their reverse maps)
+        // before the first live batch is handled.
+        self.probe_tails(Duration::ZERO, &mut out).await;
+        for op in out.drain(..) {
+            if ops.send(op).await.is_err() {
+                return;
+            }
+        }
+        loop {
+            tokio::select! {
+                frames = rx.recv() => match frames {
+                    Some(frames) => self.handle_frames(&frames, &mut out).await,
+                    None => return,
+                },
+                _ = probe.tick(), if probing => self.probe_tails(probe_every, &mut out).await,
+            }
             for op in out.drain(..) {
                 if ops.send(op).await.is_err() {
                     return;
                 }
+            }
+        }
+    }
+
+    /// For every publisher that sent nothing for `quiet`, asks its replay socket for batches
+    /// from the next expected seq on: any that come back were published but never received
+    /// (dropped by the PUB high-water mark, or sent while this subscriber was down), and are
+    /// applied in order and counted (`kvevent_lost_tail_batches_total`). Without it a lost tail
+    /// would only be noticed when the engine publishes again.
+    pub async fn probe_tails(&mut self, quiet: Duration, out: &mut Vec<Op>) {
+        let Some(rc) = self.replay.clone() else {
+            return;
+        };
+        let keys: Vec<PublisherKey> = self
+            .publishers
+            .iter()
+            .filter(|(_, p)| p.last_seen.elapsed() >= quiet && p.seq.expected().is_some())
+            .map(|(k, _)| k.clone())
+            .collect();
+        for key in keys {
+            let from = self.publishers[&key].seq.expected().expect("filtered");
+            let rebuild_upto = self.publishers[&key].rebuild_upto;
+            let ask = if rebuild_upto.is_some() { 0 } else { from };
+            if self.probe_paused_until.is_some_and(|t| Instant::now() < t) {
+                return;
+            }
+            let replies = match fetch_replay(&rc.endpoint, &key.0, ask, u64::MAX, rc.timeout).await
+            {
+                Ok(r) => {
+                    self.probe_pause = Duration::ZERO;
+                    r
+                }
+                Err(e) => {
+                    // An unreachable replay socket must not stall the live stream at every
+                    // tick: pause probing, doubling up to 10 minutes.
+                    self.probe_pause =
+                        (self.probe_pause * 2).clamp(quiet, Duration::from_secs(600));
+                    self.probe_paused_until = Some(Instant::now() + self.probe_pause);
+                    tracing::warn!(error = %e, from, pause_s = self.probe_pause.as_secs(), "tail probe failed");
+                    return;
+                }
+            };
+            let metrics = self.metrics.clone();
+            let p = self.publishers.get_mut(&key).expect("publisher exists");
+            p.last_seen = Instant::now();
+            p.rebuild_upto = None;
+            let mut rebuild_upto = rebuild_upto;
+            // Resumed, but the engine's buffer ends below the last batch delivered before the
+            // restart: the engine restarted meanwhile, so its buffer is all new and the index
+            // holds the old engine's blocks.
+            let newest = replies.iter().map(|(s, _)| *s).max();
+            if let (Some(upto), Some(newest)) = (rebuild_upto, newest)
+                && newest < upto
+            {
+                metrics.restarts.inc();
+                tracing::warn!(replica = %p.state.replica(), "engine restarted while the subscriber was down; clearing replica");
+                p.state.clear(0, out);
+                p.seq.set_expected(replies.first().map_or(0, |(s, _)| *s));
+                rebuild_upto = None;
+            }
+            let mut recovered = 0u64;
+            let mut rebuilt = 0u64;
+            let mut applied: Option<(u64, u64)> = None;
+            for (seq, payload) in replies {
+                let Ok(batch) = decode_batch(&payload) else {
+                    metrics.drop_n("undecodable_batch", 1);
+                    continue;
+                };
+                if batch.dp_rank != key.1 {
+                    continue;
+                }
+                if rebuild_upto.is_some_and(|upto| seq <= upto) {
+                    // Delivered before the restart: reverse map only, operations discarded.
+                    self.mapper
+                        .apply_batch(&mut p.state, &batch, &mut Vec::new());
+                    rebuilt += 1;
+                    continue;
+                }
+                if let Some(want) = p.seq.expected()
+                    && seq > want
+                {
+                    // The buffer no longer holds [want, seq): lost for good, counted.
+                    metrics.missing_batches.inc_by(seq - want);
+                    p.seq.set_expected(seq);
+                }
+                if !p.seq.accept_replayed(seq) {
+                    continue;
+                }
+                self.mapper.apply_batch(&mut p.state, &batch, out);
+                recovered += 1;
+                applied = Some((applied.map_or(seq, |(lo, _)| lo), seq + 1));
+                metrics.replayed_batches.inc();
+                metrics.batches.inc();
+                if self.checkpoints {
+                    out.push(Op::Checkpoint {
+                        key: key.clone(),
+                        seq,
+                    });
+                }
+            }
+            if rebuilt > 0 {
+                tracing::info!(rebuilt, replica = %p.state.replica(), "reverse map rebuilt from the replay buffer");
+            }
+            if let Some(range) = applied {
+                p.probed = Some(range);
+                metrics.lost_tail_batches.inc_by(recovered);
+                tracing::warn!(from, recovered, replica = %p.state.replica(), "lost tail recovered by the replay probe");
             }
         }
     }
@@ -187,7 +390,22 @@ impl Processor {
             }
         };
         let key = (raw.topic.clone(), batch.dp_rank);
-        let verdict = self.publisher(&key).seq.observe(seq);
+        if !self.publishers.contains_key(&key) && self.publishers.len() >= self.max_publishers {
+            self.metrics.drop_n("too_many_publishers", 1);
+            tracing::warn!(dp_rank = ?batch.dp_rank, limit = self.max_publishers, "batch from one publisher too many; dropped");
+            return;
+        }
+        let p = self.publisher(&key);
+        if let Some((lo, hi)) = p.probed {
+            if (lo..hi).contains(&seq) {
+                self.metrics.drop_n("duplicate_batch", 1);
+                return;
+            }
+            if seq >= hi {
+                p.probed = None;
+            }
+        }
+        let verdict = p.seq.observe(seq);
         match verdict {
             SeqVerdict::Restart => {
                 self.metrics.restarts.inc();
@@ -211,7 +429,14 @@ impl Processor {
             .publishers
             .get_mut(&key)
             .expect("publisher inserted above");
+        p.last_seen = Instant::now();
         self.mapper.apply_batch(&mut p.state, &batch, out);
+        if self.checkpoints {
+            out.push(Op::Checkpoint {
+                key: key.clone(),
+                seq,
+            });
+        }
         self.metrics.batches.inc();
         let known: usize = self
             .publishers
@@ -232,6 +457,9 @@ impl Processor {
                 Publisher {
                     seq: SeqTracker::new(),
                     state,
+                    last_seen: Instant::now(),
+                    probed: None,
+                    rebuild_upto: None,
                 },
             );
         }
@@ -246,7 +474,7 @@ impl Processor {
             tracing::warn!(from, to, "seq gap and no replay endpoint; batches lost");
             return;
         };
-        let replies = match fetch_replay(&rc.endpoint, from, to, rc.timeout).await {
+        let replies = match fetch_replay(&rc.endpoint, &key.0, from, to, rc.timeout).await {
             Ok(r) => r,
             Err(e) => {
                 tracing::warn!(error = %e, from, to, "replay failed");

@@ -17,4 +17,5 @@ pub mod mapping;
 pub mod metrics;
 pub mod sender;
 pub mod seq;
+pub mod state;
 pub mod stats;

@@ -6,15 +6,28 @@ use clap::Parser;
 use kvevent_subscriber::{app, cli::Args};
 use tracing_subscriber::EnvFilter;
 
+/// Exit code of a configuration error (clap uses the same for a flag that does not parse).
+const EXIT_USAGE: i32 = 2;
+
 #[tokio::main]
-async fn main() -> anyhow::Result<()> {
+async fn main() {
+    // Flags first: a malformed value exits 2 with clap's message naming the flag.
+    let args = Args::parse();
     tracing_subscriber::fmt()
         .json()
         .with_env_filter(EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
         .with_current_span(false)
         .init();
-    let args = Args::parse();
-    app::run(args, shutdown_signal()).await
+    if let Err(e) = app::run(args, shutdown_signal()).await {
+        // One line, no backtrace: start-up problems name their flag.
+        eprintln!("error: {e:#}");
+        let code = if e.downcast_ref::<app::StartupError>().is_some() {
+            EXIT_USAGE
+        } else {
+            1
+        };
+        std::process::exit(code);
+    }
 }
 
 /// Resolves on SIGINT or SIGTERM (the pod is being stopped).

@@ -6,7 +6,6 @@
 //! tokens, adapter, media holding the block), which is what lets a child block continue its
 //! parent's chain and a `BlockRemoved` name the index key to evict.
 
-use std::num::NonZeroUsize;
 use std::sync::Arc;
 
 use inferencecache_fingerprint::for_each_prefix_hash;
@@ -14,8 +13,9 @@ use inferencecache_proto::v1alpha1::{CacheTier, PrefixEntry, ReplicaStats};
 use lru::LruCache;
 
 use crate::cli::AdapterMap;
-use crate::decode::{Batch, BlockRemoved, BlockStored, EngineHash, Event};
+use crate::decode::{Batch, BlockRemoved, BlockStored, EngineHash, Event, ExtraKey};
 use crate::metrics::Metrics;
+use crate::state::PublisherKey;
 
 /// Where the index should learn something; the sender turns these into gRPC traffic.
 #[derive(Debug, Clone, PartialEq)]
@@ -45,6 +45,14 @@ pub enum Op {
         /// Batch timestamp in µs.
         ts_us: i64,
     },
+    /// Every operation before this one covers the publisher's batches up to `seq`: once they
+    /// are acknowledged, `seq` is what the state file remembers (`--state-file`).
+    Checkpoint {
+        /// The publisher.
+        key: PublisherKey,
+        /// Its last applied batch.
+        seq: u64,
+    },
     /// Stats-only update for `replica`.
     Stats {
         /// Replica the stats describe.
@@ -53,6 +61,14 @@ pub enum Op {
         stats: ReplicaStats,
     },
 }
+
+/// `kv_cache_spec_kind` values whose groups hold every block of a cached prefix (vLLM's
+/// `KVCacheSpecKind`); stores of other kinds are not indexed (docs/KV-EVENTS.md §5).
+pub const FULL_PREFIX_KINDS: [&str; 3] = ["full_attention", "mla_attention", "sink_full_attention"];
+
+/// Longest adapter id the server accepts (longer names are refused with `ID_TOO_LONG`,
+/// docs/BEHAVIOUR.md).
+pub const MAX_ADAPTER_BYTES: usize = 1024;
 
 /// Mapping knobs, from the flags.
 #[derive(Debug, Clone)]
@@ -111,24 +127,34 @@ struct BlockInfo {
     tokens: i64,
     adapter: Arc<str>,
     media: Media,
-    /// False when the block (or an ancestor) carried extra keys: its identity is more than its
-    /// tokens, so a token fingerprint would alias other content; never indexed.
-    reportable: bool,
+    /// Why the block is not indexed, when it (or an ancestor) is more than its tokens (cache
+    /// salt, multimodal input, prompt embeddings): a token fingerprint would alias other
+    /// content (docs/KV-EVENTS.md §5).
+    skip: Option<&'static str>,
+}
+
+impl BlockInfo {
+    fn reportable(&self) -> bool {
+        self.skip.is_none()
+    }
 }
 
 /// Per-publisher mapping state: the bounded reverse map. The seq tracker lives beside it in the
 /// pipeline.
 pub struct PublisherState {
+    /// Unbounded in the type (so a new publisher allocates nothing up front), bounded by
+    /// `capacity` on every insert.
     blocks: LruCache<EngineHash, BlockInfo>,
+    capacity: usize,
     replica: String,
 }
 
 impl PublisherState {
     /// Fresh state for the publisher of `dp_rank`.
     pub fn new(cfg: &MappingConfig, dp_rank: Option<i64>) -> Self {
-        let cap = NonZeroUsize::new(cfg.reverse_map_capacity.max(1)).expect("max(1) is non-zero");
         Self {
-            blocks: LruCache::new(cap),
+            blocks: LruCache::unbounded(),
+            capacity: cfg.reverse_map_capacity.max(1),
             replica: replica_for(cfg, dp_rank),
         }
     }
@@ -219,23 +245,52 @@ impl Mapper {
         group.is_none_or(|g| g == self.cfg.kv_cache_group)
     }
 
-    fn adapter(&self, e: &BlockStored) -> Option<Arc<str>> {
-        match e.lora_id {
-            None => Some(Arc::from("")),
-            Some(id) => self
-                .cfg
-                .adapters
-                .get(&id)
-                .map(|n| Arc::from(n.as_str()))
-                .or_else(|| {
-                    self.cfg
-                        .use_lora_name
-                        .then_some(e.lora_name.as_deref())
-                        .flatten()
-                        .filter(|n| !n.is_empty())
-                        .map(Arc::from)
-                }),
+    /// The adapter partition of a stored event (docs/KV-EVENTS.md §5): a `lora_id` mapped by
+    /// `--lora-adapter-names` → that name; else a non-empty `lora_name` (unless
+    /// `--use-lora-name=false`); else, when neither `lora_id` nor `lora_name` is set, the base
+    /// model `""`. An event that names an adapter in any way but resolves to no name is `None`
+    /// (dropped): adapter KV must never be filed under the base model.
+    ///
+    /// A name longer than the server accepts ([`MAX_ADAPTER_BYTES`]) drops the event too (the
+    /// server would refuse the whole message).
+    fn adapter(&self, e: &BlockStored) -> Result<Arc<str>, &'static str> {
+        let name = e.lora_name.as_deref().filter(|n| !n.is_empty());
+        let resolved = if let Some(mapped) = e.lora_id.and_then(|id| self.cfg.adapters.get(&id)) {
+            mapped.as_str()
+        } else if e.lora_id.is_none() && name.is_none() {
+            ""
+        } else {
+            name.filter(|_| self.cfg.use_lora_name)
+                .ok_or("unmapped_adapter")?
+        };
+        if resolved.len() > MAX_ADAPTER_BYTES {
+            return Err("adapter_name_too_long");
         }
+        Ok(Arc::from(resolved))
+    }
+
+    /// Why block `i` of `e` must not be indexed, from the event's cache salt (SGLang) or the
+    /// block's extra keys (vLLM) once a leading LoRA name equal to `lora_name` is set aside
+    /// (the adapter partition carries it).
+    fn block_skip(e: &BlockStored, i: usize) -> Option<&'static str> {
+        if e.cache_salt.as_deref().is_some_and(|s| !s.is_empty()) {
+            return Some("cache_salt");
+        }
+        let Some(Some(keys)) = e.extra_keys.get(i) else {
+            return None;
+        };
+        let mut rest = keys.as_slice();
+        if let (Some(ExtraKey::Str(first)), Some(name)) = (rest.first(), e.lora_name.as_deref())
+            && first == name
+        {
+            rest = &rest[1..];
+        }
+        rest.first().map(|k| match k {
+            ExtraKey::Str(_) => "cache_salt",
+            ExtraKey::Multimodal => "multimodal",
+            ExtraKey::Binary => "prompt_embeds",
+            ExtraKey::Other => "extra_keys",
+        })
     }
 
     fn stored(&self, st: &mut PublisherState, e: &BlockStored, ts_us: i64, out: &mut Vec<Op>) {
@@ -247,15 +302,28 @@ impl Mapper {
             self.metrics.drop_n("other_kv_group", n as u64);
             return;
         }
+        if e.kv_cache_spec_kind
+            .as_deref()
+            .is_some_and(|k| !FULL_PREFIX_KINDS.contains(&k))
+        {
+            // A sliding-window / chunked-local / state-space group keeps only part of a
+            // prefix: its blocks say nothing about a full prefix match, even when
+            // `--kv-cache-group` names it.
+            self.metrics.drop_n("not_full_attention", n as u64);
+            return;
+        }
         let bit = medium_bit(e.medium.as_deref());
         if e.token_ids.is_empty() {
             let entries = self.stored_copy(st, e, bit);
             self.push_add(st, ts_us, entries, out);
             return;
         }
-        let Some(adapter) = self.adapter(e) else {
-            self.metrics.drop_n("unmapped_adapter", n as u64);
-            return;
+        let adapter = match self.adapter(e) {
+            Ok(a) => a,
+            Err(reason) => {
+                self.metrics.drop_n(reason, n as u64);
+                return;
+            }
         };
         let Some(bs) = self.stored_block_size(e) else {
             return;
@@ -281,7 +349,7 @@ impl Mapper {
             let before = tier_of(info.media);
             info.media |= bit;
             let after = tier_of(info.media);
-            if info.reportable && after != before {
+            if info.reportable() && after != before {
                 entries.push(entry(info, after.unwrap_or(CacheTier::T1)));
             }
         }
@@ -313,8 +381,8 @@ impl Mapper {
     }
 
     /// Fingerprints the stored blocks' tokens onto their parent's prefix and records each block
-    /// in the reverse map; returns the entries to report. A block with extra keys (and every
-    /// block after it) is remembered but not reported.
+    /// in the reverse map; returns the entries to report. A salted / multimodal block (and every
+    /// block after it) is remembered but not reported (counted under its reason).
     fn stored_blocks(
         &self,
         st: &mut PublisherState,
@@ -324,14 +392,14 @@ impl Mapper {
         bit: Media,
     ) -> Vec<PrefixEntry> {
         let mut entries = Vec::new();
-        let (parent, base_tokens, mut reportable) =
+        let (parent, base_tokens, mut skip) =
             match e.parent_block_hash.as_ref().and_then(|p| st.blocks.get(p)) {
-                Some(p) => (Some(p.prefix), p.tokens, p.reportable),
-                None => (None, 0, true),
+                Some(p) => (Some(p.prefix), p.tokens, p.skip),
+                None => (None, 0, None),
             };
         let mut i = 0usize;
         for_each_prefix_hash(&e.token_ids, bs as i32, parent, |prefix| {
-            reportable &= !e.extra_keys.get(i).copied().unwrap_or(false);
+            skip = skip.or_else(|| Self::block_skip(e, i));
             let tokens = base_tokens + (i as i64 + 1) * bs;
             let key = e.block_hashes[i].clone();
             let media = st.blocks.peek(&key).map_or(0, |b| b.media) | bit;
@@ -340,14 +408,16 @@ impl Mapper {
                 tokens,
                 adapter: adapter.clone(),
                 media,
-                reportable,
+                skip,
             };
-            if reportable {
-                entries.push(entry(&info, tier_of(media).unwrap_or(CacheTier::T1)));
-            } else {
-                self.metrics.drop_n("extra_keys", 1);
+            match skip {
+                None => entries.push(entry(&info, tier_of(media).unwrap_or(CacheTier::T1))),
+                Some(reason) => self.metrics.drop_n(reason, 1),
             }
             st.blocks.put(key, info);
+            while st.blocks.len() > st.capacity {
+                st.blocks.pop_lru();
+            }
             i += 1;
         });
         entries
@@ -375,7 +445,7 @@ impl Mapper {
                 info.media |= CPU;
             }
             let after = tier_of(info.media);
-            if !info.reportable || before == after {
+            if !info.reportable() || before == after {
                 continue;
             }
             match after {

@@ -3,21 +3,22 @@
 //! recovering path increments a counter here.
 
 use std::convert::Infallible;
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
+use std::time::Duration;
 
 use bytes::Bytes;
 use http_body_util::Full;
 use hyper::service::service_fn;
 use hyper::{Request, Response, StatusCode};
-use hyper_util::rt::TokioIo;
+use hyper_util::rt::{TokioIo, TokioTimer};
 use prometheus_client::encoding::text::encode;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 use tokio::net::TcpListener;
+use tokio::sync::Semaphore;
 
 /// A single-label set; label values are static strings so cardinality stays bounded.
 pub type Label = [(&'static str, &'static str); 1];
@@ -29,10 +30,18 @@ pub struct Metrics {
     pub batches: Counter,
     /// Engine events by `type` (BlockStored, BlockRemoved, AllBlocksCleared, unknown, invalid).
     pub events: Family<Label, Counter>,
-    /// Prefix entries delivered in `ReportCacheState` messages.
+    /// Prefix entries written to a `ReportCacheState` stream (counted when sent; re-sends after
+    /// a failed stream are counted in `resent` instead).
     pub entries_sent: Counter,
-    /// `ReportCacheState` messages delivered (entries and stats-only).
+    /// `ReportCacheState` messages written to a stream (entries and stats-only), when sent.
     pub updates_sent: Counter,
+    /// Prefix entries of streams the server acknowledged.
+    pub entries_acked: Counter,
+    /// `ReportCacheState` messages of streams the server acknowledged.
+    pub updates_acked: Counter,
+    /// Acknowledgements with `accepted = false` (the server refused the stream's content;
+    /// re-sending would not help, so it is not re-sent).
+    pub streams_refused: Counter,
     /// `PublishEvent` calls delivered by `type`.
     pub cache_events_sent: Family<Label, Counter>,
     /// Data dropped by `reason`; each is an index entry or batch that will be missing.
@@ -59,6 +68,11 @@ pub struct Metrics {
     pub scrapes: Family<Label, Counter>,
     /// Times the ZMQ reader had to wait for a full queue (back-pressure engaged).
     pub backpressure_waits: Counter,
+    /// Batches the engine published after the last one received here, found by the replay
+    /// probe of a quiet publisher (a lost tail) and applied.
+    pub lost_tail_batches: Counter,
+    /// Failed writes of `--state-file`.
+    pub state_write_errors: Counter,
 }
 
 impl Metrics {
@@ -69,6 +83,9 @@ impl Metrics {
             events: Family::default(),
             entries_sent: Counter::default(),
             updates_sent: Counter::default(),
+            entries_acked: Counter::default(),
+            updates_acked: Counter::default(),
+            streams_refused: Counter::default(),
             cache_events_sent: Family::default(),
             drops: Family::default(),
             gaps: Counter::default(),
@@ -82,6 +99,8 @@ impl Metrics {
             reverse_map_entries: Gauge::default(),
             scrapes: Family::default(),
             backpressure_waits: Counter::default(),
+            lost_tail_batches: Counter::default(),
+            state_write_errors: Counter::default(),
             registry: Registry::default(),
         };
         let mut registry = Registry::with_prefix("kvevent");
@@ -103,6 +122,21 @@ impl Metrics {
             "updates_sent",
             "ReportCacheState messages sent",
             m.updates_sent.clone(),
+        );
+        r.register(
+            "entries_acked",
+            "Prefix entries of acknowledged ReportCacheState streams",
+            m.entries_acked.clone(),
+        );
+        r.register(
+            "updates_acked",
+            "ReportCacheState messages of acknowledged streams",
+            m.updates_acked.clone(),
+        );
+        r.register(
+            "streams_refused",
+            "ReportCacheState streams acknowledged with accepted=false",
+            m.streams_refused.clone(),
         );
         r.register(
             "cache_events_sent",
@@ -157,6 +191,16 @@ impl Metrics {
             "Times the ZMQ reader waited on a full queue",
             m.backpressure_waits.clone(),
         );
+        r.register(
+            "lost_tail_batches",
+            "Batches recovered by the replay probe of a quiet publisher",
+            m.lost_tail_batches.clone(),
+        );
+        r.register(
+            "state_write_errors",
+            "Failed writes of the state file",
+            m.state_write_errors.clone(),
+        );
     }
 
     /// Counts one dropped item under `reason`.
@@ -183,41 +227,121 @@ impl Metrics {
     }
 }
 
-/// Serves `GET /metrics` (anything else is 404) until the process exits.
-pub async fn serve(addr: SocketAddr, metrics: Arc<Metrics>) -> std::io::Result<()> {
-    let listener = TcpListener::bind(addr).await?;
-    tracing::info!(%addr, "metrics endpoint listening");
+/// How long a metrics client may take to send its request headers.
+pub const HEADER_TIMEOUT: Duration = Duration::from_secs(5);
+/// Longest life of one metrics connection (a scrape takes milliseconds).
+pub const CONNECTION_TIMEOUT: Duration = Duration::from_secs(30);
+/// Metrics connections served at once; further ones wait in the kernel's accept queue.
+pub const MAX_CONNECTIONS: usize = 64;
+/// Pause after a failed `accept` (e.g. out of file descriptors) before trying again.
+pub const ACCEPT_ERROR_PAUSE: Duration = Duration::from_millis(100);
+
+/// Serves `GET /metrics` (anything else is 404) on `listener` until the process exits. Each
+/// connection has a header timeout and a lifetime bound, at most [`MAX_CONNECTIONS`] are
+/// served at once, and an accept error pauses the loop instead of spinning.
+pub async fn serve(listener: TcpListener, metrics: Arc<Metrics>) {
+    accept_loop(
+        || async { listener.accept().await.map(|(s, _)| s) },
+        move |stream| serve_connection(stream, metrics.clone()),
+    )
+    .await;
+}
+
+/// The accept loop of [`serve`], generic over the accept call so its error handling is tested:
+/// at most [`MAX_CONNECTIONS`] handlers at once, and a pause after every accept error.
+pub async fn accept_loop<S, A, AF, H, HF>(mut accept: A, handle: H)
+where
+    A: FnMut() -> AF,
+    AF: Future<Output = std::io::Result<S>>,
+    H: Fn(S) -> HF,
+    HF: Future<Output = ()> + Send + 'static,
+{
+    let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
     loop {
-        let (stream, _) = match listener.accept().await {
+        let Ok(permit) = slots.clone().acquire_owned().await else {
+            return;
+        };
+        let stream = match accept().await {
             Ok(s) => s,
             Err(e) => {
                 tracing::warn!(error = %e, "metrics accept failed");
+                tokio::time::sleep(ACCEPT_ERROR_PAUSE).await;
                 continue;
             }
         };
-        let metrics = metrics.clone();
+        let conn = handle(stream);
         tokio::spawn(async move {
-            let svc = service_fn(move |req: Request<hyper::body::Incoming>| {
-                let metrics = metrics.clone();
-                async move {
-                    let resp = if req.uri().path() == "/metrics" {
-                        Response::builder()
-                            .header(
-                                "content-type",
-                                "application/openmetrics-text; version=1.0.0; charset=utf-8",
-                            )
-                            .body(Full::new(Bytes::from(metrics.render())))
-                    } else {
-                        Response::builder()
-                            .status(StatusCode::NOT_FOUND)
-                            .body(Full::new(Bytes::from_static(b"not found\n")))
-                    };
-                    Ok::<_, Infallible>(resp.expect("static response parts are valid"))
-                }
-            });
-            let _ = hyper::server::conn::http1::Builder::new()
-                .serve_connection(TokioIo::new(stream), svc)
-                .await;
+            let _permit = permit;
+            conn.await;
         });
+    }
+}
+
+/// One metrics connection: a header timeout, no keep-alive, and a lifetime bound.
+async fn serve_connection(stream: tokio::net::TcpStream, metrics: Arc<Metrics>) {
+    let svc = service_fn(move |req: Request<hyper::body::Incoming>| {
+        let metrics = metrics.clone();
+        async move {
+            let resp = if req.uri().path() == "/metrics" {
+                Response::builder()
+                    .header(
+                        "content-type",
+                        "application/openmetrics-text; version=1.0.0; charset=utf-8",
+                    )
+                    .body(Full::new(Bytes::from(metrics.render())))
+            } else {
+                Response::builder()
+                    .status(StatusCode::NOT_FOUND)
+                    .body(Full::new(Bytes::from_static(b"not found\n")))
+            };
+            Ok::<_, Infallible>(resp.expect("static response parts are valid"))
+        }
+    });
+    let conn = hyper::server::conn::http1::Builder::new()
+        .timer(TokioTimer::new())
+        .header_read_timeout(HEADER_TIMEOUT)
+        .keep_alive(false)
+        .serve_connection(TokioIo::new(stream), svc);
+    let _ = tokio::time::timeout(CONNECTION_TIMEOUT, conn).await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use tokio::io::AsyncReadExt;
+
+    #[tokio::test]
+    async fn accept_errors_pause_instead_of_spinning() {
+        let calls = Arc::new(AtomicUsize::new(0));
+        let c = calls.clone();
+        let looping = accept_loop(
+            move || {
+                c.fetch_add(1, Ordering::SeqCst);
+                async { Err::<(), _>(std::io::Error::other("EMFILE")) }
+            },
+            |()| async {},
+        );
+        let _ = tokio::time::timeout(Duration::from_millis(550), looping).await;
+        let n = calls.load(Ordering::SeqCst);
+        assert!((1..=7).contains(&n), "{n} accept calls in 550 ms");
+    }
+
+    #[tokio::test]
+    async fn a_silent_client_is_disconnected_after_the_header_timeout() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(serve(listener, Metrics::new()));
+        let mut c = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let mut buf = [0u8; 256];
+        let closed = tokio::time::timeout(HEADER_TIMEOUT + Duration::from_secs(3), async {
+            // Hyper may answer 408 before closing; read until EOF.
+            while c.read(&mut buf).await.map(|n| n > 0).unwrap_or(false) {}
+        })
+        .await;
+        assert!(
+            closed.is_ok(),
+            "connection still open after the header timeout"
+        );
     }
 }

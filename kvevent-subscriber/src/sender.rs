@@ -17,12 +17,15 @@
 //! Nothing here drops data: a slow or absent server blocks this task, which fills the bounded
 //! operation queue and so slows the ZMQ reader (back-pressure).
 
+use std::collections::VecDeque;
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
 use inferencecache_proto::v1alpha1::cache_event::Type;
 use inferencecache_proto::v1alpha1::inference_cache_client::InferenceCacheClient;
 use inferencecache_proto::v1alpha1::{Ack, CacheEvent, CacheStateUpdate, PrefixEntry};
+use prost::Message;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tokio::time::{Instant, sleep, timeout};
@@ -31,6 +34,14 @@ use tonic::transport::Channel;
 
 use crate::mapping::Op;
 use crate::metrics::Metrics;
+use crate::state::{self, PublisherKey, Resume};
+
+/// Largest encoded `CacheStateUpdate` this sender builds: a quarter of the server's 4 MiB
+/// receive limit (docs/BEHAVIOUR.md §1.3), leaving room for gRPC framing and any estimate slack.
+pub const MAX_UPDATE_BYTES: usize = 1 << 20;
+/// Upper bound of the bytes one repeated-field entry adds besides its own encoding (tag +
+/// length prefix).
+const ENTRY_FRAMING_BYTES: usize = 6;
 
 /// Delivery knobs, from the flags.
 #[derive(Debug, Clone)]
@@ -49,7 +60,14 @@ pub struct SenderConfig {
     pub max_unacked: usize,
     /// Timeout of one unary call / one stream acknowledgement.
     pub call_timeout: Duration,
+    /// Close and acknowledge the stream once its oldest unacknowledged message is this old.
+    pub ack_interval: Duration,
+    /// Where acknowledged checkpoints are written (`--state-file`).
+    pub state_file: Option<PathBuf>,
 }
+
+/// Least time between two writes of the state file.
+const STATE_WRITE_INTERVAL: Duration = Duration::from_millis(250);
 
 /// Exponential backoff with a little time-derived jitter (100 ms → 10 s).
 #[derive(Debug)]
@@ -103,8 +121,28 @@ pub struct Sender {
     pending: Vec<CacheStateUpdate>,
     pending_entries: usize,
     pending_since: Option<Instant>,
+    /// Encoded size (upper bound) of the last pending update.
+    last_pending_bytes: usize,
     backoff: Backoff,
+    /// When the oldest unacknowledged message was sent.
+    unacked_since: Option<Instant>,
+    /// Messages sent (first sends only) and how many of them are acknowledged.
+    sent_total: u64,
+    acked_total: u64,
+    /// Checkpoints waiting for their messages' Ack: (sent count that must be acked, key, seq).
+    marks: VecDeque<(u64, PublisherKey, u64)>,
+    /// Acknowledged checkpoints (the state file's content) and whether it is unwritten.
+    committed: Resume,
+    dirty: bool,
+    last_write: Option<Instant>,
+    /// Consecutive stream failures that refused the content (see [`MAX_REFUSALS`]).
+    refusals: u32,
 }
+
+/// Consecutive refusals (RESOURCE_EXHAUSTED, INVALID_ARGUMENT, OUT_OF_RANGE) of the same
+/// unacknowledged messages after which they are dropped (`reason="refused_by_server"`) instead of
+/// being re-sent forever; transient failures (UNAVAILABLE, timeouts) are retried without limit.
+pub const MAX_REFUSALS: u32 = 5;
 
 impl Sender {
     /// A sender over `channel` (lazily connected; reconnects are handled by tonic + backoff).
@@ -118,7 +156,16 @@ impl Sender {
             pending: Vec::new(),
             pending_entries: 0,
             pending_since: None,
+            last_pending_bytes: 0,
             backoff: Backoff::new(),
+            unacked_since: None,
+            sent_total: 0,
+            acked_total: 0,
+            marks: VecDeque::new(),
+            committed: Resume::new(),
+            dirty: false,
+            last_write: None,
+            refusals: 0,
         }
     }
 
@@ -141,11 +188,20 @@ impl Sender {
                     if self.stream.as_ref().is_some_and(|s| s.call.is_finished()) {
                         self.recover().await;
                     }
+                    // A quiet stream is acknowledged after `ack_interval`, so checkpoints (and
+                    // the acked counters) never lag further behind.
+                    if self.unacked_since.is_some_and(|t| t.elapsed() >= self.cfg.ack_interval) {
+                        self.barrier().await;
+                    }
+                    self.commit_marks();
+                    self.write_state(false);
                 }
             }
         }
         self.flush_pending().await;
         self.barrier().await;
+        self.commit_marks();
+        self.write_state(true);
         tracing::info!("sender drained");
     }
 
@@ -163,6 +219,12 @@ impl Sender {
                 keys,
             } => self.evict(replica, ts_us, keys).await,
             Op::Clear { replica, ts_us } => self.clear(replica, ts_us).await,
+            Op::Checkpoint { key, seq } => {
+                let must_ack = self.sent_total + self.pending.len() as u64;
+                self.marks.push_back((must_ack, key, seq));
+                self.commit_marks();
+                self.write_state(false);
+            }
             Op::Stats { replica, stats } => {
                 self.flush_pending().await;
                 let u = CacheStateUpdate {
@@ -177,22 +239,32 @@ impl Sender {
     /// Queues entries, merged into the last pending update when it has the same replica and
     /// timestamp; flushes once `max_batch` entries are pending.
     async fn add(&mut self, replica: String, ts_us: i64, entries: Vec<PrefixEntry>) {
-        self.pending_entries += entries.len();
-        match self.pending.last_mut() {
-            Some(last) if last.replica_id == replica && last.timestamp_us == ts_us => {
-                last.prefixes.extend(entries)
+        // One engine event can carry any number of blocks: entries go into updates of at most
+        // `max_batch` entries and MAX_UPDATE_BYTES encoded, so no message reaches the server's
+        // 4 MiB receive limit (a refused message would otherwise be re-sent forever).
+        for e in entries {
+            let len = e.encoded_len() + ENTRY_FRAMING_BYTES;
+            let fits = matches!(self.pending.last(), Some(last)
+                if last.replica_id == replica
+                    && last.timestamp_us == ts_us
+                    && last.prefixes.len() < self.cfg.max_batch
+                    && self.last_pending_bytes + len <= MAX_UPDATE_BYTES);
+            if fits {
+                self.pending.last_mut().expect("checked").prefixes.push(e);
+                self.last_pending_bytes += len;
+            } else {
+                let u = CacheStateUpdate {
+                    prefixes: vec![e],
+                    ..self.update(replica.clone(), ts_us)
+                };
+                self.last_pending_bytes = u.encoded_len() + ENTRY_FRAMING_BYTES;
+                self.pending.push(u);
             }
-            _ => {
-                let u = self.update(replica, ts_us);
-                self.pending.push(CacheStateUpdate {
-                    prefixes: entries,
-                    ..u
-                });
+            self.pending_entries += 1;
+            self.pending_since.get_or_insert_with(Instant::now);
+            if self.pending_entries >= self.cfg.max_batch {
+                self.flush_pending().await;
             }
-        }
-        self.pending_since.get_or_insert_with(Instant::now);
-        if self.pending_entries >= self.cfg.max_batch {
-            self.flush_pending().await;
         }
     }
 
@@ -221,6 +293,9 @@ impl Sender {
         let before = self.pending_entries;
         self.pending.retain(|u| u.replica_id != replica);
         self.pending_entries = self.pending.iter().map(|u| u.prefixes.len()).sum();
+        self.last_pending_bytes = self.pending.last().map_or(0, |u| {
+            u.encoded_len() + u.prefixes.len() * ENTRY_FRAMING_BYTES
+        });
         if before > self.pending_entries {
             let dropped = (before - self.pending_entries) as u64;
             self.metrics.drop_n("cleared_before_send", dropped);
@@ -250,6 +325,56 @@ impl Sender {
             stats: None,
             adapter_id: String::new(),
         }
+    }
+
+    /// Counts a stream failure whose status says the content itself is refused (too large,
+    /// invalid): such a failure does not heal by waiting, unlike an unavailable server.
+    fn note_failure(&mut self, status: &tonic::Status) {
+        use tonic::Code;
+        if matches!(
+            status.code(),
+            Code::ResourceExhausted | Code::InvalidArgument | Code::OutOfRange
+        ) {
+            self.refusals += 1;
+        }
+    }
+
+    /// Moves checkpoints whose messages are all acknowledged into the committed state. With
+    /// nothing pending or unacknowledged every checkpoint is covered (messages it counted on may
+    /// have been dropped by a clear).
+    fn commit_marks(&mut self) {
+        let idle = self.pending.is_empty() && self.unacked.is_empty();
+        while let Some((must_ack, _, _)) = self.marks.front() {
+            if *must_ack > self.acked_total && !idle {
+                break;
+            }
+            let (_, key, seq) = self.marks.pop_front().expect("front exists");
+            self.committed.insert(key, seq);
+            self.dirty = true;
+        }
+    }
+
+    /// Writes the committed state when it changed (at most every 250 ms unless `now`).
+    fn write_state(&mut self, now: bool) {
+        let Some(path) = &self.cfg.state_file else {
+            return;
+        };
+        if !self.dirty
+            || (!now
+                && self
+                    .last_write
+                    .is_some_and(|t| t.elapsed() < STATE_WRITE_INTERVAL))
+        {
+            return;
+        }
+        match state::save(path, &self.committed) {
+            Ok(()) => self.dirty = false,
+            Err(e) => {
+                tracing::warn!(error = %e, "writing the state file failed");
+                self.metrics.state_write_errors.inc();
+            }
+        }
+        self.last_write = Some(Instant::now());
     }
 
     /// Moves every pending update onto the stream.
@@ -284,6 +409,10 @@ impl Sender {
             }
             self.recover().await;
         }
+        self.metrics.updates_sent.inc();
+        self.metrics.entries_sent.inc_by(u.prefixes.len() as u64);
+        self.sent_total += 1;
+        self.unacked_since.get_or_insert_with(Instant::now);
         self.unacked.push(u);
         if self.unacked.len() >= self.cfg.max_unacked {
             self.barrier().await;
@@ -298,10 +427,29 @@ impl Sender {
                 drop(s.tx);
                 let err = match s.call.await {
                     Ok(Ok(_)) => "stream ended early".to_string(),
-                    Ok(Err(status)) => status.to_string(),
+                    Ok(Err(status)) => {
+                        self.note_failure(&status);
+                        status.to_string()
+                    }
                     Err(join) => join.to_string(),
                 };
                 tracing::warn!(error = %err, unacked = self.unacked.len(), "ReportCacheState stream failed; reconnecting");
+            }
+            if self.refusals >= MAX_REFUSALS {
+                // The server keeps refusing this content (not a transient failure): re-sending
+                // it forever would stop all delivery, so it is dropped and counted.
+                let n = self.unacked.len() as u64;
+                tracing::error!(
+                    messages = n,
+                    "server refused the same unacknowledged messages {MAX_REFUSALS} times; dropping them"
+                );
+                self.metrics.drop_n("refused_by_server", n);
+                self.unacked.clear();
+                self.unacked_since = None;
+                self.acked_total = self.sent_total;
+                self.refusals = 0;
+                self.commit_marks();
+                return;
             }
             self.metrics.reconnects.inc();
             sleep(self.backoff.step()).await;
@@ -333,17 +481,28 @@ impl Sender {
             };
             drop(s.tx);
             match timeout(self.cfg.call_timeout, s.call).await {
-                Ok(Ok(Ok(_ack))) => {
+                Ok(Ok(Ok(ack))) => {
                     let entries: usize = self.unacked.iter().map(|u| u.prefixes.len()).sum();
-                    self.metrics.entries_sent.inc_by(entries as u64);
-                    self.metrics.updates_sent.inc_by(self.unacked.len() as u64);
+                    self.metrics.entries_acked.inc_by(entries as u64);
+                    self.metrics.updates_acked.inc_by(self.unacked.len() as u64);
+                    if !ack.accepted {
+                        self.metrics.streams_refused.inc();
+                        tracing::warn!(reason = %ack.reason_code, messages = self.unacked.len(), "server refused a ReportCacheState stream; not re-sending");
+                    }
                     self.unacked.clear();
+                    self.unacked_since = None;
+                    self.acked_total = self.sent_total;
+                    self.refusals = 0;
                     self.backoff.reset();
+                    self.commit_marks();
                     return;
                 }
                 res => {
                     let err = match res {
-                        Ok(Ok(Err(status))) => status.to_string(),
+                        Ok(Ok(Err(status))) => {
+                            self.note_failure(&status);
+                            status.to_string()
+                        }
                         Ok(Err(join)) => join.to_string(),
                         Err(_) => "ack timeout".to_string(),
                         Ok(Ok(Ok(_))) => unreachable!(),

@@ -55,8 +55,10 @@ fn expected_stored() -> BlockStored {
         lora_id: None,
         medium: Some("GPU".into()),
         lora_name: None,
-        extra_keys: vec![false],
+        extra_keys: vec![None],
         group_idx: Some(0),
+        cache_salt: None,
+        kv_cache_spec_kind: Some("full_attention".into()),
     }
 }
 

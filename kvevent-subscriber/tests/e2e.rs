@@ -41,6 +41,10 @@ struct Double {
     /// When non-zero, the next stream fails (UNAVAILABLE) after applying this many messages,
     /// like a server crashing mid-stream before its Ack.
     fail_stream_after: Arc<std::sync::atomic::AtomicUsize>,
+    /// While set, every stream is refused with RESOURCE_EXHAUSTED after its first message (a
+    /// server refusing the content, not a transient failure); counts the refused streams.
+    refuse: Arc<std::sync::atomic::AtomicBool>,
+    refused: Arc<std::sync::atomic::AtomicUsize>,
 }
 
 #[tonic::async_trait]
@@ -77,6 +81,11 @@ impl InferenceCache for Double {
         // Applied on receipt, acknowledged at end of stream (docs/BEHAVIOUR.md §4.1).
         let mut n = 0;
         while let Some(u) = stream.message().await? {
+            if self.refuse.load(std::sync::atomic::Ordering::SeqCst) {
+                self.refused
+                    .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                return Err(Status::resource_exhausted("simulated refusal"));
+            }
             self.log.lock().unwrap().push(Rec::Update(u));
             n += 1;
             let fail = &self.fail_stream_after;
@@ -821,4 +830,439 @@ async fn back_pressure_while_server_is_down_loses_nothing() {
         assert!(idx.contains_key(&("r1".to_string(), String::new(), h.to_be_bytes().to_vec())));
     }
     assert_eq!(sub_metric(&sub, "kvevent_missing_batches_total").await, 0.0);
+}
+
+/// Issue 12 item 5: `entries_sent` / `updates_sent` count when a message is written to the
+/// stream, not when the stream is acknowledged (which, on a healthy subscriber, happens only after
+/// `--max-unacked` messages or before an event); acknowledgements are their own series.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sent_counters_are_true_before_the_ack() {
+    let (addr, double) = start_double().await;
+    let mut pub_sock = PubSocket::new();
+    let ep = pub_sock.bind("tcp://127.0.0.1:0").await.unwrap();
+    let sub = spawn_subscriber(&ep.to_string(), addr, &["--ack-interval", "60s"]);
+    let seq = warm_up(&mut pub_sock, &sub).await;
+    publish(
+        &mut pub_sock,
+        seq,
+        payload(
+            7000.0,
+            vec![map_stored(
+                vec![Value::from(1u64), Value::from(2u64)],
+                Value::Nil,
+                1..=32,
+            )],
+        ),
+    )
+    .await;
+    wait_for(&double, 1).await;
+    // The stream is still open (1 of 256 messages): sent, not yet acknowledged.
+    assert_eq!(sub_metric(&sub, "kvevent_entries_sent_total").await, 2.0);
+    assert_eq!(sub_metric(&sub, "kvevent_updates_sent_total").await, 1.0);
+    assert_eq!(sub_metric(&sub, "kvevent_entries_acked_total").await, 0.0);
+    assert_eq!(sub_metric(&sub, "kvevent_updates_acked_total").await, 0.0);
+    // An eviction closes the stream first (barrier): now acknowledged too.
+    let removed = Value::Array(vec![
+        "BlockRemoved".into(),
+        Value::Array(vec![Value::from(2u64)]),
+        "GPU".into(),
+    ]);
+    publish(&mut pub_sock, seq + 1, payload(7001.0, vec![removed])).await;
+    wait_for(&double, 2).await;
+    assert_eq!(sub_metric(&sub, "kvevent_entries_acked_total").await, 2.0);
+    assert_eq!(sub_metric(&sub, "kvevent_updates_acked_total").await, 1.0);
+    assert_eq!(sub_metric(&sub, "kvevent_entries_sent_total").await, 2.0);
+}
+
+/// Issue 12: one engine event whose entries would exceed the server's 4 MiB message limit (here
+/// 5,000 one-token blocks of an adapter with a 1,000-byte name, with `--max-batch` far above
+/// them) is split into several messages, each well under the limit, and all of it is indexed;
+/// the test double refuses messages over 4 MiB like the server (tonic's default limit).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn update_larger_than_the_message_limit_is_split() {
+    let (addr, double) = start_double().await;
+    let mut pub_sock = PubSocket::new();
+    let ep = pub_sock.bind("tcp://127.0.0.1:0").await.unwrap();
+    let sub = spawn_subscriber(&ep.to_string(), addr, &["--max-batch", "100000"]);
+    let seq = warm_up(&mut pub_sock, &sub).await;
+    const N: u64 = 5000;
+    let name = "a".repeat(1000);
+    let ev = Value::Map(vec![
+        ("type".into(), "BlockStored".into()),
+        (
+            "block_hashes".into(),
+            Value::Array((0..N).map(|i| Value::from(10_000 + i)).collect()),
+        ),
+        ("parent_block_hash".into(), Value::Nil),
+        (
+            "token_ids".into(),
+            Value::Array((0..N).map(|i| Value::from(i as u32)).collect()),
+        ),
+        ("block_size".into(), Value::from(1)),
+        ("lora_id".into(), Value::Nil),
+        ("medium".into(), "GPU".into()),
+        ("lora_name".into(), name.as_str().into()),
+    ]);
+    publish(&mut pub_sock, seq, payload(8000.0, vec![ev])).await;
+    let mut n = 0;
+    for _ in 0..400 {
+        n = double.index().len();
+        if n == N as usize {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(n, N as usize, "every entry indexed");
+    let updates: Vec<CacheStateUpdate> = double
+        .traffic()
+        .into_iter()
+        .filter_map(|r| match r {
+            Rec::Update(u) => Some(u),
+            Rec::Event(_) => None,
+        })
+        .collect();
+    assert!(updates.len() >= 5, "{} messages", updates.len());
+    for u in &updates {
+        assert!(prost::Message::encoded_len(u) <= 4 << 20);
+        assert!(u.prefixes.iter().all(|p| p.adapter_id == name));
+    }
+    assert_eq!(sub_metric(&sub, "kvevent_resent_messages_total").await, 0.0);
+}
+
+/// An engine replay ROUTER over `buffer` (seq → payload), like the engines': every buffered
+/// batch with `seq >= start`, each `[topic, seq, payload]`, then the end marker. Returns its
+/// endpoint and the requested start seqs.
+async fn replay_router(buffer: Arc<Mutex<BTreeMap<u64, Bytes>>>) -> (String, Arc<Mutex<Vec<u64>>>) {
+    let mut router = RouterSocket::new();
+    let rep = router.bind("tcp://127.0.0.1:0").await.unwrap();
+    let requests: Arc<Mutex<Vec<u64>>> = Arc::default();
+    let reqs = requests.clone();
+    tokio::spawn(async move {
+        while let Ok(msg) = router.recv().await {
+            let frames = msg.into_vec();
+            let id = frames[0].clone();
+            let Ok(start) = frames.last().unwrap()[..]
+                .try_into()
+                .map(u64::from_be_bytes)
+            else {
+                continue;
+            };
+            reqs.lock().unwrap().push(start);
+            let items: Vec<(u64, Bytes)> = buffer
+                .lock()
+                .unwrap()
+                .range(start..)
+                .map(|(k, v)| (*k, v.clone()))
+                .collect();
+            for (s, body) in items {
+                let f = vec![
+                    id.clone(),
+                    Bytes::new(),
+                    Bytes::from_static(b"kv"),
+                    Bytes::copy_from_slice(&s.to_be_bytes()),
+                    body,
+                ];
+                router.send(ZmqMessage::try_from(f).unwrap()).await.unwrap();
+            }
+            let end = vec![
+                id,
+                Bytes::new(),
+                Bytes::new(),
+                Bytes::from_static(&[0xFF; 8]),
+                Bytes::new(),
+            ];
+            router
+                .send(ZmqMessage::try_from(end).unwrap())
+                .await
+                .unwrap();
+        }
+    });
+    (rep.to_string(), requests)
+}
+
+/// Block `i` of a chain of one-block batches: tokens `16i+1 ..= 16i+16`, engine hash 0x500+i,
+/// parent 0x500+i-1.
+fn chain_batch(i: u32) -> Bytes {
+    let parent = if i == 0 {
+        Value::Nil
+    } else {
+        Value::from(0x500 + u64::from(i) - 1)
+    };
+    payload(
+        9000.0 + f64::from(i),
+        vec![map_stored(
+            vec![Value::from(0x500 + u64::from(i))],
+            parent,
+            (i * 16 + 1)..=(i * 16 + 16),
+        )],
+    )
+}
+
+async fn wait_index(d: &Double, n: usize) -> usize {
+    for _ in 0..300 {
+        if d.index().len() >= n {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    d.index().len()
+}
+
+fn chain_prefixes(n: u32) -> Vec<Vec<u8>> {
+    prefix_hashes(&u32s(1..=n * 16), 16, None)
+        .into_iter()
+        .map(|h| h.to_be_bytes().to_vec())
+        .collect()
+}
+
+/// Issue 12 item 6: the subscriber is killed mid-stream (SIGKILL), the engine keeps publishing,
+/// the subscriber is restarted with the same `--state-file` and, without any further live
+/// batch, fetches what it missed from the replay socket: every batch is indexed, chained
+/// correctly, and a later live batch is in order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn restarted_subscriber_catches_up_from_its_state_file() {
+    let (addr, double) = start_double().await;
+    let mut pub_sock = PubSocket::new();
+    let ep = pub_sock.bind("tcp://127.0.0.1:0").await.unwrap();
+    let buffer: Arc<Mutex<BTreeMap<u64, Bytes>>> = Arc::default();
+    let (rep, requests) = replay_router(buffer.clone()).await;
+    let dir = std::env::temp_dir().join(format!("kvevent-e2e-state-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let state = dir.join("state");
+    let _ = std::fs::remove_file(&state);
+    let flags = [
+        "--replay-endpoint",
+        &rep,
+        "--state-file",
+        state.to_str().unwrap(),
+        "--tail-probe-interval",
+        "300ms",
+        "--ack-interval",
+        "100ms",
+    ];
+    let sub = spawn_subscriber(&ep.to_string(), addr, &flags);
+    let first = warm_up(&mut pub_sock, &sub).await;
+    // Batches 0..5 of the chain, live (and buffered for replay, as the engine does).
+    let mut seq = first;
+    for i in 0..5 {
+        buffer.lock().unwrap().insert(seq, chain_batch(i));
+        publish(&mut pub_sock, seq, chain_batch(i)).await;
+        seq += 1;
+    }
+    assert_eq!(wait_index(&double, 5).await, 5);
+    // The state file catches up with the acknowledgement (ack interval 100 ms).
+    let want_line = format!("v1 6b76 0 {}", seq - 1);
+    for _ in 0..100 {
+        if std::fs::read_to_string(&state)
+            .unwrap_or_default()
+            .contains(&want_line)
+        {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(
+        std::fs::read_to_string(&state)
+            .unwrap()
+            .contains(&want_line)
+    );
+    drop(sub); // SIGKILL: no drain, no final state write
+
+    // The engine keeps publishing while no subscriber listens.
+    for i in 5..10 {
+        buffer.lock().unwrap().insert(seq, chain_batch(i));
+        publish(&mut pub_sock, seq, chain_batch(i)).await;
+        seq += 1;
+    }
+    let asked_before = requests.lock().unwrap().len();
+    let sub = spawn_subscriber(&ep.to_string(), addr, &flags);
+    assert_eq!(
+        wait_index(&double, 10).await,
+        10,
+        "every batch indexed after the restart"
+    );
+    let idx = double.index();
+    for (i, p) in chain_prefixes(10).into_iter().enumerate() {
+        let key = ("r1".to_string(), String::new(), p);
+        assert_eq!(
+            idx.get(&key),
+            Some(&(16 * (i as i32 + 1), CacheTier::T1 as i32)),
+            "block {i}"
+        );
+    }
+    // The first request after the restart starts at 0: batches up to the remembered seq rebuild
+    // the reverse map (so block 5 chains onto block 4), the rest are indexed.
+    assert_eq!(requests.lock().unwrap().get(asked_before), Some(&0));
+    assert_eq!(
+        sub_metric(&sub, "kvevent_lost_tail_batches_total").await,
+        5.0
+    );
+    // A live batch after the catch-up is in order: no gap, no restart, no clear.
+    buffer.lock().unwrap().insert(seq, chain_batch(10));
+    publish(&mut pub_sock, seq, chain_batch(10)).await;
+    assert_eq!(wait_index(&double, 11).await, 11);
+    assert_eq!(sub_metric(&sub, "kvevent_seq_gaps_total").await, 0.0);
+    assert_eq!(sub_metric(&sub, "kvevent_engine_restarts_total").await, 0.0);
+    assert!(double.traffic().iter().all(|r| !matches!(r, Rec::Event(_))));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Issue 12 item 6: batches the engine published but the subscriber never received, followed by
+/// a quiet spell (a lost tail), are found by the replay probe and indexed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lost_tail_is_recovered_by_the_replay_probe() {
+    let (addr, double) = start_double().await;
+    let mut pub_sock = PubSocket::new();
+    let ep = pub_sock.bind("tcp://127.0.0.1:0").await.unwrap();
+    let buffer: Arc<Mutex<BTreeMap<u64, Bytes>>> = Arc::default();
+    let (rep, _) = replay_router(buffer.clone()).await;
+    let sub = spawn_subscriber(
+        &ep.to_string(),
+        addr,
+        &["--replay-endpoint", &rep, "--tail-probe-interval", "300ms"],
+    );
+    let seq = warm_up(&mut pub_sock, &sub).await;
+    buffer.lock().unwrap().insert(seq, chain_batch(0));
+    publish(&mut pub_sock, seq, chain_batch(0)).await;
+    assert_eq!(wait_index(&double, 1).await, 1);
+    // Two more batches reach only the engine's buffer (dropped on the way), then silence.
+    buffer.lock().unwrap().insert(seq + 1, chain_batch(1));
+    buffer.lock().unwrap().insert(seq + 2, chain_batch(2));
+    assert_eq!(wait_index(&double, 3).await, 3, "lost tail recovered");
+    assert_eq!(
+        sub_metric(&sub, "kvevent_lost_tail_batches_total").await,
+        2.0
+    );
+    // Their live copies arriving late are duplicates, not an engine restart.
+    publish(&mut pub_sock, seq + 1, chain_batch(1)).await;
+    publish(&mut pub_sock, seq + 2, chain_batch(2)).await;
+    buffer.lock().unwrap().insert(seq + 3, chain_batch(3));
+    publish(&mut pub_sock, seq + 3, chain_batch(3)).await;
+    assert_eq!(wait_index(&double, 4).await, 4);
+    assert_eq!(sub_metric(&sub, "kvevent_engine_restarts_total").await, 0.0);
+    assert_eq!(
+        sub_metric(&sub, "kvevent_dropped_total{reason=\"duplicate_batch\"}").await,
+        2.0
+    );
+    assert!(double.traffic().iter().all(|r| !matches!(r, Rec::Event(_))));
+}
+
+/// Issue 12: content the server keeps refusing (RESOURCE_EXHAUSTED) is re-sent a bounded number
+/// of times, then dropped and counted; delivery of later data continues.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refused_content_is_not_resent_forever() {
+    use std::sync::atomic::Ordering;
+    let (addr, double) = start_double().await;
+    let mut pub_sock = PubSocket::new();
+    let ep = pub_sock.bind("tcp://127.0.0.1:0").await.unwrap();
+    let sub = spawn_subscriber(&ep.to_string(), addr, &[]);
+    let seq = warm_up(&mut pub_sock, &sub).await;
+    double.refuse.store(true, Ordering::SeqCst);
+    publish(
+        &mut pub_sock,
+        seq,
+        payload(
+            9500.0,
+            vec![map_stored(vec![Value::from(1u64)], Value::Nil, 1..=16)],
+        ),
+    )
+    .await;
+    let dropped = "kvevent_dropped_total{reason=\"refused_by_server\"}";
+    for _ in 0..200 {
+        if sub_metric(&sub, dropped).await >= 1.0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(sub_metric(&sub, dropped).await, 1.0);
+    let attempts = double.refused.load(Ordering::SeqCst);
+    assert!((5..=6).contains(&attempts), "{attempts} refused streams");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(
+        double.refused.load(Ordering::SeqCst),
+        attempts,
+        "no more re-sends"
+    );
+    // The server accepts again: new data flows.
+    double.refuse.store(false, Ordering::SeqCst);
+    publish(
+        &mut pub_sock,
+        seq + 1,
+        payload(
+            9501.0,
+            vec![map_stored(vec![Value::from(2u64)], Value::Nil, 17..=32)],
+        ),
+    )
+    .await;
+    assert_eq!(wait_index(&double, 1).await, 1);
+}
+
+/// Issue 12: the engine restarted while the subscriber was down (its replay buffer now ends
+/// below the last seq the subscriber delivered): the restarted subscriber clears the replica
+/// and indexes the new engine's batches instead of taking them for already-delivered ones.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn engine_restart_while_the_subscriber_was_down_clears_the_replica() {
+    let (addr, double) = start_double().await;
+    let mut pub_sock = PubSocket::new();
+    let ep = pub_sock.bind("tcp://127.0.0.1:0").await.unwrap();
+    let buffer: Arc<Mutex<BTreeMap<u64, Bytes>>> = Arc::default();
+    let (rep, _) = replay_router(buffer.clone()).await;
+    let dir = std::env::temp_dir().join(format!("kvevent-e2e-restart-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let state = dir.join("state");
+    let _ = std::fs::remove_file(&state);
+    let flags = [
+        "--replay-endpoint",
+        &rep,
+        "--state-file",
+        state.to_str().unwrap(),
+        "--ack-interval",
+        "100ms",
+        "--tail-probe-interval",
+        "60s",
+    ];
+    let sub = spawn_subscriber(&ep.to_string(), addr, &flags);
+    let mut seq = warm_up(&mut pub_sock, &sub).await;
+    for i in 0..3 {
+        buffer.lock().unwrap().insert(seq, chain_batch(i));
+        publish(&mut pub_sock, seq, chain_batch(i)).await;
+        seq += 1;
+    }
+    assert_eq!(wait_index(&double, 3).await, 3);
+    let want_line = format!("v1 6b76 0 {}", seq - 1);
+    for _ in 0..100 {
+        if std::fs::read_to_string(&state)
+            .unwrap_or_default()
+            .contains(&want_line)
+        {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    drop(sub);
+    // The engine restarts (seq from 0, empty cache) and stores two new blocks.
+    buffer.lock().unwrap().clear();
+    buffer.lock().unwrap().insert(0, chain_batch(10));
+    buffer.lock().unwrap().insert(1, chain_batch(11));
+    let sub = spawn_subscriber(&ep.to_string(), addr, &flags);
+    for _ in 0..200 {
+        if sub_metric(&sub, "kvevent_engine_restarts_total").await >= 1.0
+            && double.index().len() == 2
+        {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(sub_metric(&sub, "kvevent_engine_restarts_total").await, 1.0);
+    let idx = double.index();
+    let new = prefix_hashes(&u32s(161..=192), 16, None);
+    assert_eq!(idx.len(), 2, "{idx:?}");
+    assert!(idx.contains_key(&("r1".into(), String::new(), new[0].to_be_bytes().to_vec())));
+    // Their live copies arriving late are duplicates, not a second restart.
+    publish(&mut pub_sock, 0, chain_batch(10)).await;
+    publish(&mut pub_sock, 1, chain_batch(11)).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(sub_metric(&sub, "kvevent_engine_restarts_total").await, 1.0);
+    assert_eq!(double.index().len(), 2);
+    let _ = std::fs::remove_dir_all(&dir);
 }

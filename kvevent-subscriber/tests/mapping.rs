@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex};
 use bytes::Bytes;
 use inferencecache_fingerprint::prefix_hashes;
 use inferencecache_proto::v1alpha1::{CacheTier, PrefixEntry};
-use kvevent_subscriber::decode::{Batch, BlockRemoved, BlockStored, EngineHash, Event};
+use kvevent_subscriber::decode::{Batch, BlockRemoved, BlockStored, EngineHash, Event, ExtraKey};
 use kvevent_subscriber::ingest::Processor;
 use kvevent_subscriber::mapping::{Mapper, MappingConfig, Op, PublisherState, ts_to_us};
 use kvevent_subscriber::metrics::Metrics;
@@ -384,16 +384,26 @@ fn extra_keys_and_other_groups_are_not_indexed() {
     let (m, mut st, metrics) = setup(cfg());
     let all = tokens(0..48);
     let mut e = stored(&[1, 2, 3], None, all);
-    e.extra_keys = vec![false, true, false];
+    e.extra_keys = vec![None, Some(vec![ExtraKey::Multimodal]), None];
     let ops = run(&m, &mut st, 1.0, vec![Event::BlockStored(e)]);
-    // Block 0 is plain; block 1 carries extras (e.g. an image hash) and block 2 descends from it.
+    // Block 0 is plain; block 1 carries an image hash and block 2 descends from it.
     assert!(matches!(&ops[..], [Op::Add { entries, .. }] if entries.len() == 1));
-    assert_eq!(metrics.dropped("extra_keys"), 2);
+    assert_eq!(metrics.dropped("multimodal"), 2);
 
     let mut g = stored(&[9], None, tokens(0..16));
     g.group_idx = Some(1);
     assert!(run(&m, &mut st, 1.0, vec![Event::BlockStored(g)]).is_empty());
     assert_eq!(metrics.dropped("other_kv_group"), 1);
+
+    // The configured group itself is a sliding-window group: not indexed either.
+    let mut w = stored(&[10], None, tokens(100..116));
+    w.group_idx = Some(0);
+    w.kv_cache_spec_kind = Some("sliding_window".into());
+    assert!(run(&m, &mut st, 1.0, vec![Event::BlockStored(w)]).is_empty());
+    assert_eq!(metrics.dropped("not_full_attention"), 1);
+    let mut f = stored(&[11], None, tokens(200..216));
+    f.kv_cache_spec_kind = Some("full_attention".into());
+    assert_eq!(run(&m, &mut st, 1.0, vec![Event::BlockStored(f)]).len(), 1);
 }
 
 #[test]
@@ -478,4 +488,49 @@ async fn processor_restart_clears_and_gap_is_counted() {
     assert!(out.is_empty());
     assert_eq!(metrics.dropped("bad_frames"), 1);
     assert_eq!(metrics.dropped("undecodable_batch"), 1);
+}
+
+/// Issue 12: memory stays bounded when batches arrive from ever new data-parallel ranks.
+#[tokio::test]
+async fn unknown_dp_ranks_are_bounded() {
+    let metrics = Metrics::new();
+    let mut p = Processor::new(
+        Mapper::new(cfg(), metrics.clone()),
+        None,
+        metrics.clone(),
+        Arc::new(Mutex::new(BTreeSet::new())),
+    )
+    .with_max_publishers(2);
+    let ranked = |rank: i64| {
+        let mut payload = Vec::new();
+        rmpv::encode::write_value(
+            &mut payload,
+            &Value::Array(vec![
+                Value::F64(10.0),
+                Value::Array(vec![stored_value(rank as u64, 0..16)]),
+                Value::from(rank),
+            ]),
+        )
+        .unwrap();
+        vec![
+            Bytes::from_static(b"kv"),
+            Bytes::copy_from_slice(&0u64.to_be_bytes()),
+            Bytes::from(payload),
+        ]
+    };
+    let mut out = Vec::new();
+    for rank in 0..1000 {
+        p.handle_frames(&ranked(rank), &mut out).await;
+    }
+    assert_eq!(out.len(), 2, "only the first two ranks are tracked");
+    assert_eq!(metrics.dropped("too_many_publishers"), 998);
+    assert_eq!(metrics.reverse_map_entries.get(), 2);
+    // A tracked rank keeps working.
+    out.clear();
+    p.handle_frames(&ranked(1), &mut out).await;
+    assert_eq!(
+        out.len(),
+        2,
+        "restart (seq 0 again) clears, then adds: {out:?}"
+    );
 }
