@@ -8,6 +8,7 @@ const LAYERS: &[&[&str]] = &[
     &["cli"],
     &["admin"],
     &["grpc"],
+    &["templates"],
     &["lookup"],
     &["tokenizer"],
     &["runtime"],

@@ -142,6 +142,25 @@ pub const MAX_MODEL_DIR_DEPTH: usize = 16;
 /// Most tokenizer models loaded.
 pub const MAX_TOKENIZER_MODELS: usize = 256;
 
+// ---- Tenant templates (RenderTemplate) -------------------------------------------------------
+
+/// Largest template source accepted by `PUT /templates/{tenant}/{ref}`.
+pub const MAX_TEMPLATE_BYTES: usize = 64 * 1024;
+/// Largest `PUT /templates/...` body: the source JSON-escaped (at most 6 bytes per byte for
+/// `\u00XX`) plus the envelope.
+pub const MAX_TEMPLATE_BODY_BYTES: usize = 6 * MAX_TEMPLATE_BYTES + 4096;
+/// Longest template revision (and tokenizer model id) in a registration.
+pub const MAX_TEMPLATE_REVISION_BYTES: usize = 256;
+/// Templates one tenant may register.
+pub const MAX_TEMPLATES_PER_TENANT: usize = 256;
+/// Templates registered in the whole process.
+pub const MAX_TEMPLATES: usize = 4096;
+/// Work budget of one render (minijinja fuel: about one unit per instruction and per 64 bytes
+/// created); bounds both the time a render takes on a serving core and the memory it allocates.
+pub const TEMPLATE_RENDER_FUEL: u64 = 50_000;
+/// Largest rendered prompt: the `prompt_text` limit, so a rendered prompt can be sent as is.
+pub const MAX_RENDERED_PROMPT_BYTES: usize = MAX_PROMPT_TEXT_BYTES;
+
 // ---- How the limits relate ------------------------------------------------------------------
 
 const _: () = assert!(
@@ -157,6 +176,12 @@ const _: () = assert!(
     "prompt fits a message"
 );
 const _: () = assert!(MAX_PROBE_BODY_BYTES < MAX_POLICY_BODY_BYTES);
+const _: () = assert!(MAX_TEMPLATES_PER_TENANT <= MAX_TEMPLATES);
+const _: () = assert!(MAX_TEMPLATE_BYTES < MAX_TEMPLATE_BODY_BYTES);
+const _: () = assert!(
+    MAX_RENDERED_PROMPT_BYTES < MAX_MESSAGE_BYTES,
+    "a rendered prompt fits the answer"
+);
 const _: () = assert!(DEFAULT_TOKENIZER_WORKERS <= MAX_TOKENIZER_WORKERS);
 const _: () = assert!(AUTH_NEGATIVE_CACHE_TTL.as_secs() <= AUTH_CACHE_TTL.as_secs());
 const _: () = assert!(

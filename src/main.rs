@@ -24,6 +24,7 @@ mod runtime;
 mod shard;
 mod startup;
 mod sys;
+mod templates;
 mod tokenizer;
 
 /// mimalloc: per-thread heaps for the per-request prost/h2 allocations (see Cargo.toml).

@@ -138,6 +138,7 @@ fn start(cli: &Cli) -> Result<Server, StartupError> {
     admin.spawn(admin::http::serve(http_listener, admin::public));
     let controller = Arc::new(admin::Controller {
         auth: controller_auth,
+        engine_block_size: cli::engine_block_size(cli),
     });
     admin.spawn(admin::http::serve(snapshot_listener, controller.handler()));
     Ok(Server { runtime, admin })

@@ -44,12 +44,11 @@ fn ack() -> Response<pb::Ack> {
 impl InferenceCache for CacheService {
     async fn render_template(
         &self,
-        _request: Request<pb::RenderTemplateRequest>,
+        request: Request<pb::RenderTemplateRequest>,
     ) -> Result<Response<pb::RenderTemplateResponse>, Status> {
-        Ok(Response::new(pb::RenderTemplateResponse {
-            reason_code: "OK".into(),
-            ..Default::default()
-        }))
+        Ok(Response::new(crate::templates::render(
+            request.into_inner(),
+        )))
     }
 
     async fn lookup_route(

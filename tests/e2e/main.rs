@@ -40,6 +40,8 @@ mod metrics;
 mod prompt_text;
 /// Bad input over real sockets must not crash, wedge or corrupt the server.
 mod robustness;
+/// RenderTemplate with tenant templates registered on the controller-facing listener.
+mod templates;
 /// TLS on the gRPC port, rotation.
 mod tls;
 /// `token_ids` input and its fingerprint.
