@@ -8,7 +8,7 @@ const LAYERS: &[&[&str]] = &[
     &["cli"],
     &["admin"],
     &["grpc"],
-    &["templates"],
+    &["templates", "pd"],
     &["lookup"],
     &["tokenizer"],
     &["runtime"],

@@ -161,6 +161,18 @@ pub const TEMPLATE_RENDER_FUEL: u64 = 50_000;
 /// Largest rendered prompt: the `prompt_text` limit, so a rendered prompt can be sent as is.
 pub const MAX_RENDERED_PROMPT_BYTES: usize = MAX_PROMPT_TEXT_BYTES;
 
+// ---- Prefill/decode topologies (LookupPDRoute) ------------------------------------------------
+
+/// Topologies registered in the whole process (`PUT /pd-topologies/{tenant}/{ref}`).
+pub const MAX_PD_TOPOLOGIES: usize = 1024;
+/// Replicas one pool (prefill or decode) of a topology may list.
+pub const MAX_PD_POOL_REPLICAS: usize = 256;
+/// Largest `PUT /pd-topologies/...` body (two full pools of the longest names fit).
+pub const MAX_PD_TOPOLOGY_BODY_BYTES: usize = 1 << 20;
+/// How much less loaded (in reported `pressure`, 0..1) a decode replica that holds the request's
+/// prefix counts when the decode replica is picked. A tuning constant, not a resource bound.
+pub const PD_DECODE_AFFINITY_BONUS: f32 = 0.1;
+
 // ---- How the limits relate ------------------------------------------------------------------
 
 const _: () = assert!(
@@ -177,6 +189,10 @@ const _: () = assert!(
 );
 const _: () = assert!(MAX_PROBE_BODY_BYTES < MAX_POLICY_BODY_BYTES);
 const _: () = assert!(MAX_TEMPLATES_PER_TENANT <= MAX_TEMPLATES);
+const _: () = assert!(
+    2 * MAX_PD_POOL_REPLICAS * (MAX_ID_BYTES + 8) < MAX_PD_TOPOLOGY_BODY_BYTES,
+    "two full pools of the longest names fit a topology body"
+);
 const _: () = assert!(MAX_TEMPLATE_BYTES < MAX_TEMPLATE_BODY_BYTES);
 const _: () = assert!(
     MAX_RENDERED_PROMPT_BYTES < MAX_MESSAGE_BYTES,

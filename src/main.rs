@@ -20,6 +20,7 @@ mod limits;
 mod logging;
 mod lookup;
 mod metrics;
+mod pd;
 mod runtime;
 mod shard;
 mod startup;

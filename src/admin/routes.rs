@@ -11,7 +11,10 @@ use http::{Method, Request, Response, StatusCode};
 use http_body_util::Full;
 use hyper::body::Incoming;
 
-use crate::limits::{MAX_POLICY_BODY_BYTES, MAX_PROBE_BODY_BYTES, MAX_TEMPLATE_BODY_BYTES};
+use crate::limits::{
+    MAX_PD_TOPOLOGY_BODY_BYTES, MAX_POLICY_BODY_BYTES, MAX_PROBE_BODY_BYTES,
+    MAX_TEMPLATE_BODY_BYTES,
+};
 
 use super::auth::ControllerAuth;
 use super::http::{
@@ -101,6 +104,14 @@ impl Controller {
                     }
                     return handle_templates(req, rest.to_string(), self.engine_block_size).await;
                 }
+                if let Some(rest) = path.strip_prefix("/pd-topologies/") {
+                    if let Some(a) = auth
+                        && let Err(r) = a.policy.check(req.headers()).await
+                    {
+                        return r;
+                    }
+                    return handle_pd_topologies(req, rest.to_string()).await;
+                }
                 not_found()
             }
         }
@@ -161,6 +172,63 @@ async fn handle_templates(req: Request<Incoming>, rest: String, block_size: i32)
                     text_owned(StatusCode::BAD_REQUEST, format!("{e}\n"))
                 }
                 Err(crate::templates::PutError::Full(e)) => {
+                    text_owned(StatusCode::CONFLICT, format!("{e}\n"))
+                }
+            }
+        }
+        _ => method_not_allowed("GET, PUT, DELETE"),
+    }
+}
+
+/// `/pd-topologies/{tenant}` (`GET`: list) and `/pd-topologies/{tenant}/{ref}` (`GET`, `PUT`,
+/// `DELETE`).
+async fn handle_pd_topologies(req: Request<Incoming>, rest: String) -> Resp {
+    let Some((tenant, reference)) = tenant_and_ref(&rest) else {
+        return not_found();
+    };
+    let Some(reference) = reference else {
+        if req.method() != Method::GET {
+            return method_not_allowed("GET");
+        }
+        return json(StatusCode::OK, crate::pd::list_json(tenant));
+    };
+    match *req.method() {
+        Method::GET => match crate::pd::get_json(tenant, reference) {
+            Some(body) => json(StatusCode::OK, body),
+            None => not_found(),
+        },
+        Method::DELETE => {
+            if crate::pd::delete(tenant, reference) {
+                no_content()
+            } else {
+                not_found()
+            }
+        }
+        Method::PUT => {
+            let body = match read_limited(req.into_body(), MAX_PD_TOPOLOGY_BODY_BYTES).await {
+                Ok(b) if b.len() > MAX_PD_TOPOLOGY_BODY_BYTES => {
+                    crate::metrics::record_limit_hit("pd_topology_bytes");
+                    return text_owned(
+                        StatusCode::BAD_REQUEST,
+                        format!(
+                            "decode pd topology: body larger than {MAX_PD_TOPOLOGY_BODY_BYTES} bytes\n"
+                        ),
+                    );
+                }
+                Ok(b) => b,
+                Err(e) => {
+                    return text_owned(
+                        StatusCode::BAD_REQUEST,
+                        format!("decode pd topology: {e}\n"),
+                    );
+                }
+            };
+            match crate::pd::put(tenant, reference, &body) {
+                Ok(()) => no_content(),
+                Err(crate::pd::PutError::Invalid(e)) => {
+                    text_owned(StatusCode::BAD_REQUEST, format!("{e}\n"))
+                }
+                Err(crate::pd::PutError::Full(e)) => {
                     text_owned(StatusCode::CONFLICT, format!("{e}\n"))
                 }
             }

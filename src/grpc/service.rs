@@ -64,12 +64,15 @@ impl InferenceCache for CacheService {
 
     async fn lookup_pd_route(
         &self,
-        _request: Request<pb::LookupPdRouteRequest>,
+        request: Request<pb::LookupPdRouteRequest>,
     ) -> Result<Response<pb::LookupPdRouteResponse>, Status> {
-        Ok(Response::new(pb::LookupPdRouteResponse {
-            reason_code: "NO_HINT".into(),
-            ..Default::default()
-        }))
+        let start = Instant::now();
+        let deadline = super::deadline::from_metadata(request.metadata(), start);
+        let block_size = self.cfg.engine_block_size;
+        let req = request.into_inner();
+        Ok(Response::new(
+            crate::pd::lookup_pd_route(req, start, deadline, block_size).await,
+        ))
     }
 
     async fn get_cache_state(

@@ -36,6 +36,8 @@ mod lfu;
 mod lookup_basics;
 /// The /metrics exposition.
 mod metrics;
+/// LookupPDRoute with prefill/decode topologies registered on the controller-facing listener.
+mod pd;
 /// `prompt_text` input through a real tokenizer: echo, fail-open, saturation, deadlines.
 mod prompt_text;
 /// Bad input over real sockets must not crash, wedge or corrupt the server.
