@@ -8,7 +8,7 @@ const LAYERS: &[&[&str]] = &[
     &["cli"],
     &["admin"],
     &["grpc"],
-    &["templates", "pd"],
+    &["templates", "pd", "feeds"],
     &["lookup"],
     &["tokenizer"],
     &["runtime"],

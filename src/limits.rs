@@ -173,6 +173,24 @@ pub const MAX_PD_TOPOLOGY_BODY_BYTES: usize = 1 << 20;
 /// prefix counts when the decode replica is picked. A tuning constant, not a resource bound.
 pub const PD_DECODE_AFFINITY_BONUS: f32 = 0.1;
 
+// ---- Streams (StreamCacheEvents, StreamMetrics) -----------------------------------------------
+
+/// Upper bound on `--max-event-subscribers` (concurrent StreamCacheEvents subscribers).
+pub const MAX_EVENT_SUBSCRIBERS: usize = 256;
+/// Changes queued per StreamCacheEvents subscriber; past it the subscriber is lagging: it gets
+/// what is queued and then `RESOURCE_EXHAUSTED`, and publishing never waits for it.
+pub const EVENT_SUBSCRIBER_BUFFER: usize = 4096;
+/// Upper bound on `--max-metric-subscribers` (concurrent StreamMetrics subscribers).
+pub const MAX_METRIC_SUBSCRIBERS: usize = 64;
+/// How often StreamMetrics sends the requested series.
+pub const METRIC_STREAM_INTERVAL: Duration = Duration::from_secs(1);
+/// Names one StreamMetrics request may list.
+pub const MAX_METRIC_STREAM_NAMES: usize = 64;
+/// Series one StreamMetrics subscriber gets per interval.
+pub const MAX_METRIC_STREAM_SERIES: usize = 4096;
+/// Series queued per StreamMetrics subscriber (two intervals' worth).
+pub const METRIC_STREAM_BUFFER: usize = 2 * MAX_METRIC_STREAM_SERIES;
+
 // ---- How the limits relate ------------------------------------------------------------------
 
 const _: () = assert!(

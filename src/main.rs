@@ -13,6 +13,7 @@
 
 mod admin;
 mod cli;
+mod feeds;
 mod grpc;
 #[cfg(test)]
 mod layering;

@@ -31,7 +31,7 @@ impl CacheService {
     }
 }
 
-type EmptyStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send>>;
+type BoxStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send>>;
 
 fn ack() -> Response<pb::Ack> {
     Response::new(pb::Ack {
@@ -118,13 +118,18 @@ impl InferenceCache for CacheService {
                 continue;
             }
             let core = owner(&update.tenant_id, &update.model_id);
-            let applied = mailbox::call(core, move |st| st.ingest(&update))
+            // The update travels back with the answer, so the change feed can publish it
+            // without a copy.
+            let (applied, update) = mailbox::call(core, move |st| (st.ingest(&update), update))
                 .await
                 .map_err(|_| {
                     Status::unavailable("owner core unavailable (stalled or shutting down)")
                 })?;
-            if let Err(why) = applied {
-                refused.get_or_insert(why);
+            match applied {
+                Ok(()) => crate::feeds::events::publish_ingest(&update),
+                Err(why) => {
+                    refused.get_or_insert(why);
+                }
             }
         }
         Ok(match refused {
@@ -147,25 +152,36 @@ impl InferenceCache for CacheService {
         let core = owner(&event.tenant_id, &event.model_id);
         // An event that cannot be delivered (shutdown) is still acknowledged: PublishEvent never
         // returns an error in the contract.
-        let _ = mailbox::call(core, move |st| st.apply_event(&event)).await;
+        if let Ok(event) = mailbox::call(core, move |st| {
+            st.apply_event(&event);
+            event
+        })
+        .await
+        {
+            crate::feeds::events::publish_event(&event);
+        }
         Ok(ack())
     }
 
-    type StreamCacheEventsStream = EmptyStream<pb::CacheEvent>;
+    type StreamCacheEventsStream = BoxStream<pb::CacheEvent>;
 
     async fn stream_cache_events(
         &self,
-        _request: Request<pb::StreamEventsRequest>,
+        request: Request<pb::StreamEventsRequest>,
     ) -> Result<Response<Self::StreamCacheEventsStream>, Status> {
-        Ok(Response::new(Box::pin(futures_util::stream::empty())))
+        Ok(Response::new(crate::feeds::events::subscribe(
+            request.into_inner(),
+        )))
     }
 
-    type StreamMetricsStream = EmptyStream<pb::Metric>;
+    type StreamMetricsStream = BoxStream<pb::Metric>;
 
     async fn stream_metrics(
         &self,
-        _request: Request<pb::StreamMetricsRequest>,
+        request: Request<pb::StreamMetricsRequest>,
     ) -> Result<Response<Self::StreamMetricsStream>, Status> {
-        Ok(Response::new(Box::pin(futures_util::stream::empty())))
+        Ok(Response::new(crate::feeds::metrics::subscribe(
+            request.into_inner(),
+        )))
     }
 }

@@ -42,6 +42,8 @@ mod pd;
 mod prompt_text;
 /// Bad input over real sockets must not crash, wedge or corrupt the server.
 mod robustness;
+/// StreamCacheEvents and StreamMetrics.
+mod streams;
 /// RenderTemplate with tenant templates registered on the controller-facing listener.
 mod templates;
 /// TLS on the gRPC port, rotation.
