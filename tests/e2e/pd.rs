@@ -202,6 +202,29 @@ async fn pd_route_applies_policy_floors(shards: usize) {
 }
 shards_1_and_2!(pd_route_applies_policy_floors);
 
+/// TENANT_HOT: nobody holds the prefix, but a warm prefill replica (hit rate over the tenant-hot
+/// minimum) is the pool's best by LookupRoute's TENANT_HOT ranking; a warm replica outside the
+/// prefill pool is never the prefill pick.
+async fn pd_route_tenant_hot(shards: usize) {
+    let srv = Server::start(shards, &[]);
+    let mut c = srv.client().await;
+    assert_eq!(put(&srv, "/pd-topologies/t/topo", TOPOLOGY).status, 204);
+    let warm = |r: &str, hit: f32| {
+        let mut u = legacy_update(r, "t", "m", "vllm", b"other", 16);
+        u.stats = stats(hit, 0.0);
+        u
+    };
+    let updates = vec![warm("d1", 0.95), warm("p3", 0.8), warm("p1", 0.05)];
+    assert!(report(&mut c, updates).await.accepted);
+    let r = pd(&mut c, pd_req("t", "topo", b"novel")).await;
+    assert_eq!(
+        (r.prefill_replica_id.as_str(), r.reason_code.as_str()),
+        ("p3", "TENANT_HOT")
+    );
+    assert!(["d1", "d2"].contains(&r.decode_replica_id.as_str()));
+}
+shards_1_and_2!(pd_route_tenant_hot);
+
 /// An expired caller deadline fails open with NO_HINT (never an error status).
 async fn pd_route_deadline_fails_open(shards: usize) {
     let srv = Server::start(shards, &[]);
