@@ -422,8 +422,17 @@ fn render_inner(
         };
         return Some((resp, reason::TEMPLATE_NOT_FOUND));
     };
-    let vars: BTreeMap<String, String> = req.variables.into_iter().collect();
-    Some(match render_bounded(&t.env, Value::from(vars)) {
+    Some(answer(&t, req.tenant_id, req.variables))
+}
+
+/// Renders `t` for `tenant` with `variables` (the registered-template answer).
+fn answer(
+    t: &Template,
+    tenant: String,
+    variables: HashMap<String, String>,
+) -> (pb::RenderTemplateResponse, &'static str) {
+    let vars: BTreeMap<String, String> = variables.into_iter().collect();
+    match render_bounded(&t.env, Value::from(vars)) {
         Ok(text) => {
             let stable_prefix_hash = if text.starts_with(&t.stable_prefix) {
                 t.stable_prefix_hash.clone()
@@ -433,7 +442,7 @@ fn render_inner(
             let resp = pb::RenderTemplateResponse {
                 rendered_prompt: text.into_bytes(),
                 stable_prefix_hash,
-                tenant_namespace: req.tenant_id.into_bytes(),
+                tenant_namespace: tenant.into_bytes(),
                 reason_code: reason::OK.into(),
                 template_revision: t.revision.clone(),
             };
@@ -448,14 +457,14 @@ fn render_inner(
                 RenderFailure::Template => {}
             }
             let resp = pb::RenderTemplateResponse {
-                tenant_namespace: req.tenant_id.into_bytes(),
+                tenant_namespace: tenant.into_bytes(),
                 reason_code: reason::RENDER_ERROR.into(),
                 template_revision: t.revision.clone(),
                 ..Default::default()
             };
             (resp, reason::RENDER_ERROR)
         }
-    })
+    }
 }
 
 #[cfg(test)]

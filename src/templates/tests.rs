@@ -130,3 +130,32 @@ fn no_filesystem_and_raise_exception_fail_the_render() {
         Err(RenderFailure::Template)
     );
 }
+
+#[test]
+fn a_render_that_does_not_start_with_the_stable_prefix_gets_no_hash() {
+    // The sentinels are always defined, so the probe renders take the first branch.
+    let mut t = compiled("{% if q is defined %}Question: {% else %}Nothing{% endif %}{{ q }}");
+    assert_eq!(t.stable_prefix, "Question: ");
+    t.stable_prefix_hash = vec![7; 8];
+    let vars = |pairs: &[(&str, &str)]| {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect::<HashMap<String, String>>()
+    };
+    let (r, code) = answer(&t, "t".into(), vars(&[("q", "why")]));
+    assert_eq!(
+        (code, r.rendered_prompt.as_slice()),
+        ("OK", &b"Question: why"[..])
+    );
+    assert_eq!(r.stable_prefix_hash, vec![7; 8]);
+    let (r, code) = answer(&t, "t".into(), vars(&[]));
+    assert_eq!(
+        (code, r.rendered_prompt.as_slice()),
+        ("OK", &b"Nothing"[..])
+    );
+    assert!(
+        r.stable_prefix_hash.is_empty(),
+        "another branch: no stable prefix hash"
+    );
+}

@@ -241,6 +241,17 @@ async fn pd_route_deadline_fails_open(shards: usize) {
     r.set_timeout(Duration::from_secs(10));
     let resp = raw.lookup_pd_route(r).await.expect("no error").into_inner();
     assert_eq!(resp.reason_code, "PREFIX_MATCH");
+    // 1,024 topologies in all: the next one is refused (409); replacing one still works.
+    for i in 1..1024 {
+        let r = put(&srv, &format!("/pd-topologies/t{}/x{i}", i % 7), TOPOLOGY);
+        assert_eq!(r.status, 204, "{i}: {}", r.body);
+    }
+    assert_eq!(put(&srv, "/pd-topologies/t/one-more", TOPOLOGY).status, 409);
+    assert_eq!(put(&srv, "/pd-topologies/t/topo", TOPOLOGY).status, 204);
+    assert_metric_line(
+        &metrics_text(&srv),
+        r#"inferencecache_limit_hits_total{limit="pd_topologies"} 1"#,
+    );
 }
 shards_1_and_2!(pd_route_deadline_fails_open);
 

@@ -285,7 +285,27 @@ async fn render_template_errors_and_limits(shards: usize) {
         405
     );
 
+    // 256 templates per tenant: the 257th is refused (409); replacing one still works.
+    for i in 0..256 {
+        let r = put(&srv, &format!("/templates/full/t{i}"), &body("x", "r", ""));
+        assert_eq!(r.status, 204, "{i}: {}", r.body);
+    }
+    let r = put(&srv, "/templates/full/one-more", &body("x", "r", ""));
+    assert_eq!(r.status, 409, "{}", r.body);
+    assert_eq!(
+        put(&srv, "/templates/full/t0", &body("y", "r2", "")).status,
+        204
+    );
+    assert_eq!(
+        put(&srv, "/templates/other/t0", &body("y", "r2", "")).status,
+        204
+    );
+
     let text = metrics_text(&srv);
+    assert_metric_line(
+        &text,
+        r#"inferencecache_limit_hits_total{limit="templates_per_tenant"} 1"#,
+    );
     for limit in [
         "template_render_fuel",
         "template_rendered_bytes",
