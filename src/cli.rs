@@ -87,6 +87,13 @@ pub struct Cli {
     /// TTL sweep interval in milliseconds (the reference's fixed 1 min). Hidden test knob.
     #[arg(long, default_value_t = 60_000, hide = true)]
     pub sweep_interval_ms: u64,
+    /// Concurrent StreamCacheEvents subscribers (at most 256); 0 keeps the reference's stub
+    /// (the stream closes at once).
+    #[arg(long, default_value_t = 0)]
+    pub max_event_subscribers: usize,
+    /// Concurrent StreamMetrics subscribers (at most 64); 0 keeps the reference's stub.
+    #[arg(long, default_value_t = 0)]
+    pub max_metric_subscribers: usize,
     /// File holding a static bearer token accepted on the controller-facing listener, for
     /// deployments without Kubernetes TokenReview. Counts as "auth configured"; may be combined
     /// with --allowed-controller-sa (either source of trust is accepted).

@@ -8,6 +8,7 @@ const LAYERS: &[&[&str]] = &[
     &["cli"],
     &["admin"],
     &["grpc"],
+    &["templates", "pd", "feeds"],
     &["lookup"],
     &["tokenizer"],
     &["runtime"],

@@ -163,6 +163,55 @@ pub const MAX_MODEL_DIR_DEPTH: usize = 16;
 /// Most tokenizer models loaded.
 pub const MAX_TOKENIZER_MODELS: usize = 256;
 
+// ---- Tenant templates (RenderTemplate) -------------------------------------------------------
+
+/// Largest template source accepted by `PUT /templates/{tenant}/{ref}`.
+pub const MAX_TEMPLATE_BYTES: usize = 64 * 1024;
+/// Largest `PUT /templates/...` body: the source JSON-escaped (at most 6 bytes per byte for
+/// `\u00XX`) plus the envelope.
+pub const MAX_TEMPLATE_BODY_BYTES: usize = 6 * MAX_TEMPLATE_BYTES + 4096;
+/// Longest template revision (and tokenizer model id) in a registration.
+pub const MAX_TEMPLATE_REVISION_BYTES: usize = 256;
+/// Templates one tenant may register.
+pub const MAX_TEMPLATES_PER_TENANT: usize = 256;
+/// Templates registered in the whole process.
+pub const MAX_TEMPLATES: usize = 4096;
+/// Work budget of one render (minijinja fuel: about one unit per instruction and per 64 bytes
+/// created); bounds both the time a render takes on a serving core and the memory it allocates.
+pub const TEMPLATE_RENDER_FUEL: u64 = 50_000;
+/// Largest rendered prompt: the `prompt_text` limit, so a rendered prompt can be sent as is.
+pub const MAX_RENDERED_PROMPT_BYTES: usize = MAX_PROMPT_TEXT_BYTES;
+
+// ---- Prefill/decode topologies (LookupPDRoute) ------------------------------------------------
+
+/// Topologies registered in the whole process (`PUT /pd-topologies/{tenant}/{ref}`).
+pub const MAX_PD_TOPOLOGIES: usize = 1024;
+/// Replicas one pool (prefill or decode) of a topology may list.
+pub const MAX_PD_POOL_REPLICAS: usize = 256;
+/// Largest `PUT /pd-topologies/...` body (two full pools of the longest names fit).
+pub const MAX_PD_TOPOLOGY_BODY_BYTES: usize = 1 << 20;
+/// How much less loaded (in reported `pressure`, 0..1) a decode replica that holds the request's
+/// prefix counts when the decode replica is picked. A tuning constant, not a resource bound.
+pub const PD_DECODE_AFFINITY_BONUS: f32 = 0.1;
+
+// ---- Streams (StreamCacheEvents, StreamMetrics) -----------------------------------------------
+
+/// Upper bound on `--max-event-subscribers` (concurrent StreamCacheEvents subscribers).
+pub const MAX_EVENT_SUBSCRIBERS: usize = 256;
+/// Changes queued per StreamCacheEvents subscriber; past it the subscriber is lagging: it gets
+/// what is queued and then `RESOURCE_EXHAUSTED`, and publishing never waits for it.
+pub const EVENT_SUBSCRIBER_BUFFER: usize = 4096;
+/// Upper bound on `--max-metric-subscribers` (concurrent StreamMetrics subscribers).
+pub const MAX_METRIC_SUBSCRIBERS: usize = 64;
+/// How often StreamMetrics sends the requested series.
+pub const METRIC_STREAM_INTERVAL: Duration = Duration::from_secs(1);
+/// Names one StreamMetrics request may list.
+pub const MAX_METRIC_STREAM_NAMES: usize = 64;
+/// Series one StreamMetrics subscriber gets per interval.
+pub const MAX_METRIC_STREAM_SERIES: usize = 4096;
+/// Series queued per StreamMetrics subscriber (two intervals' worth).
+pub const METRIC_STREAM_BUFFER: usize = 2 * MAX_METRIC_STREAM_SERIES;
+
 // ---- How the limits relate ------------------------------------------------------------------
 
 const _: () = assert!(
@@ -196,6 +245,16 @@ const _: () = assert!(MAX_STRINGS <= 1 << 24, "replica ids are stored in 24 bits
 const _: () = assert!(
     RECLAIM_ON_FULL_INTERVAL_NS > 0 && RECLAIM_ON_FULL_INTERVAL_NS <= 60_000_000_000,
     "a full table reclaims more often than the once-a-minute sweep"
+);
+const _: () = assert!(MAX_TEMPLATES_PER_TENANT <= MAX_TEMPLATES);
+const _: () = assert!(
+    2 * MAX_PD_POOL_REPLICAS * (MAX_ID_BYTES + 8) < MAX_PD_TOPOLOGY_BODY_BYTES,
+    "two full pools of the longest names fit a topology body"
+);
+const _: () = assert!(MAX_TEMPLATE_BYTES < MAX_TEMPLATE_BODY_BYTES);
+const _: () = assert!(
+    MAX_RENDERED_PROMPT_BYTES < MAX_MESSAGE_BYTES,
+    "a rendered prompt fits the answer"
 );
 const _: () = assert!(DEFAULT_TOKENIZER_WORKERS <= MAX_TOKENIZER_WORKERS);
 const _: () = assert!(AUTH_NEGATIVE_CACHE_TTL.as_secs() <= AUTH_CACHE_TTL.as_secs());

@@ -13,6 +13,7 @@
 
 mod admin;
 mod cli;
+mod feeds;
 mod grpc;
 #[cfg(test)]
 mod layering;
@@ -20,10 +21,12 @@ mod limits;
 mod logging;
 mod lookup;
 mod metrics;
+mod pd;
 mod runtime;
 mod shard;
 mod startup;
 mod sys;
+mod templates;
 mod tokenizer;
 
 /// mimalloc: per-thread heaps for the per-request prost/h2 allocations (see Cargo.toml).

@@ -16,7 +16,7 @@ use crate::limits::{HTTP_SHUTDOWN_BUDGET, MAX_STRINGS};
 use crate::lookup::LookupConfig;
 use crate::runtime::{self, Runtime, RuntimeConfig, admin_thread};
 use crate::shard::CoreState;
-use crate::{grpc, logging, metrics, tokenizer};
+use crate::{feeds, grpc, logging, metrics, tokenizer};
 
 /// Why the server did not start; each maps to the reference's exit code.
 #[derive(Debug)]
@@ -128,6 +128,8 @@ fn start(cli: &Cli) -> Result<Server, StartupError> {
             .map_err(|e| StartupError::fatal("grpc_tls_load", e))?;
     }
     metrics::set_grpc_tls_enabled(settings.grpc_tls);
+    feeds::configure(cli.max_event_subscribers, cli.max_metric_subscribers);
+    feeds::metrics::set_scraper(|| Box::pin(admin::render_metrics()));
     let admin = admin_thread::start();
     let (http_listener, snapshot_listener) = bind_http(cli, &admin)?;
     let runtime = start_runtime(cli, settings.shards)?;
@@ -138,6 +140,7 @@ fn start(cli: &Cli) -> Result<Server, StartupError> {
     admin.spawn(admin::http::serve(http_listener, admin::public));
     let controller = Arc::new(admin::Controller {
         auth: controller_auth,
+        engine_block_size: cli::engine_block_size(cli),
     });
     admin.spawn(admin::http::serve(snapshot_listener, controller.handler()));
     Ok(Server { runtime, admin })

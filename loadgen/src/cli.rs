@@ -206,6 +206,9 @@ pub struct MeasureArgs {
     /// How lookups identify the prompt.
     #[arg(long, value_enum, default_value_t = LookupInput::Chain)]
     pub lookup_input: LookupInput,
+    /// With `--lookup-input pd`: the `pd_topology_ref` of every LookupPDRoute.
+    #[arg(long, default_value = "loadgen-pd")]
+    pub pd_topology: String,
     /// Count lookups slower than this many ms (repeatable), like lookupTimeoutMs budgets.
     #[arg(long = "budget-ms")]
     pub budget_ms: Vec<f64>,

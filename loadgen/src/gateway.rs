@@ -8,7 +8,9 @@
 use std::time::Duration;
 
 use inferencecache_proto::v1alpha1::inference_cache_client::InferenceCacheClient;
-use inferencecache_proto::v1alpha1::{LookupRouteRequest, LookupRouteResponse};
+use inferencecache_proto::v1alpha1::{
+    LookupPdRouteRequest, LookupPdRouteResponse, LookupRouteRequest, LookupRouteResponse,
+};
 use serde::Serialize;
 use tokio::time::Instant;
 use tonic::transport::Channel;
@@ -27,6 +29,10 @@ pub enum LookupInput {
     /// Legacy exact key: `prefix_hash` = last full block's hash, `prefix_token_count` = its
     /// cumulative token count.
     Exact,
+    /// The exact key sent as `LookupPDRoute` (prefill/decode routing) against the topology
+    /// `--pd-topology`, which must be registered on the server for every tenant. The report's
+    /// `LookupRoute` row then measures the LookupPDRoute calls.
+    Pd,
 }
 
 /// The `LookupRoute` request for `spec`.
@@ -56,7 +62,7 @@ pub fn lookup_request(
         LookupInput::Tokens => {
             req.token_ids = spec.tokens[..spec.n_tokens].to_vec();
         }
-        LookupInput::Exact => {
+        LookupInput::Exact | LookupInput::Pd => {
             if n > 0 {
                 req.prefix_hash = spec.hashes[n - 1].to_be_bytes().to_vec();
                 req.prefix_token_count = (n as u64 * block_size as u64) as i32;
@@ -86,6 +92,52 @@ pub async fn lookup(
                 reason: &resp.reason_code,
                 scores: resp.replica_scores.len(),
                 top_matched_tokens: resp.replica_scores.first().map_or(0, |s| s.matched_tokens),
+                prompt_tokens,
+            });
+            Some(resp)
+        }
+        Ok(Err(st)) => {
+            rec.record_error(Rpc::LookupRoute, st.code());
+            None
+        }
+        Err(_) => {
+            rec.record_error(Rpc::LookupRoute, tonic::Code::DeadlineExceeded);
+            None
+        }
+    }
+}
+
+/// The `LookupPDRoute` request for an exact lookup request against `topology`.
+pub fn pd_request(req: LookupRouteRequest, topology: &str) -> LookupPdRouteRequest {
+    LookupPdRouteRequest {
+        model_id: req.model_id,
+        tenant_id: req.tenant_id,
+        prefix_hash: req.prefix_hash,
+        prefix_token_count: req.prefix_token_count,
+        pd_topology_ref: topology.to_string(),
+    }
+}
+
+/// Sends one LookupPDRoute like [`lookup`] sends a LookupRoute, recorded in the lookup series
+/// (one "score" when a prefill replica is named).
+pub async fn lookup_pd(
+    mut client: InferenceCacheClient<Channel>,
+    req: LookupPdRouteRequest,
+    prompt_tokens: u64,
+    timeout: Duration,
+    from: Instant,
+    rec: &Recorder,
+) -> Option<LookupPdRouteResponse> {
+    let mut request = tonic::Request::new(req);
+    request.set_timeout(timeout);
+    match tokio::time::timeout(timeout, client.lookup_pd_route(request)).await {
+        Ok(Ok(resp)) => {
+            rec.record_ok(Rpc::LookupRoute, from);
+            let resp = resp.into_inner();
+            rec.record_lookup(LookupOutcome {
+                reason: &resp.reason_code,
+                scores: usize::from(!resp.prefill_replica_id.is_empty()),
+                top_matched_tokens: 0,
                 prompt_tokens,
             });
             Some(resp)

@@ -109,6 +109,8 @@ pub struct WindowConfig {
     pub bounds: Bounds,
     /// Lookup input kind.
     pub input: LookupInput,
+    /// `pd_topology_ref` of LookupPDRoute calls (`LookupInput::Pd`).
+    pub pd_topology: String,
     /// Budgets counted.
     pub budgets: Vec<Duration>,
     /// Unary deadline.
@@ -195,6 +197,7 @@ struct LookupMaker {
     scheme: String,
     block_size: u32,
     input: LookupInput,
+    pd_topology: Arc<str>,
     timeout: Duration,
 }
 
@@ -215,6 +218,7 @@ impl LookupMaker {
             rec: rec.clone(),
             producers: producers.clone(),
             input: cfg.input,
+            pd_topology: cfg.pd_topology.as_str().into(),
             timeout: cfg.rpc_timeout,
             wgen,
         }
@@ -229,8 +233,17 @@ impl LookupMaker {
         let (rec, producers) = (self.rec.clone(), self.producers.clone());
         let prompt_tokens = (spec.n_blocks as u64) * bs as u64;
         let timeout = self.timeout;
+        let pd = (self.input == LookupInput::Pd).then(|| self.pd_topology.clone());
         async move {
-            gateway::lookup(client, req, prompt_tokens, timeout, t.intended, &rec).await;
+            match pd {
+                Some(topology) => {
+                    let req = gateway::pd_request(req, &topology);
+                    gateway::lookup_pd(client, req, prompt_tokens, timeout, t.intended, &rec).await;
+                }
+                None => {
+                    gateway::lookup(client, req, prompt_tokens, timeout, t.intended, &rec).await;
+                }
+            }
             // The prompt now "executes" on its replica, which caches its blocks.
             if let Some(p) = &producers {
                 p.try_store(spec.replica, spec.store_op());
@@ -374,6 +387,7 @@ pub async fn cmd_run(a: RunArgs) -> Result<Report, Error> {
         load,
         bounds,
         input: a.measure.lookup_input,
+        pd_topology: a.measure.pd_topology.clone(),
         budgets: s.budgets,
         rpc_timeout: s.rpc_timeout,
         max_inflight: a.measure.max_inflight,
@@ -477,6 +491,7 @@ fn capacity_step_config(a: &CapacityArgs, s: &Setup, rate: f64) -> WindowConfig 
             duration: Some(Duration::from_secs_f64(a.step_duration)),
         },
         input: a.measure.lookup_input,
+        pd_topology: a.measure.pd_topology.clone(),
         budgets: s.budgets.clone(),
         rpc_timeout: s.rpc_timeout,
         max_inflight: a.measure.max_inflight,

@@ -25,6 +25,9 @@ struct Double {
     updates: AtomicU64,
     evictions: AtomicU64,
     stats: AtomicU64,
+    /// LookupPDRoute calls, and the topology refs they named.
+    pd_calls: AtomicU64,
+    pd_refs: Mutex<BTreeSet<String>>,
 }
 
 /// The service handle: shares the state with the test body.
@@ -105,11 +108,17 @@ impl InferenceCache for Svc {
 
     async fn lookup_pd_route(
         &self,
-        _: Request<LookupPdRouteRequest>,
+        req: Request<LookupPdRouteRequest>,
     ) -> Result<Response<LookupPdRouteResponse>, Status> {
+        let r = req.into_inner();
+        self.pd_calls.fetch_add(1, Ordering::Relaxed);
+        let exact = !r.prefix_hash.is_empty() && r.prefix_token_count > 0;
+        self.pd_refs.lock().unwrap().insert(r.pd_topology_ref);
         Ok(Response::new(LookupPdRouteResponse {
-            reason_code: "NO_HINT".into(),
-            ..Default::default()
+            prefill_replica_id: if exact { "p".into() } else { String::new() },
+            decode_replica_id: if exact { "d".into() } else { String::new() },
+            transport_hint: String::new(),
+            reason_code: if exact { "PREFIX_MATCH" } else { "NO_HINT" }.into(),
         }))
     }
 
@@ -371,6 +380,31 @@ fn loadgen_runs_against_an_in_test_server() {
     check(&r, "diffuse");
     assert!(double.updates.load(Ordering::Relaxed) > 0);
     assert!(double.stats.load(Ordering::Relaxed) > 0);
+
+    // Prefill/decode routing: the exact key sent as LookupPDRoute against the named topology.
+    let mut args = small.to_vec();
+    args.extend([
+        "--lookup-input",
+        "pd",
+        "--pd-topology",
+        "my-pd",
+        "--concurrency",
+        "2",
+        "--requests",
+        "100",
+    ]);
+    let r = loadgen(addr, "pd", &args);
+    check(&r, "pd");
+    assert_eq!(r["lookup_input"], "pd");
+    assert_eq!(
+        r["rpcs"]["LookupRoute"]["count"], 100,
+        "the lookup row measures LookupPDRoute"
+    );
+    assert_eq!(double.pd_calls.load(Ordering::Relaxed), 100);
+    assert_eq!(
+        *double.pd_refs.lock().unwrap(),
+        BTreeSet::from(["my-pd".to_string()])
+    );
 
     // Capacity: every step passes a generous budget, so the search climbs to --max-rate.
     let mut args = small.to_vec();

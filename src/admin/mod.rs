@@ -12,3 +12,4 @@ mod scrape;
 mod snapshot;
 
 pub use routes::{Controller, public, set_ready};
+pub use scrape::render as render_metrics;

@@ -11,7 +11,10 @@ use http::{Method, Request, Response, StatusCode};
 use http_body_util::Full;
 use hyper::body::Incoming;
 
-use crate::limits::{MAX_POLICY_BODY_BYTES, MAX_PROBE_BODY_BYTES};
+use crate::limits::{
+    MAX_PD_TOPOLOGY_BODY_BYTES, MAX_POLICY_BODY_BYTES, MAX_PROBE_BODY_BYTES,
+    MAX_TEMPLATE_BODY_BYTES,
+};
 
 use super::auth::ControllerAuth;
 use super::http::{
@@ -49,6 +52,8 @@ pub async fn public(req: Request<Incoming>) -> Result<Resp, Infallible> {
 pub struct Controller {
     /// `None` = `--insecure-disable-auth`.
     pub auth: Option<ControllerAuth>,
+    /// `--engine-block-size`, for the templates' `stable_prefix_hash`.
+    pub engine_block_size: i32,
 }
 
 impl Controller {
@@ -62,7 +67,8 @@ impl Controller {
 
     async fn handle(&self, req: Request<Incoming>) -> Resp {
         let auth = self.auth.as_ref();
-        match req.uri().path() {
+        let path = req.uri().path().to_string();
+        match path.as_str() {
             "/snapshot" => {
                 if let Some(a) = auth
                     && let Err(r) = a.snapshot.check(req.headers()).await
@@ -87,9 +93,155 @@ impl Controller {
                 }
                 handle_probe(req).await
             }
-            _ => not_found(),
+            path => {
+                if let Some(rest) = path.strip_prefix("/templates/") {
+                    // Registrations change what the server answers, like a policy: they are
+                    // authenticated exactly like `/policy` (its audience and counters).
+                    if let Some(a) = auth
+                        && let Err(r) = a.policy.check(req.headers()).await
+                    {
+                        return r;
+                    }
+                    return handle_templates(req, rest.to_string(), self.engine_block_size).await;
+                }
+                if let Some(rest) = path.strip_prefix("/pd-topologies/") {
+                    if let Some(a) = auth
+                        && let Err(r) = a.policy.check(req.headers()).await
+                    {
+                        return r;
+                    }
+                    return handle_pd_topologies(req, rest.to_string()).await;
+                }
+                not_found()
+            }
         }
     }
+}
+
+/// Splits `{tenant}` or `{tenant}/{ref}` (the ref may contain `/`); empty parts are refused.
+fn tenant_and_ref(rest: &str) -> Option<(&str, Option<&str>)> {
+    match rest.split_once('/') {
+        None if !rest.is_empty() => Some((rest, None)),
+        Some((t, r)) if !t.is_empty() && !r.is_empty() => Some((t, Some(r))),
+        _ => None,
+    }
+}
+
+/// `/templates/{tenant}` (`GET`: list) and `/templates/{tenant}/{ref}` (`GET`, `PUT`, `DELETE`).
+async fn handle_templates(req: Request<Incoming>, rest: String, block_size: i32) -> Resp {
+    let Some((tenant, reference)) = tenant_and_ref(&rest) else {
+        return not_found();
+    };
+    let Some(reference) = reference else {
+        if req.method() != Method::GET {
+            return method_not_allowed("GET");
+        }
+        return json(StatusCode::OK, crate::templates::list_json(tenant));
+    };
+    match *req.method() {
+        Method::GET => match crate::templates::get_json(tenant, reference) {
+            Some(body) => json(StatusCode::OK, body),
+            None => not_found(),
+        },
+        Method::DELETE => {
+            if crate::templates::delete(tenant, reference) {
+                no_content()
+            } else {
+                not_found()
+            }
+        }
+        Method::PUT => {
+            let body = match read_limited(req.into_body(), MAX_TEMPLATE_BODY_BYTES).await {
+                Ok(b) if b.len() > MAX_TEMPLATE_BODY_BYTES => {
+                    crate::metrics::record_limit_hit("template_bytes");
+                    return text_owned(
+                        StatusCode::BAD_REQUEST,
+                        format!(
+                            "decode template: body larger than {MAX_TEMPLATE_BODY_BYTES} bytes\n"
+                        ),
+                    );
+                }
+                Ok(b) => b,
+                Err(e) => {
+                    return text_owned(StatusCode::BAD_REQUEST, format!("decode template: {e}\n"));
+                }
+            };
+            match crate::templates::put(tenant, reference, &body, block_size) {
+                Ok(()) => no_content(),
+                Err(crate::templates::PutError::Invalid(e)) => {
+                    text_owned(StatusCode::BAD_REQUEST, format!("{e}\n"))
+                }
+                Err(crate::templates::PutError::Full(e)) => {
+                    text_owned(StatusCode::CONFLICT, format!("{e}\n"))
+                }
+            }
+        }
+        _ => method_not_allowed("GET, PUT, DELETE"),
+    }
+}
+
+/// `/pd-topologies/{tenant}` (`GET`: list) and `/pd-topologies/{tenant}/{ref}` (`GET`, `PUT`,
+/// `DELETE`).
+async fn handle_pd_topologies(req: Request<Incoming>, rest: String) -> Resp {
+    let Some((tenant, reference)) = tenant_and_ref(&rest) else {
+        return not_found();
+    };
+    let Some(reference) = reference else {
+        if req.method() != Method::GET {
+            return method_not_allowed("GET");
+        }
+        return json(StatusCode::OK, crate::pd::list_json(tenant));
+    };
+    match *req.method() {
+        Method::GET => match crate::pd::get_json(tenant, reference) {
+            Some(body) => json(StatusCode::OK, body),
+            None => not_found(),
+        },
+        Method::DELETE => {
+            if crate::pd::delete(tenant, reference) {
+                no_content()
+            } else {
+                not_found()
+            }
+        }
+        Method::PUT => {
+            let body = match read_limited(req.into_body(), MAX_PD_TOPOLOGY_BODY_BYTES).await {
+                Ok(b) if b.len() > MAX_PD_TOPOLOGY_BODY_BYTES => {
+                    crate::metrics::record_limit_hit("pd_topology_bytes");
+                    return text_owned(
+                        StatusCode::BAD_REQUEST,
+                        format!(
+                            "decode pd topology: body larger than {MAX_PD_TOPOLOGY_BODY_BYTES} bytes\n"
+                        ),
+                    );
+                }
+                Ok(b) => b,
+                Err(e) => {
+                    return text_owned(
+                        StatusCode::BAD_REQUEST,
+                        format!("decode pd topology: {e}\n"),
+                    );
+                }
+            };
+            match crate::pd::put(tenant, reference, &body) {
+                Ok(()) => no_content(),
+                Err(crate::pd::PutError::Invalid(e)) => {
+                    text_owned(StatusCode::BAD_REQUEST, format!("{e}\n"))
+                }
+                Err(crate::pd::PutError::Full(e)) => {
+                    text_owned(StatusCode::CONFLICT, format!("{e}\n"))
+                }
+            }
+        }
+        _ => method_not_allowed("GET, PUT, DELETE"),
+    }
+}
+
+fn no_content() -> Resp {
+    Response::builder()
+        .status(StatusCode::NO_CONTENT)
+        .body(Full::new(Bytes::new()))
+        .expect("204")
 }
 
 /// `GET /snapshot` (§14): gather every core's part, merge, render.

@@ -31,7 +31,7 @@ impl CacheService {
     }
 }
 
-type EmptyStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send>>;
+type BoxStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send>>;
 
 fn ack() -> Response<pb::Ack> {
     Response::new(pb::Ack {
@@ -44,12 +44,11 @@ fn ack() -> Response<pb::Ack> {
 impl InferenceCache for CacheService {
     async fn render_template(
         &self,
-        _request: Request<pb::RenderTemplateRequest>,
+        request: Request<pb::RenderTemplateRequest>,
     ) -> Result<Response<pb::RenderTemplateResponse>, Status> {
-        Ok(Response::new(pb::RenderTemplateResponse {
-            reason_code: "OK".into(),
-            ..Default::default()
-        }))
+        Ok(Response::new(crate::templates::render(
+            request.into_inner(),
+        )))
     }
 
     async fn lookup_route(
@@ -65,12 +64,15 @@ impl InferenceCache for CacheService {
 
     async fn lookup_pd_route(
         &self,
-        _request: Request<pb::LookupPdRouteRequest>,
+        request: Request<pb::LookupPdRouteRequest>,
     ) -> Result<Response<pb::LookupPdRouteResponse>, Status> {
-        Ok(Response::new(pb::LookupPdRouteResponse {
-            reason_code: "NO_HINT".into(),
-            ..Default::default()
-        }))
+        let start = Instant::now();
+        let deadline = super::deadline::from_metadata(request.metadata(), start);
+        let block_size = self.cfg.engine_block_size;
+        let req = request.into_inner();
+        Ok(Response::new(
+            crate::pd::lookup_pd_route(req, start, deadline, block_size).await,
+        ))
     }
 
     async fn get_cache_state(
@@ -116,13 +118,18 @@ impl InferenceCache for CacheService {
                 continue;
             }
             let core = owner(&update.tenant_id, &update.model_id);
-            let applied = mailbox::call(core, move |st| st.ingest(&update))
+            // The update travels back with the answer, so the change feed can publish it
+            // without a copy.
+            let (applied, update) = mailbox::call(core, move |st| (st.ingest(&update), update))
                 .await
                 .map_err(|_| {
                     Status::unavailable("owner core unavailable (stalled or shutting down)")
                 })?;
-            if let Err(why) = applied {
-                refused.get_or_insert(why);
+            match applied {
+                Ok(()) => crate::feeds::events::publish_ingest(&update),
+                Err(why) => {
+                    refused.get_or_insert(why);
+                }
             }
         }
         Ok(match refused {
@@ -145,25 +152,36 @@ impl InferenceCache for CacheService {
         let core = owner(&event.tenant_id, &event.model_id);
         // An event that cannot be delivered (shutdown) is still acknowledged: PublishEvent never
         // returns an error in the contract.
-        let _ = mailbox::call(core, move |st| st.apply_event(&event)).await;
+        if let Ok(event) = mailbox::call(core, move |st| {
+            st.apply_event(&event);
+            event
+        })
+        .await
+        {
+            crate::feeds::events::publish_event(&event);
+        }
         Ok(ack())
     }
 
-    type StreamCacheEventsStream = EmptyStream<pb::CacheEvent>;
+    type StreamCacheEventsStream = BoxStream<pb::CacheEvent>;
 
     async fn stream_cache_events(
         &self,
-        _request: Request<pb::StreamEventsRequest>,
+        request: Request<pb::StreamEventsRequest>,
     ) -> Result<Response<Self::StreamCacheEventsStream>, Status> {
-        Ok(Response::new(Box::pin(futures_util::stream::empty())))
+        Ok(Response::new(crate::feeds::events::subscribe(
+            request.into_inner(),
+        )))
     }
 
-    type StreamMetricsStream = EmptyStream<pb::Metric>;
+    type StreamMetricsStream = BoxStream<pb::Metric>;
 
     async fn stream_metrics(
         &self,
-        _request: Request<pb::StreamMetricsRequest>,
+        request: Request<pb::StreamMetricsRequest>,
     ) -> Result<Response<Self::StreamMetricsStream>, Status> {
-        Ok(Response::new(Box::pin(futures_util::stream::empty())))
+        Ok(Response::new(crate::feeds::metrics::subscribe(
+            request.into_inner(),
+        )))
     }
 }

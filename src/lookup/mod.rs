@@ -15,7 +15,8 @@ use std::time::Instant;
 use inferencecache_index::policy::ResolvedPolicy;
 use inferencecache_proto::v1alpha1 as pb;
 
-pub use receive::lookup_route;
+pub use owner::{PoolQuery, rank_pool};
+pub use receive::{deadline_race, lookup_route};
 
 /// Process-wide, immutable configuration of the lookup path.
 #[derive(Debug, Clone)]

@@ -258,3 +258,74 @@ fn affinity_pick(
         ..Default::default()
     })
 }
+
+/// What [`rank_pool`] is asked: an exact-prefix request (LookupPDRoute's inputs) and the pool
+/// the answer must come from.
+pub struct PoolQuery<'a> {
+    /// The request's tenant.
+    pub tenant: &'a str,
+    /// The request's model.
+    pub model: &'a str,
+    /// The hash scheme the prefix was fingerprinted with (the topology's).
+    pub hash_scheme: &'a str,
+    /// The wire prefix fingerprint.
+    pub prefix_hash: &'a [u8],
+    /// The request's prefix token count.
+    pub prefix_token_count: i32,
+    /// The tenant's resolved policy.
+    pub policy: &'a ResolvedPolicy,
+    /// Block size for token-derived fingerprints (unused by exact requests; kept for symmetry).
+    pub block_size: i32,
+}
+
+/// LookupRoute's ranking restricted to a pool, for LookupPDRoute's prefill pick: the same input
+/// resolution, min-prefix gate, index call, strategy switches and floors (§10.2 steps 6–12,
+/// §10.6), with the floors applied to the scores of the replicas `in_pool` accepts. No affinity
+/// fallback (the caller picks within its pool); a delivered PREFIX_MATCH credits LFU for the
+/// pool's best replica only. Returns the strategy and the pool's scores, best first, plus every
+/// replica holding the prefix (any pool, after the matched-tokens floor).
+pub fn rank_pool(
+    st: &mut CoreState,
+    q: &PoolQuery<'_>,
+    in_pool: impl Fn(&str) -> bool,
+) -> (Strategy, Vec<pb::ReplicaScore>, Vec<String>) {
+    let req = pb::LookupRouteRequest {
+        tenant_id: q.tenant.to_string(),
+        hash_scheme: q.hash_scheme.to_string(),
+        prefix_hash: q.prefix_hash.to_vec(),
+        prefix_token_count: q.prefix_token_count,
+        ..Default::default()
+    };
+    let policy = q.policy;
+    let inputs = match resolve::resolve_inputs(&req, policy.enable_chain_matching, q.block_size) {
+        Resolution::Resolved(inputs) => inputs,
+        _ => return (Strategy::None, Vec::new(), Vec::new()),
+    };
+    let min_prefix = i64::from(policy.minimum_prefix_tokens);
+    let below_min = min_prefix > 0 && inputs.effective_prefix_tokens() < min_prefix;
+    if below_min && !policy.affinity_routing {
+        return (Strategy::None, Vec::new(), Vec::new());
+    }
+    let found = query_index(st, &req, q.model, "", &inputs, policy);
+    let holders: Vec<String> = found.scores.iter().map(|s| s.replica_id.clone()).collect();
+    let pool = Found {
+        strategy: found.strategy,
+        had_scores: found.had_scores,
+        scores: found
+            .scores
+            .into_iter()
+            .filter(|s| in_pool(&s.replica_id))
+            .collect(),
+    };
+    let strategy = gate_strategy(&pool, policy, below_min);
+    match strategy {
+        Strategy::PrefixMatch | Strategy::TenantHot if !pool.scores.is_empty() => {
+            if strategy == Strategy::PrefixMatch {
+                let best = pool.scores[0].replica_id.as_str();
+                st.index.credit_lfu(|r| r == best, &*st.policy);
+            }
+            (strategy, pool.scores, holders)
+        }
+        _ => (Strategy::None, Vec::new(), holders),
+    }
+}

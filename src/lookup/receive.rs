@@ -13,8 +13,9 @@ use crate::limits::MAX_ID_BYTES;
 use crate::runtime::mailbox::{self, HopError};
 use crate::shard::{owner, with_core};
 
-/// Resolves to `None` when `deadline` fires first, else to the work's output.
-async fn race<T>(
+/// Resolves to `None` when `deadline` fires first, else to the work's output (also used by
+/// LookupPDRoute).
+pub async fn deadline_race<T>(
     deadline: Option<Instant>,
     work: impl std::future::Future<Output = T> + Send,
 ) -> Option<T> {
@@ -152,7 +153,7 @@ async fn tokenize_prompt(
     // The text is only needed by the tokenizer: move it instead of copying up to 1 MiB.
     let text = std::mem::take(&mut req.prompt_text);
     let work = crate::tokenizer::global().tokenize_for_lookup(model, text);
-    match race(deadline, work).await {
+    match deadline_race(deadline, work).await {
         None => Err(envelope(reason::TIMEOUT, start, Vec::new())),
         Some(None) => Err(envelope(reason::NO_HINT, start, Vec::new())),
         Some(Some(tokens)) => Ok(Some(tokens)),
@@ -172,7 +173,7 @@ async fn ask_owner(call: OwnerCall) -> Answer {
     let core = owner(&call.req.tenant_id, &call.model);
     let fallback_model = call.model.clone();
     let work = mailbox::try_call(core, move |st| super::owner::answer(st, call));
-    match race(deadline, work).await {
+    match deadline_race(deadline, work).await {
         Some(Ok(done)) => done,
         None => (
             envelope(reason::TIMEOUT, start, echo_on_timeout.unwrap_or_default()),

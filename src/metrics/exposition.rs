@@ -302,6 +302,34 @@ fn operator_families<'a>(scrape: &'a Scrape, fams: &mut Vec<Family<'a>>) {
             }),
         ));
     }
+    let rpc_calls = &scrape.total.rpc_calls;
+    if !rpc_calls.is_empty() {
+        fams.push((
+            "inferencecache_rpc_calls",
+            "Calls of RenderTemplate, LookupPDRoute, StreamCacheEvents and StreamMetrics by reason code.",
+            MetricType::Counter,
+            Box::new(move |e| {
+                for ((rpc, reason), n) in rpc_calls {
+                    counter(e, &[("reason_code", reason), ("rpc", rpc)], *n)?;
+                }
+                Ok(())
+            }),
+        ));
+    }
+    let limit_hits = &scrape.total.limit_hits;
+    if !limit_hits.is_empty() {
+        fams.push((
+            "inferencecache_limit_hits",
+            "Requests, registrations or subscribers turned away or cut short by a named limit.",
+            MetricType::Counter,
+            Box::new(move |e| {
+                for (limit, n) in limit_hits {
+                    counter(e, &[("limit", limit)], *n)?;
+                }
+                Ok(())
+            }),
+        ));
+    }
     let clamped = scrape.total.timestamps_clamped;
     if clamped > 0 {
         fams.push((

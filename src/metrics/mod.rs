@@ -147,6 +147,10 @@ pub struct CoreMetrics {
     pub core_string_bytes: i64,
     /// Observations folded into [`OVERFLOW_LABEL`], per family.
     pub label_overflows: BTreeMap<&'static str, u64>,
+    /// Calls of the RPCs other than LookupRoute, per `(rpc, reason_code)` (fixed label values).
+    pub rpc_calls: BTreeMap<(&'static str, &'static str), u64>,
+    /// Times a named limit (`src/limits.rs`) turned work away or cut it short.
+    pub limit_hits: BTreeMap<&'static str, u64>,
 }
 
 impl CoreMetrics {
@@ -199,6 +203,12 @@ impl CoreMetrics {
         self.timestamps_clamped += other.timestamps_clamped;
         for (reason, n) in &other.ingest_refused {
             *self.ingest_refused.entry(reason).or_default() += n;
+        }
+        for (k, n) in &other.rpc_calls {
+            *self.rpc_calls.entry(*k).or_default() += n;
+        }
+        for (k, n) in &other.limit_hits {
+            *self.limit_hits.entry(k).or_default() += n;
         }
         self.inline += other.inline;
         self.hopped += other.hopped;
@@ -285,6 +295,19 @@ pub fn record_ingest(entries: u64) {
 /// One ingest message refused whole (`reason` is a fixed label value).
 pub fn record_ingest_refused(reason: &'static str) {
     with_store(|m| *m.ingest_refused.entry(reason).or_default() += 1);
+}
+
+/// One call of `rpc` (RenderTemplate, LookupPDRoute, StreamCacheEvents, StreamMetrics) answered
+/// with `reason_code`: `inferencecache_rpc_calls_total{rpc,reason_code}`. Both labels are fixed
+/// strings, so the family is bounded by construction.
+pub fn record_rpc(rpc: &'static str, reason_code: &'static str) {
+    with_store(|m| *m.rpc_calls.entry((rpc, reason_code)).or_default() += 1);
+}
+
+/// One hit of the limit named `limit` (`inferencecache_limit_hits_total{limit}`): a request,
+/// registration or subscriber turned away or cut short by a bound of `src/limits.rs`.
+pub fn record_limit_hit(limit: &'static str) {
+    with_store(|m| *m.limit_hits.entry(limit).or_default() += 1);
 }
 
 /// One producer timestamp (ingest or event) later than the allowed skew, clamped.

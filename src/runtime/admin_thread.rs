@@ -28,6 +28,12 @@ pub fn start() -> tokio::runtime::Handle {
     handle
 }
 
+/// The admin runtime's handle, once started (for tasks that belong off the cores, e.g. the
+/// StreamMetrics scrapes).
+pub fn handle() -> Option<&'static tokio::runtime::Handle> {
+    HANDLE.get()
+}
+
 /// Polls a future with the admin runtime entered, so `tokio::spawn` inside it lands on the
 /// admin thread instead of panicking on a glommio core.
 pub struct InAdminRuntime<F> {

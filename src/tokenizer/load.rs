@@ -113,6 +113,25 @@ impl Model {
         }
     }
 
+    /// Tokenizes `text` as is: no chat template, no added special tokens (special-token strings
+    /// in the text map to their ids, as in [`Model::encode_chat`]).
+    pub fn encode_text(&self, text: &str) -> Result<Vec<u32>, TokenizeError> {
+        match &self.backend {
+            Backend::Hf(hf) => hf
+                .tokenizer
+                .encode_fast(text, false)
+                .map(|e| e.get_ids().to_vec())
+                .map_err(|_| TokenizeError::Failed("encoding failed".into())),
+            Backend::Tiktoken(tk) => Ok(if tk.has_specials {
+                tk.bpe.encode_with_special_tokens(text)
+            } else {
+                tk.bpe.encode_ordinary(text)
+            }),
+            #[cfg(test)]
+            Backend::Fake(f) => f(text),
+        }
+    }
+
     /// Whether the model renders a chat template (false = raw-text fallback).
     pub fn has_chat_template(&self) -> bool {
         match &self.backend {

@@ -30,6 +30,7 @@ use std::task::{Context, Poll};
 
 pub use crate::limits::{MAX_CONCURRENT_TOKENIZE, MAX_PROMPT_TEXT_BYTES, MAX_TOKENS};
 pub use pool::PoolConfig;
+pub use template::hf_environment;
 
 /// Name prefix of the tokenizer worker threads, which catch a tokenizer's panic and answer the
 /// call as failed (the pool survives).
@@ -242,6 +243,22 @@ impl Tokenizers {
 }
 
 impl Tokenizers {
+    /// Tokenizes `text` as is (no chat template, no added special tokens) with `model`, on the
+    /// calling thread. For the admin thread only (template registration, whose text is bounded
+    /// by `MAX_TEMPLATE_BYTES`); never call it on a serving core.
+    pub fn encode_text_here(&self, model: &str, text: &str) -> Result<Vec<u32>, TokenizeError> {
+        let models = self
+            .inner
+            .models
+            .as_ref()
+            .ok_or(TokenizeError::Unavailable)?;
+        let model = models.get(model).ok_or(TokenizeError::UnknownModel)?;
+        if text.len() > MAX_PROMPT_TEXT_BYTES {
+            return Err(TokenizeError::Oversize);
+        }
+        model.encode_text(text)
+    }
+
     /// The LookupRoute `prompt_text` step (§10.3) in one call: admits the work now (on the
     /// caller's thread, non-blocking) and returns a `'static` future that yields the tokens, or
     /// `None` for every fail-open outcome — unavailable, unknown model, oversize, saturated,

@@ -154,8 +154,10 @@ impl Object for Message {
     }
 }
 
-/// An environment configured like `transformers`' chat-template sandbox.
-fn hf_environment() -> Result<Environment<'static>, String> {
+/// An environment configured like `transformers`' chat-template sandbox: no loader (so no
+/// `include`/`import` and no filesystem access), a recursion limit, HF's functions and filters.
+/// Also the engine of the tenant templates RenderTemplate serves (`src/templates`).
+pub fn hf_environment() -> Result<Environment<'static>, String> {
     let mut env = Environment::new();
     let syntax = minijinja::syntax::SyntaxConfig::builder()
         .trim_blocks(true)

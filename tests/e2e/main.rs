@@ -36,10 +36,16 @@ mod lfu;
 mod lookup_basics;
 /// The /metrics exposition.
 mod metrics;
+/// LookupPDRoute with prefill/decode topologies registered on the controller-facing listener.
+mod pd;
 /// `prompt_text` input through a real tokenizer: echo, fail-open, saturation, deadlines.
 mod prompt_text;
 /// Bad input over real sockets must not crash, wedge or corrupt the server.
 mod robustness;
+/// StreamCacheEvents and StreamMetrics.
+mod streams;
+/// RenderTemplate with tenant templates registered on the controller-facing listener.
+mod templates;
 /// TLS on the gRPC port, rotation.
 mod tls;
 /// `token_ids` input and its fingerprint.

@@ -1,0 +1,290 @@
+//! StreamCacheEvents: the live feed of index changes.
+//!
+//! What is published (after the owner core applied it): for every ReportCacheState message, one
+//! `PREFIX_ADDED` per prefix entry (its `prefix_hash`, or for a chain entry without one the last
+//! block hash; the entry's adapter or the message's) and one `REPLICA_UPDATED` when the message
+//! carries stats; every PublishEvent as received (`PREFIX_ADDED`, `PREFIX_EVICTED`,
+//! `REPLICA_UPDATED`, `ALL_CLEARED`). The timestamp is the producer's, or the server's clock when
+//! the producer sent none. Not published: the entries the index removes on its own (TTL sweep,
+//! global cap, tenant quota; they are counted in `inferencecache_index_evictions_total` and
+//! `inferencecache_tenant_evictions_total`), messages refused or not applied, and the probe
+//! tenant.
+
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, RwLock};
+use std::task::{Context, Poll};
+
+use crossbeam_queue::ArrayQueue;
+use futures_util::Stream;
+use futures_util::task::AtomicWaker;
+use inferencecache_proto::v1alpha1 as pb;
+use pb::cache_event::Type;
+use tonic::Status;
+
+use crate::limits::EVENT_SUBSCRIBER_BUFFER;
+
+/// The `rpc` label of `inferencecache_rpc_calls_total`.
+const RPC: &str = "StreamCacheEvents";
+
+/// One subscriber: its filter, its bounded queue, and how many changes it missed.
+struct Subscriber {
+    model: String,
+    tenant: String,
+    /// Bit `t` set = type `t` wanted (all when the request listed none).
+    types: u8,
+    queue: ArrayQueue<pb::CacheEvent>,
+    waker: AtomicWaker,
+    dropped: AtomicU64,
+}
+
+impl Subscriber {
+    fn matches(&self, model: &str, tenant: &str) -> bool {
+        (self.model.is_empty() || self.model == model)
+            && (self.tenant.is_empty() || self.tenant == tenant)
+    }
+
+    fn wants(&self, t: Type) -> bool {
+        self.types & (1 << t as u8) != 0
+    }
+
+    /// Queues `ev` without waiting; a full queue drops it and marks the subscriber lagging.
+    fn offer(&self, ev: pb::CacheEvent) {
+        if self.dropped.load(Ordering::Relaxed) > 0 {
+            // Lagging: its stream ends after what is queued; nothing more is queued.
+            self.dropped.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
+        if self.queue.push(ev).is_err() && self.dropped.fetch_add(1, Ordering::Relaxed) == 0 {
+            crate::metrics::record_limit_hit("event_subscriber_buffer");
+        }
+        self.waker.wake();
+    }
+
+    fn poll_next(&self, cx: &mut Context<'_>) -> Poll<Next> {
+        for _ in 0..2 {
+            if let Some(ev) = self.queue.pop() {
+                return Poll::Ready(Next::Event(ev));
+            }
+            let dropped = self.dropped.load(Ordering::Acquire);
+            if dropped > 0 {
+                return Poll::Ready(Next::Lagged(dropped));
+            }
+            self.waker.register(cx.waker());
+        }
+        Poll::Pending
+    }
+}
+
+enum Next {
+    Event(pb::CacheEvent),
+    Lagged(u64),
+}
+
+/// Subscribers in a list written only on subscribe/unsubscribe; [`SUBSCRIBED`] lets publishers
+/// skip it entirely (one relaxed load) while nobody listens.
+static SUBSCRIBERS: RwLock<Vec<Arc<Subscriber>>> = RwLock::new(Vec::new());
+static SUBSCRIBED: AtomicUsize = AtomicUsize::new(0);
+
+fn each_subscriber(model: &str, tenant: &str, mut f: impl FnMut(&Subscriber)) {
+    if SUBSCRIBED.load(Ordering::Relaxed) == 0 {
+        return;
+    }
+    let subs = SUBSCRIBERS.read().unwrap_or_else(|e| e.into_inner());
+    for s in subs.iter().filter(|s| s.matches(model, tenant)) {
+        f(s);
+    }
+}
+
+fn timestamp(us: i64) -> i64 {
+    if us > 0 {
+        us
+    } else {
+        crate::sys::clock::unix_now_ns() / 1_000
+    }
+}
+
+/// Publishes the changes of one applied ReportCacheState message (see the module comment).
+pub fn publish_ingest(u: &pb::CacheStateUpdate) {
+    each_subscriber(&u.model_id, &u.tenant_id, |s| {
+        let event = |t: Type, prefix_hash: Vec<u8>, adapter: &str| pb::CacheEvent {
+            r#type: t as i32,
+            replica_id: u.replica_id.clone(),
+            model_id: u.model_id.clone(),
+            tenant_id: u.tenant_id.clone(),
+            prefix_hash,
+            timestamp_us: timestamp(u.timestamp_us),
+            adapter_id: adapter.to_string(),
+        };
+        if s.wants(Type::PrefixAdded) {
+            for p in &u.prefixes {
+                let hash = if p.prefix_hash.is_empty() {
+                    p.block_hashes.last().cloned().unwrap_or_default()
+                } else {
+                    p.prefix_hash.clone()
+                };
+                let adapter = if p.adapter_id.is_empty() {
+                    &u.adapter_id
+                } else {
+                    &p.adapter_id
+                };
+                s.offer(event(Type::PrefixAdded, hash, adapter));
+            }
+        }
+        if u.stats.is_some() && s.wants(Type::ReplicaUpdated) {
+            s.offer(event(Type::ReplicaUpdated, Vec::new(), &u.adapter_id));
+        }
+    });
+}
+
+/// Publishes one applied PublishEvent.
+pub fn publish_event(e: &pb::CacheEvent) {
+    let Ok(t) = Type::try_from(e.r#type) else {
+        return;
+    };
+    if t == Type::Unspecified {
+        return;
+    }
+    each_subscriber(&e.model_id, &e.tenant_id, |s| {
+        if s.wants(t) {
+            let mut ev = e.clone();
+            ev.timestamp_us = timestamp(e.timestamp_us);
+            s.offer(ev);
+        }
+    });
+}
+
+/// Removes its subscriber when the stream is dropped (client gone, stream ended).
+struct Registration(Arc<Subscriber>);
+
+impl Drop for Registration {
+    fn drop(&mut self) {
+        let mut subs = SUBSCRIBERS.write().unwrap_or_else(|e| e.into_inner());
+        subs.retain(|s| !Arc::ptr_eq(s, &self.0));
+        SUBSCRIBED.store(subs.len(), Ordering::Relaxed);
+    }
+}
+
+/// A boxed stream of events (or the final status).
+pub type EventStream = Pin<Box<dyn Stream<Item = Result<pb::CacheEvent, Status>> + Send>>;
+
+/// Answers one StreamCacheEvents call: the reference's stub while the feed is off, otherwise a
+/// subscription (refused with `RESOURCE_EXHAUSTED` past the subscriber cap).
+pub fn subscribe(req: pb::StreamEventsRequest) -> EventStream {
+    let cap = super::event_cap();
+    if cap == 0 {
+        return Box::pin(futures_util::stream::empty());
+    }
+    let mut types = 0u8;
+    for t in &req.types {
+        if let Ok(t) = Type::try_from(*t)
+            && t != Type::Unspecified
+        {
+            types |= 1 << t as u8;
+        }
+    }
+    if types == 0 {
+        types = u8::MAX;
+    }
+    let sub = Arc::new(Subscriber {
+        model: req.model_id,
+        tenant: req.tenant_id,
+        types,
+        queue: ArrayQueue::new(EVENT_SUBSCRIBER_BUFFER),
+        waker: AtomicWaker::new(),
+        dropped: AtomicU64::new(0),
+    });
+    {
+        let mut subs = SUBSCRIBERS.write().unwrap_or_else(|e| e.into_inner());
+        if subs.len() >= cap {
+            drop(subs);
+            crate::metrics::record_limit_hit("event_subscribers");
+            crate::metrics::record_rpc(RPC, "TOO_MANY_SUBSCRIBERS");
+            let refused =
+                Status::resource_exhausted(format!("at most {cap} StreamCacheEvents subscribers"));
+            return Box::pin(futures_util::stream::once(async move { Err(refused) }));
+        }
+        subs.push(sub.clone());
+        SUBSCRIBED.store(subs.len(), Ordering::Relaxed);
+    }
+    crate::metrics::record_rpc(RPC, "SUBSCRIBED");
+    let state = (Registration(sub), false);
+    Box::pin(futures_util::stream::unfold(
+        state,
+        |(reg, finished)| async move {
+            if finished {
+                return None;
+            }
+            let next = {
+                let sub = reg.0.clone();
+                let next = futures_util::future::poll_fn(move |cx| sub.poll_next(cx));
+                let ended = async {
+                    crate::runtime::shutdown_requested().await;
+                    None
+                };
+                futures_lite::future::or(async { Some(next.await) }, ended).await
+            };
+            match next? {
+                Next::Event(ev) => Some((Ok(ev), (reg, false))),
+                Next::Lagged(n) => {
+                    crate::metrics::record_rpc(RPC, "LAGGED");
+                    let status = Status::resource_exhausted(format!(
+                        "subscriber fell behind: {n} changes dropped after the queued ones \
+                         (buffer {EVENT_SUBSCRIBER_BUFFER}); resubscribe"
+                    ));
+                    Some((Err(status), (reg, true)))
+                }
+            }
+        },
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sub(types: u8) -> Subscriber {
+        Subscriber {
+            model: "m".into(),
+            tenant: String::new(),
+            types,
+            queue: ArrayQueue::new(2),
+            waker: AtomicWaker::new(),
+            dropped: AtomicU64::new(0),
+        }
+    }
+
+    #[test]
+    fn filters_by_model_tenant_and_type() {
+        let s = sub(1 << Type::PrefixEvicted as u8);
+        assert!(s.matches("m", "any-tenant"));
+        assert!(!s.matches("other", "t"));
+        assert!(s.wants(Type::PrefixEvicted));
+        assert!(!s.wants(Type::PrefixAdded));
+    }
+
+    #[test]
+    fn a_full_queue_drops_and_reports_the_gap_after_the_queued_events() {
+        let s = sub(u8::MAX);
+        for i in 0..5 {
+            s.offer(pb::CacheEvent {
+                timestamp_us: i,
+                ..Default::default()
+            });
+        }
+        assert_eq!(s.dropped.load(Ordering::Relaxed), 3);
+        let mut cx = Context::from_waker(std::task::Waker::noop());
+        let mut seen = Vec::new();
+        loop {
+            match s.poll_next(&mut cx) {
+                Poll::Ready(Next::Event(e)) => seen.push(e.timestamp_us),
+                Poll::Ready(Next::Lagged(n)) => {
+                    assert_eq!(n, 3);
+                    break;
+                }
+                Poll::Pending => panic!("a lagging subscriber is told so"),
+            }
+        }
+        assert_eq!(seen, vec![0, 1]);
+    }
+}

@@ -1,0 +1,297 @@
+//! StreamCacheEvents and StreamMetrics (docs/BEHAVIOUR.md §11): the live change feed from every
+//! core with its filters, the subscriber cap, a lagging subscriber that is told so while ingest
+//! goes on; the metrics stream from the `/metrics` registry with its bounds. The reference's stub
+//! (streams close at once) without the flags is pinned by `foundation` and checked here too.
+
+use std::time::{Duration, Instant};
+
+use pb::cache_event::Type;
+use tonic::Streaming;
+
+use crate::support::*;
+
+type Client = pb::inference_cache_client::InferenceCacheClient<tonic::transport::Channel>;
+
+async fn subscribe(c: &mut Client, model: &str, types: &[Type]) -> Streaming<pb::CacheEvent> {
+    c.stream_cache_events(pb::StreamEventsRequest {
+        model_id: model.into(),
+        tenant_id: String::new(),
+        types: types.iter().map(|t| *t as i32).collect(),
+    })
+    .await
+    .expect("subscribe")
+    .into_inner()
+}
+
+async fn next<T>(s: &mut Streaming<T>) -> Result<Option<T>, tonic::Status> {
+    tokio::time::timeout(Duration::from_secs(10), s.message())
+        .await
+        .expect("a message or the end within 10 s")
+}
+
+/// (type, model, replica, prefix) of an event.
+fn key(e: &pb::CacheEvent) -> (i32, String, String, Vec<u8>) {
+    (
+        e.r#type,
+        e.model_id.clone(),
+        e.replica_id.clone(),
+        e.prefix_hash.clone(),
+    )
+}
+
+/// Changes applied on every core reach every subscriber, filtered by model and type; the
+/// subscriber cap refuses one more; a closed subscription frees its slot.
+async fn stream_cache_events_from_every_core(shards: usize) {
+    let srv = Server::start(shards, &["--max-event-subscribers", "2"]);
+    let mut c = srv.client().await;
+    let models = models_per_core("t", shards.max(2));
+    let (m0, m1) = (&models[0], &models[1]);
+    let mut all = subscribe(&mut c, "", &[]).await;
+    let mut evictions_m1 = subscribe(&mut c, m1, &[Type::PrefixEvicted]).await;
+
+    // The cap: a third subscriber is refused at once.
+    let mut third = subscribe(&mut c, "", &[]).await;
+    let refused = next(&mut third).await.unwrap_err();
+    assert_eq!(refused.code(), tonic::Code::ResourceExhausted);
+
+    let mut u0 = legacy_update("r0", "t", m0, "vllm", b"a", 16);
+    u0.prefixes.push(pb::PrefixEntry {
+        prefix_hash: b"b".to_vec(),
+        token_count: 32,
+        adapter_id: "lora".into(),
+        ..Default::default()
+    });
+    u0.stats = stats(0.5, 0.1);
+    u0.timestamp_us = 42;
+    let u1 = legacy_update("r1", "t", m1, "vllm", b"c", 16);
+    assert!(report(&mut c, vec![u0, u1]).await.accepted);
+    publish_event(
+        &mut c,
+        cache_event(Type::PrefixEvicted, "t", m1, "r1", b"c", ""),
+    )
+    .await;
+    publish_event(
+        &mut c,
+        cache_event(Type::AllCleared, "t", m0, "r0", b"", ""),
+    )
+    .await;
+
+    let want = [
+        (
+            Type::PrefixAdded as i32,
+            m0.clone(),
+            "r0".to_string(),
+            b"a".to_vec(),
+        ),
+        (
+            Type::PrefixAdded as i32,
+            m0.clone(),
+            "r0".to_string(),
+            b"b".to_vec(),
+        ),
+        (
+            Type::ReplicaUpdated as i32,
+            m0.clone(),
+            "r0".to_string(),
+            vec![],
+        ),
+        (
+            Type::PrefixAdded as i32,
+            m1.clone(),
+            "r1".to_string(),
+            b"c".to_vec(),
+        ),
+        (
+            Type::PrefixEvicted as i32,
+            m1.clone(),
+            "r1".to_string(),
+            b"c".to_vec(),
+        ),
+        (
+            Type::AllCleared as i32,
+            m0.clone(),
+            "r0".to_string(),
+            vec![],
+        ),
+    ];
+    let mut got = Vec::new();
+    for _ in 0..want.len() {
+        got.push(next(&mut all).await.unwrap().expect("an event"));
+    }
+    assert_eq!(got.iter().map(key).collect::<Vec<_>>(), want);
+    assert_eq!(got[0].timestamp_us, 42, "the producer's timestamp");
+    assert_eq!(got[1].adapter_id, "lora");
+    assert!(
+        got[3].timestamp_us > 1_000_000_000_000_000,
+        "now when the producer sent none"
+    );
+    assert!(got.iter().all(|e| e.tenant_id == "t"));
+
+    let e = next(&mut evictions_m1)
+        .await
+        .unwrap()
+        .expect("the eviction");
+    assert_eq!(key(&e), want[4]);
+    // Nothing else matches its filter.
+    let quiet = tokio::time::timeout(Duration::from_millis(300), evictions_m1.message()).await;
+    assert!(quiet.is_err(), "only PREFIX_EVICTED of {m1}: {quiet:?}");
+
+    // Closing a subscription frees its slot.
+    drop(evictions_m1);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let mut s = subscribe(&mut c, "", &[]).await;
+        let probe = tokio::time::timeout(Duration::from_millis(200), s.message()).await;
+        match probe {
+            Err(_) => break, // open and waiting: accepted
+            Ok(r) => assert!(Instant::now() < deadline, "slot never freed: {r:?}"),
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // At least the refusal above (the slot-freeing loop may have been refused too).
+    let text = metrics_text(&srv);
+    let hits = metric_value(
+        &text,
+        r#"inferencecache_limit_hits_total{limit="event_subscribers"}"#,
+    );
+    assert!(hits.is_some_and(|n| n >= 1.0), "{hits:?}");
+}
+shards_1_and_2!(stream_cache_events_from_every_core);
+
+/// A subscriber that does not read falls behind: ingest is never slowed, the subscriber gets
+/// what was queued and then RESOURCE_EXHAUSTED with the number of changes it missed.
+async fn stream_cache_events_lagging_subscriber(shards: usize) {
+    let srv = Server::start(shards, &["--max-event-subscribers", "4"]);
+    let mut c = srv.client().await;
+    let mut slow = subscribe(&mut c, "", &[]).await;
+    let n = 6000;
+    let mut u = legacy_update("r", "t", "m", "vllm", b"p0", 16);
+    u.prefixes = (0..n)
+        .map(|i| pb::PrefixEntry {
+            prefix_hash: format!("p{i}").into_bytes(),
+            token_count: 16,
+            ..Default::default()
+        })
+        .collect();
+    let started = Instant::now();
+    assert!(report(&mut c, vec![u.clone()]).await.accepted);
+    assert!(report(&mut c, vec![u]).await.accepted);
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "ingest is not slowed"
+    );
+    let mut received = 0;
+    let status = loop {
+        match next(&mut slow).await {
+            Ok(Some(_)) => received += 1,
+            Ok(None) => panic!("a lagging subscriber is told so"),
+            Err(st) => break st,
+        }
+    };
+    assert_eq!(status.code(), tonic::Code::ResourceExhausted);
+    assert!(status.message().contains("fell behind"), "{status:?}");
+    assert!((1..=4096).contains(&received), "{received}");
+    assert_eq!(next(&mut slow).await.unwrap(), None);
+    let text = metrics_text(&srv);
+    assert_metric_line(
+        &text,
+        r#"inferencecache_limit_hits_total{limit="event_subscriber_buffer"} 1"#,
+    );
+    assert_metric_line(
+        &text,
+        r#"inferencecache_rpc_calls_total{reason_code="LAGGED",rpc="StreamCacheEvents"} 1"#,
+    );
+
+    // An open subscription ends with the server's shutdown instead of holding the drain.
+    let mut srv = srv;
+    let mut open = subscribe(&mut c, "", &[]).await;
+    let started = Instant::now();
+    assert!(srv.terminate().success());
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        started.elapsed()
+    );
+    let end = tokio::time::timeout(Duration::from_secs(5), open.message()).await;
+    assert!(matches!(end, Ok(Ok(None)) | Ok(Err(_))), "{end:?}");
+}
+shards_1_and_2!(stream_cache_events_lagging_subscriber);
+
+/// The requested series from the /metrics registry, every second; the cap and the name bound;
+/// without the flags both streams close at once (the reference's stub).
+async fn stream_metrics_sends_the_requested_series(shards: usize) {
+    let srv = Server::start(shards, &["--max-metric-subscribers", "1"]);
+    let mut c = srv.client().await;
+    let names = vec![
+        "inferencecache_server_up".to_string(),
+        "inferencecache_core_requests_total".to_string(),
+    ];
+    let mut s = c
+        .stream_metrics(pb::StreamMetricsRequest {
+            names: names.clone(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let mut stamps = std::collections::BTreeSet::new();
+    let mut up_seen = false;
+    while stamps.len() < 2 {
+        let m = next(&mut s).await.unwrap().expect("a series");
+        assert!(names.contains(&m.name), "{m:?}");
+        if m.name == "inferencecache_server_up" {
+            assert_eq!((m.value, m.r#type.as_str()), (1.0, "gauge"));
+            up_seen = true;
+            stamps.insert(m.timestamp_us);
+        }
+    }
+    assert!(up_seen);
+    let stamps: Vec<i64> = stamps.into_iter().collect();
+    assert!(
+        stamps[1] - stamps[0] >= 900_000,
+        "one interval apart: {stamps:?}"
+    );
+
+    // The cap, and the bound on names.
+    let mut c2 = srv.client().await;
+    let mut refused = c2
+        .stream_metrics(pb::StreamMetricsRequest { names: vec![] })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        next(&mut refused).await.unwrap_err().code(),
+        tonic::Code::ResourceExhausted
+    );
+    let many: Vec<String> = (0..65).map(|i| format!("n{i}")).collect();
+    let mut bad = c2
+        .stream_metrics(pb::StreamMetricsRequest { names: many })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        next(&mut bad).await.unwrap_err().code(),
+        tonic::Code::InvalidArgument
+    );
+    let text = metrics_text(&srv);
+    assert_metric_line(
+        &text,
+        r#"inferencecache_limit_hits_total{limit="metric_subscribers"} 1"#,
+    );
+    assert_metric_line(
+        &text,
+        r#"inferencecache_limit_hits_total{limit="metric_stream_names"} 1"#,
+    );
+
+    // Unconfigured: the reference's stub.
+    let plain = Server::start(shards, &[]);
+    let mut c = plain.client().await;
+    let mut s = c
+        .stream_metrics(pb::StreamMetricsRequest { names })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(next(&mut s).await.unwrap(), None);
+    let mut e = subscribe(&mut c, "", &[]).await;
+    assert_eq!(next(&mut e).await.unwrap(), None);
+}
+shards_1_and_2!(stream_metrics_sends_the_requested_series);
