@@ -213,6 +213,7 @@ fn start_runtime(cli: &Cli, shards: usize) -> Result<Runtime, StartupError> {
         ..Default::default()
     };
     let max_strings = cli.index_max_strings;
+    grpc::set_message_receive_timeout(Duration::from_millis(cli.grpc_message_timeout_ms));
     let (health, _) = tonic_health::server::health_reporter();
     let health = Arc::new(health);
     let started = runtime::start(RuntimeConfig {

@@ -131,6 +131,8 @@ pub struct CoreMetrics {
     pub timestamps_clamped: u64,
     /// Ingest messages refused whole, per reason.
     pub ingest_refused: BTreeMap<&'static str, u64>,
+    /// Incomplete gRPC request messages given up, per reason.
+    pub grpc_messages_refused: BTreeMap<&'static str, u64>,
     /// Requests answered on the core that received them.
     pub inline: u64,
     /// Requests that hopped to the owner core.
@@ -195,6 +197,9 @@ impl CoreMetrics {
         self.timestamps_clamped += other.timestamps_clamped;
         for (reason, n) in &other.ingest_refused {
             *self.ingest_refused.entry(reason).or_default() += n;
+        }
+        for (reason, n) in &other.grpc_messages_refused {
+            *self.grpc_messages_refused.entry(reason).or_default() += n;
         }
         self.inline += other.inline;
         self.hopped += other.hopped;
@@ -279,6 +284,11 @@ pub fn record_ingest(entries: u64) {
 /// One ingest message refused whole (`reason` is a fixed label value).
 pub fn record_ingest_refused(reason: &'static str) {
     with_store(|m| *m.ingest_refused.entry(reason).or_default() += 1);
+}
+
+/// One incomplete gRPC request message given up (budget spent or too slow).
+pub fn record_grpc_message_refused(reason: &'static str) {
+    with_store(|m| *m.grpc_messages_refused.entry(reason).or_default() += 1);
 }
 
 /// One producer timestamp (ingest or event) later than the allowed skew, clamped.
