@@ -6,6 +6,7 @@ use clap::{ArgAction, Parser};
 use crate::limits::{
     DEFAULT_MAX_CONNECTIONS_PER_CORE, DEFAULT_MAX_ENTRIES, DEFAULT_MAX_HOLDERS_PER_KEY,
     DEFAULT_MAX_SHARDS, DEFAULT_MAX_STRING_BYTES, DEFAULT_MAX_TIMESTAMP_SKEW_MS, MAX_SHARDS,
+    MESSAGE_RECEIVE_TIMEOUT,
 };
 
 /// Flags of `inference-cache-server`. Go-style single-dash spellings (`-grpc-bind-address`) are
@@ -84,6 +85,10 @@ pub struct Cli {
     /// Hidden: an operations/test knob.
     #[arg(long, default_value_t = DEFAULT_MAX_TIMESTAMP_SKEW_MS, hide = true)]
     pub max_timestamp_skew_ms: u64,
+    /// Longest a gRPC request message may take to arrive once its first byte did. Hidden: an
+    /// operations/test knob.
+    #[arg(long, default_value_t = MESSAGE_RECEIVE_TIMEOUT.as_millis() as u64, hide = true)]
+    pub grpc_message_timeout_ms: u64,
     /// TTL sweep interval in milliseconds (the reference's fixed 1 min). Hidden test knob.
     #[arg(long, default_value_t = 60_000, hide = true)]
     pub sweep_interval_ms: u64,

@@ -82,6 +82,33 @@ pub const LISTEN_BACKLOG: i32 = 1024;
 pub const MAX_CONCURRENT_STREAMS: u32 = 1024;
 /// gRPC's 4 MiB default receive limit, as in the reference (grpc-go defaults).
 pub const MAX_MESSAGE_BYTES: usize = 4 * 1024 * 1024;
+/// Bytes of incomplete request messages one gRPC connection may hold (a message is handed to
+/// tonic only once whole); beyond it the stream fails with RESOURCE_EXHAUSTED.
+pub const MAX_HELD_MESSAGE_BYTES_PER_CONNECTION: usize = 4 * (MAX_MESSAGE_BYTES + 5);
+/// Bytes of incomplete request messages all connections of one core may hold.
+pub const MAX_HELD_MESSAGE_BYTES_PER_CORE: usize = 256 * 1024 * 1024;
+/// Longest a request message may take to arrive once its first byte did; a slower one fails
+/// its stream with DEADLINE_EXCEEDED.
+pub const MESSAGE_RECEIVE_TIMEOUT: Duration = Duration::from_secs(30);
+/// HTTP/2 flow-control window of one gRPC stream and of one connection (hyper's defaults,
+/// which the server used before it spoke h2 directly).
+pub const HTTP2_STREAM_WINDOW_BYTES: u32 = 1024 * 1024;
+/// See [`HTTP2_STREAM_WINDOW_BYTES`].
+pub const HTTP2_CONNECTION_WINDOW_BYTES: u32 = 1024 * 1024;
+/// Smallest DATA payload a gRPC message can arrive in: an empty message's 5-byte header.
+const GRPC_SMALLEST_FRAME_PAYLOAD: usize = 5;
+/// h2's cap on the framing overhead of received-but-unread small DATA frames, past which it
+/// sends GOAWAY `too_many_data_frames`. Sized so that a peer within the flow-control window,
+/// sending even empty gRPC messages one per frame, never reaches it: back-pressure comes from
+/// flow control, and only sub-message frames (a flood of 1–4 byte frames) can exhaust it.
+/// h2 charges `256 - payload` per frame below 256 bytes.
+pub const HTTP2_DATA_FRAME_BUDGET: usize = (HTTP2_CONNECTION_WINDOW_BYTES as usize
+    / GRPC_SMALLEST_FRAME_PAYLOAD)
+    * (256 - GRPC_SMALLEST_FRAME_PAYLOAD);
+/// Largest request header block (HTTP/2 SETTINGS_MAX_HEADER_LIST_SIZE; hyper's default).
+pub const HTTP2_MAX_HEADER_LIST_BYTES: u32 = 16 * 1024;
+/// Response bytes h2 buffers per stream before asking the handler to wait (hyper's default).
+pub const HTTP2_MAX_SEND_BUFFER_BYTES: usize = 400 * 1024;
 /// Longest a client may take to send the HTTP/2 preface after connecting (or after the TLS
 /// handshake); a connection that stays silent is closed.
 pub const HTTP2_PREFACE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -225,6 +252,15 @@ const _: () = assert!(MAILBOX_BACKOFF_MIN.as_nanos() <= MAILBOX_BACKOFF_MAX.as_n
 const _: () = assert!(
     MAX_PROMPT_TEXT_BYTES <= MAX_MESSAGE_BYTES,
     "prompt fits a message"
+);
+const _: () = assert!(
+    MAX_HELD_MESSAGE_BYTES_PER_CONNECTION > MAX_MESSAGE_BYTES
+        && MAX_HELD_MESSAGE_BYTES_PER_CONNECTION <= MAX_HELD_MESSAGE_BYTES_PER_CORE,
+    "a largest message can always be held, and one connection cannot spend a core's budget"
+);
+const _: () = assert!(
+    HTTP2_DATA_FRAME_BUDGET > HTTP2_CONNECTION_WINDOW_BYTES as usize / 2,
+    "above h2's automatic budget (half the window), which cut long producer streams off"
 );
 const _: () = assert!(MAX_PROBE_BODY_BYTES < MAX_POLICY_BODY_BYTES);
 const _: () = assert!(

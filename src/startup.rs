@@ -218,6 +218,7 @@ fn start_runtime(cli: &Cli, shards: usize) -> Result<Runtime, StartupError> {
         max_holders_per_key: cli.index_max_holders_per_key,
         ..Default::default()
     };
+    grpc::set_message_receive_timeout(Duration::from_millis(cli.grpc_message_timeout_ms));
     let (health, _) = tonic_health::server::health_reporter();
     let health = Arc::new(health);
     let started = runtime::start(RuntimeConfig {

@@ -1,19 +1,27 @@
-//! One gRPC connection on the core it was dealt to: the optional TLS handshake, then hyper's
-//! HTTP/2 server until the connection closes or the drain after SIGTERM ends it.
+//! One gRPC connection on the core it was dealt to: the optional TLS handshake, then the h2
+//! server until the connection closes or the drain after SIGTERM ends it.
+//!
+//! The server speaks `h2` directly (no hyper in between) so that every HTTP/2 budget is ours to
+//! set: see [`HTTP2_DATA_FRAME_BUDGET`] for why hyper's fixed one cut producer streams off.
 
-use std::future::Future;
-use std::pin::Pin;
+use std::future::{Future, poll_fn};
+use std::pin::{Pin, pin};
+use std::task::Poll;
 
+use bytes::Bytes;
 use glommio::net::TcpStream;
+use tokio_util::compat::FuturesAsyncReadCompatExt;
 
 use crate::limits::{
-    DRAIN_TIMEOUT, HTTP2_KEEPALIVE_INTERVAL, HTTP2_KEEPALIVE_TIMEOUT, HTTP2_PREFACE_BYTES,
-    HTTP2_PREFACE_TIMEOUT, MAX_CONCURRENT_STREAMS,
+    DRAIN_TIMEOUT, HTTP2_CONNECTION_WINDOW_BYTES, HTTP2_DATA_FRAME_BUDGET,
+    HTTP2_KEEPALIVE_INTERVAL, HTTP2_KEEPALIVE_TIMEOUT, HTTP2_MAX_HEADER_LIST_BYTES,
+    HTTP2_MAX_SEND_BUFFER_BYTES, HTTP2_PREFACE_BYTES, HTTP2_PREFACE_TIMEOUT,
+    HTTP2_STREAM_WINDOW_BYTES, MAX_CONCURRENT_STREAMS,
 };
-use crate::runtime::io::{CountingIo, GlommioIo, LocalExec, LocalTimer};
+use crate::runtime::io::CountingIo;
 use crate::runtime::shutdown_requested;
 
-use super::dispatch::Router;
+use super::body::{ConnectionHeld, RequestBody};
 use super::tls;
 
 /// The runtime's connection handler (see `runtime::ConnectionHandler`).
@@ -31,6 +39,29 @@ pub fn serve_connection(stream: TcpStream) -> Pin<Box<dyn Future<Output = ()>>> 
     })
 }
 
+/// The h2 server settings of every gRPC connection.
+fn h2_builder() -> h2::server::Builder {
+    let mut builder = h2::server::Builder::new();
+    builder
+        .max_concurrent_streams(MAX_CONCURRENT_STREAMS)
+        .initial_window_size(HTTP2_STREAM_WINDOW_BYTES)
+        .initial_connection_window_size(HTTP2_CONNECTION_WINDOW_BYTES)
+        .max_header_list_size(HTTP2_MAX_HEADER_LIST_BYTES)
+        .max_send_buffer_size(HTTP2_MAX_SEND_BUFFER_BYTES)
+        .data_frame_budget(HTTP2_DATA_FRAME_BUDGET);
+    builder
+}
+
+/// What ended one wait of the connection loop.
+enum Turn<T> {
+    /// A new stream (or the end of the connection).
+    Stream(Option<Result<T, h2::Error>>),
+    /// SIGTERM: start the graceful drain.
+    Shutdown,
+    /// The peer stopped answering keep-alive pings, or the drain ran out of time.
+    Close,
+}
+
 /// Serves gRPC over HTTP/2 on one established (plaintext or TLS) stream. A peer that has not
 /// sent the HTTP/2 preface within [`HTTP2_PREFACE_TIMEOUT`] is dropped, so silent connections
 /// cannot hold the core's connection slots; keep-alive pings reap peers that went away.
@@ -39,36 +70,93 @@ where
     S: futures_lite::AsyncRead + futures_lite::AsyncWrite + Unpin + 'static,
 {
     let (io, read) = CountingIo::new(stream);
-    let mut builder = hyper::server::conn::http2::Builder::new(LocalExec);
-    builder
-        .timer(LocalTimer)
-        .max_concurrent_streams(MAX_CONCURRENT_STREAMS)
-        .keep_alive_interval(Some(HTTP2_KEEPALIVE_INTERVAL))
-        .keep_alive_timeout(HTTP2_KEEPALIVE_TIMEOUT);
-    let conn = builder.serve_connection(GlommioIo(io), Router);
-    let mut conn = std::pin::pin!(conn);
-    let silent = async {
+    let handshake = h2_builder().handshake::<_, Bytes>(io.compat());
+    let preface = futures_lite::future::or(async { Some(handshake.await) }, async {
         glommio::timer::sleep(HTTP2_PREFACE_TIMEOUT).await;
-        if read.get() < HTTP2_PREFACE_BYTES {
-            tracing::debug!("grpc_preface_timeout");
-            return;
-        }
-        std::future::pending::<()>().await
-    };
-    let served = futures_lite::future::or(async { Some(conn.as_mut().await) }, async {
-        futures_lite::future::or(shutdown_requested(), silent).await;
         None
     });
-    let finished = served.await;
-    if finished.is_none() && !crate::runtime::shutting_down() {
-        return;
-    }
-    if finished.is_none() {
-        conn.as_mut().graceful_shutdown();
-        let _ = futures_lite::future::or(async { conn.await.map(|_| ()) }, async {
-            glommio::timer::sleep(DRAIN_TIMEOUT).await;
-            Ok(())
+    let mut conn = match preface.await {
+        Some(Ok(conn)) => conn,
+        Some(Err(_)) => return,
+        None => {
+            tracing::debug!(read = read.get(), "grpc_preface_timeout");
+            return;
+        }
+    };
+    let keepalive = pin!(keep_alive(conn.ping_pong()));
+    let silent = pin!(async {
+        glommio::timer::sleep(HTTP2_PREFACE_TIMEOUT).await;
+        read.get() < HTTP2_PREFACE_BYTES
+    });
+    serve_streams(&mut conn, keepalive, silent).await;
+}
+
+/// Accepts streams until the connection ends, the peer goes silent, or the drain after
+/// SIGTERM completes (bounded by [`DRAIN_TIMEOUT`]).
+async fn serve_streams<T>(
+    conn: &mut h2::server::Connection<T, Bytes>,
+    mut keepalive: Pin<&mut impl Future<Output = ()>>,
+    mut silent: Pin<&mut impl Future<Output = bool>>,
+) where
+    T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
+    let held = ConnectionHeld::default();
+    let mut shutdown = pin!(shutdown_requested());
+    let mut drain: Option<Pin<Box<glommio::timer::Timer>>> = None;
+    let mut spoke = false;
+    loop {
+        let turn = poll_fn(|cx| {
+            if drain.is_none() && shutdown.as_mut().poll(cx).is_ready() {
+                return Poll::Ready(Turn::Shutdown);
+            }
+            if drain
+                .as_mut()
+                .is_some_and(|d| d.as_mut().poll(cx).is_ready())
+                || keepalive.as_mut().poll(cx).is_ready()
+            {
+                return Poll::Ready(Turn::Close);
+            }
+            if !spoke && let Poll::Ready(quiet) = silent.as_mut().poll(cx) {
+                if quiet {
+                    return Poll::Ready(Turn::Close);
+                }
+                spoke = true;
+            }
+            conn.poll_accept(cx).map(Turn::Stream)
         })
         .await;
+        match turn {
+            Turn::Stream(Some(Ok((req, respond)))) => {
+                let req = req.map(|recv| RequestBody::new(recv, held.clone()));
+                glommio::spawn_local(super::respond::serve_stream(req, respond)).detach();
+            }
+            Turn::Stream(_) | Turn::Close => return,
+            Turn::Shutdown => {
+                conn.graceful_shutdown();
+                drain = Some(Box::pin(glommio::timer::Timer::new(DRAIN_TIMEOUT)));
+            }
+        }
+    }
+}
+
+/// Resolves when the peer fails to answer a keep-alive ping in time. Never resolves when the
+/// connection gave no ping handle (it always does, once).
+async fn keep_alive(ping_pong: Option<h2::PingPong>) {
+    let Some(mut ping_pong) = ping_pong else {
+        return std::future::pending().await;
+    };
+    loop {
+        glommio::timer::sleep(HTTP2_KEEPALIVE_INTERVAL).await;
+        let pong = futures_lite::future::or(
+            async { ping_pong.ping(h2::Ping::opaque()).await.is_ok() },
+            async {
+                glommio::timer::sleep(HTTP2_KEEPALIVE_TIMEOUT).await;
+                false
+            },
+        );
+        if !pong.await {
+            tracing::debug!("grpc_keepalive_timeout");
+            return;
+        }
     }
 }

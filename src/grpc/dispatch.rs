@@ -8,7 +8,6 @@ use std::pin::Pin;
 use std::sync::Arc;
 
 use http::{Request, Response};
-use hyper::body::Incoming;
 use inferencecache_proto::v1alpha1::inference_cache_server::InferenceCacheServer;
 use tonic::body::Body;
 use tower_service::Service;
@@ -17,12 +16,13 @@ use crate::limits::MAX_MESSAGE_BYTES;
 use crate::lookup::LookupConfig;
 use crate::runtime::admin_thread::InAdminRuntime;
 
+use super::body::RequestBody;
 use super::service::CacheService;
 use super::status::oversize_as_resource_exhausted;
 
 type HealthSvc = tonic_health::pb::health_server::HealthServer<tonic_health::server::HealthService>;
 /// A type-erased service call (the reflection builders return opaque types).
-type Caller = Box<dyn FnMut(Request<Incoming>) -> ResponseFuture>;
+type Caller = Box<dyn FnMut(Request<RequestBody>) -> ResponseFuture>;
 /// A boxed response future of any of the services (all answer `Response<tonic::body::Body>`).
 type ResponseFuture = Pin<Box<dyn Future<Output = Result<Response<Body>, Infallible>> + Send>>;
 
@@ -105,7 +105,7 @@ pub fn install_services(cfg: Arc<LookupConfig>, health: &tonic_health::server::H
 }
 
 /// Dispatches one request.
-fn dispatch(req: Request<Incoming>) -> ResponseFuture {
+pub(super) fn dispatch(req: Request<RequestBody>) -> ResponseFuture {
     let Some(target) = Dispatch::of_path(req.uri().path()) else {
         return Box::pin(std::future::ready(Ok(
             tonic::Status::unimplemented("").into_http()
@@ -140,19 +140,6 @@ where
         });
         Ok(Response::from_parts(parts, Body::new(body)))
     })
-}
-
-/// Adapts [`dispatch`] to hyper's service trait.
-#[derive(Clone, Copy, Debug, Default)]
-pub struct Router;
-
-impl hyper::service::Service<Request<Incoming>> for Router {
-    type Response = Response<Body>;
-    type Error = Infallible;
-    type Future = ResponseFuture;
-    fn call(&self, req: Request<Incoming>) -> Self::Future {
-        dispatch(req)
-    }
 }
 
 #[cfg(test)]

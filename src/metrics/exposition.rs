@@ -330,6 +330,20 @@ fn operator_families<'a>(scrape: &'a Scrape, fams: &mut Vec<Family<'a>>) {
             }),
         ));
     }
+    let held = &scrape.total.grpc_messages_refused;
+    if !held.is_empty() {
+        fams.push((
+            "inferencecache_grpc_messages_refused",
+            "Incomplete gRPC request messages given up: the connection's or core's budget of held bytes was spent, or the message took too long.",
+            MetricType::Counter,
+            Box::new(move |e| {
+                for (reason, n) in held {
+                    counter(e, &[("reason", reason)], *n)?;
+                }
+                Ok(())
+            }),
+        ));
+    }
     let clamped = scrape.total.timestamps_clamped;
     if clamped > 0 {
         fams.push((

@@ -131,6 +131,8 @@ pub struct CoreMetrics {
     pub timestamps_clamped: u64,
     /// Ingest messages refused whole, per reason.
     pub ingest_refused: BTreeMap<&'static str, u64>,
+    /// Incomplete gRPC request messages given up, per reason.
+    pub grpc_messages_refused: BTreeMap<&'static str, u64>,
     /// Requests answered on the core that received them.
     pub inline: u64,
     /// Requests that hopped to the owner core.
@@ -209,6 +211,9 @@ impl CoreMetrics {
         }
         for (k, n) in &other.limit_hits {
             *self.limit_hits.entry(k).or_default() += n;
+        }
+        for (reason, n) in &other.grpc_messages_refused {
+            *self.grpc_messages_refused.entry(reason).or_default() += n;
         }
         self.inline += other.inline;
         self.hopped += other.hopped;
@@ -308,6 +313,11 @@ pub fn record_rpc(rpc: &'static str, reason_code: &'static str) {
 /// registration or subscriber turned away or cut short by a bound of `src/limits.rs`.
 pub fn record_limit_hit(limit: &'static str) {
     with_store(|m| *m.limit_hits.entry(limit).or_default() += 1);
+}
+
+/// One incomplete gRPC request message given up (budget spent or too slow).
+pub fn record_grpc_message_refused(reason: &'static str) {
+    with_store(|m| *m.grpc_messages_refused.entry(reason).or_default() += 1);
 }
 
 /// One producer timestamp (ingest or event) later than the allowed skew, clamped.

@@ -1,5 +1,5 @@
-//! Adapters that let hyper 1.x serve HTTP/2 over glommio sockets on a glommio executor, with no
-//! tokio runtime on the serving cores (docs/ARCHITECTURE.md §5).
+//! Adapters for serving on glommio cores with no tokio runtime on them (docs/ARCHITECTURE.md
+//! §5): core-local futures inside tonic's `Send` handlers, timers, and a byte-counting stream.
 
 use std::future::Future;
 use std::io;
@@ -7,75 +7,6 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 
 use futures_lite::{AsyncRead, AsyncWrite};
-use glommio::net::TcpStream;
-
-/// A futures-io stream (a glommio TCP stream, or a TLS stream over one) speaking hyper's
-/// `Read`/`Write` traits.
-pub struct GlommioIo<S = TcpStream>(pub S);
-
-impl<S: AsyncRead + Unpin> hyper::rt::Read for GlommioIo<S> {
-    fn poll_read(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        mut buf: hyper::rt::ReadBufCursor<'_>,
-    ) -> Poll<io::Result<()>> {
-        // hyper hands out uninitialised memory while futures-io wants `&mut [u8]`: zero it first.
-        // SAFETY: every byte is written before the slice is viewed as initialised, and `advance`
-        // is only called with the count the socket reported as filled.
-        let slice = unsafe {
-            let uninit = buf.as_mut();
-            for b in uninit.iter_mut() {
-                b.write(0);
-            }
-            &mut *(uninit as *mut [std::mem::MaybeUninit<u8>] as *mut [u8])
-        };
-        match Pin::new(&mut self.0).poll_read(cx, slice) {
-            Poll::Ready(Ok(n)) => {
-                // SAFETY: the socket filled `n` bytes of the slice, which was fully initialised
-                // above, so advancing by `n` never exposes uninitialised memory.
-                unsafe { buf.advance(n) };
-                Poll::Ready(Ok(()))
-            }
-            Poll::Ready(Err(e)) => Poll::Ready(Err(e)),
-            Poll::Pending => Poll::Pending,
-        }
-    }
-}
-
-impl<S: AsyncWrite + Unpin> hyper::rt::Write for GlommioIo<S> {
-    fn poll_write(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.0).poll_write(cx, buf)
-    }
-
-    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.0).poll_flush(cx)
-    }
-
-    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.0).poll_close(cx)
-    }
-}
-
-/// Spawns hyper's per-stream HTTP/2 tasks on the current glommio executor: they stay on the
-/// core that terminates the connection.
-#[derive(Clone, Copy, Debug, Default)]
-pub struct LocalExec;
-
-impl<F> hyper::rt::Executor<F> for LocalExec
-where
-    F: Future + 'static,
-{
-    fn execute(&self, fut: F) {
-        glommio::spawn_local(async move {
-            fut.await;
-        })
-        .detach();
-    }
-}
 
 /// Makes a core-local future `Send` so it can live inside tonic's `Send` handler futures.
 ///
@@ -130,38 +61,6 @@ pub fn sleep(d: std::time::Duration) -> impl Future<Output = ()> + Send {
     LocalOnly::new(async move {
         glommio::timer::sleep(d).await;
     })
-}
-
-/// hyper's timer on the current core's glommio timers (HTTP/2 keep-alive pings).
-#[derive(Clone, Copy, Debug, Default)]
-pub struct LocalTimer;
-
-/// One glommio timer handed to hyper.
-struct LocalSleep(LocalOnly<glommio::timer::Timer>);
-
-// SAFETY: the timer is only reachable through `poll` (which takes `Pin<&mut Self>`) and `drop`,
-// and `LocalOnly` asserts both happen on the owning core; `&LocalSleep` exposes nothing.
-unsafe impl Sync for LocalSleep {}
-
-impl Future for LocalSleep {
-    type Output = ();
-    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
-        Pin::new(&mut self.0).poll(cx).map(|_| ())
-    }
-}
-
-impl hyper::rt::Sleep for LocalSleep {}
-
-impl hyper::rt::Timer for LocalTimer {
-    fn sleep(&self, duration: std::time::Duration) -> Pin<Box<dyn hyper::rt::Sleep>> {
-        Box::pin(LocalSleep(LocalOnly::new(glommio::timer::Timer::new(
-            duration,
-        ))))
-    }
-
-    fn sleep_until(&self, deadline: std::time::Instant) -> Pin<Box<dyn hyper::rt::Sleep>> {
-        self.sleep(deadline.saturating_duration_since(std::time::Instant::now()))
-    }
 }
 
 /// A stream that counts the bytes read from it, so a watchdog can tell whether the peer ever

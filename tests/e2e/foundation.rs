@@ -170,7 +170,7 @@ shards_1_and_2!(every_rpc_health_and_reflection);
 #[test]
 fn refuses_a_grpc_port_already_served() {
     let first = Server::start(1, &[]);
-    let out = Command::new(BIN)
+    let out = Command::new(bin())
         .args([
             "--insecure-disable-auth",
             "--grpc-bind-address",
@@ -189,7 +189,7 @@ fn refuses_a_grpc_port_already_served() {
 
 #[test]
 fn flag_validation_exits_2() {
-    let run = |args: &[&str]| Command::new(BIN).args(args).output().unwrap();
+    let run = |args: &[&str]| Command::new(bin()).args(args).output().unwrap();
     let out = run(&[]);
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("missing --allowed-controller-sa"));

@@ -7,6 +7,8 @@ use std::net::TcpStream;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use bytes::Bytes;
+
 use crate::support::*;
 
 /// The HTTP/2 client preface plus an empty SETTINGS frame.
@@ -52,7 +54,7 @@ shards_1_and_2!(metrics_label_values_are_bounded);
 /// Starts the binary on the given ports with `extra` flags, without waiting for it.
 fn spawn_on(ports: (u16, u16, u16), extra: &[&str], env: &[(&str, &str)]) -> std::process::Child {
     let (grpc, http, admin) = ports;
-    Command::new(BIN)
+    Command::new(bin())
         .args([
             "--insecure-disable-auth",
             "--log-level",
@@ -585,3 +587,130 @@ async fn stats_rows_per_model_are_bounded(shards: usize) {
     assert_eq!(refused, Some(1.0));
 }
 shards_1_and_2!(stats_rows_per_model_are_bounded);
+const REPORT_PATH: &str = "/inferencecache.v1alpha1.InferenceCache/ReportCacheState";
+
+/// A long producer stream of small messages, each its own DATA frame and sent faster than the
+/// server applies them, is slowed by flow control and runs to the end: h2's automatic frame
+/// budget used to answer GOAWAY `too_many_data_frames` after ~9–13k messages.
+async fn small_message_producer_streams_run_to_the_end(shards: usize) {
+    const MESSAGES: usize = 40_000;
+    let srv = Server::start(shards, &[]);
+    let mut conn = raw_connection(srv.grpc_port).await;
+    let mut call = raw_call(&mut conn, REPORT_PATH).await;
+    for i in 0..MESSAGES as u64 {
+        let u = legacy_update("r1", "t", "m", "vllm", &i.to_be_bytes(), 16);
+        let sent = call.send(grpc_message(&prost::Message::encode_to_vec(&u)));
+        sent.await
+            .unwrap_or_else(|e| panic!("stream cut off after {i} messages: {e}"));
+    }
+    let end = tokio::time::timeout(Duration::from_secs(120), call.finish(true))
+        .await
+        .expect("answered in time")
+        .expect("stream not cut off");
+    assert_eq!(end.grpc_status.as_deref(), Some("0"), "{end:?}");
+    let ack: pb::Ack = prost::Message::decode(&end.body[5..]).expect("an Ack");
+    assert!(ack.accepted, "{ack:?}");
+    let applied = metric_value(&metrics_text(&srv), "inferencecache_ingest_entries_total");
+    assert_eq!(applied, Some(MESSAGES as f64));
+}
+shards_1_and_2!(small_message_producer_streams_run_to_the_end);
+
+/// The server's resident memory in bytes (VmRSS).
+fn rss_bytes(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let kb: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .expect("VmRSS");
+    kb * 1024
+}
+
+/// The first `sent` bytes of a message declaring `declared` bytes.
+fn partial_message(declared: usize, sent: usize) -> Bytes {
+    let mut m = vec![0u8];
+    m.extend_from_slice(&(declared as u32).to_be_bytes());
+    m.resize(5 + sent, 0x0a);
+    m.into()
+}
+
+/// Streams that declare a 4 MiB message and send 16 KiB of it cost what they sent, not what
+/// they declared: 512 such streams used to take ~2 MB each (1,024 → 2 GB, a second connection
+/// aborted the process).
+async fn held_partial_messages_cost_what_arrived(shards: usize) {
+    const STREAMS: usize = 512;
+    const SENT: usize = 16 * 1024;
+    let srv = Server::start(shards, &[]);
+    let before = rss_bytes(srv.child.id());
+    let mut conn = raw_connection(srv.grpc_port).await;
+    let mut calls = Vec::new();
+    for _ in 0..STREAMS {
+        let mut call = raw_call(&mut conn, REPORT_PATH).await;
+        call.send(partial_message(4 * 1024 * 1024, SENT))
+            .await
+            .expect("send");
+        calls.push(call);
+    }
+    // Let the server read everything that was sent.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let grown = rss_bytes(srv.child.id()).saturating_sub(before);
+    assert!(
+        grown < 64 * 1024 * 1024,
+        "{STREAMS} streams holding {SENT} bytes each grew RSS by {} MiB",
+        grown >> 20
+    );
+    assert!(srv.child.id() > 0);
+    drop(calls);
+}
+shards_1_and_2!(held_partial_messages_cost_what_arrived);
+
+/// One connection may hold at most 4 largest messages' worth of incomplete messages: the fifth
+/// stream that tries fails with RESOURCE_EXHAUSTED (the others are unaffected), and it is
+/// counted.
+async fn a_connection_holds_a_bounded_number_of_incomplete_bytes(shards: usize) {
+    const ALMOST: usize = 4 * 1024 * 1024 - 1024;
+    let srv = Server::start(shards, &[]);
+    let mut conn = raw_connection(srv.grpc_port).await;
+    let mut held = Vec::new();
+    for _ in 0..4 {
+        let mut call = raw_call(&mut conn, REPORT_PATH).await;
+        call.send(partial_message(4 * 1024 * 1024, ALMOST))
+            .await
+            .expect("send");
+        held.push(call);
+    }
+    let mut fifth = raw_call(&mut conn, REPORT_PATH).await;
+    let _ = fifth.send(partial_message(4 * 1024 * 1024, ALMOST)).await;
+    let end = tokio::time::timeout(Duration::from_secs(30), fifth.finish(false))
+        .await
+        .expect("answered in time")
+        .expect("an answer");
+    assert_eq!(end.grpc_status.as_deref(), Some("8"), "{end:?}");
+    let refused = metric_value(
+        &metrics_text(&srv),
+        "inferencecache_grpc_messages_refused_total{reason=\"connection_budget\"}",
+    );
+    assert_eq!(refused, Some(1.0));
+    drop(held);
+}
+shards_1_and_2!(a_connection_holds_a_bounded_number_of_incomplete_bytes);
+
+/// A message that stops arriving halfway fails its stream with DEADLINE_EXCEEDED after the
+/// receive timeout, instead of holding its bytes (and the stream) forever.
+async fn an_incomplete_message_times_out(shards: usize) {
+    let srv = Server::start(shards, &["--grpc-message-timeout-ms", "500"]);
+    let mut conn = raw_connection(srv.grpc_port).await;
+    let mut call = raw_call(&mut conn, REPORT_PATH).await;
+    call.send(partial_message(1000, 10)).await.expect("send");
+    let end = tokio::time::timeout(Duration::from_secs(20), call.finish(false))
+        .await
+        .expect("answered after the receive timeout, not never")
+        .expect("an answer");
+    assert_eq!(end.grpc_status.as_deref(), Some("4"), "{end:?}");
+    let refused = metric_value(
+        &metrics_text(&srv),
+        "inferencecache_grpc_messages_refused_total{reason=\"timeout\"}",
+    );
+    assert_eq!(refused, Some(1.0));
+}
+shards_1_and_2!(an_incomplete_message_times_out);

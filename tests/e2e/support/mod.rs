@@ -1,6 +1,6 @@
 //! Shared helpers of the end-to-end suite. Every module does `use crate::support::*;` and gets
 //! the server harness ([`server`]), raw HTTP and the HTTP endpoints ([`http`]), gRPC request
-//! builders and response assertions ([`grpc`]), partition placement ([`cores`]), the token
+//! builders and response assertions ([`grpc`]), hand-framed HTTP/2 calls ([`h2raw`]), partition placement ([`cores`]), the token
 //! fingerprint ([`fingerprint`]), condition waits ([`wait`]) and TLS material ([`pki`]);
 //! `tiny_model` is imported explicitly by the prompt_text scenarios.
 #![allow(dead_code)]
@@ -8,6 +8,7 @@
 mod cores;
 mod fingerprint;
 mod grpc;
+mod h2raw;
 mod http;
 mod pki;
 mod server;
@@ -17,6 +18,7 @@ mod wait;
 pub use cores::*;
 pub use fingerprint::*;
 pub use grpc::*;
+pub use h2raw::*;
 pub use http::*;
 pub use inferencecache_proto::v1alpha1 as pb;
 pub use pki::*;

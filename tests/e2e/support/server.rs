@@ -12,7 +12,13 @@ use pb::inference_cache_client::InferenceCacheClient;
 use tonic::transport::Channel;
 
 /// Path of the server binary built by cargo for integration tests.
-pub const BIN: &str = env!("CARGO_BIN_EXE_inference-cache-server");
+const BUILT_BIN: &str = env!("CARGO_BIN_EXE_inference-cache-server");
+
+/// The server binary under test: this build's, or `INFERENCECACHE_TEST_SERVER_BIN` (to check
+/// that a new test fails against an older build).
+pub fn bin() -> String {
+    std::env::var("INFERENCECACHE_TEST_SERVER_BIN").unwrap_or_else(|_| BUILT_BIN.to_string())
+}
 
 /// An ephemeral loopback port (bound then released).
 pub fn free_port() -> u16 {
@@ -161,7 +167,7 @@ impl Server {
 
     fn try_start(shards: usize, o: &StartOpts<'_>) -> Result<Server, String> {
         let (g, h, a) = (free_port(), free_port(), free_port());
-        let mut cmd = Command::new(BIN);
+        let mut cmd = Command::new(bin());
         cmd.args([
             "--grpc-bind-address",
             &format!("127.0.0.1:{g}"),
@@ -256,7 +262,7 @@ impl Server {
 /// Runs the binary with `args` on fresh loopback ports (no `KUBERNETES_SERVICE_*` inherited)
 /// and `env`, expecting it to exit on its own: (exit code, stderr).
 pub fn run_exit(args: &[&str], env: &[(&str, &str)]) -> (i32, String) {
-    let mut cmd = Command::new(BIN);
+    let mut cmd = Command::new(bin());
     cmd.args([
         "--grpc-bind-address",
         &format!("127.0.0.1:{}", free_port()),

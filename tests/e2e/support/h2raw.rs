@@ -1,0 +1,111 @@
+//! A raw HTTP/2 gRPC client for abuse scenarios: every `send` is its own DATA frame, and a
+//! message can be left incomplete, which generated clients never do.
+
+use std::future::poll_fn;
+
+use bytes::Bytes;
+
+/// One gRPC call whose request body is written by hand.
+pub struct RawCall {
+    send: h2::SendStream<Bytes>,
+    response: h2::client::ResponseFuture,
+}
+
+/// How a raw call ended: the grpc-status (headers or trailers), its message and the body, or
+/// the HTTP/2 error that ended it (e.g. a GOAWAY).
+#[derive(Debug)]
+pub struct RawEnd {
+    pub grpc_status: Option<String>,
+    pub grpc_message: Option<String>,
+    pub body: Vec<u8>,
+}
+
+/// Opens an HTTP/2 connection to the server's gRPC port; the returned handle opens calls.
+pub async fn raw_connection(port: u16) -> h2::client::SendRequest<Bytes> {
+    let tcp = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .expect("connect");
+    let (send, conn) = h2::client::handshake(tcp).await.expect("h2 handshake");
+    tokio::spawn(async move {
+        let _ = conn.await;
+    });
+    send
+}
+
+/// Starts a call to `path` on `conn`.
+pub async fn raw_call(conn: &mut h2::client::SendRequest<Bytes>, path: &str) -> RawCall {
+    let req = http::Request::builder()
+        .method("POST")
+        .uri(format!("http://127.0.0.1{path}"))
+        .header("content-type", "application/grpc")
+        .header("te", "trailers")
+        .body(())
+        .unwrap();
+    poll_fn(|cx| conn.poll_ready(cx)).await.expect("ready");
+    let (response, send) = conn.send_request(req, false).expect("send_request");
+    RawCall { send, response }
+}
+
+/// A gRPC length-prefixed frame of `payload` (uncompressed).
+pub fn grpc_message(payload: &[u8]) -> Bytes {
+    let mut f = Vec::with_capacity(payload.len() + 5);
+    f.push(0);
+    f.extend_from_slice(&(payload.len() as u32).to_be_bytes());
+    f.extend_from_slice(payload);
+    f.into()
+}
+
+impl RawCall {
+    /// Sends `data` as one DATA frame (or, past 16 KiB, frames of 16 KiB), waiting for
+    /// flow-control window as needed.
+    pub async fn send(&mut self, mut data: Bytes) -> Result<(), h2::Error> {
+        const FRAME: usize = 16 * 1024;
+        while data.len() > FRAME {
+            let head = data.split_to(FRAME);
+            self.send_frame(head).await?;
+        }
+        self.send_frame(data).await
+    }
+
+    async fn send_frame(&mut self, data: Bytes) -> Result<(), h2::Error> {
+        self.send.reserve_capacity(data.len());
+        while self.send.capacity() < data.len() {
+            match poll_fn(|cx| self.send.poll_capacity(cx)).await {
+                Some(Ok(_)) => {}
+                Some(Err(e)) => return Err(e),
+                None => return Err(h2::Error::from(h2::Reason::STREAM_CLOSED)),
+            }
+        }
+        self.send.send_data(data, false)
+    }
+
+    /// Ends the request body (if `end`) and waits for the answer.
+    pub async fn finish(mut self, end: bool) -> Result<RawEnd, h2::Error> {
+        if end {
+            self.send.send_data(Bytes::new(), true)?;
+        }
+        let resp = self.response.await?;
+        let header = |h: &http::HeaderMap, k: &str| {
+            h.get(k)
+                .map(|v| String::from_utf8_lossy(v.as_bytes()).to_string())
+        };
+        let mut grpc_status = header(resp.headers(), "grpc-status");
+        let mut grpc_message = header(resp.headers(), "grpc-message");
+        let mut body = resp.into_body();
+        let mut bytes = Vec::new();
+        while let Some(chunk) = body.data().await {
+            let chunk = chunk?;
+            let _ = body.flow_control().release_capacity(chunk.len());
+            bytes.extend_from_slice(&chunk);
+        }
+        if let Some(t) = body.trailers().await? {
+            grpc_status = grpc_status.or_else(|| header(&t, "grpc-status"));
+            grpc_message = grpc_message.or_else(|| header(&t, "grpc-message"));
+        }
+        Ok(RawEnd {
+            grpc_status,
+            grpc_message,
+            body: bytes,
+        })
+    }
+}
