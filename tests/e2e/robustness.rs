@@ -48,11 +48,7 @@ async fn assert_healthy(srv: &mut Server, tag: &str) {
 
 /// gRPC length-prefixed frame (uncompressed).
 fn grpc_frame(payload: &[u8]) -> Vec<u8> {
-    let mut f = Vec::with_capacity(payload.len() + 5);
-    f.push(0);
-    f.extend_from_slice(&(payload.len() as u32).to_be_bytes());
-    f.extend_from_slice(payload);
-    f
+    grpc_message(payload).to_vec()
 }
 
 /// Protobuf length-delimited field (wire type 2).
