@@ -486,3 +486,111 @@ async fn stream_cache_events_publishes_cap_and_quota_evictions(shards: usize) {
     assert_quiet(&mut s, "one key evicted").await;
 }
 shards_1_and_2!(stream_cache_events_publishes_cap_and_quota_evictions);
+
+/// A StreamMetrics subscriber that never reads (a raw HTTP/2 call whose window is never
+/// released) is bounded: its series queue fills (8,192), the server stops producing for it
+/// (`limit_hits{limit="metric_subscriber_buffer"}`) and, when it finally reads, it gets what was
+/// queued and then RESOURCE_EXHAUSTED "fell behind". Meanwhile /healthz, LookupRoute and a
+/// second subscriber on another connection are served as usual.
+async fn stream_metrics_slow_subscriber_is_cut_off_alone(shards: usize) {
+    use prost::Message as _;
+    const BUFFER: usize = 8192; // METRIC_STREAM_BUFFER
+    const PER_INTERVAL: usize = 4096; // MAX_METRIC_STREAM_SERIES
+    let srv = Server::start(shards, &["--max-metric-subscribers", "2"]);
+    let mut c = srv.client().await;
+    // Many series per scrape: each model's LookupRoute latency histogram and calls counter.
+    for i in 0..400 {
+        lookup(
+            &mut c,
+            exact_lookup("t", &format!("m{i}"), "vllm", b"p", 16),
+        )
+        .await;
+    }
+    let series = metrics_text(&srv)
+        .lines()
+        .filter(|l| !l.starts_with('#') && !l.is_empty())
+        .count();
+    assert!(series > PER_INTERVAL, "{series} series per scrape");
+
+    let mut conn = raw_connection(srv.grpc_port).await;
+    let mut call = raw_call(
+        &mut conn,
+        "/inferencecache.v1alpha1.InferenceCache/StreamMetrics",
+    )
+    .await;
+    // An empty StreamMetricsRequest: every series.
+    call.send(grpc_message(&[])).await.expect("request");
+    let slow = call.open(true).await.expect("response head");
+    assert_eq!(slow.headers.get("grpc-status"), None, "subscribed");
+
+    let mut normal = srv
+        .client()
+        .await
+        .stream_metrics(pb::StreamMetricsRequest {
+            names: vec!["inferencecache_server_up".into()],
+        })
+        .await
+        .expect("second subscriber")
+        .into_inner();
+    let hit = r#"inferencecache_limit_hits_total{limit="metric_subscriber_buffer"}"#;
+    let started = Instant::now();
+    let mut ticks = 0;
+    loop {
+        let m = next(&mut normal).await.unwrap().expect("a tick");
+        assert_eq!(m.name, "inferencecache_server_up");
+        ticks += 1;
+        let t = Instant::now();
+        let (code, _) = http_get(srv.http_port, "/healthz").expect("/healthz");
+        assert_eq!(code, 200);
+        lookup(&mut c, exact_lookup("t", "m0", "vllm", b"p", 16)).await;
+        assert!(
+            t.elapsed() < Duration::from_secs(2),
+            "served promptly: {:?}",
+            t.elapsed()
+        );
+        if metric_value(&metrics_text(&srv), hit) == Some(1.0) {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "the slow subscriber was never cut off"
+        );
+    }
+    // The second subscriber keeps getting its ticks once a second after the cut-off.
+    let cut_off = Instant::now();
+    for _ in 0..2 {
+        next(&mut normal)
+            .await
+            .unwrap()
+            .expect("a tick after the cut-off");
+        ticks += 1;
+    }
+    assert!(cut_off.elapsed() < Duration::from_secs(4), "{ticks} ticks");
+    // Nothing more is produced for the slow one: the bound was hit once.
+    assert_eq!(metric_value(&metrics_text(&srv), hit), Some(1.0));
+
+    // Reading at last: the queued series, then the final status.
+    let end = tokio::time::timeout(Duration::from_secs(30), slow.read_to_end())
+        .await
+        .expect("the slow subscriber's stream ends")
+        .expect("read");
+    assert_eq!(end.grpc_status.as_deref(), Some("8"), "{end:?}");
+    let message = end.grpc_message.clone().unwrap_or_default();
+    assert!(
+        message.contains("fell") && message.contains("behind"),
+        "{message}"
+    );
+    let messages = grpc_messages(&end.body);
+    assert!(
+        (BUFFER..=BUFFER + 2 * PER_INTERVAL).contains(&messages.len()),
+        "the queued series and no more: {}",
+        messages.len()
+    );
+    let first = pb::Metric::decode(messages[0]).expect("a Metric");
+    assert!(!first.name.is_empty());
+    assert_metric_line(
+        &metrics_text(&srv),
+        r#"inferencecache_rpc_calls_total{reason_code="LAGGED",rpc="StreamMetrics"} 1"#,
+    );
+}
+shards_1_and_2!(stream_metrics_slow_subscriber_is_cut_off_alone);
