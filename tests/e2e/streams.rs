@@ -594,3 +594,61 @@ async fn stream_metrics_slow_subscriber_is_cut_off_alone(shards: usize) {
     );
 }
 shards_1_and_2!(stream_metrics_slow_subscriber_is_cut_off_alone);
+
+/// One ingest whose cap evictions are more than one burst holds (4,096): the held ones are
+/// published, the rest dropped, and a subscriber that wants evictions is told it fell behind
+/// (`limit="event_removal_burst"`), not left with a silent gap.
+async fn stream_cache_events_removal_burst_is_bounded(shards: usize) {
+    const BURST: usize = 4096; // EVENT_REMOVAL_BURST
+    let srv = Server::start(
+        shards,
+        &["--max-event-subscribers", "1", "--index-max-entries", "1"],
+    );
+    let mut c = srv.client().await;
+    let mut s = subscribe(&mut c, "", &[Type::PrefixEvicted]).await;
+    let n = BURST + 904; // 904 + 4096 entries, the cap keeps one
+    let mut u = legacy_update("r", "t", "m", "vllm", b"p0", 16);
+    u.prefixes = (0..n)
+        .map(|i| pb::PrefixEntry {
+            prefix_hash: format!("p{i}").into_bytes(),
+            token_count: 16,
+            ..Default::default()
+        })
+        .collect();
+    assert!(report(&mut c, vec![u]).await.accepted);
+    let mut received = 0;
+    let status = loop {
+        match next(&mut s).await {
+            Ok(Some(e)) => {
+                assert_eq!(e.r#type, Type::PrefixEvicted as i32);
+                received += 1;
+            }
+            Ok(None) => panic!("a subscriber that missed evictions is told so"),
+            Err(st) => break st,
+        }
+    };
+    assert_eq!(received, BURST, "the burst's held evictions");
+    assert_eq!(status.code(), tonic::Code::ResourceExhausted);
+    assert!(
+        status.message().contains("903 changes dropped"),
+        "{status:?}"
+    );
+    let text = metrics_text(&srv);
+    assert_metric_line(
+        &text,
+        r#"inferencecache_limit_hits_total{limit="event_removal_burst"} 1"#,
+    );
+    assert_metric_line(
+        &text,
+        r#"inferencecache_index_evictions_total{algorithm="lru",reason="cap"} 4999"#,
+    );
+    assert_eq!(
+        metric_value(
+            &text,
+            r#"inferencecache_limit_hits_total{limit="event_subscriber_buffer"}"#
+        ),
+        None,
+        "the subscriber's own queue never overflowed"
+    );
+}
+shards_1_and_2!(stream_cache_events_removal_burst_is_bounded);
