@@ -39,6 +39,19 @@ fn key(e: &pb::CacheEvent) -> (i32, String, String, Vec<u8>) {
     )
 }
 
+/// One update of `n` prefixes `p0`, `p1`, … of `(t, m)` by replica `r`.
+fn many_prefixes(n: usize) -> pb::CacheStateUpdate {
+    let mut u = legacy_update("r", "t", "m", "vllm", b"p0", 16);
+    u.prefixes = (0..n)
+        .map(|i| pb::PrefixEntry {
+            prefix_hash: format!("p{i}").into_bytes(),
+            token_count: 16,
+            ..Default::default()
+        })
+        .collect();
+    u
+}
+
 /// Changes applied on every core reach every subscriber, filtered by model and type; the
 /// subscriber cap refuses one more; a closed subscription frees its slot.
 async fn stream_cache_events_from_every_core(shards: usize) {
@@ -165,14 +178,7 @@ async fn stream_cache_events_lagging_subscriber(shards: usize) {
     let mut c = srv.client().await;
     let mut slow = subscribe(&mut c, "", &[]).await;
     let n = 6000;
-    let mut u = legacy_update("r", "t", "m", "vllm", b"p0", 16);
-    u.prefixes = (0..n)
-        .map(|i| pb::PrefixEntry {
-            prefix_hash: format!("p{i}").into_bytes(),
-            token_count: 16,
-            ..Default::default()
-        })
-        .collect();
+    let u = many_prefixes(n);
     let started = Instant::now();
     assert!(report(&mut c, vec![u.clone()]).await.accepted);
     assert!(report(&mut c, vec![u]).await.accepted);
@@ -607,14 +613,7 @@ async fn stream_cache_events_removal_burst_is_bounded(shards: usize) {
     let mut c = srv.client().await;
     let mut s = subscribe(&mut c, "", &[Type::PrefixEvicted]).await;
     let n = BURST + 904; // 904 + 4096 entries, the cap keeps one
-    let mut u = legacy_update("r", "t", "m", "vllm", b"p0", 16);
-    u.prefixes = (0..n)
-        .map(|i| pb::PrefixEntry {
-            prefix_hash: format!("p{i}").into_bytes(),
-            token_count: 16,
-            ..Default::default()
-        })
-        .collect();
+    let u = many_prefixes(n);
     assert!(report(&mut c, vec![u]).await.accepted);
     let mut received = 0;
     let status = loop {
