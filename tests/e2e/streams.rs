@@ -549,8 +549,10 @@ async fn stream_metrics_slow_subscriber_is_cut_off_alone(shards: usize) {
         let (code, _) = http_get(srv.http_port, "/healthz").expect("/healthz");
         assert_eq!(code, 200);
         lookup(&mut c, exact_lookup("t", "m0", "vllm", b"p", 16)).await;
+        // Generous for a loaded debug build; a server stalled by the slow subscriber never
+        // answers.
         assert!(
-            t.elapsed() < Duration::from_secs(2),
+            t.elapsed() < Duration::from_secs(5),
             "served promptly: {:?}",
             t.elapsed()
         );
@@ -571,7 +573,7 @@ async fn stream_metrics_slow_subscriber_is_cut_off_alone(shards: usize) {
             .expect("a tick after the cut-off");
         ticks += 1;
     }
-    assert!(cut_off.elapsed() < Duration::from_secs(4), "{ticks} ticks");
+    assert!(cut_off.elapsed() < Duration::from_secs(10), "{ticks} ticks");
     // Nothing more is produced for the slow one: the bound was hit once.
     assert_eq!(metric_value(&metrics_text(&srv), hit), Some(1.0));
 
