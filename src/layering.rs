@@ -9,6 +9,7 @@ const LAYERS: &[&[&str]] = &[
     &["admin"],
     &["grpc"],
     &["templates", "pd", "feeds"],
+    &["tenant_registry"],
     &["lookup"],
     &["tokenizer"],
     &["runtime"],

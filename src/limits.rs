@@ -228,6 +228,11 @@ pub const MAX_EVENT_SUBSCRIBERS: usize = 256;
 /// Changes queued per StreamCacheEvents subscriber; past it the subscriber is lagging: it gets
 /// what is queued and then `RESOURCE_EXHAUSTED`, and publishing never waits for it.
 pub const EVENT_SUBSCRIBER_BUFFER: usize = 4096;
+/// `PREFIX_EVICTED` changes one ingest's cap or quota evictions may hold back on the owner core
+/// until that ingest's own changes are published (so a subscriber never sees an entry evicted
+/// before it was added); past it the rest are dropped and every subscriber that wants evictions
+/// is told it fell behind (`limit="event_removal_burst"`). A subscriber's queue holds no more.
+pub const EVENT_REMOVAL_BURST: usize = EVENT_SUBSCRIBER_BUFFER;
 /// Upper bound on `--max-metric-subscribers` (concurrent StreamMetrics subscribers).
 pub const MAX_METRIC_SUBSCRIBERS: usize = 64;
 /// How often StreamMetrics sends the requested series.

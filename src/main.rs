@@ -27,6 +27,7 @@ mod shard;
 mod startup;
 mod sys;
 mod templates;
+mod tenant_registry;
 mod tokenizer;
 
 /// mimalloc: per-thread heaps for the per-request prost/h2 allocations (see Cargo.toml).

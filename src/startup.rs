@@ -219,12 +219,17 @@ fn start_runtime(cli: &Cli, shards: usize) -> Result<Runtime, StartupError> {
         ..Default::default()
     };
     grpc::set_message_receive_timeout(Duration::from_millis(cli.grpc_message_timeout_ms));
+    let event_feed = cli.max_event_subscribers > 0;
     let (health, _) = tonic_health::server::health_reporter();
     let health = Arc::new(health);
     let started = runtime::start(RuntimeConfig {
         shards,
         listen_addr: resolve(&cli.grpc_bind_address)?,
-        init: Arc::new(move |core| CoreState::new(core, index_config.clone())),
+        init: Arc::new(move |core| {
+            let state = CoreState::new(core, index_config.clone());
+            // The change feed learns of the index's own removals only while it is on.
+            state.with_removal_sink(event_feed.then(feeds::events::removal_sink))
+        }),
         on_core_start: Arc::new(move || grpc::install_services(lookup_cfg.clone(), &health)),
         serve_connection: grpc::serve_connection,
         max_connections_per_core: cli.max_connections_per_core,

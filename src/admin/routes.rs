@@ -15,6 +15,7 @@ use crate::limits::{
     MAX_PD_TOPOLOGY_BODY_BYTES, MAX_POLICY_BODY_BYTES, MAX_PROBE_BODY_BYTES,
     MAX_TEMPLATE_BODY_BYTES,
 };
+use crate::tenant_registry::PutError;
 
 use super::auth::ControllerAuth;
 use super::http::{
@@ -102,7 +103,11 @@ impl Controller {
                     {
                         return r;
                     }
-                    return handle_templates(req, rest.to_string(), self.engine_block_size).await;
+                    let block_size = self.engine_block_size;
+                    let put = |t: &str, r: &str, body: &[u8]| {
+                        crate::templates::put(t, r, body, block_size)
+                    };
+                    return handle_registry(req, rest.to_string(), &TEMPLATE_ROUTES, put).await;
                 }
                 if let Some(rest) = path.strip_prefix("/pd-topologies/") {
                     if let Some(a) = auth
@@ -110,7 +115,8 @@ impl Controller {
                     {
                         return r;
                     }
-                    return handle_pd_topologies(req, rest.to_string()).await;
+                    let put = crate::pd::put;
+                    return handle_registry(req, rest.to_string(), &PD_TOPOLOGY_ROUTES, put).await;
                 }
                 not_found()
             }
@@ -127,8 +133,44 @@ fn tenant_and_ref(rest: &str) -> Option<(&str, Option<&str>)> {
     }
 }
 
-/// `/templates/{tenant}` (`GET`: list) and `/templates/{tenant}/{ref}` (`GET`, `PUT`, `DELETE`).
-async fn handle_templates(req: Request<Incoming>, rest: String, block_size: i32) -> Resp {
+/// One tenant registry's routes: `/{kind}/{tenant}` (`GET`: list) and `/{kind}/{tenant}/{ref}`
+/// (`GET`, `PUT`, `DELETE`).
+struct RegistryRoutes {
+    /// What a body decodes to, in error messages (`decode template: …`).
+    what: &'static str,
+    /// Largest `PUT` body, and the `limit` label counted when one is larger.
+    max_body: usize,
+    body_limit: &'static str,
+    list_json: fn(&str) -> String,
+    get_json: fn(&str, &str) -> Option<String>,
+    delete: fn(&str, &str) -> bool,
+}
+
+const TEMPLATE_ROUTES: RegistryRoutes = RegistryRoutes {
+    what: "template",
+    max_body: MAX_TEMPLATE_BODY_BYTES,
+    body_limit: "template_bytes",
+    list_json: crate::templates::list_json,
+    get_json: crate::templates::get_json,
+    delete: crate::templates::delete,
+};
+
+const PD_TOPOLOGY_ROUTES: RegistryRoutes = RegistryRoutes {
+    what: "pd topology",
+    max_body: MAX_PD_TOPOLOGY_BODY_BYTES,
+    body_limit: "pd_topology_bytes",
+    list_json: crate::pd::list_json,
+    get_json: crate::pd::get_json,
+    delete: crate::pd::delete,
+};
+
+/// Serves one registry request; `put` stores a `PUT` body as `(tenant, ref)`.
+async fn handle_registry(
+    req: Request<Incoming>,
+    rest: String,
+    routes: &RegistryRoutes,
+    put: impl FnOnce(&str, &str, &[u8]) -> Result<(), PutError>,
+) -> Resp {
     let Some((tenant, reference)) = tenant_and_ref(&rest) else {
         return not_found();
     };
@@ -136,105 +178,49 @@ async fn handle_templates(req: Request<Incoming>, rest: String, block_size: i32)
         if req.method() != Method::GET {
             return method_not_allowed("GET");
         }
-        return json(StatusCode::OK, crate::templates::list_json(tenant));
+        return json(StatusCode::OK, (routes.list_json)(tenant));
     };
     match *req.method() {
-        Method::GET => match crate::templates::get_json(tenant, reference) {
+        Method::GET => match (routes.get_json)(tenant, reference) {
             Some(body) => json(StatusCode::OK, body),
             None => not_found(),
         },
         Method::DELETE => {
-            if crate::templates::delete(tenant, reference) {
+            if (routes.delete)(tenant, reference) {
                 no_content()
             } else {
                 not_found()
             }
         }
         Method::PUT => {
-            let body = match read_limited(req.into_body(), MAX_TEMPLATE_BODY_BYTES).await {
-                Ok(b) if b.len() > MAX_TEMPLATE_BODY_BYTES => {
-                    crate::metrics::record_limit_hit("template_bytes");
+            let (what, max) = (routes.what, routes.max_body);
+            let body = match read_body(req, max, what).await {
+                Ok(b) if b.len() > max => {
+                    crate::metrics::record_limit_hit(routes.body_limit);
                     return text_owned(
                         StatusCode::BAD_REQUEST,
-                        format!(
-                            "decode template: body larger than {MAX_TEMPLATE_BODY_BYTES} bytes\n"
-                        ),
+                        format!("decode {what}: body larger than {max} bytes\n"),
                     );
                 }
                 Ok(b) => b,
-                Err(e) => {
-                    return text_owned(StatusCode::BAD_REQUEST, format!("decode template: {e}\n"));
-                }
+                Err(r) => return r,
             };
-            match crate::templates::put(tenant, reference, &body, block_size) {
+            match put(tenant, reference, &body) {
                 Ok(()) => no_content(),
-                Err(crate::templates::PutError::Invalid(e)) => {
-                    text_owned(StatusCode::BAD_REQUEST, format!("{e}\n"))
-                }
-                Err(crate::templates::PutError::Full(e)) => {
-                    text_owned(StatusCode::CONFLICT, format!("{e}\n"))
-                }
+                Err(PutError::Invalid(e)) => text_owned(StatusCode::BAD_REQUEST, format!("{e}\n")),
+                Err(PutError::Full(e)) => text_owned(StatusCode::CONFLICT, format!("{e}\n")),
             }
         }
         _ => method_not_allowed("GET, PUT, DELETE"),
     }
 }
 
-/// `/pd-topologies/{tenant}` (`GET`: list) and `/pd-topologies/{tenant}/{ref}` (`GET`, `PUT`,
-/// `DELETE`).
-async fn handle_pd_topologies(req: Request<Incoming>, rest: String) -> Resp {
-    let Some((tenant, reference)) = tenant_and_ref(&rest) else {
-        return not_found();
-    };
-    let Some(reference) = reference else {
-        if req.method() != Method::GET {
-            return method_not_allowed("GET");
-        }
-        return json(StatusCode::OK, crate::pd::list_json(tenant));
-    };
-    match *req.method() {
-        Method::GET => match crate::pd::get_json(tenant, reference) {
-            Some(body) => json(StatusCode::OK, body),
-            None => not_found(),
-        },
-        Method::DELETE => {
-            if crate::pd::delete(tenant, reference) {
-                no_content()
-            } else {
-                not_found()
-            }
-        }
-        Method::PUT => {
-            let body = match read_limited(req.into_body(), MAX_PD_TOPOLOGY_BODY_BYTES).await {
-                Ok(b) if b.len() > MAX_PD_TOPOLOGY_BODY_BYTES => {
-                    crate::metrics::record_limit_hit("pd_topology_bytes");
-                    return text_owned(
-                        StatusCode::BAD_REQUEST,
-                        format!(
-                            "decode pd topology: body larger than {MAX_PD_TOPOLOGY_BODY_BYTES} bytes\n"
-                        ),
-                    );
-                }
-                Ok(b) => b,
-                Err(e) => {
-                    return text_owned(
-                        StatusCode::BAD_REQUEST,
-                        format!("decode pd topology: {e}\n"),
-                    );
-                }
-            };
-            match crate::pd::put(tenant, reference, &body) {
-                Ok(()) => no_content(),
-                Err(crate::pd::PutError::Invalid(e)) => {
-                    text_owned(StatusCode::BAD_REQUEST, format!("{e}\n"))
-                }
-                Err(crate::pd::PutError::Full(e)) => {
-                    text_owned(StatusCode::CONFLICT, format!("{e}\n"))
-                }
-            }
-        }
-        _ => method_not_allowed("GET, PUT, DELETE"),
-    }
+/// Reads a request body of at most `limit` (+1) bytes ([`read_limited`]); a body that cannot be
+/// read is answered 400 `decode {what}: …`.
+async fn read_body(req: Request<Incoming>, limit: usize, what: &str) -> Result<Vec<u8>, Resp> {
+    read_limited(req.into_body(), limit)
+        .await
+        .map_err(|e| text_owned(StatusCode::BAD_REQUEST, format!("decode {what}: {e}\n")))
 }
 
 fn no_content() -> Resp {
@@ -262,14 +248,9 @@ async fn handle_policy(req: Request<Incoming>) -> Resp {
     if req.method() != Method::POST && req.method() != Method::PUT {
         return method_not_allowed("POST, PUT");
     }
-    let body = match read_limited(req.into_body(), MAX_POLICY_BODY_BYTES).await {
+    let body = match read_body(req, MAX_POLICY_BODY_BYTES, "policy snapshot").await {
         Ok(b) => b,
-        Err(e) => {
-            return text_owned(
-                StatusCode::BAD_REQUEST,
-                format!("decode policy snapshot: {e}\n"),
-            );
-        }
+        Err(r) => return r,
     };
     match inferencecache_index::policy::parse_policy_body(&body) {
         Ok(store) => {
@@ -277,10 +258,7 @@ async fn handle_policy(req: Request<Incoming>) -> Resp {
             // leave the cores with different snapshots.
             let _one = POLICY_INSTALL.lock().await;
             gather::install_policy(Arc::new(store)).await;
-            Response::builder()
-                .status(StatusCode::NO_CONTENT)
-                .body(Full::new(Bytes::new()))
-                .expect("204")
+            no_content()
         }
         Err(e) => text_owned(StatusCode::BAD_REQUEST, format!("{e}\n")),
     }
@@ -291,14 +269,9 @@ async fn handle_probe(req: Request<Incoming>) -> Resp {
     if req.method() != Method::POST {
         return method_not_allowed("POST");
     }
-    let body = match read_limited(req.into_body(), MAX_PROBE_BODY_BYTES).await {
+    let body = match read_body(req, MAX_PROBE_BODY_BYTES, "probe request").await {
         Ok(b) => b,
-        Err(e) => {
-            return text_owned(
-                StatusCode::BAD_REQUEST,
-                format!("decode probe request: {e}\n"),
-            );
-        }
+        Err(r) => return r,
     };
     let probe = match probe::parse_request(&body) {
         Ok(p) => p,

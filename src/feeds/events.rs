@@ -5,11 +5,20 @@
 //! block hash; the entry's adapter or the message's) and one `REPLICA_UPDATED` when the message
 //! carries stats; every PublishEvent as received (`PREFIX_ADDED`, `PREFIX_EVICTED`,
 //! `REPLICA_UPDATED`, `ALL_CLEARED`). The timestamp is the producer's, or the server's clock when
-//! the producer sent none. Not published: the entries the index removes on its own (TTL sweep,
-//! global cap, tenant quota; they are counted in `inferencecache_index_evictions_total` and
-//! `inferencecache_tenant_evictions_total`), messages refused or not applied, and the probe
-//! tenant.
+//! the producer sent none. Not published: messages refused or not applied, and the probe tenant.
+//!
+//! The entries the index removes on its own are published too, as `PREFIX_EVICTED` (one per
+//! removed `(key, replica)` entry, timestamped with the server's clock of the removal), through
+//! the index's removal hook ([`removal_sink`], installed on every core while the feed is on):
+//! the TTL sweep's at once, from the sweeping core; the global cap's and a tenant quota's, which
+//! happen inside an ingest, are held back on the owner core ([`take_removals`], at most
+//! [`EVENT_REMOVAL_BURST`]) and published by the caller right after that ingest's own changes
+//! ([`publish_removals`]), so an entry is never seen evicted before it was added. The contract's
+//! `CacheEvent` has no reason field: why an entry went is counted in
+//! `inferencecache_index_evictions_total{reason}` and `inferencecache_tenant_evictions_total`.
+//! While nobody subscribes the hook returns after one relaxed load.
 
+use std::cell::{Cell, RefCell};
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, RwLock};
@@ -18,11 +27,12 @@ use std::task::{Context, Poll};
 use crossbeam_queue::ArrayQueue;
 use futures_util::Stream;
 use futures_util::task::AtomicWaker;
+use inferencecache_index::index::{RemovalReason, RemovalSink, Removed};
 use inferencecache_proto::v1alpha1 as pb;
 use pb::cache_event::Type;
 use tonic::Status;
 
-use crate::limits::EVENT_SUBSCRIBER_BUFFER;
+use crate::limits::{EVENT_REMOVAL_BURST, EVENT_SUBSCRIBER_BUFFER};
 
 /// The `rpc` label of `inferencecache_rpc_calls_total`.
 const RPC: &str = "StreamCacheEvents";
@@ -50,14 +60,25 @@ impl Subscriber {
 
     /// Queues `ev` without waiting; a full queue drops it and marks the subscriber lagging.
     fn offer(&self, ev: pb::CacheEvent) {
+        self.offer_with(|| ev);
+    }
+
+    /// [`Self::offer`] building the event only if it can still be queued.
+    fn offer_with(&self, make: impl FnOnce() -> pb::CacheEvent) {
         if self.dropped.load(Ordering::Relaxed) > 0 {
             // Lagging: its stream ends after what is queued; nothing more is queued.
             self.dropped.fetch_add(1, Ordering::Relaxed);
             return;
         }
-        if self.queue.push(ev).is_err() && self.dropped.fetch_add(1, Ordering::Relaxed) == 0 {
+        if self.queue.push(make()).is_err() && self.dropped.fetch_add(1, Ordering::Relaxed) == 0 {
             crate::metrics::record_limit_hit("event_subscriber_buffer");
         }
+        self.waker.wake();
+    }
+
+    /// Marks the subscriber lagging by `n` changes it will never receive.
+    fn missed(&self, n: u64) {
+        self.dropped.fetch_add(n, Ordering::Relaxed);
         self.waker.wake();
     }
 
@@ -87,13 +108,19 @@ static SUBSCRIBERS: RwLock<Vec<Arc<Subscriber>>> = RwLock::new(Vec::new());
 static SUBSCRIBED: AtomicUsize = AtomicUsize::new(0);
 
 fn each_subscriber(model: &str, tenant: &str, mut f: impl FnMut(&Subscriber)) {
+    every_subscriber(|s| {
+        if s.matches(model, tenant) {
+            f(s)
+        }
+    });
+}
+
+fn every_subscriber(f: impl FnMut(&Subscriber)) {
     if SUBSCRIBED.load(Ordering::Relaxed) == 0 {
         return;
     }
     let subs = SUBSCRIBERS.read().unwrap_or_else(|e| e.into_inner());
-    for s in subs.iter().filter(|s| s.matches(model, tenant)) {
-        f(s);
-    }
+    subs.iter().map(|s| &**s).for_each(f);
 }
 
 fn timestamp(us: i64) -> i64 {
@@ -147,11 +174,96 @@ pub fn publish_event(e: &pb::CacheEvent) {
     }
     each_subscriber(&e.model_id, &e.tenant_id, |s| {
         if s.wants(t) {
-            let mut ev = e.clone();
-            ev.timestamp_us = timestamp(e.timestamp_us);
-            s.offer(ev);
+            s.offer_with(|| {
+                let mut ev = e.clone();
+                ev.timestamp_us = timestamp(e.timestamp_us);
+                ev
+            });
         }
     });
+}
+
+thread_local! {
+    /// This core's held-back cap/quota removals (see the module comment), at most
+    /// [`EVENT_REMOVAL_BURST`].
+    static HELD: RefCell<Vec<pb::CacheEvent>> = const { RefCell::new(Vec::new()) };
+    /// Removals past [`EVENT_REMOVAL_BURST`] since the last [`take_removals`].
+    static HELD_DROPPED: Cell<u64> = const { Cell::new(0) };
+}
+
+/// The index's removal hook for one core: publishes the TTL sweep's removals at once and holds
+/// back the cap's and quotas' for [`take_removals`]. Installed only while the feed is on.
+pub fn removal_sink() -> RemovalSink {
+    Box::new(on_removed)
+}
+
+fn on_removed(r: &Removed<'_>) {
+    if SUBSCRIBED.load(Ordering::Relaxed) == 0 || r.reserved() {
+        return;
+    }
+    let (model, tenant) = (r.model(), r.tenant());
+    let mut wanted = false;
+    each_subscriber(model, tenant, |s| wanted |= s.wants(Type::PrefixEvicted));
+    if !wanted {
+        return;
+    }
+    let mut buf = [0u8; 8];
+    let ev = pb::CacheEvent {
+        r#type: Type::PrefixEvicted as i32,
+        replica_id: r.replica().to_string(),
+        model_id: model.to_string(),
+        tenant_id: tenant.to_string(),
+        prefix_hash: r.prefix_hash(&mut buf).to_vec(),
+        timestamp_us: r.at_ns() / 1_000,
+        adapter_id: r.adapter().to_string(),
+    };
+    match r.reason() {
+        RemovalReason::Ttl => publish_event(&ev),
+        RemovalReason::Cap | RemovalReason::Quota => HELD.with(|h| {
+            let mut h = h.borrow_mut();
+            if h.len() < EVENT_REMOVAL_BURST {
+                h.push(ev);
+            } else {
+                let n = HELD_DROPPED.get();
+                if n == 0 {
+                    crate::metrics::record_limit_hit("event_removal_burst");
+                }
+                HELD_DROPPED.set(n + 1);
+            }
+        }),
+    }
+}
+
+/// The cap/quota removals this core held back during the ingest it just ran (call on the owner
+/// core, right after the ingest); an empty `Removals` allocates nothing.
+pub fn take_removals() -> Removals {
+    Removals {
+        events: HELD.with(|h| std::mem::take(&mut *h.borrow_mut())),
+        dropped: HELD_DROPPED.replace(0),
+    }
+}
+
+/// Removals taken from an owner core by [`take_removals`], for [`publish_removals`].
+#[derive(Debug, Default)]
+pub struct Removals {
+    events: Vec<pb::CacheEvent>,
+    dropped: u64,
+}
+
+/// Publishes removals held back by an ingest, after that ingest's own changes. When some were
+/// dropped past [`EVENT_REMOVAL_BURST`], every subscriber that wants evictions is told it fell
+/// behind.
+pub fn publish_removals(r: Removals) {
+    for ev in &r.events {
+        publish_event(ev);
+    }
+    if r.dropped > 0 {
+        every_subscriber(|s| {
+            if s.wants(Type::PrefixEvicted) {
+                s.missed(r.dropped);
+            }
+        });
+    }
 }
 
 /// Removes its subscriber when the stream is dropped (client gone, stream ended).

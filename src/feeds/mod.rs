@@ -4,7 +4,8 @@
 //! 0` (the defaults) each call closes at once with OK and no messages, the reference's stub.
 //!
 //! * [`events`] — a live feed of the index changes the server applies, published by whichever
-//!   core handled the producer's call (so every core feeds every subscriber), into one bounded
+//!   core handled the producer's call (so every core feeds every subscriber), and of the
+//!   entries the index removes on its own (TTL sweep, global cap, tenant quota), into one bounded
 //!   lock-free queue per subscriber. Publishing never waits: when a subscriber's queue is full
 //!   the change is dropped for it, and once it has read what was queued its stream ends with
 //!   `RESOURCE_EXHAUSTED` saying how many changes it missed. Ingest never slows down.

@@ -119,18 +119,22 @@ impl InferenceCache for CacheService {
             }
             let core = owner(&update.tenant_id, &update.model_id);
             // The update travels back with the answer, so the change feed can publish it
-            // without a copy.
-            let (applied, update) = mailbox::call(core, move |st| (st.ingest(&update), update))
-                .await
-                .map_err(|_| {
-                    Status::unavailable("owner core unavailable (stalled or shutting down)")
-                })?;
+            // without a copy; so do the entries its cap or quota evicted (published after it).
+            let (applied, update, removals) = mailbox::call(core, move |st| {
+                let applied = st.ingest(&update);
+                (applied, update, crate::feeds::events::take_removals())
+            })
+            .await
+            .map_err(|_| {
+                Status::unavailable("owner core unavailable (stalled or shutting down)")
+            })?;
             match applied {
                 Ok(()) => crate::feeds::events::publish_ingest(&update),
                 Err(why) => {
                     refused.get_or_insert(why);
                 }
             }
+            crate::feeds::events::publish_removals(removals);
         }
         Ok(match refused {
             None => ack(),

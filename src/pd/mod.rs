@@ -24,8 +24,8 @@
 //! With no topology registered at all, the reference's stub (`{reason_code: "NO_HINT"}`, no
 //! metric).
 
-use std::collections::{BTreeMap, HashMap};
-use std::sync::{Arc, LazyLock, RwLock};
+use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::Instant;
 
 use inferencecache_index::PROBE_TENANT;
@@ -39,6 +39,8 @@ use crate::limits::{
 use crate::lookup::{PoolQuery, deadline_race, rank_pool};
 use crate::runtime::mailbox;
 use crate::shard::{owner, with_core};
+use crate::tenant_registry::PutError;
+use crate::tenant_registry::{Full, Lookup, TenantRegistry, check_name};
 
 /// LookupPDRoute reason codes.
 pub mod reason {
@@ -70,41 +72,9 @@ pub struct Topology {
     pub hash_scheme: String,
 }
 
-/// Why a registration was refused.
-#[derive(Debug, PartialEq, Eq)]
-pub enum PutError {
-    /// Malformed body or names, empty or oversize pools: 400.
-    Invalid(String),
-    /// [`MAX_PD_TOPOLOGIES`] reached: 409.
-    Full(String),
-}
-
-#[derive(Default)]
-struct Registry {
-    by_tenant: HashMap<String, BTreeMap<String, Arc<Topology>>>,
-    count: usize,
-}
-
-/// The registered topologies. Written only by the admin thread; a LookupPDRoute takes the read
-/// lock just long enough to clone one `Arc`. Never touched by LookupRoute.
-static REGISTRY: LazyLock<RwLock<Registry>> = LazyLock::new(Default::default);
-
-fn read() -> std::sync::RwLockReadGuard<'static, Registry> {
-    REGISTRY.read().unwrap_or_else(|e| e.into_inner())
-}
-
-fn write() -> std::sync::RwLockWriteGuard<'static, Registry> {
-    REGISTRY.write().unwrap_or_else(|e| e.into_inner())
-}
-
-fn check_name(what: &str, name: &str) -> Result<(), PutError> {
-    if name.is_empty() || name.len() > MAX_ID_BYTES {
-        return Err(PutError::Invalid(format!(
-            "{what} must be 1 to {MAX_ID_BYTES} bytes"
-        )));
-    }
-    Ok(())
-}
+/// The registered topologies, [`MAX_PD_TOPOLOGIES`] in all (no separate per-tenant bound).
+static REGISTRY: TenantRegistry<Topology> =
+    TenantRegistry::new(MAX_PD_TOPOLOGIES, MAX_PD_TOPOLOGIES);
 
 /// Stores `tenant/reference` from a `PUT` body (replacing any earlier one).
 pub fn put(tenant: &str, reference: &str, body: &[u8]) -> Result<(), PutError> {
@@ -134,61 +104,32 @@ pub fn put(tenant: &str, reference: &str, body: &[u8]) -> Result<(), PutError> {
             check_name(what, r)?;
         }
     }
-    let mut reg = write();
-    let replaces = reg
-        .by_tenant
-        .get(tenant)
-        .is_some_and(|m| m.contains_key(reference));
-    if !replaces {
-        if reg.count >= MAX_PD_TOPOLOGIES {
-            crate::metrics::record_limit_hit("pd_topologies");
-            return Err(PutError::Full(format!(
-                "{MAX_PD_TOPOLOGIES} topologies already registered"
-            )));
-        }
-        reg.count += 1;
-    }
-    reg.by_tenant
-        .entry(tenant.to_string())
-        .or_default()
-        .insert(reference.to_string(), Arc::new(t));
-    Ok(())
+    REGISTRY.put(tenant, reference, t).map_err(|full| {
+        crate::metrics::record_limit_hit("pd_topologies");
+        let n = match full {
+            Full::Tenant(n) | Full::Total(n) => n,
+        };
+        PutError::Full(format!("{n} topologies already registered"))
+    })
 }
 
 /// Removes `tenant/reference`; whether it existed.
 pub fn delete(tenant: &str, reference: &str) -> bool {
-    let mut reg = write();
-    let Some(m) = reg.by_tenant.get_mut(tenant) else {
-        return false;
-    };
-    let removed = m.remove(reference).is_some();
-    if m.is_empty() {
-        reg.by_tenant.remove(tenant);
-    }
-    if removed {
-        reg.count -= 1;
-    }
-    removed
+    REGISTRY.delete(tenant, reference)
 }
 
 /// `GET /pd-topologies/{tenant}`: `{ref: topology}` as a JSON object (`{}` when none).
 pub fn list_json(tenant: &str) -> String {
-    let reg = read();
-    let m: BTreeMap<&str, &Topology> = reg
-        .by_tenant
-        .get(tenant)
-        .into_iter()
-        .flatten()
-        .map(|(r, t)| (r.as_str(), &**t))
-        .collect();
-    serde_json::to_string(&m).unwrap_or_else(|_| "{}".into())
+    REGISTRY.with_tenant(tenant, |rows| {
+        let m: BTreeMap<&str, &Topology> = rows.collect();
+        serde_json::to_string(&m).unwrap_or_else(|_| "{}".into())
+    })
 }
 
 /// `GET /pd-topologies/{tenant}/{ref}`.
 pub fn get_json(tenant: &str, reference: &str) -> Option<String> {
-    let reg = read();
-    let t = reg.by_tenant.get(tenant)?.get(reference)?;
-    serde_json::to_string(&**t).ok()
+    let t = REGISTRY.get(tenant, reference)?;
+    serde_json::to_string(&*t).ok()
 }
 
 fn no_hint() -> pb::LookupPdRouteResponse {
@@ -205,19 +146,10 @@ pub async fn lookup_pd_route(
     caller_deadline: Option<Instant>,
     block_size: i32,
 ) -> pb::LookupPdRouteResponse {
-    let topology = {
-        let reg = read();
-        if reg.count == 0 {
-            return no_hint();
-        }
-        reg.by_tenant
-            .get(&req.tenant_id)
-            .and_then(|m| m.get(&req.pd_topology_ref))
-            .cloned()
-    };
-    let resp = match topology {
-        Some(t) => answer(req, t, start, caller_deadline, block_size).await,
-        None => no_hint(),
+    let resp = match REGISTRY.find(&req.tenant_id, &req.pd_topology_ref) {
+        Lookup::NothingRegistered => return no_hint(),
+        Lookup::Found(t) => answer(req, t, start, caller_deadline, block_size).await,
+        Lookup::Missing => no_hint(),
     };
     crate::metrics::record_rpc(RPC, reason_label(&resp.reason_code));
     resp

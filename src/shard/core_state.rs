@@ -4,7 +4,7 @@
 use std::cell::{Cell, RefCell};
 use std::sync::Arc;
 
-use inferencecache_index::index::{EvictionCounts, Index, IndexConfig};
+use inferencecache_index::index::{EvictionCounts, Index, IndexConfig, RemovalSink};
 use inferencecache_index::policy::PolicyStore;
 use inferencecache_proto::v1alpha1 as pb;
 
@@ -122,6 +122,14 @@ impl CoreState {
             index,
             warned_string_table_full: false,
         }
+    }
+
+    /// Installs the index's removal hook: `sink` is told of every entry the TTL sweep
+    /// ([`Self::sweep`]), the global cap or a tenant quota ([`Self::ingest`]) removes, before it
+    /// goes. `None` (the default) reports nothing.
+    pub fn with_removal_sink(mut self, sink: Option<RemovalSink>) -> Self {
+        self.index.set_removal_sink(sink);
+        self
     }
 
     /// Replaces this core's policy snapshot. The eviction order may depend on it, so the index

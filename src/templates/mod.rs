@@ -26,7 +26,7 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::io;
-use std::sync::{Arc, LazyLock, RwLock};
+use std::sync::Arc;
 
 use inferencecache_index::fingerprint;
 use inferencecache_proto::v1alpha1 as pb;
@@ -35,9 +35,11 @@ use minijinja::{Environment, ErrorKind};
 use serde::{Deserialize, Serialize};
 
 use crate::limits::{
-    MAX_ID_BYTES, MAX_RENDERED_PROMPT_BYTES, MAX_TEMPLATE_BYTES, MAX_TEMPLATE_REVISION_BYTES,
-    MAX_TEMPLATES, MAX_TEMPLATES_PER_TENANT, TEMPLATE_RENDER_FUEL,
+    MAX_RENDERED_PROMPT_BYTES, MAX_TEMPLATE_BYTES, MAX_TEMPLATE_REVISION_BYTES, MAX_TEMPLATES,
+    MAX_TEMPLATES_PER_TENANT, TEMPLATE_RENDER_FUEL,
 };
+use crate::tenant_registry::PutError;
+use crate::tenant_registry::{Full, Lookup, TenantRegistry, check_name};
 
 /// RenderTemplate reason codes (docs/BEHAVIOUR.md §11).
 pub mod reason {
@@ -106,32 +108,10 @@ struct Listed<'a> {
     template: Option<&'a str>,
 }
 
-/// Why a registration was refused.
-#[derive(Debug, PartialEq, Eq)]
-pub enum PutError {
-    /// Malformed body, oversize source, template syntax error, unknown model: 400.
-    Invalid(String),
-    /// [`MAX_TEMPLATES_PER_TENANT`] or [`MAX_TEMPLATES`] reached: 409.
-    Full(String),
-}
-
-#[derive(Default)]
-struct Registry {
-    by_tenant: HashMap<String, BTreeMap<String, Arc<Template>>>,
-    count: usize,
-}
-
-/// The registered templates. Written only by the admin thread (registration); a render takes
-/// the read lock just long enough to clone one `Arc`. Never touched by LookupRoute.
-static REGISTRY: LazyLock<RwLock<Registry>> = LazyLock::new(Default::default);
-
-fn read() -> std::sync::RwLockReadGuard<'static, Registry> {
-    REGISTRY.read().unwrap_or_else(|e| e.into_inner())
-}
-
-fn write() -> std::sync::RwLockWriteGuard<'static, Registry> {
-    REGISTRY.write().unwrap_or_else(|e| e.into_inner())
-}
+/// The registered templates, [`MAX_TEMPLATES_PER_TENANT`] per tenant and [`MAX_TEMPLATES`] in
+/// all.
+static REGISTRY: TenantRegistry<Template> =
+    TenantRegistry::new(MAX_TEMPLATES_PER_TENANT, MAX_TEMPLATES);
 
 /// Compiles and stores `tenant/reference` from a `PUT` body (replacing any earlier revision).
 /// Runs on the admin thread: tokenizing the stable prefix is bounded by [`MAX_TEMPLATE_BYTES`].
@@ -154,69 +134,38 @@ pub fn put(tenant: &str, reference: &str, body: &[u8], block_size: i32) -> Resul
         )));
     }
     let template = compile(body, block_size).map_err(PutError::Invalid)?;
-    let mut reg = write();
-    let replaces = reg
-        .by_tenant
-        .get(tenant)
-        .is_some_and(|t| t.contains_key(reference));
-    if !replaces {
-        let tenant_count = reg.by_tenant.get(tenant).map_or(0, BTreeMap::len);
-        if tenant_count >= MAX_TEMPLATES_PER_TENANT {
-            crate::metrics::record_limit_hit("templates_per_tenant");
-            return Err(PutError::Full(format!(
-                "tenant already has {MAX_TEMPLATES_PER_TENANT} templates"
-            )));
-        }
-        if reg.count >= MAX_TEMPLATES {
-            crate::metrics::record_limit_hit("templates");
-            return Err(PutError::Full(format!(
-                "{MAX_TEMPLATES} templates already registered"
-            )));
-        }
-        reg.count += 1;
-    }
-    reg.by_tenant
-        .entry(tenant.to_string())
-        .or_default()
-        .insert(reference.to_string(), Arc::new(template));
-    Ok(())
+    REGISTRY
+        .put(tenant, reference, template)
+        .map_err(|full| match full {
+            Full::Tenant(n) => {
+                crate::metrics::record_limit_hit("templates_per_tenant");
+                PutError::Full(format!("tenant already has {n} templates"))
+            }
+            Full::Total(n) => {
+                crate::metrics::record_limit_hit("templates");
+                PutError::Full(format!("{n} templates already registered"))
+            }
+        })
 }
 
 /// Removes `tenant/reference`; whether it existed.
 pub fn delete(tenant: &str, reference: &str) -> bool {
-    let mut reg = write();
-    let Some(t) = reg.by_tenant.get_mut(tenant) else {
-        return false;
-    };
-    let removed = t.remove(reference).is_some();
-    if t.is_empty() {
-        reg.by_tenant.remove(tenant);
-    }
-    if removed {
-        reg.count -= 1;
-    }
-    removed
+    REGISTRY.delete(tenant, reference)
 }
 
 /// `GET /templates/{tenant}`: the tenant's templates (without sources) as a JSON array, sorted
 /// by ref (`[]` when none).
 pub fn list_json(tenant: &str) -> String {
-    let reg = read();
-    let rows: Vec<Listed> = reg
-        .by_tenant
-        .get(tenant)
-        .into_iter()
-        .flatten()
-        .map(|(r, t)| listed(r, t, false))
-        .collect();
-    serde_json::to_string(&rows).unwrap_or_else(|_| "[]".into())
+    REGISTRY.with_tenant(tenant, |rows| {
+        let rows: Vec<Listed> = rows.map(|(r, t)| listed(r, t, false)).collect();
+        serde_json::to_string(&rows).unwrap_or_else(|_| "[]".into())
+    })
 }
 
 /// `GET /templates/{tenant}/{ref}`: one template with its source, if registered.
 pub fn get_json(tenant: &str, reference: &str) -> Option<String> {
-    let reg = read();
-    let t = reg.by_tenant.get(tenant)?.get(reference)?;
-    serde_json::to_string(&listed(reference, t, true)).ok()
+    let t = REGISTRY.get(tenant, reference)?;
+    serde_json::to_string(&listed(reference, &t, true)).ok()
 }
 
 fn listed<'a>(reference: &'a str, t: &'a Template, with_source: bool) -> Listed<'a> {
@@ -228,15 +177,6 @@ fn listed<'a>(reference: &'a str, t: &'a Template, with_source: bool) -> Listed<
         stable_prefix_tokens: t.stable_prefix_tokens,
         template: with_source.then_some(t.source.as_str()),
     }
-}
-
-fn check_name(what: &str, name: &str) -> Result<(), PutError> {
-    if name.is_empty() || name.len() > MAX_ID_BYTES {
-        return Err(PutError::Invalid(format!(
-            "{what} must be 1 to {MAX_ID_BYTES} bytes"
-        )));
-    }
-    Ok(())
 }
 
 fn compile(body: PutBody, block_size: i32) -> Result<Template, String> {
@@ -404,23 +344,17 @@ pub fn render(req: pb::RenderTemplateRequest) -> pb::RenderTemplateResponse {
 fn render_inner(
     req: pb::RenderTemplateRequest,
 ) -> Option<(pb::RenderTemplateResponse, &'static str)> {
-    let found = {
-        let reg = read();
-        if reg.count == 0 {
-            return None;
+    let t = match REGISTRY.find(&req.tenant_id, &req.template_ref) {
+        Lookup::NothingRegistered => return None,
+        Lookup::Found(t) => t,
+        Lookup::Missing => {
+            let resp = pb::RenderTemplateResponse {
+                reason_code: reason::TEMPLATE_NOT_FOUND.into(),
+                tenant_namespace: req.tenant_id.into_bytes(),
+                ..Default::default()
+            };
+            return Some((resp, reason::TEMPLATE_NOT_FOUND));
         }
-        reg.by_tenant
-            .get(&req.tenant_id)
-            .and_then(|t| t.get(&req.template_ref))
-            .cloned()
-    };
-    let Some(t) = found else {
-        let resp = pb::RenderTemplateResponse {
-            reason_code: reason::TEMPLATE_NOT_FOUND.into(),
-            tenant_namespace: req.tenant_id.into_bytes(),
-            ..Default::default()
-        };
-        return Some((resp, reason::TEMPLATE_NOT_FOUND));
     };
     Some(answer(&t, req.tenant_id, req.variables))
 }

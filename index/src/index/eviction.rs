@@ -32,7 +32,7 @@
 //! is corrected by the next ingest on a core that has some).
 
 use super::store::KeyId;
-use super::{Catalog, EvictionCounts, Index, SweepOutcome};
+use super::{Catalog, EvictionCounts, Index, RemovalReason, SweepOutcome};
 use crate::rules::{Eviction, TenantRules};
 use std::cmp::Ordering;
 
@@ -388,8 +388,14 @@ impl Index {
     }
 
     /// Global cap (§7.2): while the global non-reserved count exceeds the cap, evict this core's
-    /// minimum entries. Counts removals per algorithm into `out`.
-    pub(crate) fn enforce_cap(&mut self, rules: &dyn TenantRules, out: &mut EvictionCounts) {
+    /// minimum entries. Counts removals per algorithm into `out` and reports each to the
+    /// removal sink (at `now`).
+    pub(crate) fn enforce_cap(
+        &mut self,
+        rules: &dyn TenantRules,
+        out: &mut EvictionCounts,
+        now: i64,
+    ) {
         let max = self.config().max_entries;
         if max == 0 {
             return;
@@ -411,6 +417,7 @@ impl Index {
                     break;
                 };
                 let algo = self.cat.tenants[&self.cat.tenant_of(key)].algo;
+                self.report_removal(key, replica, RemovalReason::Cap, algo, now);
                 let removed = self.remove_entry(key, replica);
                 debug_assert!(removed.is_some());
                 out.add(algo);
@@ -553,8 +560,8 @@ impl Index {
 
     /// Tenant quota (§7.1): while the tenant's key count exceeds `budget`, evict its oldest keys
     /// (newest holder time, then model, scheme, adapter, hash) from this core. Returns the
-    /// number of keys evicted.
-    pub(crate) fn enforce_quota(&mut self, tenant: u32, budget: u64) -> u64 {
+    /// number of keys evicted; each removed entry is reported to the removal sink (at `now`).
+    pub(crate) fn enforce_quota(&mut self, tenant: u32, budget: u64, now: i64) -> u64 {
         self.flush();
         let mut total = 0u64;
         loop {
@@ -568,7 +575,7 @@ impl Index {
                 let Some(key) = self.quota_pop(tenant, over as usize) else {
                     break;
                 };
-                self.remove_key(key);
+                self.remove_key(key, now);
                 evicted += 1;
             }
             self.flush();
@@ -612,6 +619,7 @@ impl Index {
             }
             let before = self.store.key_count();
             for r in &stale {
+                self.report_removal(key, *r, RemovalReason::Ttl, algo, now);
                 self.remove_entry(key, *r);
                 out.ttl_evicted.add(algo);
             }

@@ -15,6 +15,7 @@
 //!   primitives with their secondary counters, ingest (§4) and events (§5);
 //! * `lookup` — exact, chain, TENANT_HOT, miss classifier, orchestrator, affinity, LFU credit;
 //! * `eviction` — TTL sweep, tenant quota, global cap (candidate heaps);
+//! * `removal` — the optional sink told of every entry the index removes on its own;
 //! * `aggregate` — GetCacheState, `/snapshot` parts and their merge, the entries gauge.
 
 mod aggregate;
@@ -22,6 +23,7 @@ mod eviction;
 mod intern;
 mod lookup;
 pub mod ranking;
+mod removal;
 mod store;
 
 pub use aggregate::{
@@ -30,6 +32,7 @@ pub use aggregate::{
 };
 pub use lookup::{LfuHit, LookupQuery, LookupView, Score, Strategy};
 pub use ranking::RankerConfig;
+pub use removal::{RemovalReason, RemovalSink, Removed};
 
 use crate::PROBE_TENANT;
 use crate::directory::{Directory, TenantFp};
@@ -383,6 +386,8 @@ pub struct Index {
     reclaimable: u64,
     /// `now` of the last reclaim pass run because the string table was full.
     last_full_reclaim: i64,
+    /// Told of every entry the sweep, the cap or a quota removes (none by default).
+    removal_sink: Option<RemovalSink>,
 }
 
 impl Default for Index {
@@ -419,6 +424,7 @@ impl Index {
             stats_rows: 0,
             reclaimable: 0,
             last_full_reclaim: i64::MIN,
+            removal_sink: None,
         }
     }
 
@@ -789,8 +795,9 @@ impl Index {
         Some(holder)
     }
 
-    /// Removes every holder of a key (quota victim). Returns the number of entries removed.
-    fn remove_key(&mut self, key: KeyId) -> u64 {
+    /// Removes every holder of a key (quota victim), reporting each to the removal sink.
+    /// Returns the number of entries removed.
+    fn remove_key(&mut self, key: KeyId, now: i64) -> u64 {
         let mut n = 0;
         while let Some(pos) = self.store.find(key) {
             let replica = self
@@ -800,6 +807,8 @@ impl Index {
                 .expect("key without holder")
                 .1
                 .replica();
+            let algo = self.cat.tenants[&self.cat.tenant_of(key)].algo;
+            self.report_removal(key, replica, RemovalReason::Quota, algo, now);
             let removed = self.remove_entry(key, replica);
             debug_assert!(removed.is_some());
             n += 1;
@@ -939,9 +948,9 @@ impl Index {
             && let Some(tenant) = self.cat.strings.get(&u.tenant_id)
             && self.cat.tenants.contains_key(&tenant)
         {
-            out.quota_evicted_keys = self.enforce_quota(tenant, b);
+            out.quota_evicted_keys = self.enforce_quota(tenant, b, now);
         }
-        self.enforce_cap(rules, &mut out.cap_evicted);
+        self.enforce_cap(rules, &mut out.cap_evicted, now);
         self.flush();
         out
     }

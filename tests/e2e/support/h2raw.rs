@@ -80,18 +80,43 @@ impl RawCall {
     }
 
     /// Ends the request body (if `end`) and waits for the answer.
-    pub async fn finish(mut self, end: bool) -> Result<RawEnd, h2::Error> {
+    pub async fn finish(self, end: bool) -> Result<RawEnd, h2::Error> {
+        self.open(end).await?.read_to_end().await
+    }
+
+    /// Ends the request body (if `end`) and waits for the response head only. The body is left
+    /// unread until [`RawResponse::read_to_end`]: its flow-control window is not released, so
+    /// a server-streaming answer stalls once the window is full (a subscriber that does not
+    /// read).
+    pub async fn open(mut self, end: bool) -> Result<RawResponse, h2::Error> {
         if end {
             self.send.send_data(Bytes::new(), true)?;
         }
         let resp = self.response.await?;
+        let (parts, body) = resp.into_parts();
+        Ok(RawResponse {
+            headers: parts.headers,
+            body,
+        })
+    }
+}
+
+/// A response whose head arrived and whose body is not read yet.
+pub struct RawResponse {
+    pub headers: http::HeaderMap,
+    body: h2::RecvStream,
+}
+
+impl RawResponse {
+    /// Reads the body to its end (releasing its window as it goes) and the trailers.
+    pub async fn read_to_end(self) -> Result<RawEnd, h2::Error> {
         let header = |h: &http::HeaderMap, k: &str| {
             h.get(k)
                 .map(|v| String::from_utf8_lossy(v.as_bytes()).to_string())
         };
-        let mut grpc_status = header(resp.headers(), "grpc-status");
-        let mut grpc_message = header(resp.headers(), "grpc-message");
-        let mut body = resp.into_body();
+        let mut grpc_status = header(&self.headers, "grpc-status");
+        let mut grpc_message = header(&self.headers, "grpc-message");
+        let mut body = self.body;
         let mut bytes = Vec::new();
         while let Some(chunk) = body.data().await {
             let chunk = chunk?;
@@ -108,4 +133,20 @@ impl RawCall {
             body: bytes,
         })
     }
+}
+
+/// The payloads of the gRPC length-prefixed messages in `body` (uncompressed).
+pub fn grpc_messages(mut body: &[u8]) -> Vec<&[u8]> {
+    let mut out = Vec::new();
+    while body.len() >= 5 {
+        let len = u32::from_be_bytes([body[1], body[2], body[3], body[4]]) as usize;
+        assert!(body.len() >= 5 + len, "truncated gRPC message");
+        out.push(&body[5..5 + len]);
+        body = &body[5 + len..];
+    }
+    assert!(
+        body.is_empty(),
+        "trailing bytes after the last gRPC message"
+    );
+    out
 }
