@@ -13,7 +13,7 @@ use inferencecache_proto::v1alpha1::inference_cache_server::InferenceCache;
 use tonic::{Request, Response, Status, Streaming};
 
 use crate::lookup::LookupConfig;
-use crate::runtime::mailbox;
+use crate::runtime::{evict, mailbox};
 use crate::shard::{IngestRefused, owner};
 
 use super::status::receive_status;
@@ -120,11 +120,21 @@ impl InferenceCache for CacheService {
             let core = owner(&update.tenant_id, &update.model_id);
             // The update travels back with the answer, so the change feed can publish it
             // without a copy.
-            let (applied, update) = mailbox::call(core, move |st| (st.ingest(&update), update))
-                .await
-                .map_err(|_| {
-                    Status::unavailable("owner core unavailable (stalled or shutting down)")
-                })?;
+            let (applied, update, evictions) = mailbox::call(core, move |st| {
+                let applied = st.ingest(&update);
+                let quota = st.quota_for(&update.tenant_id);
+                let evictions = evict::pending(st, &update.tenant_id, quota);
+                (applied, update, evictions)
+            })
+            .await
+            .map_err(|_| {
+                Status::unavailable("owner core unavailable (stalled or shutting down)")
+            })?;
+            // Several cores: the quota and the cap pick their victims across cores, before the
+            // next message is read (docs/BEHAVIOUR.md §7.1, §7.2).
+            if let Some(e) = evictions {
+                e.enforce().await;
+            }
             match applied {
                 Ok(()) => crate::feeds::events::publish_ingest(&update),
                 Err(why) => {
