@@ -291,19 +291,6 @@ fn cross_core_victims_equal_one_index() {
         one.ingest(&u, T0, &rules);
         let c = owner(t, m);
         many[c].ingest(&u, T0, &rules);
-        // LFU credit through lookups on the owner (and the same on the single index).
-        if next(3) == 0 {
-            let q = LookupQuery {
-                tenant: t,
-                model: m,
-                hash_scheme: "vllm",
-                prefix_hash: &h,
-                ..Default::default()
-            };
-            let a = one.lookup_route(&q, T0, &rules).scores.len();
-            let b = many[c].lookup_route(&q, T0, &rules).scores.len();
-            assert_eq!(a, b, "step {step}: lookup");
-        }
         if let Some(budget) = inferencecache_index::rules::TenantRules::quota(&rules, t) {
             let fp = Directory::fingerprint(t);
             while dir.tenant_keys_exact(fp) > budget {
@@ -328,6 +315,19 @@ fn cross_core_victims_equal_one_index() {
             for (ix, v) in many.iter_mut().zip(&picks) {
                 ix.evict_cap_victims(v);
             }
+        }
+        // LFU credit through lookups on the owner (and the same on the single index).
+        if next(3) == 0 {
+            let q = LookupQuery {
+                tenant: t,
+                model: m,
+                hash_scheme: "vllm",
+                prefix_hash: &h,
+                ..Default::default()
+            };
+            let a = one.lookup_route(&q, T0, &rules).scores.len();
+            let b = many[c].lookup_route(&q, T0, &rules).scores.len();
+            assert_eq!(a, b, "step {step}: lookup");
         }
         let mut got: Vec<_> = many.iter().flat_map(|ix| ix.dump_entries()).collect();
         got.sort();
