@@ -838,3 +838,42 @@ impl Index {
         n
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn v(eff: u32, last_seen: i64, replica: &str) -> CapVictim {
+        CapVictim {
+            eff,
+            last_seen,
+            tenant: "t".into(),
+            model: "m".into(),
+            scheme: "s".into(),
+            adapter: String::new(),
+            hash: vec![1],
+            replica: replica.into(),
+        }
+    }
+
+    /// The global first `n` come from any core, each core's share keeps the global order, and
+    /// ties are broken by names exactly as §7.2 says (LFU count, age, then the key, then the
+    /// replica).
+    #[test]
+    fn select_victims_takes_the_global_first_per_core() {
+        let core0 = vec![v(0, 5, "a"), v(0, 9, "a"), v(1, 1, "a")];
+        let core1 = vec![v(0, 5, "b"), v(0, 2, "z"), v(2, 0, "b")];
+        let picks = select_victims(&[core0, core1], 3);
+        assert_eq!(picks[0], vec![v(0, 5, "a")]);
+        assert_eq!(picks[1], vec![v(0, 2, "z"), v(0, 5, "b")]);
+        assert_eq!(
+            select_victims::<CapVictim>(&[vec![], vec![]], 2),
+            vec![vec![], vec![]]
+        );
+        // Hash bytes compare bytewise, shorter prefix first.
+        let mut long = v(0, 0, "r");
+        long.hash = vec![1, 0];
+        let q = select_victims(&[vec![long.clone()], vec![v(0, 0, "r")]], 1);
+        assert_eq!(q, vec![vec![], vec![v(0, 0, "r")]]);
+    }
+}
