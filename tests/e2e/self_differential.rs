@@ -585,6 +585,8 @@ async fn self_differential_shards_1_2_4() {
     let mut diffs: Vec<String> = Vec::new();
     let mut diff_count = [0usize; 3];
     let mut kinds = std::collections::BTreeMap::<&str, usize>::new();
+    // LookupRoute reason codes answered by --shards 1 (coverage of the comparison).
+    let mut reasons = std::collections::BTreeMap::<String, usize>::new();
     while sent < requests {
         let step = g.step();
         steps += 1;
@@ -605,6 +607,12 @@ async fn self_differential_shards_1_2_4() {
         };
         let (ra, rb, rc) = tokio::join!(a.send(&step), b.send(&step), c.send(&step));
         sent += 1;
+        if let Step::Lookup(_) = step
+            && let Some(code) = ra.split("reason_code: \"").nth(1)
+            && let Some(code) = code.split('"').next()
+        {
+            *reasons.entry(code.to_string()).or_default() += 1;
+        }
         for (i, r) in [(1usize, &rb), (2, &rc)] {
             if *r != ra {
                 diff_count[i] += 1;
@@ -640,6 +648,16 @@ async fn self_differential_shards_1_2_4() {
         }
     }
     let elapsed = started.elapsed();
+    let evictions = metric_lines(&targets[0].send(&Step::Metrics).await);
+    eprintln!("self-differential: LookupRoute reasons (shards 1): {reasons:?}");
+    eprintln!(
+        "self-differential: evictions (shards 1):\n{}",
+        evictions
+            .lines()
+            .filter(|l| l.contains("evictions_total"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
     eprintln!(
         "self-differential: seed {seed:#x}, {sent} requests per server ({steps} steps: {kinds:?}) in {:.1} s; differences: shards 2 = {}, shards 4 = {}",
         elapsed.as_secs_f64(),
