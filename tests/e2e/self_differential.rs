@@ -47,7 +47,7 @@ const ADAPTERS: &[&str] = &["", "a1", "a2"];
 const REPLICAS: &[&str] = &["r0", "r1", "r2", "r3", "r4"];
 const STALE_REPLICAS: &[&str] = &["stale-0", "stale-1"];
 /// Global cap of every server (storage entries).
-const CAP: &str = "48";
+const CAP: &str = "120";
 /// Sweep interval of every server (ms).
 const SWEEP_MS: &str = "20";
 /// `/metrics` series compared (by name prefix; exact label sets and values).
@@ -132,6 +132,9 @@ struct Gen {
     /// Base of the "fresh" producer timestamps (µs), 40 minutes ahead of the start.
     fresh_base: i64,
     stale_seq: i64,
+    /// Recently ingested (update, prefix index) pairs: half of the lookups ask for one of them,
+    /// so matches (scores, distinguishing power, LFU credit, floors) are frequent.
+    recent: Vec<(pb::CacheStateUpdate, usize)>,
 }
 
 impl Gen {
@@ -206,7 +209,7 @@ impl Gen {
         };
         let n = self.rng.below(4) as usize;
         let prefixes = (0..n).map(|_| self.prefix()).collect();
-        pb::CacheStateUpdate {
+        let u = pb::CacheStateUpdate {
             replica_id: if stale {
                 self.rng.pick(STALE_REPLICAS)
             } else {
@@ -232,7 +235,60 @@ impl Gen {
             } else {
                 String::new()
             },
+        };
+        if !stale {
+            for i in 0..u.prefixes.len() {
+                if self.recent.len() >= 32 {
+                    self.recent.remove(0);
+                }
+                self.recent.push((u.clone(), i));
+            }
         }
+        u
+    }
+
+    /// A lookup for a recently ingested prefix (its tenant, model, scheme and adapter).
+    fn lookup_recent(&mut self) -> Option<pb::LookupRouteRequest> {
+        if self.recent.is_empty() {
+            return None;
+        }
+        let (u, i) = self.recent[self.rng.below(self.recent.len() as u64) as usize].clone();
+        let p = &u.prefixes[i];
+        let adapter = if p.adapter_id.is_empty() {
+            u.adapter_id.clone()
+        } else {
+            p.adapter_id.clone()
+        };
+        let mut r = pb::LookupRouteRequest {
+            model_id: u.model_id.clone(),
+            tenant_id: u.tenant_id.clone(),
+            hash_scheme: u.hash_scheme.clone(),
+            adapter_id: adapter,
+            slo: self.rng.chance(30).then_some(pb::Slo {
+                ttft_ms: 100,
+                tbt_ms: 0,
+            }),
+            ..Default::default()
+        };
+        if !p.block_hashes.is_empty() && self.rng.chance(80) {
+            let n = 1 + self.rng.below(p.block_hashes.len() as u64) as usize;
+            r.block_hashes = p.block_hashes[..n].to_vec();
+            r.block_token_counts = vec![16; n];
+            // Sometimes a longer chain than was ingested (a partial run).
+            if n == p.block_hashes.len() && self.rng.chance(30) {
+                let c = self.rng.below(self.u.chains.len() as u64) as usize;
+                r.block_hashes.push(self.u.chains[c].1[3].clone());
+                r.block_token_counts.push(16);
+            }
+        } else {
+            r.prefix_hash = if p.prefix_hash.is_empty() && !p.block_hashes.is_empty() {
+                p.block_hashes[p.block_hashes.len() - 1].clone()
+            } else {
+                p.prefix_hash.clone()
+            };
+            r.prefix_token_count = [16, 64, 128][self.rng.below(3) as usize];
+        }
+        Some(r)
     }
 
     fn event(&mut self) -> pb::CacheEvent {
@@ -369,7 +425,7 @@ impl Gen {
             p.push('}');
             policies.push(p);
             if self.rng.chance(60) {
-                let quota = [0, 3, 6, 10, 16, 24][self.rng.below(6) as usize];
+                let quota = [0, 8, 16, 24, 32, 48][self.rng.below(6) as usize];
                 tenants.push(format!(r#"{{"tenantID":"{t}","maxIndexEntries":{quota}}}"#));
             }
         }
@@ -388,7 +444,8 @@ impl Gen {
             }
             30..=32 => Step::Report(vec![self.update(true)], true),
             33..=44 => Step::Event(self.event()),
-            45..=84 => Step::Lookup(self.lookup()),
+            45..=64 => Step::Lookup(self.lookup()),
+            65..=84 => Step::Lookup(self.lookup_recent().unwrap_or_else(|| self.lookup())),
             85..=90 => Step::State(pb::GetCacheStateRequest {
                 model_id: self.rng.pick(MODELS).into(),
                 tenant_id: self.rng.pick(TENANTS).into(),
@@ -578,6 +635,7 @@ async fn self_differential_shards_1_2_4() {
         u: Universe::new(),
         fresh_base: now_us() + 40 * 60 * 1_000_000,
         stale_seq: 0,
+        recent: Vec::new(),
     };
     let started = Instant::now();
     let mut sent = 0usize;
