@@ -216,6 +216,8 @@ fn start_runtime(cli: &Cli, shards: usize) -> Result<Runtime, StartupError> {
         max_strings: cli.index_max_strings.unwrap_or(MAX_STRINGS),
         max_string_bytes: cli.index_max_string_bytes,
         max_holders_per_key: cli.index_max_holders_per_key,
+        // Several cores pick quota and cap victims across cores (shard::evict).
+        cross_core_eviction: shards > 1,
         ..Default::default()
     };
     grpc::set_message_receive_timeout(Duration::from_millis(cli.grpc_message_timeout_ms));

@@ -13,7 +13,7 @@ use inferencecache_proto::v1alpha1::inference_cache_server::InferenceCache;
 use tonic::{Request, Response, Status, Streaming};
 
 use crate::lookup::LookupConfig;
-use crate::runtime::mailbox;
+use crate::runtime::{evict, mailbox};
 use crate::shard::{IngestRefused, owner};
 
 use super::status::receive_status;
@@ -120,14 +120,24 @@ impl InferenceCache for CacheService {
             let core = owner(&update.tenant_id, &update.model_id);
             // The update travels back with the answer, so the change feed can publish it
             // without a copy; so do the entries its cap or quota evicted (published after it).
-            let (applied, update, removals) = mailbox::call(core, move |st| {
+            let (applied, update, removals, evictions) = mailbox::call(core, move |st| {
                 let applied = st.ingest(&update);
-                (applied, update, crate::feeds::events::take_removals())
+                let quota = st.quota_for(&update.tenant_id);
+                let evictions = evict::pending(st, &update.tenant_id, quota);
+                let removals = crate::feeds::events::take_removals();
+                (applied, update, removals, evictions)
             })
             .await
             .map_err(|_| {
                 Status::unavailable("owner core unavailable (stalled or shutting down)")
             })?;
+            // Several cores: the quota and the cap pick their victims across cores, before the
+            // next message is read (docs/BEHAVIOUR.md §7.1, §7.2); each core hands back the
+            // removals its share held for the change feed.
+            let cross_core_removals = match evictions {
+                Some(e) => e.enforce(crate::feeds::events::take_removals).await,
+                None => Vec::new(),
+            };
             match applied {
                 Ok(()) => crate::feeds::events::publish_ingest(&update),
                 Err(why) => {
@@ -135,6 +145,9 @@ impl InferenceCache for CacheService {
                 }
             }
             crate::feeds::events::publish_removals(removals);
+            cross_core_removals
+                .into_iter()
+                .for_each(crate::feeds::events::publish_removals);
         }
         Ok(match refused {
             None => ack(),

@@ -7,6 +7,7 @@
 
 mod accept;
 pub mod admin_thread;
+pub mod evict;
 pub mod health;
 pub mod io;
 pub mod mailbox;
@@ -218,6 +219,13 @@ async fn sweep_loop(interval: Duration) {
         }
         if std::mem::take(&mut first) {
             inject_sweep_fault();
+        }
+        // Never between an ingest and its cross-core evictions (evict.rs); those take a few
+        // hops, so the wait is short, and it is bounded by one interval.
+        let mut waited = Duration::ZERO;
+        while !evict::sweep_may_run() && waited < interval {
+            glommio::timer::sleep(Duration::from_micros(200)).await;
+            waited += Duration::from_micros(200);
         }
         shard::with_core(|st| st.sweep());
     }

@@ -4,7 +4,9 @@
 use std::cell::{Cell, RefCell};
 use std::sync::Arc;
 
-use inferencecache_index::index::{EvictionCounts, Index, IndexConfig, RemovalSink};
+use inferencecache_index::index::{
+    CapVictim, EvictionCounts, Index, IndexConfig, QuotaVictim, RemovalSink,
+};
 use inferencecache_index::policy::PolicyStore;
 use inferencecache_proto::v1alpha1 as pb;
 
@@ -178,6 +180,39 @@ impl CoreState {
             }
             None => Ok(()),
         }
+    }
+
+    /// The tenant quota in force for `tenant` (§7.1), `None` when unbounded.
+    pub fn quota_for(&self, tenant: &str) -> Option<u64> {
+        if tenant == inferencecache_index::PROBE_TENANT {
+            return None;
+        }
+        self.policy.quota(tenant)
+    }
+
+    /// This core's `k` first global-cap candidates (§7.2), for a cross-core victim selection.
+    pub fn cap_candidates(&mut self, k: usize) -> Vec<CapVictim> {
+        self.index.cap_candidates(k, &*self.policy)
+    }
+
+    /// Evicts the given global-cap victims held by this core (chosen across cores); counts
+    /// them and re-publishes the entries gauge. Returns the number removed.
+    pub fn evict_cap(&mut self, victims: &[CapVictim]) -> u64 {
+        let c = self.index.evict_cap_victims(victims, unix_now_ns());
+        record_evictions(c, "cap");
+        self.publish_gauge();
+        c.total()
+    }
+
+    /// Evicts the given quota victims of `tenant` held by this core (chosen across cores);
+    /// counts them and re-publishes the entries gauge. Returns the number of keys removed.
+    pub fn evict_quota(&mut self, tenant: &str, victims: &[QuotaVictim]) -> u64 {
+        let n = self
+            .index
+            .evict_quota_victims(tenant, victims, unix_now_ns());
+        metrics::record_tenant_evictions(tenant, n);
+        self.publish_gauge();
+        n
     }
 
     /// Applies one PublishEvent.

@@ -42,6 +42,8 @@ mod pd;
 mod prompt_text;
 /// Bad input over real sockets must not crash, wedge or corrupt the server.
 mod robustness;
+/// The same seeded random traffic against --shards 1, 2 and 4, compared field by field.
+mod self_differential;
 /// StreamCacheEvents and StreamMetrics.
 mod streams;
 /// RenderTemplate with tenant templates registered on the controller-facing listener.

@@ -24,12 +24,16 @@
 //! bytes stay valid for comparisons and a freed blob id is never reused under them.
 //!
 //! Multi-core: the cap bounds the directory's global non-reserved count and the quota the
-//! directory's per-tenant key count, but the ingesting core evicts only from **its own**
-//! entries, in the exact reference order restricted to that core. With one core this is exactly
-//! the reference. With several, the victim may differ from a single global ordering (another
-//! core can hold an older entry), and the total stays `<= cap` after every ingest as long as the
-//! ingesting core has enough evictable entries (otherwise it evicts all it can and the excess
-//! is corrected by the next ingest on a core that has some).
+//! directory's per-tenant key count. With [`IndexConfig::cross_core_eviction`] (the server with
+//! several cores) ingest does not evict; the caller gathers every core's first candidates
+//! ([`Index::cap_candidates`], [`Index::quota_candidates`]: popped from the heap above and
+//! pushed back, with their names so they compare across cores), picks the globally first with
+//! [`select_victims`] and has each core evict its share ([`Index::evict_cap_victims`],
+//! [`Index::evict_quota_victims`]): exactly the victims of one global index. Without it (one
+//! core, or the crate used on its own) the ingesting core evicts from its own entries, which
+//! with one core are all of them.
+//!
+//! [`IndexConfig::cross_core_eviction`]: super::IndexConfig::cross_core_eviction
 
 use super::store::KeyId;
 use super::{Catalog, EvictionCounts, Index, RemovalReason, SweepOutcome};
@@ -644,5 +648,248 @@ impl Index {
             out.strings_freed = self.reclaim();
         }
         out
+    }
+}
+
+// ---- cross-core victim selection (several cores, docs/BEHAVIOUR.md §7.1, §7.2) ----------------
+
+/// One storage entry's global-cap sort key (§7.2) with its names, comparable across cores: the
+/// derived order (fields top to bottom, strings and hash bytes bytewise) is exactly the
+/// reference's victim order.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct CapVictim {
+    /// `access_count` for an LFU tenant, else 0.
+    pub eff: u32,
+    /// The entry's `last_seen` (unix ns).
+    pub last_seen: i64,
+    /// Tenant id.
+    pub tenant: String,
+    /// Model id.
+    pub model: String,
+    /// Hash scheme.
+    pub scheme: String,
+    /// Adapter id.
+    pub adapter: String,
+    /// Prefix hash bytes.
+    pub hash: Vec<u8>,
+    /// Holder replica.
+    pub replica: String,
+}
+
+/// One prefix key's tenant-quota sort key (§7.1) within its tenant, comparable across cores.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct QuotaVictim {
+    /// The newest `last_seen` among the key's holders (unix ns).
+    pub newest: i64,
+    /// Model id.
+    pub model: String,
+    /// Hash scheme.
+    pub scheme: String,
+    /// Adapter id.
+    pub adapter: String,
+    /// Prefix hash bytes.
+    pub hash: Vec<u8>,
+}
+
+/// Picks the `n` globally smallest victims from every core's own smallest candidates (each
+/// core's list must hold its `n` smallest, in any order) and returns them per core, each core's
+/// list in global order. Exact: the `n` smallest of the union are among the `n` smallest of each
+/// part.
+pub fn select_victims<V: Ord + Clone>(per_core: &[Vec<V>], n: usize) -> Vec<Vec<V>> {
+    let mut all: Vec<(&V, usize)> = per_core
+        .iter()
+        .enumerate()
+        .flat_map(|(c, v)| v.iter().map(move |x| (x, c)))
+        .collect();
+    all.sort();
+    let mut out = vec![Vec::new(); per_core.len()];
+    for (v, c) in all.into_iter().take(n) {
+        out[c].push(v.clone());
+    }
+    out
+}
+
+impl Index {
+    /// Resolves an existing key from its names (no interning).
+    fn key_by_names(
+        &self,
+        tenant: &str,
+        model: &str,
+        scheme: &str,
+        adapter: &str,
+        hash: &[u8],
+    ) -> Option<KeyId> {
+        let scope = self.cat.find_scope(tenant, model, scheme)?;
+        let ks = self.cat.find_keyspace(scope, adapter)?;
+        let key = self.cat.key_for(ks, hash)?;
+        self.store.find(key).map(|_| key)
+    }
+
+    fn key_names(&self, key: KeyId) -> (String, String, String, String, Vec<u8>) {
+        let scope = self.cat.scope_of(key);
+        let ks = &self.cat.keyspaces[key.keyspace() as usize];
+        let mut buf = [0u8; 8];
+        (
+            self.cat.strings.name(scope.tenant).to_string(),
+            self.cat.strings.name(scope.model).to_string(),
+            self.cat.strings.name(scope.scheme).to_string(),
+            self.cat.strings.name(ks.adapter).to_string(),
+            self.cat.hash_bytes(key, &mut buf).to_vec(),
+        )
+    }
+
+    /// This core's `k` smallest non-reserved storage entries in the global-cap order (§7.2),
+    /// with the eviction algorithms resolved from `rules`. Changes nothing observable (the
+    /// candidates stay in the core's candidate heap).
+    pub fn cap_candidates(&mut self, k: usize, rules: &dyn TenantRules) -> Vec<CapVictim> {
+        if k == 0 || self.non_reserved_entry_count() == 0 {
+            return Vec::new();
+        }
+        self.refresh_algorithms(rules);
+        let mut popped = Vec::new();
+        while popped.len() < k {
+            let Some(c) = self.cap_pop(k - popped.len()) else {
+                break;
+            };
+            popped.push(c);
+        }
+        let mut out = Vec::with_capacity(popped.len());
+        for (key, replica) in popped {
+            let pos = self.store.find(key).expect("candidate key");
+            let at = self
+                .store
+                .find_holder(pos, replica)
+                .expect("candidate holder");
+            let h = self.store.holder(at);
+            let lfu = self.cat.tenants[&self.cat.tenant_of(key)].algo == Eviction::Lfu;
+            let (eff, last_seen) = (if lfu { h.access } else { 0 }, h.last_seen());
+            let (tenant, model, scheme, adapter, hash) = self.key_names(key);
+            out.push(CapVictim {
+                eff,
+                last_seen,
+                tenant,
+                model,
+                scheme,
+                adapter,
+                hash,
+                replica: self.cat.strings.name(replica).to_string(),
+            });
+            // Back into the heap: it is still the current minimum.
+            self.cap_touch(key, replica, Some(pos));
+        }
+        out
+    }
+
+    /// Removes the given cap victims held by this core, in order (entries that are gone are
+    /// skipped). Returns the removals per algorithm.
+    pub fn evict_cap_victims(&mut self, victims: &[CapVictim], now: i64) -> EvictionCounts {
+        let mut out = EvictionCounts::default();
+        for v in victims {
+            let Some(key) = self.key_by_names(&v.tenant, &v.model, &v.scheme, &v.adapter, &v.hash)
+            else {
+                continue;
+            };
+            let Some(replica) = self.cat.strings.get(&v.replica) else {
+                continue;
+            };
+            let algo = self.cat.tenants[&self.cat.tenant_of(key)].algo;
+            let held = self
+                .store
+                .find(key)
+                .is_some_and(|pos| self.store.find_holder(pos, replica).is_some());
+            if !held {
+                continue;
+            }
+            self.report_removal(key, replica, RemovalReason::Cap, algo, now);
+            let removed = self.remove_entry(key, replica);
+            debug_assert!(removed.is_some());
+            out.add(algo);
+        }
+        self.flush();
+        out
+    }
+
+    /// This core's `k` oldest prefix keys of `tenant` in the quota order (§7.1).
+    pub fn quota_candidates(&mut self, tenant: &str, k: usize) -> Vec<QuotaVictim> {
+        let Some(t) = self.cat.strings.get(tenant) else {
+            return Vec::new();
+        };
+        if k == 0 || self.cat.tenants.get(&t).is_none_or(|r| r.prefixes == 0) {
+            return Vec::new();
+        }
+        let mut popped = Vec::new();
+        while popped.len() < k {
+            let Some(key) = self.quota_pop(t, k - popped.len()) else {
+                break;
+            };
+            popped.push(key);
+        }
+        let mut out = Vec::with_capacity(popped.len());
+        for key in popped {
+            let newest = self.quota_cand(key).expect("candidate key").newest;
+            let (_, model, scheme, adapter, hash) = self.key_names(key);
+            out.push(QuotaVictim {
+                newest,
+                model,
+                scheme,
+                adapter,
+                hash,
+            });
+            self.quota_touch(key);
+        }
+        out
+    }
+
+    /// Removes the given prefix keys of `tenant` held by this core (every holder), in order.
+    /// Returns the number of keys removed.
+    pub fn evict_quota_victims(&mut self, tenant: &str, victims: &[QuotaVictim], now: i64) -> u64 {
+        let mut n = 0;
+        for v in victims {
+            if let Some(key) = self.key_by_names(tenant, &v.model, &v.scheme, &v.adapter, &v.hash) {
+                self.remove_key(key, now);
+                n += 1;
+            }
+        }
+        self.flush();
+        n
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn v(eff: u32, last_seen: i64, replica: &str) -> CapVictim {
+        CapVictim {
+            eff,
+            last_seen,
+            tenant: "t".into(),
+            model: "m".into(),
+            scheme: "s".into(),
+            adapter: String::new(),
+            hash: vec![1],
+            replica: replica.into(),
+        }
+    }
+
+    /// The global first `n` come from any core, each core's share keeps the global order, and
+    /// ties are broken by names exactly as §7.2 says (LFU count, age, then the key, then the
+    /// replica).
+    #[test]
+    fn select_victims_takes_the_global_first_per_core() {
+        let core0 = vec![v(0, 5, "a"), v(0, 9, "a"), v(1, 1, "a")];
+        let core1 = vec![v(0, 5, "b"), v(0, 2, "z"), v(2, 0, "b")];
+        let picks = select_victims(&[core0, core1], 3);
+        assert_eq!(picks[0], vec![v(0, 5, "a")]);
+        assert_eq!(picks[1], vec![v(0, 2, "z"), v(0, 5, "b")]);
+        assert_eq!(
+            select_victims::<CapVictim>(&[vec![], vec![]], 2),
+            vec![vec![], vec![]]
+        );
+        // Hash bytes compare bytewise, shorter prefix first.
+        let mut long = v(0, 0, "r");
+        long.hash = vec![1, 0];
+        let q = select_victims(&[vec![long.clone()], vec![v(0, 0, "r")]], 1);
+        assert_eq!(q, vec![vec![], vec![v(0, 0, "r")]]);
     }
 }

@@ -30,6 +30,7 @@ pub use aggregate::{
     CacheState, EntriesGauge, PartReplica, PartStats, ReplicaRow, SnapshotPart, SnapshotRows,
     TenantRow, merge_snapshot_parts,
 };
+pub use eviction::{CapVictim, QuotaVictim, select_victims};
 pub use lookup::{LfuHit, LookupQuery, LookupView, Score, Strategy};
 pub use ranking::RankerConfig;
 pub use removal::{RemovalReason, RemovalSink, Removed};
@@ -87,8 +88,9 @@ pub struct IndexConfig {
     /// TTL for tenants whose policy gives none; non-positive → [`DEFAULT_TTL_NS`].
     pub default_ttl_ns: i64,
     /// Global cap on non-reserved storage entries across all cores; 0 = unbounded. Enforced at
-    /// ingest against the directory's global count; victims come from the ingesting core only
-    /// (exact reference order with one core; see the `eviction` module docs for several).
+    /// ingest against the directory's global count; victims come from this core's entries,
+    /// unless [`IndexConfig::cross_core_eviction`] defers the choice to a cross-core selection
+    /// (see the `eviction` module docs).
     pub max_entries: u64,
     /// Ranker knobs (§9.1).
     pub ranker: RankerConfig,
@@ -108,6 +110,12 @@ pub struct IndexConfig {
     pub max_stats_rows_per_model: usize,
     /// Stats rows of this core.
     pub max_stats_rows: usize,
+    /// Several cores: [`Index::ingest`] does not enforce the tenant quota and the global cap
+    /// itself; the caller runs the cross-core victim selection afterwards
+    /// ([`Index::quota_candidates`], [`Index::cap_candidates`], [`select_victims`]), so the
+    /// victims are the globally first ones in the reference's order (docs/BEHAVIOUR.md §7.1,
+    /// §7.2). False (one core): ingest evicts from this core's entries, which are all of them.
+    pub cross_core_eviction: bool,
 }
 
 impl Default for IndexConfig {
@@ -125,6 +133,7 @@ impl Default for IndexConfig {
             max_holders_per_key: DEFAULT_MAX_HOLDERS_PER_KEY,
             max_stats_rows_per_model: DEFAULT_MAX_STATS_ROWS_PER_MODEL,
             max_stats_rows: DEFAULT_MAX_STATS_ROWS,
+            cross_core_eviction: false,
         }
     }
 }
@@ -175,6 +184,9 @@ pub struct IngestOutcome {
     pub stats_refused: bool,
     /// The producer's timestamp was later than the allowed skew and was clamped.
     pub timestamp_clamped: bool,
+    /// With [`IndexConfig::cross_core_eviction`]: the tenant's quota, which the caller must
+    /// enforce across cores (`None`: no quota, or nothing of the tenant was stored).
+    pub deferred_quota: Option<u64>,
 }
 
 /// What one sweep did.
@@ -948,9 +960,15 @@ impl Index {
             && let Some(tenant) = self.cat.strings.get(&u.tenant_id)
             && self.cat.tenants.contains_key(&tenant)
         {
-            out.quota_evicted_keys = self.enforce_quota(tenant, b, now);
+            if self.cfg.cross_core_eviction {
+                out.deferred_quota = Some(b);
+            } else {
+                out.quota_evicted_keys = self.enforce_quota(tenant, b, now);
+            }
         }
-        self.enforce_cap(rules, &mut out.cap_evicted, now);
+        if !self.cfg.cross_core_eviction {
+            self.enforce_cap(rules, &mut out.cap_evicted, now);
+        }
         self.flush();
         out
     }

@@ -1,0 +1,162 @@
+//! Tenant quota and global cap across cores (docs/BEHAVIOUR.md §7.1, §7.2; docs/ARCHITECTURE.md
+//! §1). With several cores an ingest does not evict by itself; once the owner applied it, the
+//! ingesting stream asks every core for its first candidates in the reference's order, picks
+//! the globally first ones and has each core evict its share, so the victims are exactly those
+//! one global index would choose. With one core the index evicts inside the ingest instead.
+//!
+//! Eviction happens on the ingest path only, never on a lookup. Every step is a
+//! [`mailbox::call`] (bounded queues, no blocking wait on a core): two streams enforcing at once
+//! on different cores simply interleave, and each re-reads the global counts before every round,
+//! so they never evict below the bound.
+//!
+//! In the reference an ingest and its evictions are one step under the index lock, so a TTL
+//! sweep runs either before or after both. Here the owner core decides, in the same step as the
+//! ingest, whether evictions must follow ([`pending`]); while any are pending, sweeps wait
+//! ([`sweep_may_run`]), so no sweep ever runs between an ingest and its evictions.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use inferencecache_index::directory::Directory;
+use inferencecache_index::index::select_victims;
+
+use super::mailbox;
+use crate::shard::{self, CoreState};
+
+/// Ingests whose cross-core evictions are pending or running.
+static IN_FLIGHT: AtomicUsize = AtomicUsize::new(0);
+
+/// Whether a TTL sweep may run now: no ingest is between its apply and its evictions.
+pub fn sweep_may_run() -> bool {
+    IN_FLIGHT.load(Ordering::Acquire) == 0
+}
+
+/// Evictions owed by one applied ingest; counted in flight from creation until dropped.
+pub struct Pending {
+    tenant: String,
+    quota: Option<u64>,
+}
+
+impl Drop for Pending {
+    fn drop(&mut self) {
+        IN_FLIGHT.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// Called on the owner core right after it applied an ingest for `tenant` (same step): the
+/// evictions that must follow, if the tenant is over its `quota` or the index over the global
+/// cap. Always `None` with one core (the index evicted inside the ingest).
+pub fn pending(st: &CoreState, tenant: &str, quota: Option<u64>) -> Option<Pending> {
+    if shard::cores() <= 1 || !st.index.config().cross_core_eviction {
+        return None;
+    }
+    let dir = st.index.directory();
+    let max = st.index.config().max_entries;
+    let over_cap = max > 0 && dir.non_reserved_entries() > max as i64;
+    let over_quota =
+        quota.is_some_and(|b| dir.tenant_keys_exact(Directory::fingerprint(tenant)) > b);
+    if !over_cap && !over_quota {
+        return None;
+    }
+    IN_FLIGHT.fetch_add(1, Ordering::AcqRel);
+    Some(Pending {
+        tenant: tenant.to_string(),
+        quota,
+    })
+}
+
+/// Runs `round` for each core concurrently and collects the answers (a core that cannot be
+/// reached, i.e. shutdown, contributes the default).
+async fn on_every_core<R, F>(cores: usize, mut round: F) -> Vec<R>
+where
+    R: Send + Default + 'static,
+    F: FnMut(usize) -> Box<dyn FnOnce(&mut CoreState) -> R + Send>,
+{
+    let calls = (0..cores).map(|c| {
+        let f = round(c);
+        async move { mailbox::call(c, f).await.unwrap_or_default() }
+    });
+    futures_util::future::join_all(calls).await
+}
+
+impl Pending {
+    /// Enforces the tenant's quota (when it has one) and then the global cap, across all cores.
+    /// `after_evict` runs on each core right after it evicted its share (the change feed takes
+    /// the removals it held there); its results come back in eviction order.
+    pub async fn enforce<R: Send + 'static>(self, after_evict: fn() -> R) -> Vec<R> {
+        let mut collected = Vec::new();
+        let cores = shard::cores();
+        let info =
+            |st: &mut CoreState| (st.index.directory().clone(), st.index.config().max_entries);
+        // On a core (the gRPC handlers) the shared directory is at hand.
+        let (dir, max) = if shard::current_core().is_some() {
+            shard::with_core(info)
+        } else {
+            match mailbox::call(0, info).await {
+                Ok(x) => x,
+                Err(_) => return collected,
+            }
+        };
+        let tenant = self.tenant.as_str();
+        if let Some(budget) = self.quota {
+            let fp = Directory::fingerprint(tenant);
+            loop {
+                let global = dir.tenant_keys_exact(fp);
+                if global <= budget {
+                    break;
+                }
+                let over = (global - budget) as usize;
+                let parts = on_every_core(cores, |_| {
+                    let t = tenant.to_string();
+                    Box::new(move |st| st.index.quota_candidates(&t, over))
+                })
+                .await;
+                let mut picks = select_victims(&parts, over);
+                let evicted = sum_evicted(
+                    on_every_core(cores, |c| {
+                        let (t, v) = (tenant.to_string(), std::mem::take(&mut picks[c]));
+                        Box::new(move |st| (st.evict_quota(&t, &v), Some(after_evict())))
+                    })
+                    .await,
+                    &mut collected,
+                );
+                if evicted == 0 {
+                    break;
+                }
+            }
+        }
+        if max == 0 {
+            return collected;
+        }
+        loop {
+            let over = dir.non_reserved_entries() - max as i64;
+            if over <= 0 {
+                break;
+            }
+            let over = over as usize;
+            let parts = on_every_core(cores, |_| Box::new(move |st| st.cap_candidates(over))).await;
+            let mut picks = select_victims(&parts, over);
+            let evicted = sum_evicted(
+                on_every_core(cores, |c| {
+                    let v = std::mem::take(&mut picks[c]);
+                    Box::new(move |st| (st.evict_cap(&v), Some(after_evict())))
+                })
+                .await,
+                &mut collected,
+            );
+            if evicted == 0 {
+                break;
+            }
+        }
+        collected
+    }
+}
+
+/// Total evicted over one round's answers, keeping each core's `after_evict` result.
+fn sum_evicted<R>(answers: Vec<(u64, Option<R>)>, collected: &mut Vec<R>) -> u64 {
+    let mut total = 0;
+    for (n, r) in answers {
+        total += n;
+        collected.extend(r);
+    }
+    total
+}
