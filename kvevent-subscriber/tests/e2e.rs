@@ -1297,9 +1297,11 @@ impl Nats {
             .stderr(Stdio::null())
             .spawn()
             .expect("spawn nats-server");
+        // Owned (killed and reaped on drop) before anything can fail.
+        let nats = Nats { child, port, store };
         for _ in 0..400 {
             if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
-                return Some(Nats { child, port, store });
+                return Some(nats);
             }
             std::thread::sleep(Duration::from_millis(25));
         }
