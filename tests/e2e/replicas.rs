@@ -311,11 +311,12 @@ async fn expired_stream_starts_from_the_first_available_and_counts_the_gap() {
     );
 }
 
-/// `/readyz` stays 503 while a replica is behind the stream by more than
-/// `--nats-ready-max-lag`, here because NATS is unreachable at start.
-#[test]
-fn readyz_is_503_until_the_event_log_is_reachable_and_caught_up() {
-    let port = free_port(); // nothing listens there
+/// `/readyz` stays 503 while a replica cannot reach the event log (NATS down at start, which
+/// must not crash it); once NATS comes up the consumer reconnects on its own, replays the
+/// stream and the replica turns ready.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readyz_is_503_until_nats_comes_up_and_the_replica_caught_up() {
+    let port = free_port(); // nothing listens there yet
     let (g, h, a) = (free_port(), free_port(), free_port());
     let mut child = std::process::Command::new(bin())
         .args([
@@ -332,6 +333,12 @@ fn readyz_is_503_until_the_event_log_is_reachable_and_caught_up() {
             "error",
             "--nats-url",
             &format!("nats://127.0.0.1:{port}"),
+            "--nats-stream",
+            "IC_E2E_LATE",
+            "--nats-subject",
+            SUBJECT,
+            "--nats-ready-max-lag",
+            "0",
         ])
         .stdout(std::process::Stdio::null())
         .spawn()
@@ -347,6 +354,48 @@ fn readyz_is_503_until_the_event_log_is_reachable_and_caught_up() {
         child.try_wait().unwrap().is_none(),
         "NATS down must not crash the server"
     );
+    if skip_without_nats("replicas::readyz_is_503_until_nats_comes_up (second half)") {
+        let _ = child.kill();
+        let _ = child.wait();
+        return;
+    }
+    let nats = NatsServer::start_on(port);
+    let js = nats.jetstream().await;
+    // The replica may have created the stream already (same configuration).
+    js.get_or_create_stream(async_nats::jetstream::stream::Config {
+        name: "IC_E2E_LATE".into(),
+        subjects: vec![format!("{SUBJECT}.>")],
+        ..Default::default()
+    })
+    .await
+    .expect("stream");
+    let ts = now_us() + 90 * 1_000_000;
+    let msgs = (0..20)
+        .map(|i| {
+            let mut u = legacy_update(&format!("r{i}"), "t", "m", "vllm", b"h", 16);
+            u.timestamp_us = ts;
+            LogMsg::Update(u)
+        })
+        .collect();
+    publish_all(&js, SUBJECT, msgs, 8).await;
+    let applied_all = wait_until(Duration::from_secs(40), || {
+        http_get(h, "/metrics").is_ok_and(|(_, m)| {
+            metric_value(&m, "inferencecache_nats_applied_sequence") == Some(20.0)
+        })
+    });
+    let ready = wait_until(Duration::from_secs(10), || {
+        matches!(http_get(h, "/readyz"), Ok((200, _)))
+    });
+    let (_, metrics) = http_get(h, "/metrics").expect("GET /metrics");
     let _ = child.kill();
     let _ = child.wait();
+    assert!(
+        applied_all,
+        "the stream was not replayed after NATS came up:\n{metrics}"
+    );
+    assert!(ready, "not ready after catching up");
+    assert_eq!(
+        metric_value(&metrics, "inferencecache_nats_messages_applied_total"),
+        Some(20.0)
+    );
 }

@@ -34,7 +34,11 @@ pub struct NatsServer {
 impl NatsServer {
     /// Starts it and waits until it accepts connections.
     pub fn start() -> NatsServer {
-        let port = free_port();
+        NatsServer::start_on(free_port())
+    }
+
+    /// Starts it on `port`.
+    pub fn start_on(port: u16) -> NatsServer {
         let store = scratch_dir("nats-store");
         let child = Command::new("nats-server")
             .args(["-js", "-a", "127.0.0.1", "-p", &port.to_string(), "-sd"])
