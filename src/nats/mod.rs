@@ -216,8 +216,21 @@ async fn consume(
             .info()
             .map_err(|e| format!("message info: {e}"))?
             .stream_sequence;
-        if seq <= applied_sequence() {
+        let expected = applied_sequence() + 1;
+        if seq < expected {
             continue; // already applied (a recreated consumer overlapping)
+        }
+        if seq > expected {
+            // Sequences skipped inside the stream: expired or deleted while the consumer was
+            // reconnecting (the stream carries only this index's subjects, docs/ARCHITECTURE.md
+            // §6), so they are lost to this replica: counted like a gap at start.
+            tracing::warn!(
+                wanted = expected,
+                first_available = seq,
+                lost = seq - expected,
+                "nats_stream_gap"
+            );
+            m::record_gap(expected, seq);
         }
         let decoded = decode(&cfg.subject, msg.subject.as_str(), &msg.payload);
         let ok = decoded.is_some();
