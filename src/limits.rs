@@ -239,15 +239,6 @@ pub const MAX_METRIC_STREAM_SERIES: usize = 4096;
 /// Series queued per StreamMetrics subscriber (two intervals' worth).
 pub const METRIC_STREAM_BUFFER: usize = 2 * MAX_METRIC_STREAM_SERIES;
 
-// ---- How the limits relate ------------------------------------------------------------------
-
-const _: () = assert!(
-    MAX_SHARDS <= PARTITIONS as usize,
-    "every core owns a partition"
-);
-const _: () = assert!(DEFAULT_MAX_SHARDS <= MAX_SHARDS);
-const _: () = assert!(CORE_HEARTBEAT_INTERVAL.as_millis() * 4 <= CORE_STALL_AFTER.as_millis());
-const _: () = assert!(MAILBOX_DRAIN_BATCH <= MAILBOX_CAPACITY);
 // ---- The JetStream event log consumer (src/nats/, one per replica, on the admin thread) ----
 
 /// Stream messages the replica's consumer holds delivered and not yet applied: the pull batch
@@ -265,6 +256,15 @@ pub const NATS_REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
 /// last sequence is at most this many messages ahead of the last applied one.
 pub const DEFAULT_NATS_READY_MAX_LAG: u64 = 100;
 
+// ---- How the limits relate ------------------------------------------------------------------
+
+const _: () = assert!(
+    MAX_SHARDS <= PARTITIONS as usize,
+    "every core owns a partition"
+);
+const _: () = assert!(DEFAULT_MAX_SHARDS <= MAX_SHARDS);
+const _: () = assert!(CORE_HEARTBEAT_INTERVAL.as_millis() * 4 <= CORE_STALL_AFTER.as_millis());
+const _: () = assert!(MAILBOX_DRAIN_BATCH <= MAILBOX_CAPACITY);
 const _: () = assert!(MAILBOX_BACKOFF_MIN.as_nanos() <= MAILBOX_BACKOFF_MAX.as_nanos());
 const _: () = assert!(NATS_BACKOFF_MIN.as_nanos() <= NATS_BACKOFF_MAX.as_nanos());
 const _: () = assert!(
