@@ -5,8 +5,8 @@ use clap::{ArgAction, Parser};
 
 use crate::limits::{
     DEFAULT_MAX_CONNECTIONS_PER_CORE, DEFAULT_MAX_ENTRIES, DEFAULT_MAX_HOLDERS_PER_KEY,
-    DEFAULT_MAX_SHARDS, DEFAULT_MAX_STRING_BYTES, DEFAULT_MAX_TIMESTAMP_SKEW_MS, MAX_SHARDS,
-    MESSAGE_RECEIVE_TIMEOUT,
+    DEFAULT_MAX_SHARDS, DEFAULT_MAX_STRING_BYTES, DEFAULT_MAX_TIMESTAMP_SKEW_MS,
+    DEFAULT_NATS_READY_MAX_LAG, MAX_SHARDS, MESSAGE_RECEIVE_TIMEOUT,
 };
 
 /// Flags of `inference-cache-server`. Go-style single-dash spellings (`-grpc-bind-address`) are
@@ -114,6 +114,22 @@ pub struct Cli {
     /// Bearer token file used to call TokenReview (default: the service-account mount).
     #[arg(long, default_value = "", env = "INFERENCECACHE_KUBE_TOKEN_FILE")]
     pub kube_token_file: String,
+    /// NATS server URL of the replicated event log (e.g. `nats://nats:4222`). Empty (the
+    /// default): no NATS at all. Set: this replica consumes the JetStream stream
+    /// `--nats-stream` and applies it in order (docs/ARCHITECTURE.md "Replicas").
+    #[arg(long, default_value = "")]
+    pub nats_url: String,
+    /// JetStream stream of the event log; created with subjects `<--nats-subject>.>` if missing.
+    #[arg(long, default_value = "INFERENCECACHE")]
+    pub nats_stream: String,
+    /// Subject prefix of the event log: `<prefix>.update` carries a protobuf CacheStateUpdate,
+    /// `<prefix>.event` a protobuf CacheEvent.
+    #[arg(long, default_value = "inferencecache")]
+    pub nats_subject: String,
+    /// `/readyz` answers 503 after start until the stream's last sequence is at most this many
+    /// messages ahead of the last one applied.
+    #[arg(long, default_value_t = DEFAULT_NATS_READY_MAX_LAG)]
+    pub nats_ready_max_lag: u64,
 }
 
 /// A flag combination the server refuses to start with (exit 2).

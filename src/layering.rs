@@ -7,7 +7,7 @@ const LAYERS: &[&[&str]] = &[
     &["main", "startup"],
     &["cli"],
     &["admin"],
-    &["grpc"],
+    &["grpc", "nats"],
     &["templates", "pd", "feeds"],
     &["tenant_registry"],
     &["lookup"],

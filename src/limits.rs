@@ -244,6 +244,23 @@ pub const MAX_METRIC_STREAM_SERIES: usize = 4096;
 /// Series queued per StreamMetrics subscriber (two intervals' worth).
 pub const METRIC_STREAM_BUFFER: usize = 2 * MAX_METRIC_STREAM_SERIES;
 
+// ---- The JetStream event log consumer (src/nats/, one per replica, on the admin thread) ----
+
+/// Stream messages the replica's consumer holds delivered and not yet applied: the pull batch
+/// of its ordered consumer (each message is applied, in stream order, before the next).
+pub const NATS_MAX_IN_FLIGHT: usize = 256;
+/// How often the consumer reads the stream's last sequence to compute the lag.
+pub const NATS_LAG_POLL_INTERVAL: Duration = Duration::from_millis(250);
+/// Back-off between attempts to (re)connect, find the stream and (re)create the consumer.
+pub const NATS_BACKOFF_MIN: Duration = Duration::from_millis(100);
+/// Longest back-off between those attempts.
+pub const NATS_BACKOFF_MAX: Duration = Duration::from_secs(5);
+/// Time limit of one JetStream API request (stream info, consumer create).
+pub const NATS_REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
+/// Default `--nats-ready-max-lag`: `/readyz` answers 503 until, once after start, the stream's
+/// last sequence is at most this many messages ahead of the last applied one.
+pub const DEFAULT_NATS_READY_MAX_LAG: u64 = 100;
+
 // ---- How the limits relate ------------------------------------------------------------------
 
 const _: () = assert!(
@@ -254,6 +271,7 @@ const _: () = assert!(DEFAULT_MAX_SHARDS <= MAX_SHARDS);
 const _: () = assert!(CORE_HEARTBEAT_INTERVAL.as_millis() * 4 <= CORE_STALL_AFTER.as_millis());
 const _: () = assert!(MAILBOX_DRAIN_BATCH <= MAILBOX_CAPACITY);
 const _: () = assert!(MAILBOX_BACKOFF_MIN.as_nanos() <= MAILBOX_BACKOFF_MAX.as_nanos());
+const _: () = assert!(NATS_BACKOFF_MIN.as_nanos() <= NATS_BACKOFF_MAX.as_nanos());
 const _: () = assert!(
     MAX_PROMPT_TEXT_BYTES <= MAX_MESSAGE_BYTES,
     "prompt fits a message"

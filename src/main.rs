@@ -5,6 +5,7 @@
 //! * [`startup`], [`cli`] — flags, start-up order, shutdown;
 //! * [`admin`] — the HTTP listeners, controller auth, cross-core gathers (admin thread);
 //! * [`grpc`] — per-connection serving, dispatch, the InferenceCache handlers;
+//! * [`nats`] — the replicated event log consumer (JetStream, on the admin thread);
 //! * [`lookup`] — LookupRoute: the receiving half and the owner half;
 //! * [`runtime`] — pinned executors, accept loop, the cross-core mailbox, the admin thread;
 //! * [`shard`] — the partition function and the per-core state over the index crate.
@@ -21,6 +22,7 @@ mod limits;
 mod logging;
 mod lookup;
 mod metrics;
+mod nats;
 mod pd;
 mod runtime;
 mod shard;

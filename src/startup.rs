@@ -16,7 +16,7 @@ use crate::limits::{HTTP_SHUTDOWN_BUDGET, MAX_STRINGS};
 use crate::lookup::LookupConfig;
 use crate::runtime::{self, Runtime, RuntimeConfig, admin_thread};
 use crate::shard::CoreState;
-use crate::{feeds, grpc, logging, metrics, tokenizer};
+use crate::{feeds, grpc, logging, metrics, nats, tokenizer};
 
 /// Why the server did not start; each maps to the reference's exit code.
 #[derive(Debug)]
@@ -105,6 +105,9 @@ fn validate(cli: &Cli) -> Result<Settings, StartupError> {
         .map(|n| n.get())
         .unwrap_or(1);
     let shards = cli::shards(cli, cpus).map_err(StartupError::usage)?;
+    if !cli.nats_url.is_empty() {
+        nats::parse_urls(&cli.nats_url).map_err(StartupError::usage)?;
+    }
     logging::init(json, level);
     Ok(Settings {
         shards,
@@ -133,6 +136,19 @@ fn start(cli: &Cli) -> Result<Server, StartupError> {
     let admin = admin_thread::start();
     let (http_listener, snapshot_listener) = bind_http(cli, &admin)?;
     let runtime = start_runtime(cli, settings.shards)?;
+    if !cli.nats_url.is_empty() {
+        // After the runtime: the consumer applies through the cores' mailboxes.
+        nats::spawn(
+            &admin,
+            nats::NatsConfig {
+                url: cli.nats_url.clone(),
+                stream: cli.nats_stream.clone(),
+                subject: cli.nats_subject.clone(),
+                start_sequence: 1,
+                ready_max_lag: cli.nats_ready_max_lag,
+            },
+        );
+    }
     admin::set_ready(true);
     metrics::set_server_up(true);
     log_startup(&runtime, &http_listener, &snapshot_listener, &settings);

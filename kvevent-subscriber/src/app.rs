@@ -16,6 +16,7 @@ use crate::cli::{Args, DEFAULT_METRICS_BIND, DEFAULT_METRICS_PORTS, MetricsBind}
 use crate::ingest::{self, Processor, ReplayConfig};
 use crate::mapping::{Mapper, MappingConfig, Op};
 use crate::metrics::{self, Metrics};
+use crate::nats::NatsPublisher;
 use crate::sender::{Sender, SenderConfig};
 use crate::state::{self, Resume};
 use crate::stats::{self, StatsConfig};
@@ -44,7 +45,19 @@ pub async fn run(args: Args, shutdown: impl Future<Output = ()>) -> anyhow::Resu
     }
     let cap = args.queue_capacity.max(1);
     let (ops_tx, ops_rx) = mpsc::channel(cap);
-    let sender_task = tokio::spawn(new_sender(&args, &metrics)?.run(ops_rx));
+    let mut sender = new_sender(&args, &metrics)?;
+    if let Some(url) = &args.nats_url {
+        let nats = NatsPublisher::connect(
+            url,
+            &args.nats_subject,
+            args.nats_max_in_flight,
+            metrics.clone(),
+        )
+        .await
+        .map_err(|e| StartupError(format!("--nats-url {url}: {e}")))?;
+        sender = sender.with_nats(nats, !args.nats_only);
+    }
+    let sender_task = tokio::spawn(sender.run(ops_rx));
     let replicas = Arc::new(Mutex::new(BTreeSet::new()));
     let stats_task = spawn_stats(&args, &replicas, &ops_tx, &metrics);
     let resume = load_state(&args)?;
@@ -55,6 +68,8 @@ pub async fn run(args: Args, shutdown: impl Future<Output = ()>) -> anyhow::Resu
         endpoint = %args.endpoint,
         topic = %args.topic,
         server = %args.server,
+        nats = args.nats_url.as_deref().unwrap_or(""),
+        nats_only = args.nats_only,
         replica = %args.replica_id,
         model = %args.model_id,
         "kvevent-subscriber starting"

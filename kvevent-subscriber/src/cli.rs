@@ -54,6 +54,25 @@ pub struct Args {
     #[arg(long, default_value = "http://127.0.0.1:9090", value_parser = parse_server)]
     pub server: String,
 
+    /// NATS server URL (e.g. `nats://nats:4222`): every update and event is also published to
+    /// the JetStream stream that server replicas consume (docs/KV-EVENTS.md "Publishing through
+    /// JetStream"); with `--nats-only`, only there.
+    #[arg(long)]
+    pub nats_url: Option<String>,
+
+    /// Subject prefix of the event log: updates go to `<prefix>.update`, events to
+    /// `<prefix>.event` (the servers' `--nats-subject`).
+    #[arg(long, default_value = "inferencecache")]
+    pub nats_subject: String,
+
+    /// Publishes waiting for their JetStream acknowledgement at once.
+    #[arg(long, default_value_t = crate::nats::DEFAULT_MAX_IN_FLIGHT)]
+    pub nats_max_in_flight: usize,
+
+    /// With `--nats-url`: publish only to JetStream, never call `--server` directly.
+    #[arg(long, requires = "nats_url")]
+    pub nats_only: bool,
+
     /// Replica id reported to the server (the routing target, e.g. the pod's address).
     #[arg(long)]
     pub replica_id: String,

@@ -15,6 +15,7 @@ pub mod decode;
 pub mod ingest;
 pub mod mapping;
 pub mod metrics;
+pub mod nats;
 pub mod sender;
 pub mod seq;
 pub mod state;

@@ -73,6 +73,12 @@ pub struct Metrics {
     pub lost_tail_batches: Counter,
     /// Failed writes of `--state-file`.
     pub state_write_errors: Counter,
+    /// Messages published to the JetStream stream (`--nats-url`), first publishes only.
+    pub nats_published: Counter,
+    /// Publishes the stream acknowledged (stored).
+    pub nats_acked: Counter,
+    /// Messages re-published after an acknowledgement failed (NATS down, no stream, timeout).
+    pub nats_republished: Counter,
 }
 
 impl Metrics {
@@ -101,6 +107,9 @@ impl Metrics {
             backpressure_waits: Counter::default(),
             lost_tail_batches: Counter::default(),
             state_write_errors: Counter::default(),
+            nats_published: Counter::default(),
+            nats_acked: Counter::default(),
+            nats_republished: Counter::default(),
             registry: Registry::default(),
         };
         let mut registry = Registry::with_prefix("kvevent");
@@ -200,6 +209,21 @@ impl Metrics {
             "state_write_errors",
             "Failed writes of the state file",
             m.state_write_errors.clone(),
+        );
+        r.register(
+            "nats_published",
+            "Messages published to the JetStream stream",
+            m.nats_published.clone(),
+        );
+        r.register(
+            "nats_acked",
+            "JetStream publishes acknowledged by the stream",
+            m.nats_acked.clone(),
+        );
+        r.register(
+            "nats_republished",
+            "Messages re-published after a JetStream acknowledgement failed",
+            m.nats_republished.clone(),
         );
     }
 

@@ -34,6 +34,7 @@ use tonic::transport::Channel;
 
 use crate::mapping::Op;
 use crate::metrics::Metrics;
+use crate::nats::NatsPublisher;
 use crate::state::{self, PublisherKey, Resume};
 
 /// Largest encoded `CacheStateUpdate` this sender builds: a quarter of the server's 4 MiB
@@ -137,6 +138,10 @@ pub struct Sender {
     last_write: Option<Instant>,
     /// Consecutive stream failures that refused the content (see [`MAX_REFUSALS`]).
     refusals: u32,
+    /// With `--nats-url`: every update and event is also (or only) published to JetStream.
+    nats: Option<NatsPublisher>,
+    /// Whether updates go to the server directly (false with `--nats-only`).
+    direct: bool,
 }
 
 /// Consecutive refusals (RESOURCE_EXHAUSTED, INVALID_ARGUMENT, OUT_OF_RANGE) of the same
@@ -166,7 +171,18 @@ impl Sender {
             dirty: false,
             last_write: None,
             refusals: 0,
+            nats: None,
+            direct: true,
         }
+    }
+
+    /// Also publishes every update and event to JetStream through `nats`; with `direct` false
+    /// only there (nothing is sent to the server, and an update counts as acknowledged once the
+    /// stream acknowledged it).
+    pub fn with_nats(mut self, nats: NatsPublisher, direct: bool) -> Self {
+        self.nats = Some(nats);
+        self.direct = direct;
+        self
     }
 
     /// Consumes operations until the queue closes, then flushes and acknowledges everything.
@@ -402,7 +418,12 @@ impl Sender {
 
     /// Sends one message on the stream, recovering from stream failures; keeps it until acked.
     async fn send(&mut self, u: CacheStateUpdate) {
-        loop {
+        // JetStream first: its order is the publish order, and a barrier below flushes it
+        // before anything that must follow.
+        if let Some(n) = self.nats.as_mut() {
+            n.update(&u).await;
+        }
+        while self.direct {
             let s = self.open_stream();
             if !s.call.is_finished() && s.tx.send(u.clone()).await.is_ok() {
                 break;
@@ -470,6 +491,14 @@ impl Sender {
     /// Closes the stream and waits for its Ack, so that everything sent so far is applied on
     /// the server before anything that follows; re-sends on failure.
     pub async fn barrier(&mut self) {
+        if let Some(n) = self.nats.as_mut() {
+            n.flush().await;
+        }
+        if !self.direct {
+            // Everything sent is acknowledged by the stream.
+            self.acknowledged();
+            return;
+        }
         loop {
             let Some(s) = self.stream.take() else {
                 if self.unacked.is_empty() {
@@ -482,19 +511,11 @@ impl Sender {
             drop(s.tx);
             match timeout(self.cfg.call_timeout, s.call).await {
                 Ok(Ok(Ok(ack))) => {
-                    let entries: usize = self.unacked.iter().map(|u| u.prefixes.len()).sum();
-                    self.metrics.entries_acked.inc_by(entries as u64);
-                    self.metrics.updates_acked.inc_by(self.unacked.len() as u64);
                     if !ack.accepted {
                         self.metrics.streams_refused.inc();
                         tracing::warn!(reason = %ack.reason_code, messages = self.unacked.len(), "server refused a ReportCacheState stream; not re-sending");
                     }
-                    self.unacked.clear();
-                    self.unacked_since = None;
-                    self.acked_total = self.sent_total;
-                    self.refusals = 0;
-                    self.backoff.reset();
-                    self.commit_marks();
+                    self.acknowledged();
                     return;
                 }
                 res => {
@@ -514,10 +535,38 @@ impl Sender {
         }
     }
 
+    /// Every unacknowledged message is acknowledged (by the server's Ack, or by the stream).
+    fn acknowledged(&mut self) {
+        let entries: usize = self.unacked.iter().map(|u| u.prefixes.len()).sum();
+        self.metrics.entries_acked.inc_by(entries as u64);
+        self.metrics.updates_acked.inc_by(self.unacked.len() as u64);
+        self.unacked.clear();
+        self.unacked_since = None;
+        self.acked_total = self.sent_total;
+        self.refusals = 0;
+        self.backoff.reset();
+        self.commit_marks();
+    }
+
     /// Sends events concurrently (at most [`MAX_IN_FLIGHT_EVENTS`] at once; their mutual order
     /// does not matter — they are evictions of distinct keys), each retried with backoff until
     /// the server accepts it. Returns when all are accepted.
     async fn publish_all(&mut self, events: Vec<CacheEvent>, kind: &'static str) {
+        if let Some(n) = self.nats.as_mut() {
+            // In order, after every update published before them (the barrier flushed those).
+            for ev in &events {
+                n.event(ev).await;
+            }
+            n.flush().await;
+        }
+        if !self.direct {
+            let sent = self
+                .metrics
+                .cache_events_sent
+                .get_or_create(&[("type", kind)]);
+            sent.inc_by(events.len() as u64);
+            return;
+        }
         let mut queue = events.into_iter();
         let mut running = tokio::task::JoinSet::new();
         loop {

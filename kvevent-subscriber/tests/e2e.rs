@@ -1266,3 +1266,227 @@ async fn engine_restart_while_the_subscriber_was_down_clears_the_replica() {
     assert_eq!(double.index().len(), 2);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+// ---------------------------------------------------------------- JetStream (--nats-url)
+
+/// A `nats-server -js` on a free loopback port with a temporary store, killed on drop; `None`
+/// (after a message) when `nats-server` is not on PATH (`.ci/run` installs it).
+struct Nats {
+    child: Child,
+    port: u16,
+    store: std::path::PathBuf,
+}
+
+impl Nats {
+    fn start(scenario: &str) -> Option<Nats> {
+        let found = std::env::var_os("PATH")
+            .is_some_and(|p| std::env::split_paths(&p).any(|d| d.join("nats-server").is_file()));
+        if !found {
+            eprintln!(
+                "SKIPPED {scenario}: nats-server is not on PATH (apt-get install nats-server)"
+            );
+            return None;
+        }
+        let port = free_port();
+        let store =
+            std::env::temp_dir().join(format!("kvevent-nats-{}-{port}", std::process::id()));
+        let child = Command::new("nats-server")
+            .args(["-js", "-a", "127.0.0.1", "-p", &port.to_string(), "-sd"])
+            .arg(&store)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn nats-server");
+        // Owned (killed and reaped on drop) before anything can fail.
+        let nats = Nats { child, port, store };
+        for _ in 0..400 {
+            if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+                return Some(nats);
+            }
+            std::thread::sleep(Duration::from_millis(25));
+        }
+        panic!("nats-server did not listen");
+    }
+
+    fn url(&self) -> String {
+        format!("nats://127.0.0.1:{}", self.port)
+    }
+}
+
+impl Drop for Nats {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.store);
+    }
+}
+
+const VLLM_FRAMES: &str = include_str!("data/engines/vllm-0.34.0.frames");
+
+/// The recorded engine messages: `[topic, seq, payload]` per line, hex.
+fn fixture_frames() -> Vec<Vec<Bytes>> {
+    VLLM_FRAMES
+        .lines()
+        .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
+        .map(|l| {
+            l.split(' ')
+                .map(|h| {
+                    let b: Vec<u8> = (0..h.len())
+                        .step_by(2)
+                        .map(|i| u8::from_str_radix(&h[i..i + 2], 16).unwrap())
+                        .collect();
+                    Bytes::from(b)
+                })
+                .collect()
+        })
+        .collect()
+}
+
+/// Every message of `stream`, decoded by its subject suffix (the event log's encoding).
+async fn stream_records(
+    js: &async_nats::jetstream::Context,
+    stream: &str,
+    prefix: &str,
+) -> Vec<Rec> {
+    use prost::Message;
+    let mut s = js.get_stream(stream).await.expect("stream");
+    let last = s.info().await.expect("info").state.last_sequence;
+    let mut out = Vec::new();
+    for seq in 1..=last {
+        let m = s.get_raw_message(seq).await.expect("message");
+        let body = &m.payload[..];
+        if m.subject.as_str() == format!("{prefix}.update") {
+            out.push(Rec::Update(CacheStateUpdate::decode(body).expect("update")));
+        } else {
+            assert_eq!(m.subject.as_str(), format!("{prefix}.event"));
+            out.push(Rec::Event(CacheEvent::decode(body).expect("event")));
+        }
+    }
+    out
+}
+
+/// Feeds the recorded vLLM 0.34 messages to a subscriber (after a warm-up on another topic,
+/// which has no index effect).
+async fn feed_fixture(p: &mut PubSocket, s: &Subscriber) {
+    for seq in 0..300u64 {
+        let warm = ZmqMessage::try_from(vec![
+            Bytes::from_static(b"warm"),
+            Bytes::copy_from_slice(&seq.to_be_bytes()),
+            payload(1.0, vec![]),
+        ])
+        .unwrap();
+        p.send(warm).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        if sub_metric(s, "kvevent_batches_total").await >= 1.0 {
+            break;
+        }
+    }
+    for f in fixture_frames() {
+        p.send(ZmqMessage::try_from(f).unwrap()).await.unwrap();
+    }
+}
+
+fn nats_subscriber(endpoint: &str, server: &str, extra: &[&str]) -> Subscriber {
+    let mport = free_port();
+    let child = Command::new(env!("CARGO_BIN_EXE_kvevent-subscriber"))
+        .args([
+            "--endpoint",
+            endpoint,
+            "--server",
+            server,
+            "--replica-id",
+            "r1",
+            "--model-id",
+            "m",
+            "--tenant-id",
+            "t",
+            "--lora-adapter-names",
+            "1=sql-lora",
+            "--flush-interval",
+            "20ms",
+            "--metrics-bind",
+            &format!("127.0.0.1:{mport}"),
+        ])
+        .args(extra)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawning kvevent-subscriber");
+    Subscriber {
+        child,
+        metrics_url: format!("http://127.0.0.1:{mport}/metrics"),
+    }
+}
+
+/// `--nats-url`: a recorded vLLM engine's updates and events land in the JetStream stream as
+/// protobuf messages on `<subject>.update` / `<subject>.event`, in the same order and with the
+/// same content as the server receives them directly; with `--nats-only` the stream gets the
+/// same messages while no server is called at all.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nats_url_publishes_the_engine_updates_to_the_stream() {
+    let Some(nats) = Nats::start("nats_url_publishes_the_engine_updates_to_the_stream") else {
+        return;
+    };
+    let client = async_nats::connect(nats.url()).await.expect("connect nats");
+    let js = async_nats::jetstream::new(client);
+    for (name, subject) in [("BOTH", "both"), ("ONLY", "only")] {
+        js.create_stream(async_nats::jetstream::stream::Config {
+            name: name.into(),
+            subjects: vec![format!("{subject}.>")],
+            ..Default::default()
+        })
+        .await
+        .expect("create stream");
+    }
+
+    // As well as the server: the stream holds exactly the direct traffic.
+    let (addr, double) = start_double().await;
+    let mut p = PubSocket::new();
+    let ep = p.bind("tcp://127.0.0.1:0").await.unwrap();
+    let url = nats.url();
+    let sub = nats_subscriber(
+        &ep.to_string(),
+        &format!("http://{addr}"),
+        &["--nats-url", &url, "--nats-subject", "both"],
+    );
+    feed_fixture(&mut p, &sub).await;
+    // 7 additions, one eviction, one clear (tests/engine_fixtures.rs).
+    let direct = wait_for(&double, 9).await;
+    assert_eq!(direct.len(), 9, "{direct:?}");
+    let mut logged = Vec::new();
+    for _ in 0..200 {
+        logged = stream_records(&js, "BOTH", "both").await;
+        if logged.len() >= direct.len() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(
+        logged, direct,
+        "the stream holds what the server received, in order"
+    );
+    assert_eq!(sub_metric(&sub, "kvevent_nats_acked_total").await, 9.0);
+    drop(sub);
+
+    // Instead of the server (nothing listens at --server): the same messages.
+    let mut p2 = PubSocket::new();
+    let ep2 = p2.bind("tcp://127.0.0.1:0").await.unwrap();
+    let nowhere = format!("http://127.0.0.1:{}", free_port());
+    let only = nats_subscriber(
+        &ep2.to_string(),
+        &nowhere,
+        &["--nats-url", &url, "--nats-subject", "only", "--nats-only"],
+    );
+    feed_fixture(&mut p2, &only).await;
+    let mut got = Vec::new();
+    for _ in 0..200 {
+        got = stream_records(&js, "ONLY", "only").await;
+        if got.len() >= direct.len() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(got, direct, "--nats-only publishes the same messages");
+    assert_eq!(sub_metric(&only, "kvevent_nats_acked_total").await, 9.0);
+    assert_eq!(sub_metric(&only, "kvevent_reconnects_total").await, 0.0);
+}

@@ -35,7 +35,11 @@ pub fn set_ready(ready: bool) {
 pub async fn public(req: Request<Incoming>) -> Result<Resp, Infallible> {
     Ok(match req.uri().path() {
         "/healthz" => text(StatusCode::OK, "ok\n"),
-        "/readyz" if READY.load(Ordering::SeqCst) && !crate::runtime::health::any_stalled() => {
+        "/readyz"
+            if READY.load(Ordering::SeqCst)
+                && !crate::runtime::health::any_stalled()
+                && crate::metrics::nats::caught_up() =>
+        {
             text(StatusCode::OK, "ok\n")
         }
         "/readyz" => text(StatusCode::SERVICE_UNAVAILABLE, "not ready\n"),

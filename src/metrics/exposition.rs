@@ -101,6 +101,7 @@ impl Collector for Scrape {
         lookup_families(&self.total, &mut fams);
         eviction_families(&self.total, &mut fams);
         auth_families(&mut fams);
+        super::nats::families(&mut fams);
         operator_families(self, &mut fams);
         core_families(&self.cores, &mut fams);
         if let Some(p) = &self.process {

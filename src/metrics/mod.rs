@@ -7,6 +7,7 @@
 //! auth counters and the two plain gauges are process-wide atomics.
 
 mod exposition;
+pub mod nats;
 pub mod process;
 
 pub use exposition::{CONTENT_TYPE, CoreView, Scrape, encode};

@@ -40,6 +40,8 @@ mod metrics;
 mod pd;
 /// `prompt_text` input through a real tokenizer: echo, fail-open, saturation, deadlines.
 mod prompt_text;
+/// Replicas fed through the NATS JetStream event log.
+mod replicas;
 /// Bad input over real sockets must not crash, wedge or corrupt the server.
 mod robustness;
 /// The same seeded random traffic against --shards 1, 2 and 4, compared field by field.

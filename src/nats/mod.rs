@@ -1,0 +1,354 @@
+//! The replicated event log: each replica consumes a NATS JetStream stream of index updates and
+//! applies it in stream order through the same entry points as the gRPC ingest path
+//! (`CoreState::ingest` / `CoreState::apply_event` on the owner core, then the change feed), so
+//! every replica consuming the stream holds the same index (docs/ARCHITECTURE.md "Replicas",
+//! docs/KV-EVENTS.md "Publishing through JetStream").
+//!
+//! Message encoding: subject `<subject>.update` carries one protobuf `CacheStateUpdate`,
+//! `<subject>.event` one protobuf `CacheEvent` (the gRPC messages, unchanged). Anything else is
+//! a decode error: counted, skipped, never fatal.
+//!
+//! The consumer runs on the admin thread's tokio runtime, never on a serving core: it reaches
+//! the owner core over the bounded mailbox ([`mailbox::call`] backs off while a queue is full).
+//! It uses an ordered pull consumer (ephemeral, no acks) from a given stream sequence, with at
+//! most [`NATS_MAX_IN_FLIGHT`] messages delivered and not yet applied; each message is applied
+//! before the next one is taken and before [`applied_sequence`] moves past it. Any error (NATS
+//! down, stream missing, consumer lost) drops the consumer and recreates it from the next
+//! unapplied sequence after a back-off; nothing here panics or exits.
+
+use std::time::Duration;
+
+use async_nats::jetstream::{self, consumer, stream};
+use futures_util::StreamExt;
+use inferencecache_index::PROBE_TENANT;
+use inferencecache_proto::v1alpha1 as pb;
+use prost::Message;
+
+use crate::limits::{
+    NATS_BACKOFF_MAX, NATS_BACKOFF_MIN, NATS_LAG_POLL_INTERVAL, NATS_MAX_IN_FLIGHT,
+    NATS_REQUEST_TIMEOUT,
+};
+use crate::metrics::nats as m;
+use crate::runtime::{mailbox, shutting_down};
+use crate::shard::{IngestRefused, owner};
+
+/// Where and what to consume (from `--nats-url`, `--nats-stream`, `--nats-subject`).
+#[derive(Debug, Clone)]
+pub struct NatsConfig {
+    /// NATS server URL(s), comma-separated.
+    pub url: String,
+    /// JetStream stream name; created with subjects `<subject>.>` when it does not exist.
+    pub stream: String,
+    /// Subject prefix: updates on `<subject>.update`, events on `<subject>.event`.
+    pub subject: String,
+    /// First stream sequence to apply (1 = the whole stream). A snapshot restore passes the
+    /// snapshot's recorded [`applied_sequence`] + 1 here, so only the rest is replayed.
+    pub start_sequence: u64,
+    /// `/readyz` stays 503 until the lag is at most this, once after start.
+    pub ready_max_lag: u64,
+}
+
+/// The highest stream sequence applied on this replica (0 before the first). Every message up
+/// to it is applied, or was lost in a counted gap (`inferencecache_nats_gap_messages_total`).
+/// A snapshot writer reads it *before* copying the partitions: the copy then includes at least
+/// that much, and replaying from it + 1 re-applies at most a few messages, which is harmless
+/// (upserts and evictions are idempotent in stream order).
+pub fn applied_sequence() -> u64 {
+    m::applied_sequence()
+}
+
+/// Starts the consumer on the admin runtime `rt`.
+pub fn spawn(rt: &tokio::runtime::Handle, cfg: NatsConfig) {
+    m::enable(cfg.start_sequence.saturating_sub(1));
+    rt.spawn(run(cfg));
+}
+
+/// Parses `--nats-url`: one or more comma-separated `nats://HOST:PORT` (or `HOST:PORT`).
+pub fn parse_urls(url: &str) -> Result<Vec<async_nats::ServerAddr>, String> {
+    url.split(',')
+        .map(|u| {
+            u.trim()
+                .parse::<async_nats::ServerAddr>()
+                .map_err(|e| format!("--nats-url {u:?}: {e}"))
+        })
+        .collect()
+}
+
+fn filter(subject: &str) -> String {
+    format!("{subject}.>")
+}
+
+/// What one stream message carries.
+enum Decoded {
+    Update(pb::CacheStateUpdate),
+    Event(pb::CacheEvent),
+}
+
+fn decode(prefix: &str, subject: &str, payload: &[u8]) -> Option<Decoded> {
+    let kind = subject.strip_prefix(prefix)?.strip_prefix('.')?;
+    match kind {
+        "update" => pb::CacheStateUpdate::decode(payload)
+            .ok()
+            .map(Decoded::Update),
+        "event" => pb::CacheEvent::decode(payload).ok().map(Decoded::Event),
+        _ => None,
+    }
+}
+
+/// Exponential back-off between recreations.
+struct Backoff(Duration);
+
+impl Backoff {
+    fn new() -> Self {
+        Self(NATS_BACKOFF_MIN)
+    }
+    async fn wait(&mut self) {
+        tokio::time::sleep(self.0).await;
+        self.0 = (self.0 * 2).min(NATS_BACKOFF_MAX);
+    }
+    fn reset(&mut self) {
+        self.0 = NATS_BACKOFF_MIN;
+    }
+}
+
+async fn run(cfg: NatsConfig) {
+    tracing::info!(
+        stream = %cfg.stream,
+        subject = %cfg.subject,
+        start_sequence = cfg.start_sequence,
+        "nats_consumer_starting"
+    );
+    let options = async_nats::ConnectOptions::new()
+        .name("inference-cache-server")
+        .retry_on_initial_connect()
+        .max_reconnects(None)
+        .connection_timeout(NATS_REQUEST_TIMEOUT)
+        .request_timeout(Some(NATS_REQUEST_TIMEOUT));
+    let addrs = match parse_urls(&cfg.url) {
+        Ok(a) => a,
+        Err(e) => {
+            // Checked at start-up already (exit 2); kept so this task can never panic.
+            tracing::error!(error = %e, "nats_url_invalid");
+            return;
+        }
+    };
+    let client = loop {
+        match async_nats::connect_with_options(addrs.clone(), options.clone()).await {
+            Ok(c) => break c,
+            Err(e) => {
+                // Connecting is retried in the background; this is not expected to fail.
+                tracing::error!(error = %e, "nats_connect_failed");
+                tokio::time::sleep(NATS_BACKOFF_MAX).await;
+            }
+        }
+    };
+    let js = jetstream::new(client);
+    tokio::spawn(poll_lag(js.clone(), cfg.clone()));
+    let mut backoff = Backoff::new();
+    while !shutting_down() {
+        match consume(&js, &cfg, &mut backoff).await {
+            Ok(()) => return,
+            Err(e) => {
+                m::record_restart();
+                tracing::warn!(
+                    error = %e,
+                    applied_sequence = applied_sequence(),
+                    "nats_consumer_restart"
+                );
+                backoff.wait().await;
+            }
+        }
+    }
+}
+
+/// The stream, created (file storage, subjects `<subject>.>`, no limits) when missing.
+async fn stream(js: &jetstream::Context, cfg: &NatsConfig) -> Result<stream::Stream, String> {
+    js.get_or_create_stream(stream::Config {
+        name: cfg.stream.clone(),
+        subjects: vec![filter(&cfg.subject)],
+        ..Default::default()
+    })
+    .await
+    .map_err(|e| format!("stream {}: {e}", cfg.stream))
+}
+
+/// One consumer's life: from the next unapplied sequence until an error (or shutdown: `Ok`).
+async fn consume(
+    js: &jetstream::Context,
+    cfg: &NatsConfig,
+    backoff: &mut Backoff,
+) -> Result<(), String> {
+    let mut st = stream(js, cfg).await?;
+    let next = applied_sequence() + 1;
+    let state = st.info().await.map_err(|e| e.to_string())?.state.clone();
+    // The stream has expired (limits, purge) past what this replica needs next: the lost
+    // sequences are counted and logged, and consumption starts from the first available.
+    if state.first_sequence > next {
+        tracing::warn!(
+            wanted = next,
+            first_available = state.first_sequence,
+            lost = state.first_sequence - next,
+            "nats_stream_gap"
+        );
+        m::record_gap(next, state.first_sequence);
+    }
+    let start = applied_sequence() + 1;
+    let consumer = st
+        .create_consumer(consumer::pull::OrderedConfig {
+            filter_subject: filter(&cfg.subject),
+            deliver_policy: consumer::DeliverPolicy::ByStartSequence {
+                start_sequence: start,
+            },
+            max_batch: NATS_MAX_IN_FLIGHT as i64,
+            ..Default::default()
+        })
+        .await
+        .map_err(|e| format!("create consumer: {e}"))?;
+    let mut messages = consumer
+        .messages()
+        .await
+        .map_err(|e| format!("consume: {e}"))?;
+    backoff.reset();
+    tracing::info!(start_sequence = start, "nats_consumer_started");
+    while let Some(msg) = messages.next().await {
+        let msg = msg.map_err(|e| format!("consumer: {e}"))?;
+        let seq = msg
+            .info()
+            .map_err(|e| format!("message info: {e}"))?
+            .stream_sequence;
+        let expected = applied_sequence() + 1;
+        if seq < expected {
+            continue; // already applied (a recreated consumer overlapping)
+        }
+        if seq > expected {
+            // Sequences skipped inside the stream: expired or deleted while the consumer was
+            // reconnecting (the stream carries only this index's subjects, docs/ARCHITECTURE.md
+            // §6), so they are lost to this replica: counted like a gap at start.
+            tracing::warn!(
+                wanted = expected,
+                first_available = seq,
+                lost = seq - expected,
+                "nats_stream_gap"
+            );
+            m::record_gap(expected, seq);
+        }
+        let decoded = decode(&cfg.subject, msg.subject.as_str(), &msg.payload);
+        let ok = decoded.is_some();
+        match decoded {
+            Some(d) => {
+                if !apply(d).await {
+                    return Ok(()); // shutting down
+                }
+            }
+            None => tracing::warn!(
+                sequence = seq,
+                subject = %msg.subject,
+                bytes = msg.payload.len(),
+                "nats_decode_error"
+            ),
+        }
+        m::record_applied(seq, ok);
+    }
+    Err("message stream ended".into())
+}
+
+/// Applies one message on its owner core, as the gRPC handlers do; retries (with back-off)
+/// while the owner is unavailable, so the stream order is kept and nothing is skipped. Returns
+/// false only when the server is shutting down.
+async fn apply(d: Decoded) -> bool {
+    let mut backoff = Backoff::new();
+    match d {
+        Decoded::Update(update) => {
+            if update.tenant_id == PROBE_TENANT {
+                return true;
+            }
+            if let Err(why) = IngestRefused::check_ids(&update) {
+                crate::metrics::record_ingest_refused(why.metric_label());
+                return true;
+            }
+            let core = owner(&update.tenant_id, &update.model_id);
+            loop {
+                // A copy per attempt: a hop that fails (owner stalled) drops its closure.
+                let u = update.clone();
+                match mailbox::call(core, move |st| st.ingest(&u)).await {
+                    Ok(Ok(())) => {
+                        crate::feeds::events::publish_ingest(&update);
+                        return true;
+                    }
+                    // Refused (counted by the core, as on the gRPC path): nothing to retry.
+                    Ok(Err(_)) => return true,
+                    Err(_) if shutting_down() => return false,
+                    Err(_) => backoff.wait().await,
+                }
+            }
+        }
+        Decoded::Event(event) => {
+            if event.tenant_id == PROBE_TENANT {
+                return true;
+            }
+            let core = owner(&event.tenant_id, &event.model_id);
+            loop {
+                let e = event.clone();
+                match mailbox::call(core, move |st| {
+                    st.apply_event(&e);
+                    e
+                })
+                .await
+                {
+                    Ok(e) => {
+                        crate::feeds::events::publish_event(&e);
+                        return true;
+                    }
+                    Err(_) if shutting_down() => return false,
+                    Err(_) => backoff.wait().await,
+                }
+            }
+        }
+    }
+}
+
+/// Polls the stream's last sequence every [`NATS_LAG_POLL_INTERVAL`]: the lag gauge, and the
+/// caught-up latch that gates `/readyz`.
+async fn poll_lag(js: jetstream::Context, cfg: NatsConfig) {
+    let mut st: Option<stream::Stream> = None;
+    while !shutting_down() {
+        if st.is_none() {
+            st = js.get_stream(&cfg.stream).await.ok();
+        }
+        if let Some(s) = st.as_mut() {
+            match s.info().await {
+                Ok(info) => {
+                    m::record_stream_last(info.state.last_sequence, cfg.ready_max_lag);
+                }
+                Err(_) => st = None,
+            }
+        }
+        tokio::time::sleep(NATS_LAG_POLL_INTERVAL).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn subjects_select_the_message_type_and_junk_is_a_decode_error() {
+        let u = pb::CacheStateUpdate {
+            tenant_id: "t".into(),
+            model_id: "m".into(),
+            replica_id: "r".into(),
+            ..Default::default()
+        };
+        let e = pb::CacheEvent {
+            tenant_id: "t".into(),
+            ..Default::default()
+        };
+        let ub = u.encode_to_vec();
+        let eb = e.encode_to_vec();
+        assert!(matches!(decode("ic", "ic.update", &ub), Some(Decoded::Update(x)) if x == u));
+        assert!(matches!(decode("ic", "ic.event", &eb), Some(Decoded::Event(x)) if x == e));
+        assert!(decode("ic", "ic.other", &ub).is_none());
+        assert!(decode("ic", "icx.update", &ub).is_none());
+        assert!(decode("ic", "ic.update", &[0xff, 0xff, 0xff]).is_none());
+    }
+}

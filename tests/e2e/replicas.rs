@@ -1,0 +1,402 @@
+//! Replicas fed through the NATS JetStream event log (docs/ARCHITECTURE.md "Replicas"): a real
+//! `nats-server -js`, several server replicas consuming one stream, a producer publishing
+//! protobuf CacheStateUpdate / CacheEvent messages with JetStream acks. Skipped (with a message)
+//! only when `nats-server` is not on PATH; `.ci/run` installs it.
+
+use std::time::{Duration, Instant};
+
+use crate::support::*;
+
+const SUBJECT: &str = "ic";
+
+fn nats_flags(nats: &NatsServer, stream: &str) -> Vec<String> {
+    vec![
+        "--nats-url".into(),
+        nats.url(),
+        "--nats-stream".into(),
+        stream.into(),
+        "--nats-subject".into(),
+        SUBJECT.into(),
+    ]
+}
+
+fn start_replica(shards: usize, flags: &[String]) -> Server {
+    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+    Server::start(shards, &flags)
+}
+
+/// `inferencecache_nats_applied_sequence` of `srv`.
+fn applied(srv: &Server) -> u64 {
+    metric_value(&metrics_text(srv), "inferencecache_nats_applied_sequence").unwrap_or(0.0) as u64
+}
+
+/// Deterministic xorshift, so every run publishes and asks the same things.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+}
+
+const TENANTS: [&str; 3] = ["t0", "t1", "t2"];
+const MODELS: [&str; 4] = ["m0", "m1", "m2", "m3"];
+const REPLICAS: u64 = 6;
+const DOCS: u64 = 40;
+
+fn block(t: &str, m: &str, doc: u64, k: u64) -> Vec<u8> {
+    format!("{t}/{m}/d{doc}/b{k}").into_bytes()
+}
+
+/// The producer's messages: chain updates (with replica stats now and then), per-key
+/// evictions and one ALL_CLEARED, all with one timestamp inside the allowed skew, so entry
+/// freshness does not depend on when a replica applied them.
+fn workload(n: usize, ts_us: i64) -> Vec<LogMsg> {
+    let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
+    let mut out = Vec::with_capacity(n);
+    for i in 0..n {
+        let t = TENANTS[rng.below(3) as usize];
+        let m = MODELS[rng.below(4) as usize];
+        let replica = format!("r{}", rng.below(REPLICAS));
+        let doc = rng.below(DOCS);
+        let len = 1 + rng.below(6);
+        if i % 97 == 96 {
+            out.push(LogMsg::Event(pb::CacheEvent {
+                r#type: pb::cache_event::Type::PrefixEvicted as i32,
+                replica_id: replica,
+                model_id: m.into(),
+                tenant_id: t.into(),
+                prefix_hash: block(t, m, doc, 0),
+                timestamp_us: ts_us,
+                adapter_id: String::new(),
+            }));
+            continue;
+        }
+        if i == n / 2 {
+            out.push(LogMsg::Event(pb::CacheEvent {
+                r#type: pb::cache_event::Type::AllCleared as i32,
+                replica_id: "r5".into(),
+                model_id: m.into(),
+                tenant_id: t.into(),
+                timestamp_us: ts_us,
+                ..Default::default()
+            }));
+            continue;
+        }
+        let hashes: Vec<Vec<u8>> = (0..len).map(|k| block(t, m, doc, k)).collect();
+        let stats = (i % 10 == 0).then(|| pb::ReplicaStats {
+            replica_id: replica.clone(),
+            hit_rate: (rng.below(100) as f32) / 100.0,
+            pressure: (rng.below(100) as f32) / 100.0,
+            ..Default::default()
+        });
+        out.push(LogMsg::Update(pb::CacheStateUpdate {
+            replica_id: replica,
+            model_id: m.into(),
+            tenant_id: t.into(),
+            hash_scheme: "vllm".into(),
+            timestamp_us: ts_us,
+            prefixes: vec![pb::PrefixEntry {
+                block_token_counts: vec![16; hashes.len()],
+                block_hashes: hashes,
+                tier: 1 + (i % 3) as i32,
+                ..Default::default()
+            }],
+            stats,
+            adapter_id: String::new(),
+        }));
+    }
+    out
+}
+
+/// 1,000 chain lookups over the published documents (and some never published).
+fn lookups() -> Vec<pb::LookupRouteRequest> {
+    let mut rng = Rng(0x2545_f491_4f6c_dd1d);
+    (0..1000)
+        .map(|_| {
+            let t = TENANTS[rng.below(3) as usize];
+            let m = MODELS[rng.below(4) as usize];
+            let doc = rng.below(DOCS + 10);
+            let len = 1 + rng.below(8);
+            let hashes: Vec<Vec<u8>> = (0..len).map(|k| block(t, m, doc, k)).collect();
+            pb::LookupRouteRequest {
+                model_id: m.into(),
+                tenant_id: t.into(),
+                hash_scheme: "vllm".into(),
+                block_token_counts: vec![16; hashes.len()],
+                block_hashes: hashes,
+                ..Default::default()
+            }
+        })
+        .collect()
+}
+
+/// Three replicas (`--shards 1`, `--shards 1`, `--shards 2`) consume one stream while a
+/// producer publishes through JetStream; one is SIGKILLed mid-stream and restarted (it replays
+/// the stream from its start); after catch-up all three give field-identical answers to the
+/// same 1,000 LookupRoute requests and to GetCacheState for every (tenant, model).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_replicas_converge_after_a_kill_mid_stream() {
+    if skip_without_nats("replicas::three_replicas_converge_after_a_kill_mid_stream") {
+        return;
+    }
+    const STREAM: &str = "IC_E2E_REPLICAS";
+    const N: usize = 3000;
+    let nats = NatsServer::start();
+    let js = nats.jetstream().await;
+    create_stream(&js, STREAM, SUBJECT, -1).await;
+    let flags = nats_flags(&nats, STREAM);
+    let a = start_replica(1, &flags);
+    let mut b = start_replica(1, &flags);
+    let c = start_replica(2, &flags);
+
+    // Inside the default 2-minute skew, so no replica clamps it to its own clock.
+    let msgs = workload(N, now_us() + 90 * 1_000_000);
+    publish_all(&js, SUBJECT, msgs[..N / 2].to_vec(), 64).await;
+    let rest = msgs[N / 2..].to_vec();
+    let js2 = js.clone();
+    // The second half is paced (50 messages every 50 ms, at least 1.5 s), so the kill lands
+    // mid-stream: B is killed as soon as it applies second-half messages.
+    let producer = tokio::spawn(async move {
+        for chunk in rest.chunks(50) {
+            publish_all(&js2, SUBJECT, chunk.to_vec(), 16).await;
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    });
+    // Kill B while the producer is still publishing and B is applying.
+    let mut b_at_kill = 0;
+    let killed = wait_until(Duration::from_secs(30), || {
+        b_at_kill = applied(&b);
+        b_at_kill > (N / 2 + 20) as u64
+    });
+    assert!(killed, "replica B never got past the first half");
+    b.child.kill().expect("SIGKILL replica B");
+    let _ = b.child.wait();
+    let producing_at_kill = !producer.is_finished();
+    let a_at_kill = applied(&a);
+    producer.await.expect("producer");
+    let last = last_sequence(&js, STREAM).await;
+    assert_eq!(last, N as u64, "every published message is in the stream");
+
+    let restarted = Instant::now();
+    let b = start_replica(1, &flags);
+    let ready = restarted.elapsed();
+    let caught = wait_until(Duration::from_secs(30), || applied(&b) == last);
+    let catch_up = restarted.elapsed();
+    assert!(
+        caught,
+        "replica B did not catch up: {} of {last}",
+        applied(&b)
+    );
+    println!(
+        "replica catch-up after SIGKILL: {N} stream messages replayed, /readyz 200 after {} ms, \
+         all {last} applied after {} ms (B had applied {b_at_kill} and A {a_at_kill} when B was \
+         killed; producer still publishing then: {producing_at_kill})",
+        ready.as_millis(),
+        catch_up.as_millis()
+    );
+    for (name, srv) in [("A", &a), ("C", &c)] {
+        let ok = wait_until(Duration::from_secs(30), || applied(srv) == last);
+        assert!(ok, "replica {name} did not apply the whole stream");
+    }
+    let m = metrics_text(&b);
+    assert_eq!(
+        metric_value(&m, "inferencecache_nats_messages_applied_total"),
+        Some(N as f64)
+    );
+    assert_eq!(
+        metric_value(&m, "inferencecache_nats_gaps_total"),
+        Some(0.0)
+    );
+    assert_eq!(
+        metric_value(&m, "inferencecache_nats_decode_errors_total"),
+        Some(0.0)
+    );
+
+    let mut clients = [a.client().await, b.client().await, c.client().await];
+    let mut hits = 0;
+    for req in lookups() {
+        let mut answers = Vec::new();
+        for cl in clients.iter_mut() {
+            let mut r = lookup(cl, req.clone()).await;
+            r.lookup_latency_us = 0;
+            answers.push(r);
+        }
+        if answers[0]
+            .replica_scores
+            .iter()
+            .any(|s| s.matched_tokens > 0)
+        {
+            hits += 1;
+        }
+        assert_eq!(answers[0], answers[1], "A and B differ on {req:?}");
+        assert_eq!(answers[0], answers[2], "A and C differ on {req:?}");
+    }
+    assert!(hits > 300, "the lookups should mostly hit: {hits} of 1000");
+    for t in TENANTS {
+        for m in MODELS {
+            let mut states = Vec::new();
+            for cl in clients.iter_mut() {
+                states.push(cache_state(cl, t, m).await);
+            }
+            assert!(states[0].summary.as_ref().unwrap().total_prefixes > 0);
+            assert_eq!(
+                states[0], states[1],
+                "GetCacheState {t}/{m}: A and B differ"
+            );
+            assert_eq!(
+                states[0], states[2],
+                "GetCacheState {t}/{m}: A and C differ"
+            );
+        }
+    }
+}
+
+/// A stream that has expired past the replica's start (max_msgs 50 of 200 published): the
+/// replica starts from the first available message, and the gap is counted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn expired_stream_starts_from_the_first_available_and_counts_the_gap() {
+    if skip_without_nats("replicas::expired_stream_starts_from_the_first_available") {
+        return;
+    }
+    const STREAM: &str = "IC_E2E_GAP";
+    let nats = NatsServer::start();
+    let js = nats.jetstream().await;
+    create_stream(&js, STREAM, SUBJECT, 50).await;
+    let ts = now_us() + 90 * 1_000_000;
+    let msgs: Vec<LogMsg> = (0..200)
+        .map(|i| {
+            let replica = format!("r{i:03}");
+            let mut u = legacy_update(&replica, "t", "m", "vllm", b"h", 16);
+            u.timestamp_us = ts;
+            // GetCacheState lists the replicas with stats.
+            u.stats = Some(pb::ReplicaStats {
+                replica_id: replica,
+                hit_rate: 0.5,
+                ..Default::default()
+            });
+            LogMsg::Update(u)
+        })
+        .collect();
+    publish_all(&js, SUBJECT, msgs, 32).await;
+    assert_eq!(last_sequence(&js, STREAM).await, 200);
+
+    let srv = start_replica(1, &nats_flags(&nats, STREAM));
+    assert!(wait_until(Duration::from_secs(20), || applied(&srv) == 200));
+    let m = metrics_text(&srv);
+    assert_eq!(
+        metric_value(&m, "inferencecache_nats_gaps_total"),
+        Some(1.0)
+    );
+    assert_eq!(
+        metric_value(&m, "inferencecache_nats_gap_messages_total"),
+        Some(150.0)
+    );
+    assert_eq!(
+        metric_value(&m, "inferencecache_nats_messages_applied_total"),
+        Some(50.0)
+    );
+    let st = cache_state(&mut srv.client().await, "t", "m").await;
+    let mut replicas: Vec<String> = st.replicas.iter().map(|r| r.replica_id.clone()).collect();
+    replicas.sort();
+    let want: Vec<String> = (150..200).map(|i| format!("r{i:03}")).collect();
+    assert_eq!(
+        replicas, want,
+        "only the messages still in the stream are applied"
+    );
+}
+
+/// `/readyz` stays 503 while a replica cannot reach the event log (NATS down at start, which
+/// must not crash it); once NATS comes up the consumer reconnects on its own, replays the
+/// stream and the replica turns ready.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readyz_is_503_until_nats_comes_up_and_the_replica_caught_up() {
+    let port = free_port(); // nothing listens there yet
+    let (g, h, a) = (free_port(), free_port(), free_port());
+    let mut child = std::process::Command::new(bin())
+        .args([
+            "--grpc-bind-address",
+            &format!("127.0.0.1:{g}"),
+            "--http-bind-address",
+            &format!("127.0.0.1:{h}"),
+            "--snapshot-bind-address",
+            &format!("127.0.0.1:{a}"),
+            "--shards",
+            "1",
+            "--insecure-disable-auth",
+            "--log-level",
+            "error",
+            "--nats-url",
+            &format!("nats://127.0.0.1:{port}"),
+            "--nats-stream",
+            "IC_E2E_LATE",
+            "--nats-subject",
+            SUBJECT,
+            "--nats-ready-max-lag",
+            "0",
+        ])
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .expect("spawn server");
+    let healthy = wait_until(Duration::from_secs(30), || {
+        matches!(http_get(h, "/healthz"), Ok((200, _)))
+    });
+    assert!(healthy, "server did not come up");
+    std::thread::sleep(Duration::from_millis(500));
+    let (st, _) = http_get(h, "/readyz").expect("GET /readyz");
+    assert_eq!(st, 503, "not ready while the event log is unreachable");
+    assert!(
+        child.try_wait().unwrap().is_none(),
+        "NATS down must not crash the server"
+    );
+    if skip_without_nats("replicas::readyz_is_503_until_nats_comes_up (second half)") {
+        let _ = child.kill();
+        let _ = child.wait();
+        return;
+    }
+    let nats = NatsServer::start_on(port);
+    let js = nats.jetstream().await;
+    // The replica may have created the stream already (same configuration).
+    js.get_or_create_stream(async_nats::jetstream::stream::Config {
+        name: "IC_E2E_LATE".into(),
+        subjects: vec![format!("{SUBJECT}.>")],
+        ..Default::default()
+    })
+    .await
+    .expect("stream");
+    let ts = now_us() + 90 * 1_000_000;
+    let msgs = (0..20)
+        .map(|i| {
+            let mut u = legacy_update(&format!("r{i}"), "t", "m", "vllm", b"h", 16);
+            u.timestamp_us = ts;
+            LogMsg::Update(u)
+        })
+        .collect();
+    publish_all(&js, SUBJECT, msgs, 8).await;
+    let applied_all = wait_until(Duration::from_secs(40), || {
+        http_get(h, "/metrics").is_ok_and(|(_, m)| {
+            metric_value(&m, "inferencecache_nats_applied_sequence") == Some(20.0)
+        })
+    });
+    let ready = wait_until(Duration::from_secs(10), || {
+        matches!(http_get(h, "/readyz"), Ok((200, _)))
+    });
+    let (_, metrics) = http_get(h, "/metrics").expect("GET /metrics");
+    let _ = child.kill();
+    let _ = child.wait();
+    assert!(
+        applied_all,
+        "the stream was not replayed after NATS came up:\n{metrics}"
+    );
+    assert!(ready, "not ready after catching up");
+    assert_eq!(
+        metric_value(&metrics, "inferencecache_nats_messages_applied_total"),
+        Some(20.0)
+    );
+}

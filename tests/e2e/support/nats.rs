@@ -1,0 +1,130 @@
+//! A real `nats-server -js` (Debian's `nats-server` package; `.ci/run` installs it) on a free
+//! loopback port with a temporary store directory, killed on drop; plus JetStream helpers the
+//! replica scenarios publish and inspect the event log with.
+
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use async_nats::jetstream;
+
+use super::{free_port, scratch_dir, wait_until};
+
+/// Whether `nats-server` is on PATH; the event log scenarios skip (with a message) without it.
+pub fn nats_server_available() -> bool {
+    std::env::var_os("PATH")
+        .is_some_and(|paths| std::env::split_paths(&paths).any(|d| d.join("nats-server").is_file()))
+}
+
+/// Prints why a scenario is skipped and returns true when `nats-server` is missing.
+pub fn skip_without_nats(scenario: &str) -> bool {
+    if nats_server_available() {
+        return false;
+    }
+    eprintln!("SKIPPED {scenario}: nats-server is not on PATH (apt-get install nats-server)");
+    true
+}
+
+/// A running `nats-server -js`.
+pub struct NatsServer {
+    child: Child,
+    pub port: u16,
+    pub store: std::path::PathBuf,
+}
+
+impl NatsServer {
+    /// Starts it and waits until it accepts connections.
+    pub fn start() -> NatsServer {
+        NatsServer::start_on(free_port())
+    }
+
+    /// Starts it on `port`.
+    pub fn start_on(port: u16) -> NatsServer {
+        let store = scratch_dir("nats-store");
+        let child = Command::new("nats-server")
+            .args(["-js", "-a", "127.0.0.1", "-p", &port.to_string(), "-sd"])
+            .arg(&store)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn nats-server");
+        let up = wait_until(Duration::from_secs(20), || {
+            std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()
+        });
+        assert!(up, "nats-server did not listen on {port}");
+        NatsServer { child, port, store }
+    }
+
+    /// The `nats://` URL.
+    pub fn url(&self) -> String {
+        format!("nats://127.0.0.1:{}", self.port)
+    }
+
+    /// A JetStream context on a fresh connection.
+    pub async fn jetstream(&self) -> jetstream::Context {
+        let client = async_nats::connect(self.url()).await.expect("connect nats");
+        jetstream::new(client)
+    }
+}
+
+impl Drop for NatsServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.store);
+    }
+}
+
+/// Creates stream `name` over subjects `<subject>.>` (file storage), with at most `max_msgs`
+/// messages kept (-1: unlimited).
+pub async fn create_stream(
+    js: &jetstream::Context,
+    name: &str,
+    subject: &str,
+    max_msgs: i64,
+) -> jetstream::stream::Stream {
+    js.create_stream(jetstream::stream::Config {
+        name: name.into(),
+        subjects: vec![format!("{subject}.>")],
+        max_messages: max_msgs,
+        ..Default::default()
+    })
+    .await
+    .expect("create stream")
+}
+
+/// Publishes protobuf messages on `<subject>.update` / `<subject>.event` (the event log's
+/// encoding) with at most `window` unacknowledged, and waits for every acknowledgement.
+pub async fn publish_all(js: &jetstream::Context, subject: &str, msgs: Vec<LogMsg>, window: usize) {
+    use prost::Message;
+    let mut acks = std::collections::VecDeque::new();
+    for m in msgs {
+        let (suffix, body) = match m {
+            LogMsg::Update(u) => ("update", u.encode_to_vec()),
+            LogMsg::Event(e) => ("event", e.encode_to_vec()),
+        };
+        let ack = js
+            .publish(format!("{subject}.{suffix}"), body.into())
+            .await
+            .expect("publish");
+        acks.push_back(ack);
+        if acks.len() >= window {
+            acks.pop_front().unwrap().await.expect("publish ack");
+        }
+    }
+    for a in acks {
+        a.await.expect("publish ack");
+    }
+}
+
+/// One event log message.
+#[derive(Clone, Debug)]
+pub enum LogMsg {
+    Update(super::pb::CacheStateUpdate),
+    Event(super::pb::CacheEvent),
+}
+
+/// The stream's last sequence.
+pub async fn last_sequence(js: &jetstream::Context, stream: &str) -> u64 {
+    let mut s = js.get_stream(stream).await.expect("get stream");
+    s.info().await.expect("stream info").state.last_sequence
+}
