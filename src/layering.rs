@@ -8,6 +8,7 @@ const LAYERS: &[&[&str]] = &[
     &["cli"],
     &["admin"],
     &["grpc", "nats"],
+    &["ingest"],
     &["templates", "pd", "feeds"],
     &["tenant_registry"],
     &["lookup"],

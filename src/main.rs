@@ -16,6 +16,7 @@ mod admin;
 mod cli;
 mod feeds;
 mod grpc;
+mod ingest;
 #[cfg(test)]
 mod layering;
 mod limits;

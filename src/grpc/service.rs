@@ -12,9 +12,10 @@ use inferencecache_proto::v1alpha1 as pb;
 use inferencecache_proto::v1alpha1::inference_cache_server::InferenceCache;
 use tonic::{Request, Response, Status, Streaming};
 
+use crate::ingest;
 use crate::lookup::LookupConfig;
-use crate::runtime::{evict, mailbox};
-use crate::shard::{IngestRefused, owner};
+use crate::runtime::mailbox;
+use crate::shard::owner;
 
 use super::status::receive_status;
 
@@ -109,45 +110,12 @@ impl InferenceCache for CacheService {
         // the producer through HTTP/2 flow control instead of growing a queue. A refused message
         // does not stop the stream, but the Ack then says so: nothing unapplied is acknowledged.
         while let Some(update) = stream.message().await.map_err(receive_status)? {
-            if update.tenant_id == PROBE_TENANT {
-                continue;
-            }
-            if let Err(why) = IngestRefused::check_ids(&update) {
-                crate::metrics::record_ingest_refused(why.metric_label());
-                refused.get_or_insert(why);
-                continue;
-            }
-            let core = owner(&update.tenant_id, &update.model_id);
-            // The update travels back with the answer, so the change feed can publish it
-            // without a copy; so do the entries its cap or quota evicted (published after it).
-            let (applied, update, removals, evictions) = mailbox::call(core, move |st| {
-                let applied = st.ingest(&update);
-                let quota = st.quota_for(&update.tenant_id);
-                let evictions = evict::pending(st, &update.tenant_id, quota);
-                let removals = crate::feeds::events::take_removals();
-                (applied, update, removals, evictions)
-            })
-            .await
-            .map_err(|_| {
+            let applied = ingest::apply_update(update).await.map_err(|_| {
                 Status::unavailable("owner core unavailable (stalled or shutting down)")
             })?;
-            // Several cores: the quota and the cap pick their victims across cores, before the
-            // next message is read (docs/BEHAVIOUR.md §7.1, §7.2); each core hands back the
-            // removals its share held for the change feed.
-            let cross_core_removals = match evictions {
-                Some(e) => e.enforce(crate::feeds::events::take_removals).await,
-                None => Vec::new(),
-            };
-            match applied {
-                Ok(()) => crate::feeds::events::publish_ingest(&update),
-                Err(why) => {
-                    refused.get_or_insert(why);
-                }
+            if let Err(why) = applied {
+                refused.get_or_insert(why);
             }
-            crate::feeds::events::publish_removals(removals);
-            cross_core_removals
-                .into_iter()
-                .for_each(crate::feeds::events::publish_removals);
         }
         Ok(match refused {
             None => ack(),
@@ -162,21 +130,9 @@ impl InferenceCache for CacheService {
         &self,
         request: Request<pb::CacheEvent>,
     ) -> Result<Response<pb::Ack>, Status> {
-        let event = request.into_inner();
-        if event.tenant_id == PROBE_TENANT {
-            return Ok(ack());
-        }
-        let core = owner(&event.tenant_id, &event.model_id);
         // An event that cannot be delivered (shutdown) is still acknowledged: PublishEvent never
         // returns an error in the contract.
-        if let Ok(event) = mailbox::call(core, move |st| {
-            st.apply_event(&event);
-            event
-        })
-        .await
-        {
-            crate::feeds::events::publish_event(&event);
-        }
+        let _ = ingest::apply_event(request.into_inner()).await;
         Ok(ack())
     }
 

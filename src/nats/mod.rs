@@ -9,7 +9,7 @@
 //! a decode error: counted, skipped, never fatal.
 //!
 //! The consumer runs on the admin thread's tokio runtime, never on a serving core: it reaches
-//! the owner core over the bounded mailbox ([`mailbox::call`] backs off while a queue is full).
+//! the owner core over the bounded mailbox (`mailbox::call` backs off while a queue is full).
 //! It uses an ordered pull consumer (ephemeral, no acks) from a given stream sequence, with at
 //! most [`NATS_MAX_IN_FLIGHT`] messages delivered and not yet applied; each message is applied
 //! before the next one is taken and before [`applied_sequence`] moves past it. Any error (NATS
@@ -20,17 +20,16 @@ use std::time::Duration;
 
 use async_nats::jetstream::{self, consumer, stream};
 use futures_util::StreamExt;
-use inferencecache_index::PROBE_TENANT;
 use inferencecache_proto::v1alpha1 as pb;
 use prost::Message;
 
+use crate::ingest;
 use crate::limits::{
     NATS_BACKOFF_MAX, NATS_BACKOFF_MIN, NATS_LAG_POLL_INTERVAL, NATS_MAX_IN_FLIGHT,
     NATS_REQUEST_TIMEOUT,
 };
 use crate::metrics::nats as m;
-use crate::runtime::{mailbox, shutting_down};
-use crate::shard::{IngestRefused, owner};
+use crate::runtime::shutting_down;
 
 /// Where and what to consume (from `--nats-url`, `--nats-stream`, `--nats-subject`).
 #[derive(Debug, Clone)]
@@ -257,53 +256,19 @@ async fn consume(
 /// false only when the server is shutting down.
 async fn apply(d: Decoded) -> bool {
     let mut backoff = Backoff::new();
-    match d {
-        Decoded::Update(update) => {
-            if update.tenant_id == PROBE_TENANT {
-                return true;
-            }
-            if let Err(why) = IngestRefused::check_ids(&update) {
-                crate::metrics::record_ingest_refused(why.metric_label());
-                return true;
-            }
-            let core = owner(&update.tenant_id, &update.model_id);
-            loop {
-                // A copy per attempt: a hop that fails (owner stalled) drops its closure.
-                let u = update.clone();
-                match mailbox::call(core, move |st| st.ingest(&u)).await {
-                    Ok(Ok(())) => {
-                        crate::feeds::events::publish_ingest(&update);
-                        return true;
-                    }
-                    // Refused (counted by the core, as on the gRPC path): nothing to retry.
-                    Ok(Err(_)) => return true,
-                    Err(_) if shutting_down() => return false,
-                    Err(_) => backoff.wait().await,
-                }
-            }
+    loop {
+        // A copy per attempt: a hop that fails (owner stalled) drops its closure.
+        let done = match &d {
+            Decoded::Update(u) => ingest::apply_update(u.clone()).await.is_ok(),
+            Decoded::Event(e) => ingest::apply_event(e.clone()).await.is_ok(),
+        };
+        if done {
+            return true;
         }
-        Decoded::Event(event) => {
-            if event.tenant_id == PROBE_TENANT {
-                return true;
-            }
-            let core = owner(&event.tenant_id, &event.model_id);
-            loop {
-                let e = event.clone();
-                match mailbox::call(core, move |st| {
-                    st.apply_event(&e);
-                    e
-                })
-                .await
-                {
-                    Ok(e) => {
-                        crate::feeds::events::publish_event(&e);
-                        return true;
-                    }
-                    Err(_) if shutting_down() => return false,
-                    Err(_) => backoff.wait().await,
-                }
-            }
+        if shutting_down() {
+            return false;
         }
+        backoff.wait().await;
     }
 }
 

@@ -400,3 +400,53 @@ async fn readyz_is_503_until_nats_comes_up_and_the_replica_caught_up() {
         Some(20.0)
     );
 }
+
+/// Log-applied updates go through the same eviction as gRPC ingest: with the global cap, a
+/// `--shards 2` replica picks its victims across cores and ends with exactly the answers of a
+/// `--shards 1` replica (without the cross-core step it would keep every entry).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn log_applied_updates_are_evicted_across_cores_like_one_core() {
+    if skip_without_nats("replicas::log_applied_updates_are_evicted_across_cores") {
+        return;
+    }
+    const STREAM: &str = "IC_E2E_CAP";
+    const CAP: usize = 40;
+    let nats = NatsServer::start();
+    let js = nats.jetstream().await;
+    create_stream(&js, STREAM, SUBJECT, 10_000).await;
+    let msgs = workload(300, now_us() + 90 * 1_000_000);
+    let total = msgs.len() as u64;
+    publish_all(&js, SUBJECT, msgs, 32).await;
+    let mut flags = nats_flags(&nats, STREAM);
+    flags.extend(["--index-max-entries".to_string(), CAP.to_string()]);
+    let one = start_replica(1, &flags);
+    let two = start_replica(2, &flags);
+    for srv in [&one, &two] {
+        assert!(wait_until(Duration::from_secs(30), || applied(srv) == total));
+    }
+    let entries = |srv: &Server| -> f64 {
+        let text = metrics_text(srv);
+        text.lines()
+            .filter(|l| l.starts_with("inferencecache_core_index_entries{"))
+            .filter_map(|l| l.split_whitespace().last()?.parse::<f64>().ok())
+            .sum()
+    };
+    assert_eq!(entries(&one), CAP as f64, "the cap holds on one core");
+    assert_eq!(entries(&two), CAP as f64, "the cap holds across two cores");
+    let (mut c1, mut c2) = (one.client().await, two.client().await);
+    for t in TENANTS {
+        for m in MODELS {
+            let mut a = cache_state(&mut c1, t, m).await;
+            let mut b = cache_state(&mut c2, t, m).await;
+            a.replicas.sort_by(|x, y| x.replica_id.cmp(&y.replica_id));
+            b.replicas.sort_by(|x, y| x.replica_id.cmp(&y.replica_id));
+            assert_eq!(a, b, "GetCacheState({t}, {m})");
+        }
+    }
+    for req in lookups() {
+        let mut a = lookup(&mut c1, req.clone()).await;
+        let mut b = lookup(&mut c2, req).await;
+        (a.lookup_latency_us, b.lookup_latency_us) = (0, 0);
+        assert_eq!(a, b);
+    }
+}

@@ -1,0 +1,70 @@
+//! Applying one producer message, shared by every way one arrives (the gRPC handlers, the NATS
+//! JetStream consumer): the owner core applies it, then (several cores) the tenant quota and the
+//! global cap pick their victims across cores (docs/BEHAVIOUR.md §7.1, §7.2), then the change
+//! feed publishes the message and, after it, the entries its evictions removed. Each step ends
+//! before the next message is applied, so every path keeps one global order.
+
+use inferencecache_index::PROBE_TENANT;
+use inferencecache_proto::v1alpha1 as pb;
+
+use crate::feeds::events;
+use crate::runtime::{evict, mailbox};
+use crate::shard::{IngestRefused, owner};
+
+/// The owner core could not be reached (stalled or shutting down); nothing was applied.
+#[derive(Debug)]
+pub struct OwnerUnavailable;
+
+/// Applies `update` on its owner core with its evictions and change-feed events. `Ok(Err(why))`:
+/// the update was refused in whole or in part (counted, nothing else to do).
+pub async fn apply_update(
+    update: pb::CacheStateUpdate,
+) -> Result<Result<(), IngestRefused>, OwnerUnavailable> {
+    if update.tenant_id == PROBE_TENANT {
+        return Ok(Ok(()));
+    }
+    if let Err(why) = IngestRefused::check_ids(&update) {
+        crate::metrics::record_ingest_refused(why.metric_label());
+        return Ok(Err(why));
+    }
+    let core = owner(&update.tenant_id, &update.model_id);
+    // The update travels back with the answer, so the change feed can publish it without a
+    // copy; so do the entries its cap or quota evicted on the owner (published after it).
+    let (applied, update, removals, evictions) = mailbox::call(core, move |st| {
+        let applied = st.ingest(&update);
+        let quota = st.quota_for(&update.tenant_id);
+        let evictions = evict::pending(st, &update.tenant_id, quota);
+        (applied, update, events::take_removals(), evictions)
+    })
+    .await
+    .map_err(|_| OwnerUnavailable)?;
+    // Several cores: each core hands back the removals its share of the victims held.
+    let cross_core_removals = match evictions {
+        Some(e) => e.enforce(events::take_removals).await,
+        None => Vec::new(),
+    };
+    if applied.is_ok() {
+        events::publish_ingest(&update);
+    }
+    events::publish_removals(removals);
+    cross_core_removals
+        .into_iter()
+        .for_each(events::publish_removals);
+    Ok(applied)
+}
+
+/// Applies `event` on its owner core and publishes it to the change feed.
+pub async fn apply_event(event: pb::CacheEvent) -> Result<(), OwnerUnavailable> {
+    if event.tenant_id == PROBE_TENANT {
+        return Ok(());
+    }
+    let core = owner(&event.tenant_id, &event.model_id);
+    let event = mailbox::call(core, move |st| {
+        st.apply_event(&event);
+        event
+    })
+    .await
+    .map_err(|_| OwnerUnavailable)?;
+    events::publish_event(&event);
+    Ok(())
+}
