@@ -15,12 +15,14 @@
 //!   primitives with their secondary counters, ingest (§4) and events (§5);
 //! * `lookup` — exact, chain, TENANT_HOT, miss classifier, orchestrator, affinity, LFU credit;
 //! * `eviction` — TTL sweep, tenant quota, global cap (candidate heaps);
-//! * `aggregate` — GetCacheState, `/snapshot` parts and their merge, the entries gauge.
+//! * `aggregate` — GetCacheState, `/snapshot` parts and their merge, the entries gauge;
+//! * `persist` — warm restart: sliced export and record-by-record restore.
 
 mod aggregate;
 mod eviction;
 mod intern;
 mod lookup;
+mod persist;
 pub mod ranking;
 mod store;
 
@@ -29,6 +31,7 @@ pub use aggregate::{
     TenantRow, merge_snapshot_parts,
 };
 pub use lookup::{LfuHit, LookupQuery, LookupView, Score, Strategy};
+pub use persist::{PersistEntry, PersistStats, RestoreOutcome};
 pub use ranking::RankerConfig;
 
 use crate::PROBE_TENANT;
