@@ -8,7 +8,7 @@ const LAYERS: &[&[&str]] = &[
     &["cli"],
     &["admin"],
     &["grpc"],
-    &["templates", "pd", "feeds"],
+    &["templates", "pd", "feeds", "snapshot"],
     &["lookup"],
     &["tokenizer"],
     &["runtime"],

@@ -5,6 +5,7 @@
 //! * [`startup`], [`cli`] — flags, start-up order, shutdown;
 //! * [`admin`] — the HTTP listeners, controller auth, cross-core gathers (admin thread);
 //! * [`grpc`] — per-connection serving, dispatch, the InferenceCache handlers;
+//! * [`snapshot`] — warm restart: per-core snapshot files under `--state-dir` and their restore;
 //! * [`lookup`] — LookupRoute: the receiving half and the owner half;
 //! * [`runtime`] — pinned executors, accept loop, the cross-core mailbox, the admin thread;
 //! * [`shard`] — the partition function and the per-core state over the index crate.
@@ -24,6 +25,7 @@ mod metrics;
 mod pd;
 mod runtime;
 mod shard;
+mod snapshot;
 mod startup;
 mod sys;
 mod templates;

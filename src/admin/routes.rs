@@ -277,6 +277,8 @@ async fn handle_policy(req: Request<Incoming>) -> Resp {
             // leave the cores with different snapshots.
             let _one = POLICY_INSTALL.lock().await;
             gather::install_policy(Arc::new(store)).await;
+            // Kept for a warm restart (`--state-dir`; a no-op without it).
+            crate::snapshot::save_policy(&body);
             Response::builder()
                 .status(StatusCode::NO_CONTENT)
                 .body(Full::new(Bytes::new()))

@@ -8,6 +8,7 @@
 
 mod exposition;
 pub mod process;
+pub mod snapshot;
 
 pub use exposition::{CONTENT_TYPE, CoreView, Scrape, encode};
 

@@ -40,6 +40,8 @@ mod metrics;
 mod pd;
 /// `prompt_text` input through a real tokenizer: echo, fail-open, saturation, deadlines.
 mod prompt_text;
+/// Warm restart with --state-dir: snapshots, restore, N→M shards, damaged files.
+mod restart;
 /// Bad input over real sockets must not crash, wedge or corrupt the server.
 mod robustness;
 /// StreamCacheEvents and StreamMetrics.
