@@ -88,6 +88,9 @@ fn sample_lookups() -> Vec<pb::LookupRouteRequest> {
                 out.push(with_adapter(full, adapter(c)));
                 let short = chain_lookup(t, m, "vllm", &refs[..2], &counts[..2]);
                 out.push(with_adapter(short, adapter(c)));
+                // 48 tokens: over t0's policy floor, under the default floor of 64.
+                let mid = chain_lookup(t, m, "vllm", &refs[..3], &counts[..3]);
+                out.push(with_adapter(mid, adapter(c)));
             }
             out.push(chain_lookup(t, m, "vllm", &[b"missing!"], &[16]));
         }
@@ -176,7 +179,13 @@ async fn restart_keeps_answers(from: usize, to: usize) {
         .iter()
         .filter(|r| r.reason_code == "PREFIX_MATCH")
         .count();
-    assert!(hits > 100, "the sample exercises matches: {hits}");
+    // Every full chain matches, and t0's 3-block prefixes (its policy floor is 48 tokens, the
+    // default 64); the 2-block ones fall under the floors.
+    assert_eq!(
+        hits,
+        (TENANTS.len() + 1) * MODELS.len() * CHAINS,
+        "the sample's matches"
+    );
     let floored = before.0.iter().any(|r| r.reason_code != "PREFIX_MATCH");
     assert!(floored, "the sample exercises misses and the floor");
     drop(c);
@@ -236,7 +245,7 @@ async fn restart_keeps_the_eviction_order() {
             "m",
             "vllm",
             format!("key-{i:03}").as_bytes(),
-            16,
+            64,
         );
         // Distinct stamps, out of key order, so LRU order is not key order.
         u.timestamp_us = base + ((i * 7) % 40) as i64 * 1000;
@@ -253,7 +262,7 @@ async fn restart_keeps_the_eviction_order() {
         for i in (0..40).step_by(6) {
             let hash = format!("key-{i:03}");
             for _ in 0..(i % 4) {
-                let _ = lookup(&mut c, exact_lookup("t0", "m", "vllm", hash.as_bytes(), 16)).await;
+                let _ = lookup(&mut c, exact_lookup("t0", "m", "vllm", hash.as_bytes(), 64)).await;
             }
         }
     }
@@ -272,7 +281,7 @@ async fn restart_keeps_the_eviction_order() {
         for i in 0..65 {
             for t in ["t0", "t1"] {
                 let hash = format!("key-{i:03}");
-                let r = lookup(&mut c, exact_lookup(t, "m", "vllm", hash.as_bytes(), 16)).await;
+                let r = lookup(&mut c, exact_lookup(t, "m", "vllm", hash.as_bytes(), 64)).await;
                 if r.reason_code == "PREFIX_MATCH" {
                     left.push(format!("{t}/{hash}"));
                 }
@@ -601,7 +610,8 @@ async fn restart_at_scale(n: usize) {
         .map(|i| {
             let ch = (i * 7919) % chains;
             let (t, m) = scope(ch);
-            let len = 1 + i % BLOCKS;
+            // At least 4 blocks: 64 tokens, the default matched-tokens floor.
+            let len = 4 + i % (BLOCKS - 3);
             let hashes: Vec<Vec<u8>> = (0..len).map(|b| hash(ch, b)).collect();
             let refs: Vec<&[u8]> = hashes.iter().map(|h| h.as_slice()).collect();
             chain_lookup(&t, &m, "vllm", &refs, &vec![16; len])
