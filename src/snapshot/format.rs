@@ -264,6 +264,10 @@ pub struct Encoder {
     rows: Vec<u8>,
     count: u32,
     totals: Totals,
+    /// The last entry's keyspace names and index in the open section.
+    last_ks: Option<([String; 4], u16)>,
+    /// The last entry's replica name and index in the open section.
+    last_replica: Option<(String, u16)>,
 }
 
 impl Encoder {
@@ -290,22 +294,41 @@ impl Encoder {
             .map(|n| n.len())
             .sum();
         self.start(SectionKind::Entries, 5, 25 + e.hash.len() + names);
-        let ks = [
-            self.names.id(e.tenant),
-            self.names.id(e.model),
-            self.names.id(e.scheme),
-            self.names.id(e.adapter),
-        ];
-        let ks = match self.keyspaces.get(&ks) {
-            Some(i) => *i,
-            None => {
-                let i = self.keyspace_list.len() as u16;
-                self.keyspace_list.push(ks);
-                self.keyspaces.insert(ks, i);
+        // Consecutive entries mostly share their keyspace (a key's holders, a chain's blocks):
+        // the last one's indexes are reused without hashing.
+        let same_ks = self.last_ks.as_ref().is_some_and(|(n, _)| {
+            n[0] == e.tenant && n[1] == e.model && n[2] == e.scheme && n[3] == e.adapter
+        });
+        let ks = if same_ks {
+            self.last_ks.as_ref().expect("checked").1
+        } else {
+            let ids = [
+                self.names.id(e.tenant),
+                self.names.id(e.model),
+                self.names.id(e.scheme),
+                self.names.id(e.adapter),
+            ];
+            let i = match self.keyspaces.get(&ids) {
+                Some(i) => *i,
+                None => {
+                    let i = self.keyspace_list.len() as u16;
+                    self.keyspace_list.push(ids);
+                    self.keyspaces.insert(ids, i);
+                    i
+                }
+            };
+            let owned = [e.tenant, e.model, e.scheme, e.adapter].map(String::from);
+            self.last_ks = Some((owned, i));
+            i
+        };
+        let replica = match &self.last_replica {
+            Some((name, i)) if name == e.replica => *i,
+            _ => {
+                let i = self.names.id(e.replica);
+                self.last_replica = Some((e.replica.to_string(), i));
                 i
             }
         };
-        let replica = self.names.id(e.replica);
         let r = &mut self.rows;
         r.extend_from_slice(&ks.to_le_bytes());
         r.extend_from_slice(&replica.to_le_bytes());
@@ -367,6 +390,8 @@ impl Encoder {
         self.keyspace_list.clear();
         self.rows.clear();
         self.count = 0;
+        self.last_ks = None;
+        self.last_replica = None;
     }
 
     /// Closes the open section and takes the bytes encoded so far.

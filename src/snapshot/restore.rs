@@ -8,7 +8,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Instant;
 
-use inferencecache_index::index::RestoreOutcome;
+use inferencecache_index::index::{RestoreCache, RestoreOutcome};
 use inferencecache_index::policy::{PolicyStore, parse_policy_body};
 
 use super::format::{Decoder, FileKind, FormatError, SectionKind};
@@ -181,6 +181,7 @@ fn restore_file(
         shard::owner_of_partition(shard::partition(tenant, model), n)
     };
     let max_entries = states[0].index.config().max_entries;
+    let mut caches: Vec<RestoreCache> = (0..n).map(|_| RestoreCache::default()).collect();
     while let Some(section) = d.next_section().map_err(err)? {
         match section.kind {
             SectionKind::Stats => section
@@ -194,14 +195,18 @@ fn restore_file(
                 .map_err(err)?,
             SectionKind::Entries => section
                 .entries(|e| {
-                    let st = &mut states[target(e.tenant, e.model)];
+                    let core = target(e.tenant, e.model);
+                    let st = &mut states[core];
                     let full = max_entries > 0
                         && st.index.directory().non_reserved_entries() as u64 >= max_entries;
                     if full {
                         counts.refused += 1;
                         return;
                     }
-                    match st.index.restore_entry(e, now, &*st.policy) {
+                    match st
+                        .index
+                        .restore_entry(e, now, &*st.policy, &mut caches[core])
+                    {
                         RestoreOutcome::Restored => counts.entries += 1,
                         RestoreOutcome::Expired => counts.expired += 1,
                         RestoreOutcome::Refused => counts.refused += 1,

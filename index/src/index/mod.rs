@@ -31,7 +31,7 @@ pub use aggregate::{
     TenantRow, merge_snapshot_parts,
 };
 pub use lookup::{LfuHit, LookupQuery, LookupView, Score, Strategy};
-pub use persist::{PersistEntry, PersistStats, RestoreOutcome};
+pub use persist::{PersistEntry, PersistStats, RestoreCache, RestoreOutcome};
 pub use ranking::RankerConfig;
 
 use crate::PROBE_TENANT;

@@ -62,6 +62,18 @@ pub struct PersistStats<'a> {
     pub stats_reported: i64,
 }
 
+/// Ids resolved for the previous restored entry of one index, so a run of entries of the same
+/// keyspace (a key's holders, a chain's blocks) skips the name and catalog lookups. Ids stay
+/// valid for the whole restore (nothing is reclaimed while restoring). One per index; start
+/// each restore with [`RestoreCache::default`].
+#[derive(Default)]
+pub struct RestoreCache {
+    /// tenant, model, scheme, adapter of the last keyspace; its id; the tenant's TTL.
+    keyspace: Option<([String; 4], u32, i64)>,
+    /// The last replica name and id.
+    replica: Option<(String, u32)>,
+}
+
 /// What restoring one record did.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum RestoreOutcome {
@@ -174,24 +186,49 @@ impl Index {
         e: &PersistEntry<'_>,
         now: i64,
         rules: &dyn TenantRules,
+        cache: &mut RestoreCache,
     ) -> RestoreOutcome {
-        let ttl = self.ttl_for(rules, e.tenant);
+        let hit = cache.keyspace.as_ref().filter(|(n, _, _)| {
+            n[0] == e.tenant && n[1] == e.model && n[2] == e.scheme && n[3] == e.adapter
+        });
+        let ttl = match hit {
+            Some((_, _, ttl)) => *ttl,
+            None => self.ttl_for(rules, e.tenant),
+        };
         if now.saturating_sub(e.last_seen) >= ttl {
             return RestoreOutcome::Expired;
         }
         if !(e.tier <= TIER_RAW_COLD || e.tier == TIER_NEGATIVE) {
             return RestoreOutcome::Refused;
         }
-        if !self.restore_names_fit(&[e.tenant, e.model, e.scheme, e.adapter, e.replica]) {
-            return RestoreOutcome::Refused;
-        }
-        let tenant = self.cat.strings.intern(e.tenant);
-        let model = self.cat.strings.intern(e.model);
-        let scheme = self.cat.strings.intern(e.scheme);
-        let adapter = self.cat.strings.intern(e.adapter);
-        let replica = self.cat.strings.intern(e.replica);
-        let scope = self.ensure_scope(tenant, model, scheme);
-        let ks = self.ensure_keyspace(scope, adapter);
+        let ks = match hit {
+            Some((_, ks, _)) => *ks,
+            None => {
+                if !self.restore_names_fit(&[e.tenant, e.model, e.scheme, e.adapter, e.replica]) {
+                    return RestoreOutcome::Refused;
+                }
+                let tenant = self.cat.strings.intern(e.tenant);
+                let model = self.cat.strings.intern(e.model);
+                let scheme = self.cat.strings.intern(e.scheme);
+                let adapter = self.cat.strings.intern(e.adapter);
+                let scope = self.ensure_scope(tenant, model, scheme);
+                let ks = self.ensure_keyspace(scope, adapter);
+                let names = [e.tenant, e.model, e.scheme, e.adapter].map(String::from);
+                cache.keyspace = Some((names, ks, ttl));
+                ks
+            }
+        };
+        let replica = match &cache.replica {
+            Some((name, id)) if name == e.replica => *id,
+            _ => {
+                if !self.restore_names_fit(&[e.replica]) {
+                    return RestoreOutcome::Refused;
+                }
+                let id = self.cat.strings.intern(e.replica);
+                cache.replica = Some((e.replica.to_string(), id));
+                id
+            }
+        };
         let applied = self.upsert(ks, e.hash, replica, e.tokens, e.tier, e.last_seen);
         self.flush();
         if !applied {
@@ -298,6 +335,7 @@ mod tests {
     }
 
     fn copy(src: &Index, dst: &mut Index) {
+        let mut cache = RestoreCache::default();
         let mut from = Some(0);
         while let Some(f) = from {
             let mut batch = Vec::new();
@@ -329,7 +367,7 @@ mod tests {
                     access: b.9,
                 };
                 assert_eq!(
-                    dst.restore_entry(&e, NOW, &NoRules),
+                    dst.restore_entry(&e, NOW, &NoRules, &mut cache),
                     RestoreOutcome::Restored
                 );
             }
@@ -385,7 +423,11 @@ mod tests {
         let mut b = Index::default();
         let late = NOW + super::super::DEFAULT_TTL_NS;
         a.export_entries(0, 10, |e| {
-            assert_eq!(b.restore_entry(e, late, &NoRules), RestoreOutcome::Expired);
+            let mut cache = RestoreCache::default();
+            assert_eq!(
+                b.restore_entry(e, late, &NoRules, &mut cache),
+                RestoreOutcome::Expired
+            );
         });
         assert_eq!(b.entry_count(), 0);
     }
