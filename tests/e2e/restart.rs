@@ -440,7 +440,7 @@ fn readyz_is_503_until_the_restore_finished() {
     let rt = tokio::runtime::Runtime::new().unwrap();
     let dir = rt.block_on(snapshot_dir("restart-readyz"));
     let (g, h, a) = (free_port(), free_port(), free_port());
-    let mut child = Command::new(bin())
+    let child = Command::new(bin())
         .args([
             "--grpc-bind-address",
             &format!("127.0.0.1:{g}"),
@@ -499,11 +499,7 @@ fn readyz_is_503_until_the_restore_finished() {
         assert!(total_prefixes(&mut c, "t0", "m0").await > 0, "restored");
     });
     stop(srv);
-    let _ = child_cleanup(&dir);
-}
-
-fn child_cleanup(dir: &Path) -> std::io::Result<()> {
-    std::fs::remove_dir_all(dir)
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// Periodic snapshots (no SIGTERM): a SIGKILLed server restarts from the last periodic one.
