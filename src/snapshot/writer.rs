@@ -36,7 +36,10 @@ enum Cursor {
 
 /// Encodes the next slice of this core's records: stops at the time budget or the entry bound,
 /// whichever comes first. Runs on the core, as one mailbox operation.
-fn export_slice(st: &mut CoreState, mut cursor: Cursor) -> (Vec<u8>, Cursor, Totals) {
+/// One slice: its bytes, where the next continues, its totals, and the core time it took.
+type Slice = (Vec<u8>, Cursor, Totals, Duration);
+
+fn export_slice(st: &mut CoreState, mut cursor: Cursor) -> Slice {
     const STEP: usize = 256;
     let start = Instant::now();
     let mut enc = Encoder::new();
@@ -64,7 +67,7 @@ fn export_slice(st: &mut CoreState, mut cursor: Cursor) -> (Vec<u8>, Cursor, Tot
         }
     }
     let bytes = enc.take();
-    (bytes, cursor, enc.totals())
+    (bytes, cursor, enc.totals(), start.elapsed())
 }
 
 /// Why a snapshot was not completed.
@@ -111,8 +114,8 @@ struct Ctx {
     admin: tokio::runtime::Handle,
 }
 
-/// One core file written: `(length, xxh3, entries)`.
-type Written = (u64, u64, u64);
+/// One core file written: `(length, xxh3, entries, longest slice)`.
+type Written = (u64, u64, u64, Duration);
 
 impl Ctx {
     /// Fails the snapshot when it must stop: shutdown during a periodic one, or past the final
@@ -144,6 +147,7 @@ impl Ctx {
         put(&mut w, &format::encode_header(header))?;
         let mut cursor = Cursor::Stats(0);
         let mut totals = Totals::default();
+        let mut longest = Duration::ZERO;
         while !matches!(cursor, Cursor::Done) {
             self.check(deadline)?;
             let c = cursor;
@@ -154,9 +158,10 @@ impl Ctx {
                 )
                 .await
             });
-            let Ok(Ok((bytes, next, t))) = slice else {
+            let Ok(Ok((bytes, next, t, took))) = slice else {
                 return Err(WriteError::CoreUnreachable(core));
             };
+            longest = longest.max(took);
             put(&mut w, &bytes)?;
             totals.sections += t.sections;
             totals.entries += t.entries;
@@ -168,7 +173,7 @@ impl Ctx {
         put(&mut w, &end)?;
         let file = w.into_inner().map_err(|e| e.into_error())?;
         file.sync_all()?;
-        Ok((len, hasher.digest(), totals.entries))
+        Ok((len, hasher.digest(), totals.entries, longest))
     }
 
     /// Writes one complete generation: every core file, then the manifest naming them; then
@@ -182,6 +187,7 @@ impl Ctx {
         let created = unix_now_ns();
         let mut files = Vec::with_capacity(self.cores);
         let (mut bytes, mut entries) = (0u64, 0u64);
+        let mut longest = Duration::ZERO;
         for core in 0..self.cores {
             let name = core_file(core, generation);
             let tmp = self.dir.join(format!("{name}{TMP_SUFFIX}"));
@@ -198,7 +204,7 @@ impl Ctx {
                     std::fs::rename(&tmp, self.dir.join(&name))?;
                     Ok(w)
                 });
-            let (len, sum, n) = match written {
+            let (len, sum, n, slice) = match written {
                 Ok(w) => w,
                 Err(e) => {
                     let _ = std::fs::remove_file(&tmp);
@@ -208,6 +214,7 @@ impl Ctx {
             files.push((core as u32, len, sum));
             bytes += len;
             entries += n;
+            longest = longest.max(slice);
         }
         sync_dir(&self.dir)?;
         let header = Header {
@@ -233,6 +240,7 @@ impl Ctx {
             entries,
             bytes,
             duration_ms = took.as_millis() as u64,
+            max_slice_us = longest.as_micros() as u64,
             "snapshot_written"
         );
         Ok(())
