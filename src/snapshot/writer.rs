@@ -17,7 +17,7 @@ use crate::limits::{
 use crate::metrics::snapshot as m;
 use crate::runtime::{self, mailbox};
 use crate::shard::CoreState;
-use crate::sys::clock::unix_now_ns;
+use crate::sys::clock::{thread_cpu_time, unix_now_ns};
 
 /// Longest one slice may take to come back from its core (a stalled core fails the snapshot
 /// instead of hanging it).
@@ -36,12 +36,14 @@ enum Cursor {
 
 /// Encodes the next slice of this core's records: stops at the time budget or the entry bound,
 /// whichever comes first. Runs on the core, as one mailbox operation.
-/// One slice: its bytes, where the next continues, its totals, and the core time it took.
-type Slice = (Vec<u8>, Cursor, Totals, Duration);
+/// One slice: its bytes, where the next continues, its totals, and the wall and thread-CPU
+/// time it took on the core (wall minus CPU is time the OS ran something else).
+type Slice = (Vec<u8>, Cursor, Totals, Duration, Duration);
 
 fn export_slice(st: &mut CoreState, mut cursor: Cursor) -> Slice {
     const STEP: usize = 256;
     let start = Instant::now();
+    let cpu_start = thread_cpu_time();
     let mut enc = Encoder::new();
     let mut rows = 0usize;
     loop {
@@ -67,7 +69,11 @@ fn export_slice(st: &mut CoreState, mut cursor: Cursor) -> Slice {
         }
     }
     let bytes = enc.take();
-    (bytes, cursor, enc.totals(), start.elapsed())
+    let cpu = match (cpu_start, thread_cpu_time()) {
+        (Some(a), Some(b)) => b.saturating_sub(a),
+        _ => Duration::ZERO,
+    };
+    (bytes, cursor, enc.totals(), start.elapsed(), cpu)
 }
 
 /// Why a snapshot was not completed.
@@ -114,8 +120,8 @@ struct Ctx {
     admin: tokio::runtime::Handle,
 }
 
-/// One core file written: `(length, xxh3, entries, longest slice)`.
-type Written = (u64, u64, u64, Duration);
+/// One core file written: `(length, xxh3, entries, longest slice wall, longest slice CPU)`.
+type Written = (u64, u64, u64, Duration, Duration);
 
 impl Ctx {
     /// Fails the snapshot when it must stop: shutdown during a periodic one, or past the final
@@ -147,7 +153,7 @@ impl Ctx {
         put(&mut w, &format::encode_header(header))?;
         let mut cursor = Cursor::Stats(0);
         let mut totals = Totals::default();
-        let mut longest = Duration::ZERO;
+        let (mut longest, mut longest_cpu) = (Duration::ZERO, Duration::ZERO);
         while !matches!(cursor, Cursor::Done) {
             self.check(deadline)?;
             let c = cursor;
@@ -158,10 +164,11 @@ impl Ctx {
                 )
                 .await
             });
-            let Ok(Ok((bytes, next, t, took))) = slice else {
+            let Ok(Ok((bytes, next, t, took, cpu))) = slice else {
                 return Err(WriteError::CoreUnreachable(core));
             };
             longest = longest.max(took);
+            longest_cpu = longest_cpu.max(cpu);
             put(&mut w, &bytes)?;
             totals.sections += t.sections;
             totals.entries += t.entries;
@@ -173,7 +180,7 @@ impl Ctx {
         put(&mut w, &end)?;
         let file = w.into_inner().map_err(|e| e.into_error())?;
         file.sync_all()?;
-        Ok((len, hasher.digest(), totals.entries, longest))
+        Ok((len, hasher.digest(), totals.entries, longest, longest_cpu))
     }
 
     /// Writes one complete generation: every core file, then the manifest naming them; then
@@ -187,7 +194,7 @@ impl Ctx {
         let created = unix_now_ns();
         let mut files = Vec::with_capacity(self.cores);
         let (mut bytes, mut entries) = (0u64, 0u64);
-        let mut longest = Duration::ZERO;
+        let (mut longest, mut longest_cpu) = (Duration::ZERO, Duration::ZERO);
         for core in 0..self.cores {
             let name = core_file(core, generation);
             let tmp = self.dir.join(format!("{name}{TMP_SUFFIX}"));
@@ -204,7 +211,7 @@ impl Ctx {
                     std::fs::rename(&tmp, self.dir.join(&name))?;
                     Ok(w)
                 });
-            let (len, sum, n, slice) = match written {
+            let (len, sum, n, slice, slice_cpu) = match written {
                 Ok(w) => w,
                 Err(e) => {
                     let _ = std::fs::remove_file(&tmp);
@@ -215,6 +222,7 @@ impl Ctx {
             bytes += len;
             entries += n;
             longest = longest.max(slice);
+            longest_cpu = longest_cpu.max(slice_cpu);
         }
         sync_dir(&self.dir)?;
         let header = Header {
@@ -241,6 +249,7 @@ impl Ctx {
             bytes,
             duration_ms = took.as_millis() as u64,
             max_slice_us = longest.as_micros() as u64,
+            max_slice_cpu_us = longest_cpu.as_micros() as u64,
             "snapshot_written"
         );
         Ok(())
