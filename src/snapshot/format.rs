@@ -394,10 +394,17 @@ impl Encoder {
         self.last_replica = None;
     }
 
-    /// Closes the open section and takes the bytes encoded so far.
+    /// Closes the open section and takes the bytes encoded so far (the next output buffer starts
+    /// with the same capacity, so a reused encoder does not regrow it).
     pub fn take(&mut self) -> Vec<u8> {
         self.close();
-        std::mem::take(&mut self.out)
+        let cap = self.out.capacity();
+        std::mem::replace(&mut self.out, Vec::with_capacity(cap))
+    }
+
+    /// Starts counting totals afresh (a reused encoder, one slice at a time).
+    pub fn reset_totals(&mut self) {
+        self.totals = Totals::default();
     }
 
     /// Totals of the sections closed so far.

@@ -34,17 +34,36 @@ enum Cursor {
     Done,
 }
 
-/// Encodes the next slice of this core's records: stops at the time budget or the entry bound,
-/// whichever comes first. Runs on the core, as one mailbox operation.
 /// One slice: its bytes, where the next continues, its totals, and the wall and thread-CPU
 /// time it took on the core (wall minus CPU is time the OS ran something else).
 type Slice = (Vec<u8>, Cursor, Totals, Duration, Duration);
 
-fn export_slice(st: &mut CoreState, mut cursor: Cursor) -> Slice {
-    const STEP: usize = 256;
+/// Encodes the next slice of this core's records: stops at the time budget or the entry bound,
+/// whichever comes first. Runs on the core, as one mailbox operation.
+fn export_slice(st: &mut CoreState, cursor: Cursor) -> Slice {
     let start = Instant::now();
     let cpu_start = thread_cpu_time();
-    let mut enc = Encoder::new();
+    ENCODER.with(|cell| {
+        let mut enc = cell.borrow_mut();
+        enc.reset_totals();
+        encode_slice(st, cursor, &mut enc, start, cpu_start)
+    })
+}
+
+thread_local! {
+    /// Each core's encoder, reused from slice to slice: its row buffer and name tables keep
+    /// their capacity, so a slice does not regrow (and fault in) fresh buffers.
+    static ENCODER: std::cell::RefCell<Encoder> = std::cell::RefCell::new(Encoder::new());
+}
+
+fn encode_slice(
+    st: &mut CoreState,
+    mut cursor: Cursor,
+    enc: &mut Encoder,
+    start: Instant,
+    cpu_start: Option<Duration>,
+) -> Slice {
+    const STEP: usize = 256;
     let mut rows = 0usize;
     loop {
         cursor = match cursor {
