@@ -6,7 +6,8 @@ use clap::{ArgAction, Parser};
 use crate::limits::{
     DEFAULT_MAX_CONNECTIONS_PER_CORE, DEFAULT_MAX_ENTRIES, DEFAULT_MAX_HOLDERS_PER_KEY,
     DEFAULT_MAX_SHARDS, DEFAULT_MAX_STRING_BYTES, DEFAULT_MAX_TIMESTAMP_SKEW_MS,
-    DEFAULT_NATS_READY_MAX_LAG, MAX_SHARDS, MESSAGE_RECEIVE_TIMEOUT,
+    DEFAULT_NATS_READY_MAX_LAG, DEFAULT_SNAPSHOT_INTERVAL_MS, MAX_SHARDS, MESSAGE_RECEIVE_TIMEOUT,
+    MIN_SNAPSHOT_INTERVAL_MS,
 };
 
 /// Flags of `inference-cache-server`. Go-style single-dash spellings (`-grpc-bind-address`) are
@@ -92,6 +93,14 @@ pub struct Cli {
     /// TTL sweep interval in milliseconds (the reference's fixed 1 min). Hidden test knob.
     #[arg(long, default_value_t = 60_000, hide = true)]
     pub sweep_interval_ms: u64,
+    /// Directory for warm-restart snapshots: each core's partitions (and the last `/policy`
+    /// body) are written there periodically and at SIGTERM, and restored at start before
+    /// `/readyz` turns 200. Empty (the default): no snapshots, no files.
+    #[arg(long, default_value = "")]
+    pub state_dir: String,
+    /// Period of the snapshots under --state-dir, in milliseconds (at least 100).
+    #[arg(long, default_value_t = DEFAULT_SNAPSHOT_INTERVAL_MS)]
+    pub snapshot_interval_ms: u64,
     /// Concurrent StreamCacheEvents subscribers (at most 256); 0 keeps the reference's stub
     /// (the stream closes at once).
     #[arg(long, default_value_t = 0)]
@@ -147,6 +156,8 @@ pub enum FlagError {
     TlsPair,
     /// `--shards` outside 1..=MAX_SHARDS.
     Shards,
+    /// `--snapshot-interval-ms` below its minimum.
+    SnapshotInterval,
 }
 
 impl std::fmt::Display for FlagError {
@@ -162,6 +173,10 @@ impl std::fmt::Display for FlagError {
             }
             Self::TlsPair => f.write_str("--tls-cert-file and --tls-key-file must be set together"),
             Self::Shards => write!(f, "--shards must be between 1 and {MAX_SHARDS}"),
+            Self::SnapshotInterval => write!(
+                f,
+                "--snapshot-interval-ms must be at least {MIN_SNAPSHOT_INTERVAL_MS}"
+            ),
         }
     }
 }
@@ -217,6 +232,14 @@ pub fn validate_auth(cli: &Cli) -> Result<(), FlagError> {
         if aud.trim() != aud.as_str() {
             return Err(FlagError::Whitespace(flag));
         }
+    }
+    Ok(())
+}
+
+/// Validates the snapshot flags.
+pub fn validate_snapshots(cli: &Cli) -> Result<(), FlagError> {
+    if cli.snapshot_interval_ms < MIN_SNAPSHOT_INTERVAL_MS {
+        return Err(FlagError::SnapshotInterval);
     }
     Ok(())
 }

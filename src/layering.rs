@@ -9,7 +9,7 @@ const LAYERS: &[&[&str]] = &[
     &["admin"],
     &["grpc", "nats"],
     &["ingest"],
-    &["templates", "pd", "feeds"],
+    &["templates", "pd", "feeds", "snapshot"],
     &["tenant_registry"],
     &["lookup"],
     &["tokenizer"],

@@ -123,6 +123,28 @@ pub const TLS_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// Longest graceful drain of gRPC connections after SIGTERM.
 pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
 
+// ---- Warm-restart snapshots (`--state-dir`, docs/ARCHITECTURE.md §6) ------------------------
+
+/// Default period of the per-core snapshots (`--snapshot-interval-ms`).
+pub const DEFAULT_SNAPSHOT_INTERVAL_MS: u64 = 60_000;
+/// Shortest accepted `--snapshot-interval-ms`.
+pub const MIN_SNAPSHOT_INTERVAL_MS: u64 = 100;
+/// Core time one snapshot slice may take before the core returns to serving; a lookup queued
+/// behind snapshot work waits at most about this long.
+pub const SNAPSHOT_SLICE_BUDGET: Duration = Duration::from_micros(500);
+/// Entries one snapshot slice encodes at most (bounds the slice's buffer, about 40 B per entry
+/// plus names); a slice stops at whichever of this and the time budget comes first.
+pub const SNAPSHOT_SLICE_MAX_ENTRIES: usize = 16_384;
+/// Largest section body a snapshot may hold; longer sections are refused at restore before
+/// they are read, so one section is all a restore holds in memory at a time.
+pub const MAX_SNAPSHOT_SECTION_BYTES: usize = 16 * 1024 * 1024;
+/// Largest snapshot file accepted at restore (a larger or longer one is skipped as
+/// `too_large`). Far above a full 10M-entry core file (about 400 MB).
+pub const MAX_SNAPSHOT_FILE_BYTES: u64 = 16 * 1024 * 1024 * 1024;
+/// Longest the final snapshot at SIGTERM may take (after the gRPC drain); past it the write is
+/// abandoned, the previous complete snapshot stays in place and the process exits.
+pub const SNAPSHOT_SHUTDOWN_BUDGET: Duration = Duration::from_secs(15);
+
 // ---- Metrics ---------------------------------------------------------------------------------
 
 /// Distinct values one label of one family keeps; further values share one overflow series.
@@ -320,4 +342,12 @@ const _: () = assert!(AUTH_NEGATIVE_CACHE_TTL.as_secs() <= AUTH_CACHE_TTL.as_sec
 const _: () = assert!(
     GATHER_TIMEOUT.as_secs() < HTTP_SHUTDOWN_BUDGET.as_secs(),
     "a scrape in flight finishes within the shutdown budget"
+);
+const _: () = assert!(
+    MAX_MESSAGE_BYTES + 64 * 1024 < MAX_SNAPSHOT_SECTION_BYTES,
+    "an entry with the longest hash a message can carry fits one section"
+);
+const _: () = assert!(
+    SNAPSHOT_SLICE_MAX_ENTRIES * 64 <= MAX_SNAPSHOT_SECTION_BYTES,
+    "a slice stays well within a few sections"
 );

@@ -6,6 +6,7 @@
 //! * [`admin`] — the HTTP listeners, controller auth, cross-core gathers (admin thread);
 //! * [`grpc`] — per-connection serving, dispatch, the InferenceCache handlers;
 //! * [`nats`] — the replicated event log consumer (JetStream, on the admin thread);
+//! * [`snapshot`] — warm restart: per-core snapshot files under `--state-dir` and their restore;
 //! * [`lookup`] — LookupRoute: the receiving half and the owner half;
 //! * [`runtime`] — pinned executors, accept loop, the cross-core mailbox, the admin thread;
 //! * [`shard`] — the partition function and the per-core state over the index crate.
@@ -27,6 +28,7 @@ mod nats;
 mod pd;
 mod runtime;
 mod shard;
+mod snapshot;
 mod startup;
 mod sys;
 mod templates;

@@ -15,8 +15,8 @@ use crate::cli::{self, Cli};
 use crate::limits::{HTTP_SHUTDOWN_BUDGET, MAX_STRINGS};
 use crate::lookup::LookupConfig;
 use crate::runtime::{self, Runtime, RuntimeConfig, admin_thread};
-use crate::shard::CoreState;
-use crate::{feeds, grpc, logging, metrics, nats, tokenizer};
+use crate::shard::{self, CoreState};
+use crate::{feeds, grpc, logging, metrics, nats, snapshot, tokenizer};
 
 /// Why the server did not start; each maps to the reference's exit code.
 #[derive(Debug)]
@@ -101,6 +101,7 @@ fn validate(cli: &Cli) -> Result<Settings, StartupError> {
     let level = logging::parse_level(&cli.log_level).map_err(StartupError::usage)?;
     cli::validate_auth(cli).map_err(StartupError::usage)?;
     cli::validate_tls(cli).map_err(StartupError::usage)?;
+    cli::validate_snapshots(cli).map_err(StartupError::usage)?;
     let cpus = std::thread::available_parallelism()
         .map(|n| n.get())
         .unwrap_or(1);
@@ -115,10 +116,12 @@ fn validate(cli: &Cli) -> Result<Settings, StartupError> {
     })
 }
 
-/// A started server: the runtime serving gRPC, the admin thread serving HTTP.
+/// A started server: the runtime serving gRPC, the admin thread serving HTTP, the snapshot
+/// thread with `--state-dir`.
 struct Server {
     runtime: Runtime,
     admin: tokio::runtime::Handle,
+    snapshots: Option<snapshot::Writer>,
 }
 
 fn start(cli: &Cli) -> Result<Server, StartupError> {
@@ -135,7 +138,12 @@ fn start(cli: &Cli) -> Result<Server, StartupError> {
     feeds::metrics::set_scraper(|| Box::pin(admin::render_metrics()));
     let admin = admin_thread::start();
     let (http_listener, snapshot_listener) = bind_http(cli, &admin)?;
-    let runtime = start_runtime(cli, settings.shards)?;
+    let http_addr = addr_of(&http_listener);
+    // /healthz and /readyz answer from here on: /readyz is 503 until the restore is done and
+    // every core serves.
+    admin.spawn(admin::http::serve(http_listener, admin::public));
+    let (states, next_generation) = initial_states(cli, settings.shards)?;
+    let runtime = start_runtime(cli, settings.shards, states)?;
     if !cli.nats_url.is_empty() {
         // After the runtime: the consumer applies through the cores' mailboxes.
         nats::spawn(
@@ -151,15 +159,84 @@ fn start(cli: &Cli) -> Result<Server, StartupError> {
     }
     admin::set_ready(true);
     metrics::set_server_up(true);
-    log_startup(&runtime, &http_listener, &snapshot_listener, &settings);
+    log_startup(
+        &runtime,
+        &http_addr,
+        &addr_of(&snapshot_listener),
+        &settings,
+    );
     admin.spawn(runtime::health::watchdog());
-    admin.spawn(admin::http::serve(http_listener, admin::public));
+    let snapshots = (!cli.state_dir.is_empty()).then(|| {
+        snapshot::start_writer(
+            cli.state_dir.clone().into(),
+            settings.shards,
+            Duration::from_millis(cli.snapshot_interval_ms),
+            admin.clone(),
+            next_generation,
+        )
+    });
     let controller = Arc::new(admin::Controller {
         auth: controller_auth,
         engine_block_size: cli::engine_block_size(cli),
     });
     admin.spawn(admin::http::serve(snapshot_listener, controller.handler()));
-    Ok(Server { runtime, admin })
+    Ok(Server {
+        runtime,
+        admin,
+        snapshots,
+    })
+}
+
+fn addr_of(l: &tokio::net::TcpListener) -> String {
+    l.local_addr().map(|a| a.to_string()).unwrap_or_default()
+}
+
+/// The index configuration every core starts from (each core's state gets its id; all share
+/// one directory).
+fn index_config(cli: &Cli, shards: usize) -> IndexConfig {
+    IndexConfig {
+        max_entries: cli.index_max_entries,
+        max_future_skew_ns: (cli.max_timestamp_skew_ms.min(i64::MAX as u64 / 1_000_000) * 1_000_000)
+            as i64,
+        directory: Arc::new(Directory::default()),
+        max_strings: cli.index_max_strings.unwrap_or(MAX_STRINGS),
+        max_string_bytes: cli.index_max_string_bytes,
+        max_holders_per_key: cli.index_max_holders_per_key,
+        // Several cores pick quota and cap victims across cores (runtime::evict).
+        cross_core_eviction: shards > 1,
+        ..Default::default()
+    }
+}
+
+/// Every core's state at start: restored from `--state-dir` when there is a usable snapshot,
+/// else empty. Returns the states and the generation the next snapshot writes.
+fn initial_states(cli: &Cli, shards: usize) -> Result<(Vec<CoreState>, u64), StartupError> {
+    let base = index_config(cli, shards);
+    let fresh = move || {
+        let config = IndexConfig {
+            directory: Arc::new(Directory::default()),
+            ..base.clone()
+        };
+        (0..shards)
+            .map(|core| CoreState::new(core, config.clone()))
+            .collect::<Vec<_>>()
+    };
+    if cli.state_dir.is_empty() {
+        return Ok((fresh(), 1));
+    }
+    let dir = std::path::PathBuf::from(&cli.state_dir);
+    snapshot::prepare_dir(&dir).map_err(|e| {
+        StartupError::fatal(
+            "state_dir_error",
+            format!("--state-dir {}: {e}", dir.display()),
+        )
+    })?;
+    metrics::snapshot::set_snapshots_enabled();
+    snapshot::set_state_dir(dir.clone());
+    // Drained cores stay alive until the final snapshot at SIGTERM has read them.
+    runtime::hold_cores_after_drain();
+    let restored = snapshot::restore(&dir, shards, &fresh);
+    Ok((restored.states, restored.next_generation))
 }
 
 /// Tokenizers load eagerly, before serving, on threads that never serve lookups.
@@ -219,23 +296,16 @@ fn bind_http(
     Ok((h.map_err(listen_error)?, s.map_err(listen_error)?))
 }
 
-/// Starts the executors serving gRPC.
-fn start_runtime(cli: &Cli, shards: usize) -> Result<Runtime, StartupError> {
+/// Starts the executors serving gRPC, each installing its prepared state.
+fn start_runtime(
+    cli: &Cli,
+    shards: usize,
+    states: Vec<CoreState>,
+) -> Result<Runtime, StartupError> {
     let lookup_cfg = Arc::new(LookupConfig {
         engine_block_size: cli::engine_block_size(cli),
     });
-    let index_config = IndexConfig {
-        max_entries: cli.index_max_entries,
-        max_future_skew_ns: (cli.max_timestamp_skew_ms.min(i64::MAX as u64 / 1_000_000) * 1_000_000)
-            as i64,
-        directory: Arc::new(Directory::default()),
-        max_strings: cli.index_max_strings.unwrap_or(MAX_STRINGS),
-        max_string_bytes: cli.index_max_string_bytes,
-        max_holders_per_key: cli.index_max_holders_per_key,
-        // Several cores pick quota and cap victims across cores (shard::evict).
-        cross_core_eviction: shards > 1,
-        ..Default::default()
-    };
+    let slots = std::sync::Mutex::new(states.into_iter().map(Some).collect::<Vec<_>>());
     grpc::set_message_receive_timeout(Duration::from_millis(cli.grpc_message_timeout_ms));
     let event_feed = cli.max_event_subscribers > 0;
     let (health, _) = tonic_health::server::health_reporter();
@@ -244,11 +314,15 @@ fn start_runtime(cli: &Cli, shards: usize) -> Result<Runtime, StartupError> {
         shards,
         listen_addr: resolve(&cli.grpc_bind_address)?,
         init: Arc::new(move |core| {
-            let state = CoreState::new(core, index_config.clone());
+            let mut slots = slots.lock().unwrap_or_else(|e| e.into_inner());
+            let state = slots[core].take().expect("one prepared state per core");
             // The change feed learns of the index's own removals only while it is on.
             state.with_removal_sink(event_feed.then(feeds::events::removal_sink))
         }),
-        on_core_start: Arc::new(move || grpc::install_services(lookup_cfg.clone(), &health)),
+        on_core_start: Arc::new(move || {
+            shard::with_core(|st| st.publish_restored_gauge());
+            grpc::install_services(lookup_cfg.clone(), &health)
+        }),
         serve_connection: grpc::serve_connection,
         max_connections_per_core: cli.max_connections_per_core,
         sweep_interval: Duration::from_millis(cli.sweep_interval_ms),
@@ -259,21 +333,14 @@ fn start_runtime(cli: &Cli, shards: usize) -> Result<Runtime, StartupError> {
     })
 }
 
-fn log_startup(
-    runtime: &Runtime,
-    http: &tokio::net::TcpListener,
-    snapshot: &tokio::net::TcpListener,
-    settings: &Settings,
-) {
-    let addr =
-        |l: &tokio::net::TcpListener| l.local_addr().map(|a| a.to_string()).unwrap_or_default();
+fn log_startup(runtime: &Runtime, http_addr: &str, snapshot_addr: &str, settings: &Settings) {
     tracing::info!(
         version = env!("CARGO_PKG_VERSION"),
         commit = option_env!("INFERENCECACHE_COMMIT").unwrap_or("unknown"),
         grpc_addr = %runtime.listen_addr,
         grpc_tls = settings.grpc_tls,
-        http_addr = %addr(http),
-        snapshot_addr = %addr(snapshot),
+        http_addr = %http_addr,
+        snapshot_addr = %snapshot_addr,
         shards = settings.shards,
         "startup"
     );
@@ -295,7 +362,12 @@ impl Server {
         admin::set_ready(false);
         metrics::set_server_up(false);
         runtime::request_shutdown();
+        // With --state-dir the cores stay up after their drain until the snapshot thread has
+        // written the final snapshot (bounded by SNAPSHOT_SHUTDOWN_BUDGET).
         self.runtime.join();
+        if let Some(w) = self.snapshots {
+            w.join();
+        }
         self.admin
             .block_on(admin::http::shutdown(HTTP_SHUTDOWN_BUDGET));
         tracing::info!("graceful_shutdown_done");

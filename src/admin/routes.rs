@@ -262,6 +262,8 @@ async fn handle_policy(req: Request<Incoming>) -> Resp {
             // leave the cores with different snapshots.
             let _one = POLICY_INSTALL.lock().await;
             gather::install_policy(Arc::new(store)).await;
+            // Kept for a warm restart (`--state-dir`; a no-op without it).
+            crate::snapshot::save_policy(&body);
             no_content()
         }
         Err(e) => text_owned(StatusCode::BAD_REQUEST, format!("{e}\n")),

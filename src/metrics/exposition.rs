@@ -104,6 +104,7 @@ impl Collector for Scrape {
         super::nats::families(&mut fams);
         operator_families(self, &mut fams);
         core_families(&self.cores, &mut fams);
+        super::snapshot::families(&mut fams);
         if let Some(p) = &self.process {
             super::process::families(p, &mut fams);
         }

@@ -27,7 +27,10 @@ use glommio::{LocalExecutorBuilder, Placement};
 use crate::limits::{EXECUTOR_START_TIMEOUT, IO_MEMORY_BYTES, LISTEN_BACKLOG, MAX_SHARDS};
 use crate::shard::{self, CoreState};
 
-pub use shutdown::{request_shutdown, shutdown_requested, shutting_down};
+pub use shutdown::{
+    all_drained, hold_cores_after_drain, release_cores, request_shutdown, shutdown_requested,
+    shutting_down,
+};
 
 /// Serves one connection on the core it was dealt to, until it closes.
 pub type ConnectionHandler = fn(TcpStream) -> Pin<Box<dyn Future<Output = ()>>>;

@@ -6,12 +6,32 @@ use std::time::{Duration, Instant};
 
 use event_listener::Event;
 
-use crate::limits::DRAIN_TIMEOUT;
+use crate::limits::{DRAIN_TIMEOUT, SNAPSHOT_SHUTDOWN_BUDGET};
 
 static SHUTTING_DOWN: AtomicBool = AtomicBool::new(false);
 static SHUTDOWN: Event = Event::new();
 /// Cores still draining their connections; the hop must keep working until all are done.
 static DRAINING: AtomicUsize = AtomicUsize::new(0);
+/// While set, drained cores keep running (serving hops) instead of exiting, so the final
+/// snapshot can read them (`--state-dir`); bounded by [`SNAPSHOT_SHUTDOWN_BUDGET`].
+static HOLD: AtomicBool = AtomicBool::new(false);
+
+/// Keeps every core alive after its drain until [`release_cores`] (set before the runtime
+/// starts; the final snapshot releases the cores when it is written).
+pub fn hold_cores_after_drain() {
+    HOLD.store(true, Ordering::SeqCst);
+}
+
+/// Lets drained cores exit.
+pub fn release_cores() {
+    HOLD.store(false, Ordering::SeqCst);
+}
+
+/// True once every core has finished draining its connections after shutdown (no more ingest
+/// can arrive).
+pub fn all_drained() -> bool {
+    shutting_down() && DRAINING.load(Ordering::SeqCst) == 0
+}
 
 /// Sets the number of cores that will drain (at start).
 pub(super) fn set_draining(cores: usize) {
@@ -44,7 +64,8 @@ pub async fn shutdown_requested() {
 }
 
 /// After shutdown: waits for this core's connections to close (`live` counts them), then for
-/// every other core, so hops from draining peers are still served. Bounded by the drain budget.
+/// every other core, so hops from draining peers are still served, then (with `--state-dir`)
+/// for the final snapshot. Bounded by the drain and snapshot budgets.
 pub(super) async fn drain_core(live: fn() -> usize) {
     let deadline = Instant::now() + DRAIN_TIMEOUT + Duration::from_secs(1);
     while live() > 0 && Instant::now() < deadline {
@@ -52,6 +73,10 @@ pub(super) async fn drain_core(live: fn() -> usize) {
     }
     DRAINING.fetch_sub(1, Ordering::SeqCst);
     while DRAINING.load(Ordering::SeqCst) > 0 && Instant::now() < deadline {
+        glommio::timer::sleep(Duration::from_millis(2)).await;
+    }
+    let hold_deadline = Instant::now() + SNAPSHOT_SHUTDOWN_BUDGET + Duration::from_secs(1);
+    while HOLD.load(Ordering::SeqCst) && Instant::now() < hold_deadline {
         glommio::timer::sleep(Duration::from_millis(2)).await;
     }
 }

@@ -243,6 +243,12 @@ impl CoreState {
         }
     }
 
+    /// Publishes the per-model entries gauge of what was restored before this core started
+    /// (called on the core, once its metrics are registered).
+    pub fn publish_restored_gauge(&mut self) {
+        self.publish_gauge();
+    }
+
     /// Re-publishes the per-model entries gauge for models whose count changed on this core.
     fn publish_gauge(&mut self) {
         self.index.drain_gauge_updates(|model, count| {

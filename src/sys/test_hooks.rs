@@ -37,6 +37,16 @@ fn parse(v: &str) -> Option<(usize, SweepFault)> {
     Some((core, fault))
 }
 
+/// `INFERENCECACHE_TEST_RESTORE_DELAY_MS=<ms>`: the start-up restore first sleeps this long, so
+/// a test can observe `/readyz` answering 503 while a restore runs.
+pub fn restore_delay() -> Option<Duration> {
+    static DELAY: OnceLock<Option<Duration>> = OnceLock::new();
+    *DELAY.get_or_init(|| {
+        let v = std::env::var("INFERENCECACHE_TEST_RESTORE_DELAY_MS").ok()?;
+        Some(Duration::from_millis(v.parse().ok()?))
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

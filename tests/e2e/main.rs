@@ -42,6 +42,8 @@ mod pd;
 mod prompt_text;
 /// Replicas fed through the NATS JetStream event log.
 mod replicas;
+/// Warm restart with --state-dir: snapshots, restore, N→M shards, damaged files.
+mod restart;
 /// Bad input over real sockets must not crash, wedge or corrupt the server.
 mod robustness;
 /// The same seeded random traffic against --shards 1, 2 and 4, compared field by field.

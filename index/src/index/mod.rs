@@ -16,12 +16,14 @@
 //! * `lookup` — exact, chain, TENANT_HOT, miss classifier, orchestrator, affinity, LFU credit;
 //! * `eviction` — TTL sweep, tenant quota, global cap (candidate heaps);
 //! * `removal` — the optional sink told of every entry the index removes on its own;
-//! * `aggregate` — GetCacheState, `/snapshot` parts and their merge, the entries gauge.
+//! * `aggregate` — GetCacheState, `/snapshot` parts and their merge, the entries gauge;
+//! * `persist` — warm restart: sliced export and record-by-record restore.
 
 mod aggregate;
 mod eviction;
 mod intern;
 mod lookup;
+mod persist;
 pub mod ranking;
 mod removal;
 mod store;
@@ -32,6 +34,7 @@ pub use aggregate::{
 };
 pub use eviction::{CapVictim, QuotaVictim, select_victims};
 pub use lookup::{LfuHit, LookupQuery, LookupView, Score, Strategy};
+pub use persist::{PersistEntry, PersistStats, RestoreCache, RestoreOutcome};
 pub use ranking::RankerConfig;
 pub use removal::{RemovalReason, RemovalSink, Removed};
 

@@ -1,0 +1,434 @@
+//! Warm-restart support (docs/ARCHITECTURE.md §6): exporting this core's entries and stats rows
+//! in bounded slices, and restoring them one record at a time into a fresh index.
+//!
+//! Every exported record names its tenant, model, scheme, adapter and replica by string (never
+//! by this core's interned ids), so a record can be routed to whichever core owns its
+//! `(tenant, model)` after a restart with another core count. A restored entry keeps its
+//! `last_seen`, tier, token count and LFU counter: lookups rank it the same, the TTL sweep
+//! expires it when it would have expired anyway, and the cap / quota orders (which compare
+//! those values and names, never ids) pick the same victims.
+
+use super::ranking::{TIER_NEGATIVE, TIER_RAW_COLD};
+use super::{Index, StatsRow};
+use crate::rules::TenantRules;
+
+/// One storage entry as a snapshot carries it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PersistEntry<'a> {
+    /// Tenant id.
+    pub tenant: &'a str,
+    /// Model id.
+    pub model: &'a str,
+    /// Hash scheme.
+    pub scheme: &'a str,
+    /// Adapter id ("" = none).
+    pub adapter: &'a str,
+    /// Prefix hash bytes (wire form).
+    pub hash: &'a [u8],
+    /// Holder replica.
+    pub replica: &'a str,
+    /// Stored token count.
+    pub tokens: i32,
+    /// Last seen, unix ns (the producer's stamp, kept across restarts).
+    pub last_seen: i64,
+    /// Stored tier (the index's internal code, not the wire tier).
+    pub tier: u8,
+    /// LFU counter.
+    pub access: u32,
+}
+
+/// One replica stats row as a snapshot carries it.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct PersistStats<'a> {
+    /// Tenant id.
+    pub tenant: &'a str,
+    /// Model id.
+    pub model: &'a str,
+    /// Replica id.
+    pub replica: &'a str,
+    /// `cache_memory_bytes`.
+    pub cache_memory_bytes: i64,
+    /// `hit_rate`.
+    pub hit_rate: f32,
+    /// `pressure`.
+    pub pressure: f32,
+    /// `t2_hit_tokens`.
+    pub t2_hit_tokens: i64,
+    /// `t2_query_tokens`.
+    pub t2_query_tokens: i64,
+    /// Liveness stamp, unix ns.
+    pub last_seen: i64,
+    /// Time of the last stats payload, unix ns.
+    pub stats_reported: i64,
+}
+
+/// Ids resolved for the previous restored entry of one index, so a run of entries of the same
+/// keyspace (a key's holders, a chain's blocks) skips the name and catalog lookups. Ids stay
+/// valid for the whole restore (nothing is reclaimed while restoring). One per index; start
+/// each restore with [`RestoreCache::default`].
+#[derive(Default)]
+pub struct RestoreCache {
+    /// tenant, model, scheme, adapter of the last keyspace; its id; the tenant's TTL.
+    keyspace: Option<([String; 4], u32, i64)>,
+    /// The last replica name and id.
+    replica: Option<(String, u32)>,
+}
+
+/// What restoring one record did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RestoreOutcome {
+    /// The record is in the index.
+    Restored,
+    /// Older than its tenant's TTL at `now`: the sweep would remove it, so it is not restored.
+    Expired,
+    /// Not restored: a bound of this index (names, holders per key, stats rows) or an invalid
+    /// field (unknown tier).
+    Refused,
+}
+
+impl Index {
+    /// Calls `f` for every entry of the keys at store positions `from..`, stopping after the key
+    /// at which `max_entries` entries were reached (a key's holders are never split, so a call
+    /// may yield up to `max_entries` plus one key's holders). Returns the position to continue
+    /// from, or `None` when every key was visited. Positions are not stable across mutations
+    /// (a removal moves the last key into the hole): a snapshot sliced across mutations may miss
+    /// a moved key or carry one twice, see docs/ARCHITECTURE.md §6.
+    pub fn export_entries(
+        &self,
+        from: u32,
+        max_entries: usize,
+        mut f: impl FnMut(&PersistEntry<'_>),
+    ) -> Option<u32> {
+        let keys = self.store.key_count() as u32;
+        let mut pos = from;
+        let mut n = 0usize;
+        while pos < keys && n < max_entries {
+            let key = self.store.key_at(pos);
+            let scope = self.cat.scope_of(key);
+            let ks = &self.cat.keyspaces[key.keyspace() as usize];
+            let mut buf = [0u8; 8];
+            let hash = self.cat.hash_bytes(key, &mut buf);
+            let s = &self.cat.strings;
+            for (_, h) in self.store.holders(pos) {
+                f(&PersistEntry {
+                    tenant: s.name(scope.tenant),
+                    model: s.name(scope.model),
+                    scheme: s.name(scope.scheme),
+                    adapter: s.name(ks.adapter),
+                    hash,
+                    replica: s.name(h.replica()),
+                    tokens: h.tokens,
+                    last_seen: h.last_seen(),
+                    tier: h.tier(),
+                    access: h.access,
+                });
+                n += 1;
+            }
+            pos += 1;
+        }
+        (pos < keys).then_some(pos)
+    }
+
+    /// Calls `f` for every stats row of the model scopes at record positions `from..`, stopping
+    /// after the model scope at which `max_rows` rows were reached; returns where to continue.
+    pub fn export_stats(
+        &self,
+        from: u32,
+        max_rows: usize,
+        mut f: impl FnMut(&PersistStats<'_>),
+    ) -> Option<u32> {
+        let models = self.cat.models.len() as u32;
+        let mut pos = from;
+        let mut n = 0usize;
+        let s = &self.cat.strings;
+        while pos < models && n < max_rows {
+            let m = &self.cat.models[pos as usize];
+            // Freed records have no stats rows.
+            for (replica, row) in &m.stats {
+                f(&PersistStats {
+                    tenant: s.name(m.tenant),
+                    model: s.name(m.model),
+                    replica: s.name(*replica),
+                    cache_memory_bytes: row.cache_memory_bytes,
+                    hit_rate: row.hit_rate,
+                    pressure: row.pressure,
+                    t2_hit_tokens: row.t2_hit_tokens,
+                    t2_query_tokens: row.t2_query_tokens,
+                    last_seen: row.last_seen,
+                    stats_reported: row.stats_reported,
+                });
+                n += 1;
+            }
+            pos += 1;
+        }
+        (pos < models).then_some(pos)
+    }
+
+    /// Whether the names not yet interned among `names` fit this core's string table.
+    fn restore_names_fit(&self, names: &[&str]) -> bool {
+        let s = &self.cat.strings;
+        let (mut n, mut bytes) = (0usize, 0usize);
+        for (i, name) in names.iter().enumerate() {
+            if s.get(name).is_none() && !names[..i].contains(name) {
+                n += 1;
+                bytes += name.len();
+            }
+        }
+        n <= s.room() && bytes <= s.room_bytes()
+    }
+
+    /// Restores one storage entry with its original stamp, tier, token count and LFU counter.
+    /// An entry older than its tenant's TTL at `now` is not restored (the sweep would remove
+    /// it). A record naming an entry already present overwrites it (a sliced snapshot may carry
+    /// a key twice). No cap or quota enforcement runs: the next ingest enforces them.
+    pub fn restore_entry(
+        &mut self,
+        e: &PersistEntry<'_>,
+        now: i64,
+        rules: &dyn TenantRules,
+        cache: &mut RestoreCache,
+    ) -> RestoreOutcome {
+        let hit = cache.keyspace.as_ref().filter(|(n, _, _)| {
+            n[0] == e.tenant && n[1] == e.model && n[2] == e.scheme && n[3] == e.adapter
+        });
+        let ttl = match hit {
+            Some((_, _, ttl)) => *ttl,
+            None => self.ttl_for(rules, e.tenant),
+        };
+        if now.saturating_sub(e.last_seen) >= ttl {
+            return RestoreOutcome::Expired;
+        }
+        if !(e.tier <= TIER_RAW_COLD || e.tier == TIER_NEGATIVE) {
+            return RestoreOutcome::Refused;
+        }
+        let ks = match hit {
+            Some((_, ks, _)) => *ks,
+            None => {
+                if !self.restore_names_fit(&[e.tenant, e.model, e.scheme, e.adapter, e.replica]) {
+                    return RestoreOutcome::Refused;
+                }
+                let tenant = self.cat.strings.intern(e.tenant);
+                let model = self.cat.strings.intern(e.model);
+                let scheme = self.cat.strings.intern(e.scheme);
+                let adapter = self.cat.strings.intern(e.adapter);
+                let scope = self.ensure_scope(tenant, model, scheme);
+                let ks = self.ensure_keyspace(scope, adapter);
+                let names = [e.tenant, e.model, e.scheme, e.adapter].map(String::from);
+                cache.keyspace = Some((names, ks, ttl));
+                ks
+            }
+        };
+        let replica = match &cache.replica {
+            Some((name, id)) if name == e.replica => *id,
+            _ => {
+                if !self.restore_names_fit(&[e.replica]) {
+                    return RestoreOutcome::Refused;
+                }
+                let id = self.cat.strings.intern(e.replica);
+                cache.replica = Some((e.replica.to_string(), id));
+                id
+            }
+        };
+        let applied = self.upsert(ks, e.hash, replica, e.tokens, e.tier, e.last_seen);
+        self.flush();
+        if !applied {
+            return RestoreOutcome::Refused;
+        }
+        let pos = self
+            .cat
+            .key_for(ks, e.hash)
+            .and_then(|k| self.store.find(k))
+            .expect("restored key");
+        let at = self
+            .store
+            .find_holder(pos, replica)
+            .expect("restored holder");
+        self.store.holder_mut(at).access = e.access;
+        RestoreOutcome::Restored
+    }
+
+    /// Restores one replica stats row (expired rows, as the sweep would delete them, are not).
+    pub fn restore_stats(
+        &mut self,
+        r: &PersistStats<'_>,
+        now: i64,
+        rules: &dyn TenantRules,
+    ) -> RestoreOutcome {
+        let ttl = self.ttl_for(rules, r.tenant);
+        if now.saturating_sub(r.last_seen) >= ttl {
+            return RestoreOutcome::Expired;
+        }
+        if !self.restore_names_fit(&[r.tenant, r.model, r.replica]) {
+            return RestoreOutcome::Refused;
+        }
+        let tenant = self.cat.strings.intern(r.tenant);
+        let model = self.cat.strings.intern(r.model);
+        let replica = self.cat.strings.intern(r.replica);
+        let mscope = self.ensure_model(tenant, model);
+        let row = StatsRow {
+            cache_memory_bytes: r.cache_memory_bytes,
+            hit_rate: r.hit_rate,
+            pressure: r.pressure,
+            t2_hit_tokens: r.t2_hit_tokens,
+            t2_query_tokens: r.t2_query_tokens,
+            last_seen: r.last_seen,
+            stats_reported: r.stats_reported,
+        };
+        let stats = &mut self.cat.models[mscope as usize].stats;
+        if let Some(cur) = stats.get_mut(&replica) {
+            *cur = row;
+            return RestoreOutcome::Restored;
+        }
+        if stats.len() >= self.cfg.max_stats_rows_per_model
+            || self.stats_rows >= self.cfg.max_stats_rows
+        {
+            self.reclaimable += 1;
+            return RestoreOutcome::Refused;
+        }
+        stats.insert(replica, row);
+        self.stats_rows += 1;
+        RestoreOutcome::Restored
+    }
+
+    /// Ends a restore: drops the cap and quota candidate heaps (rebuilt from the restored values
+    /// on the next need) and the last lookup's buffers, and pushes pending counts.
+    pub fn restore_finish(&mut self) {
+        self.flush();
+        self.cap_clear();
+        for t in self.quotas.keys().copied().collect::<Vec<_>>() {
+            self.quota_clear(t);
+        }
+        self.reset_last();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::index::IndexConfig;
+    use crate::rules::NoRules;
+    use inferencecache_proto::v1alpha1::{CacheStateUpdate, PrefixEntry, ReplicaStats};
+
+    const NOW: i64 = 1_700_000_000_000_000_000;
+
+    fn update(tenant: &str, model: &str, replica: &str, hashes: &[u64]) -> CacheStateUpdate {
+        CacheStateUpdate {
+            tenant_id: tenant.into(),
+            model_id: model.into(),
+            replica_id: replica.into(),
+            hash_scheme: "s".into(),
+            timestamp_us: NOW / 1000 - 5_000_000,
+            prefixes: vec![PrefixEntry {
+                block_hashes: hashes.iter().map(|h| h.to_be_bytes().to_vec()).collect(),
+                block_token_counts: (1..=hashes.len() as i32).map(|i| i * 16).collect(),
+                tier: 2,
+                ..Default::default()
+            }],
+            stats: Some(ReplicaStats {
+                hit_rate: 0.5,
+                pressure: 0.25,
+                cache_memory_bytes: 77,
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+
+    fn copy(src: &Index, dst: &mut Index) {
+        let mut cache = RestoreCache::default();
+        let mut from = Some(0);
+        while let Some(f) = from {
+            let mut batch = Vec::new();
+            from = src.export_entries(f, 3, |e| {
+                batch.push((
+                    e.tenant.to_string(),
+                    e.model.to_string(),
+                    e.scheme.to_string(),
+                    e.adapter.to_string(),
+                    e.hash.to_vec(),
+                    e.replica.to_string(),
+                    e.tokens,
+                    e.last_seen,
+                    e.tier,
+                    e.access,
+                ))
+            });
+            for b in &batch {
+                let e = PersistEntry {
+                    tenant: &b.0,
+                    model: &b.1,
+                    scheme: &b.2,
+                    adapter: &b.3,
+                    hash: &b.4,
+                    replica: &b.5,
+                    tokens: b.6,
+                    last_seen: b.7,
+                    tier: b.8,
+                    access: b.9,
+                };
+                assert_eq!(
+                    dst.restore_entry(&e, NOW, &NoRules, &mut cache),
+                    RestoreOutcome::Restored
+                );
+            }
+        }
+        let mut rows = Vec::new();
+        assert_eq!(
+            src.export_stats(0, usize::MAX, |r| rows.push((
+                r.tenant.to_string(),
+                r.model.to_string(),
+                r.replica.to_string(),
+                PersistStats {
+                    tenant: "",
+                    model: "",
+                    replica: "",
+                    ..*r
+                }
+            ))),
+            None
+        );
+        for (t, m, rep, r) in &rows {
+            let r = PersistStats {
+                tenant: t,
+                model: m,
+                replica: rep,
+                ..*r
+            };
+            assert_eq!(
+                dst.restore_stats(&r, NOW, &NoRules),
+                RestoreOutcome::Restored
+            );
+        }
+        dst.restore_finish();
+    }
+
+    #[test]
+    fn export_then_restore_gives_the_same_entries_stats_and_counts() {
+        let mut a = Index::default();
+        a.ingest(&update("t", "m", "r1", &[1, 2, 3, 4]), NOW, &NoRules);
+        a.ingest(&update("t", "m", "r2", &[1, 2]), NOW, &NoRules);
+        a.ingest(&update("u", "m2", "r1", &[9]), NOW, &NoRules);
+        let mut b = Index::new(IndexConfig::default());
+        copy(&a, &mut b);
+        assert_eq!(a.dump_entries(), b.dump_entries());
+        assert_eq!(a.cache_state("t", "m"), b.cache_state("t", "m"));
+        assert_eq!(a.stats_row_count(), b.stats_row_count());
+        assert_eq!(b.directory().total_entries(), a.entry_count() as i64);
+    }
+
+    #[test]
+    fn expired_entries_are_not_restored() {
+        let mut a = Index::default();
+        a.ingest(&update("t", "m", "r1", &[1]), NOW, &NoRules);
+        let mut b = Index::default();
+        let late = NOW + super::super::DEFAULT_TTL_NS;
+        a.export_entries(0, 10, |e| {
+            let mut cache = RestoreCache::default();
+            assert_eq!(
+                b.restore_entry(e, late, &NoRules, &mut cache),
+                RestoreOutcome::Expired
+            );
+        });
+        assert_eq!(b.entry_count(), 0);
+    }
+}
