@@ -5,8 +5,8 @@ use clap::{ArgAction, Parser};
 
 use crate::limits::{
     DEFAULT_MAX_CONNECTIONS_PER_CORE, DEFAULT_MAX_ENTRIES, DEFAULT_MAX_HOLDERS_PER_KEY,
-    DEFAULT_MAX_SHARDS, DEFAULT_MAX_STRING_BYTES, DEFAULT_MAX_TIMESTAMP_SKEW_MS, MAX_SHARDS,
-    MESSAGE_RECEIVE_TIMEOUT,
+    DEFAULT_MAX_SHARDS, DEFAULT_MAX_STRING_BYTES, DEFAULT_MAX_TIMESTAMP_SKEW_MS, MAX_BUSY_POLL,
+    MAX_SHARDS, MESSAGE_RECEIVE_TIMEOUT,
 };
 
 /// Flags of `inference-cache-server`. Go-style single-dash spellings (`-grpc-bind-address`) are
@@ -61,6 +61,18 @@ pub struct Cli {
     /// fewer CPUs (a cross-core hop costs more than it buys there), else one per CPU up to 8.
     #[arg(long)]
     pub shards: Option<usize>,
+    /// Shard-aware gRPC listener (e.g. `:19090`; empty = off): a connection to it is served by
+    /// core `client source port mod shards`, so a client that opens one connection per core
+    /// (the `inferencecache-gateway` crate) sends each request to the core owning its
+    /// partition and never causes a cross-core hop. Same services, TLS and limits as
+    /// `--grpc-bind-address`.
+    #[arg(long, default_value = "")]
+    pub shard_aware_grpc_bind_address: String,
+    /// Microseconds each core spins looking for work before it parks (0 = park at once). For
+    /// dedicated cores only: a spinning core burns its CPU while idle, in exchange for skipping
+    /// the wake-up a cross-core hop otherwise costs. At most 1,000.
+    #[arg(long, default_value_t = 0)]
+    pub busy_poll_us: u64,
     /// Global cap on storage entries (the reference's compile-time 1,000,000; 0 = unbounded).
     /// Hidden: an operations/test knob, not part of the reference's flag set.
     #[arg(long, default_value_t = DEFAULT_MAX_ENTRIES, hide = true)]
@@ -131,6 +143,8 @@ pub enum FlagError {
     TlsPair,
     /// `--shards` outside 1..=MAX_SHARDS.
     Shards,
+    /// `--busy-poll-us` over MAX_BUSY_POLL.
+    BusyPoll,
 }
 
 impl std::fmt::Display for FlagError {
@@ -146,6 +160,11 @@ impl std::fmt::Display for FlagError {
             }
             Self::TlsPair => f.write_str("--tls-cert-file and --tls-key-file must be set together"),
             Self::Shards => write!(f, "--shards must be between 1 and {MAX_SHARDS}"),
+            Self::BusyPoll => write!(
+                f,
+                "--busy-poll-us must be at most {}",
+                MAX_BUSY_POLL.as_micros()
+            ),
         }
     }
 }
@@ -220,6 +239,15 @@ pub fn shards(cli: &Cli, cpus: usize) -> Result<usize, FlagError> {
         return Err(FlagError::Shards);
     }
     Ok(shards)
+}
+
+/// How long each core spins before parking (`--busy-poll-us`), if at all.
+pub fn busy_poll(cli: &Cli) -> Result<Option<std::time::Duration>, FlagError> {
+    let spin = std::time::Duration::from_micros(cli.busy_poll_us);
+    if spin > MAX_BUSY_POLL {
+        return Err(FlagError::BusyPoll);
+    }
+    Ok((!spin.is_zero()).then_some(spin))
 }
 
 /// Turns a Go-style listen address (`:9090`, `host:port`) into something `ToSocketAddrs` takes.

@@ -105,6 +105,7 @@ fn validate(cli: &Cli) -> Result<Settings, StartupError> {
         .map(|n| n.get())
         .unwrap_or(1);
     let shards = cli::shards(cli, cpus).map_err(StartupError::usage)?;
+    cli::busy_poll(cli).map_err(StartupError::usage)?;
     logging::init(json, level);
     Ok(Settings {
         shards,
@@ -185,13 +186,19 @@ fn resolve(addr: &str) -> Result<SocketAddr, StartupError> {
         .ok_or_else(|| invalid(String::new()))
 }
 
+/// An optional listen address: empty means off.
+fn optional_addr(addr: &str) -> Result<Option<SocketAddr>, StartupError> {
+    (!addr.is_empty()).then(|| resolve(addr)).transpose()
+}
+
 /// Opens both HTTP listeners on the admin runtime (exit 1 when either cannot be bound).
 fn bind_http(
     cli: &Cli,
     admin: &tokio::runtime::Handle,
 ) -> Result<(tokio::net::TcpListener, tokio::net::TcpListener), StartupError> {
-    // The gRPC address is checked here too, so a bad one fails before anything is bound.
+    // The gRPC addresses are checked here too, so a bad one fails before anything is bound.
     resolve(&cli.grpc_bind_address)?;
+    optional_addr(&cli.shard_aware_grpc_bind_address)?;
     let http_addr = resolve(&cli.http_bind_address)?;
     let snapshot_addr = resolve(&cli.snapshot_bind_address)?;
     let (h, s) = admin.block_on(async {
@@ -224,6 +231,8 @@ fn start_runtime(cli: &Cli, shards: usize) -> Result<Runtime, StartupError> {
     let started = runtime::start(RuntimeConfig {
         shards,
         listen_addr: resolve(&cli.grpc_bind_address)?,
+        shard_aware_addr: optional_addr(&cli.shard_aware_grpc_bind_address)?,
+        busy_poll: cli::busy_poll(cli).map_err(StartupError::usage)?,
         init: Arc::new(move |core| CoreState::new(core, index_config.clone())),
         on_core_start: Arc::new(move || grpc::install_services(lookup_cfg.clone(), &health)),
         serve_connection: grpc::serve_connection,
@@ -248,6 +257,7 @@ fn log_startup(
         version = env!("CARGO_PKG_VERSION"),
         commit = option_env!("INFERENCECACHE_COMMIT").unwrap_or("unknown"),
         grpc_addr = %runtime.listen_addr,
+        shard_aware_grpc_addr = %runtime.shard_aware_addr.map(|a| a.to_string()).unwrap_or_default(),
         grpc_tls = settings.grpc_tls,
         http_addr = %addr(http),
         snapshot_addr = %addr(snapshot),

@@ -42,6 +42,8 @@ mod pd;
 mod prompt_text;
 /// Bad input over real sockets must not crash, wedge or corrupt the server.
 mod robustness;
+/// The shard-aware listener and the gateway SDK: no request hops.
+mod shard_aware;
 /// StreamCacheEvents and StreamMetrics.
 mod streams;
 /// RenderTemplate with tenant templates registered on the controller-facing listener.
