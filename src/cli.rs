@@ -6,8 +6,8 @@ use clap::{ArgAction, Parser};
 use crate::limits::{
     DEFAULT_MAX_CONNECTIONS_PER_CORE, DEFAULT_MAX_ENTRIES, DEFAULT_MAX_HOLDERS_PER_KEY,
     DEFAULT_MAX_SHARDS, DEFAULT_MAX_STRING_BYTES, DEFAULT_MAX_TIMESTAMP_SKEW_MS,
-    DEFAULT_NATS_READY_MAX_LAG, DEFAULT_SNAPSHOT_INTERVAL_MS, MAX_SHARDS, MESSAGE_RECEIVE_TIMEOUT,
-    MIN_SNAPSHOT_INTERVAL_MS,
+    DEFAULT_NATS_READY_MAX_LAG, DEFAULT_SNAPSHOT_INTERVAL_MS, MAX_BUSY_POLL, MAX_SHARDS,
+    MESSAGE_RECEIVE_TIMEOUT, MIN_SNAPSHOT_INTERVAL_MS,
 };
 
 /// Flags of `inference-cache-server`. Go-style single-dash spellings (`-grpc-bind-address`) are
@@ -62,6 +62,18 @@ pub struct Cli {
     /// fewer CPUs (a cross-core hop costs more than it buys there), else one per CPU up to 8.
     #[arg(long)]
     pub shards: Option<usize>,
+    /// Shard-aware gRPC listener (e.g. `:19090`; empty = off): a connection to it is served by
+    /// core `client source port mod shards`, so a client that opens one connection per core
+    /// (the `inferencecache-gateway` crate) sends each request to the core owning its
+    /// partition and never causes a cross-core hop. Same services, TLS and limits as
+    /// `--grpc-bind-address`.
+    #[arg(long, default_value = "")]
+    pub shard_aware_grpc_bind_address: String,
+    /// Microseconds each core spins looking for work before it parks (0 = park at once). For
+    /// dedicated cores only: a spinning core burns its CPU while idle, in exchange for skipping
+    /// the wake-up a cross-core hop otherwise costs. At most 1,000.
+    #[arg(long, default_value_t = 0)]
+    pub busy_poll_us: u64,
     /// Global cap on storage entries (the reference's compile-time 1,000,000; 0 = unbounded).
     /// Hidden: an operations/test knob, not part of the reference's flag set.
     #[arg(long, default_value_t = DEFAULT_MAX_ENTRIES, hide = true)]
@@ -158,6 +170,8 @@ pub enum FlagError {
     Shards,
     /// `--snapshot-interval-ms` below its minimum.
     SnapshotInterval,
+    /// `--busy-poll-us` over MAX_BUSY_POLL.
+    BusyPoll,
 }
 
 impl std::fmt::Display for FlagError {
@@ -176,6 +190,11 @@ impl std::fmt::Display for FlagError {
             Self::SnapshotInterval => write!(
                 f,
                 "--snapshot-interval-ms must be at least {MIN_SNAPSHOT_INTERVAL_MS}"
+            ),
+            Self::BusyPoll => write!(
+                f,
+                "--busy-poll-us must be at most {}",
+                MAX_BUSY_POLL.as_micros()
             ),
         }
     }
@@ -259,6 +278,15 @@ pub fn shards(cli: &Cli, cpus: usize) -> Result<usize, FlagError> {
         return Err(FlagError::Shards);
     }
     Ok(shards)
+}
+
+/// How long each core spins before parking (`--busy-poll-us`), if at all.
+pub fn busy_poll(cli: &Cli) -> Result<Option<std::time::Duration>, FlagError> {
+    let spin = std::time::Duration::from_micros(cli.busy_poll_us);
+    if spin > MAX_BUSY_POLL {
+        return Err(FlagError::BusyPoll);
+    }
+    Ok((!spin.is_zero()).then_some(spin))
 }
 
 /// Turns a Go-style listen address (`:9090`, `host:port`) into something `ToSocketAddrs` takes.

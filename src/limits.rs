@@ -43,9 +43,13 @@ pub const MAX_SCORES_PER_ANSWER: usize = 1024;
 // ---- Cores and partitions -------------------------------------------------------------------
 
 /// Fixed number of index partitions; larger than any core count so `--shards` never rehashes.
-pub const PARTITIONS: u32 = 256;
+/// Defined with the partition function in the `inferencecache-partition` crate, which
+/// shard-aware clients share.
+pub const PARTITIONS: u32 = inferencecache_partition::PARTITIONS;
 /// Upper bound on `--shards`: partitions are spread over at most this many cores.
 pub const MAX_SHARDS: usize = 64;
+/// Longest `--busy-poll-us` spin: past a millisecond a parked core's wake-up no longer matters.
+pub const MAX_BUSY_POLL: Duration = Duration::from_millis(1);
 /// Default `--shards` on machines with more than two CPUs is one per CPU, at most this many.
 pub const DEFAULT_MAX_SHARDS: usize = 8;
 /// io_uring registered memory per executor: small, since the cores do no file I/O and this

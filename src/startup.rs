@@ -109,6 +109,7 @@ fn validate(cli: &Cli) -> Result<Settings, StartupError> {
     if !cli.nats_url.is_empty() {
         nats::parse_urls(&cli.nats_url).map_err(StartupError::usage)?;
     }
+    cli::busy_poll(cli).map_err(StartupError::usage)?;
     logging::init(json, level);
     Ok(Settings {
         shards,
@@ -278,13 +279,19 @@ fn resolve(addr: &str) -> Result<SocketAddr, StartupError> {
         .ok_or_else(|| invalid(String::new()))
 }
 
+/// An optional listen address: empty means off.
+fn optional_addr(addr: &str) -> Result<Option<SocketAddr>, StartupError> {
+    (!addr.is_empty()).then(|| resolve(addr)).transpose()
+}
+
 /// Opens both HTTP listeners on the admin runtime (exit 1 when either cannot be bound).
 fn bind_http(
     cli: &Cli,
     admin: &tokio::runtime::Handle,
 ) -> Result<(tokio::net::TcpListener, tokio::net::TcpListener), StartupError> {
-    // The gRPC address is checked here too, so a bad one fails before anything is bound.
+    // The gRPC addresses are checked here too, so a bad one fails before anything is bound.
     resolve(&cli.grpc_bind_address)?;
+    optional_addr(&cli.shard_aware_grpc_bind_address)?;
     let http_addr = resolve(&cli.http_bind_address)?;
     let snapshot_addr = resolve(&cli.snapshot_bind_address)?;
     let (h, s) = admin.block_on(async {
@@ -313,6 +320,8 @@ fn start_runtime(
     let started = runtime::start(RuntimeConfig {
         shards,
         listen_addr: resolve(&cli.grpc_bind_address)?,
+        shard_aware_addr: optional_addr(&cli.shard_aware_grpc_bind_address)?,
+        busy_poll: cli::busy_poll(cli).map_err(StartupError::usage)?,
         init: Arc::new(move |core| {
             let mut slots = slots.lock().unwrap_or_else(|e| e.into_inner());
             let state = slots[core].take().expect("one prepared state per core");
@@ -338,6 +347,7 @@ fn log_startup(runtime: &Runtime, http_addr: &str, snapshot_addr: &str, settings
         version = env!("CARGO_PKG_VERSION"),
         commit = option_env!("INFERENCECACHE_COMMIT").unwrap_or("unknown"),
         grpc_addr = %runtime.listen_addr,
+        shard_aware_grpc_addr = %runtime.shard_aware_addr.map(|a| a.to_string()).unwrap_or_default(),
         grpc_tls = settings.grpc_tls,
         http_addr = %http_addr,
         snapshot_addr = %snapshot_addr,

@@ -47,6 +47,12 @@ pub struct ConnArgs {
     /// Deadline of each unary call (sent as grpc-timeout and enforced client-side), ms.
     #[arg(long, default_value_t = 5000)]
     pub rpc_timeout_ms: u64,
+    /// The server's shard-aware listener (`host:port`, its `--shard-aware-grpc-bind-address`).
+    /// When set, lookups go through the gateway SDK: one connection per server core, each
+    /// request on the connection of the core owning it (no cross-core hop). Producers keep
+    /// using `--addr`. Compare against a run without it to see what the hops cost.
+    #[arg(long)]
+    pub shard_aware_addr: Option<std::net::SocketAddr>,
 }
 
 /// The generated workload.

@@ -57,6 +57,8 @@ pub enum Error {
         /// The transport failure.
         source: tonic::transport::Error,
     },
+    /// The shard-aware connections could not be opened.
+    ShardAware(inferencecache_gateway::ConnectError),
     /// The JSON report could not be written.
     WriteReport {
         /// The `--json` path.
@@ -74,6 +76,7 @@ impl fmt::Display for Error {
             Error::Config(e) => e.fmt(f),
             Error::InvalidAddr { addr, source } => write!(f, "invalid --addr {addr}: {source}"),
             Error::Connect { addr, source } => write!(f, "cannot connect to {addr}: {source}"),
+            Error::ShardAware(e) => write!(f, "--shard-aware-addr: {e}"),
             Error::WriteReport { path, source } => {
                 write!(f, "cannot write {}: {source}", path.display())
             }
@@ -88,6 +91,7 @@ impl std::error::Error for Error {
             Error::Config(e) => Some(e),
             Error::InvalidAddr { source, .. } | Error::Connect { source, .. } => Some(source),
             Error::WriteReport { source, .. } => Some(source),
+            Error::ShardAware(e) => Some(e),
             Error::StreamsFailed(_) => None,
         }
     }

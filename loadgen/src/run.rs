@@ -21,6 +21,7 @@ use crate::histogram::{Recorder, Rpc, quantile_ms};
 use crate::producer::{IngestStats, ProducerConfig, Producers};
 use crate::report::{Report, RunFacts};
 use crate::workload::{Generator, Names, WorkloadConfig};
+use inferencecache_gateway::ShardAwareClient;
 
 /// The client type every module uses.
 pub type Client = InferenceCacheClient<Channel>;
@@ -121,6 +122,8 @@ pub struct WindowConfig {
     pub producer: Option<ProducerConfig>,
     /// Print a progress line every second.
     pub progress: bool,
+    /// Lookups over one connection per server core, each to the owning core (`--shard-aware-addr`).
+    pub shard_aware: Option<ShardAwareClient>,
 }
 
 /// Runs one window of lookups and returns its report. With `producers`, every looked-up prompt
@@ -199,6 +202,7 @@ struct LookupMaker {
     input: LookupInput,
     pd_topology: Arc<str>,
     timeout: Duration,
+    shard_aware: Option<ShardAwareClient>,
 }
 
 impl LookupMaker {
@@ -220,6 +224,7 @@ impl LookupMaker {
             input: cfg.input,
             pd_topology: cfg.pd_topology.as_str().into(),
             timeout: cfg.rpc_timeout,
+            shard_aware: cfg.shard_aware.clone(),
             wgen,
         }
     }
@@ -229,7 +234,10 @@ impl LookupMaker {
         let bs = self.block_size;
         let spec = self.wgen.next_request();
         let req = gateway::lookup_request(&spec, &self.names, &self.scheme, bs, self.input);
-        let client = self.clients[(t.index % self.clients.len() as u64) as usize].clone();
+        let client = match &self.shard_aware {
+            Some(sdk) => sdk.client_for(&req.tenant_id, &req.model_id),
+            None => self.clients[(t.index % self.clients.len() as u64) as usize].clone(),
+        };
         let (rec, producers) = (self.rec.clone(), self.producers.clone());
         let prompt_tokens = (spec.n_blocks as u64) * bs as u64;
         let timeout = self.timeout;
@@ -320,6 +328,7 @@ struct Setup {
     pcfg: ProducerConfig,
     budgets: Vec<Duration>,
     clients: Vec<Client>,
+    shard_aware: Option<ShardAwareClient>,
     stop: Arc<AtomicBool>,
     producers: Arc<Producers>,
     wgen: Generator,
@@ -339,6 +348,14 @@ impl Setup {
         let pcfg = producer.config(wl.seed, rpc_timeout)?;
         let budgets = measure.budgets()?;
         let clients = connect(&conn.addr, conn.connections).await?;
+        let shard_aware = match conn.shard_aware_addr {
+            Some(addr) => Some(
+                ShardAwareClient::connect(addr)
+                    .await
+                    .map_err(Error::ShardAware)?,
+            ),
+            None => None,
+        };
         let stop = ctrl_c_flag();
         let producers = Arc::new(Producers::start(
             &wl,
@@ -354,6 +371,7 @@ impl Setup {
             pcfg,
             budgets,
             clients,
+            shard_aware,
             stop,
             producers,
             wgen,
@@ -393,6 +411,7 @@ pub async fn cmd_run(a: RunArgs) -> Result<Report, Error> {
         max_inflight: a.measure.max_inflight,
         producer: (!a.measure.no_producers).then_some(s.pcfg),
         progress: !a.measure.quiet,
+        shard_aware: s.shard_aware.clone(),
     };
     let report = run_window(
         &s.clients,
@@ -497,6 +516,7 @@ fn capacity_step_config(a: &CapacityArgs, s: &Setup, rate: f64) -> WindowConfig 
         max_inflight: a.measure.max_inflight,
         producer: (!a.measure.no_producers).then(|| s.pcfg.clone()),
         progress: !a.measure.quiet,
+        shard_aware: s.shard_aware.clone(),
     }
 }
 

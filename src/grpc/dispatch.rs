@@ -116,10 +116,46 @@ pub(super) fn dispatch(req: Request<RequestBody>) -> ResponseFuture {
         let s = s.as_mut().expect("grpc services installed on this core");
         match target {
             Dispatch::Cache => cache_call(s.cache.call(req)),
-            Dispatch::Health => Box::pin(s.health.call(req)),
+            Dispatch::Health => health_call(s.health.call(req)),
             Dispatch::ReflectionV1 => (s.reflect_v1)(req),
             Dispatch::ReflectionV1Alpha => (s.reflect_v1alpha)(req),
         }
+    })
+}
+
+/// Response headers of every health answer telling a client how the server is sharded, so a
+/// shard-aware client learns N, the partition function and which core serves its connection.
+pub const SHARDS_HEADER: &str = "inferencecache-shards";
+/// The core serving this connection (see [`SHARDS_HEADER`]).
+pub const SHARD_HEADER: &str = "inferencecache-shard";
+/// The number of partitions (see [`SHARDS_HEADER`]).
+pub const PARTITIONS_HEADER: &str = "inferencecache-partitions";
+/// The partition function's name (see [`SHARDS_HEADER`]).
+pub const PARTITION_FUNCTION_HEADER: &str = "inferencecache-partition-function";
+
+/// A health call, answered with the sharding headers.
+fn health_call<F>(call: F) -> ResponseFuture
+where
+    F: Future<Output = Result<Response<Body>, Infallible>> + Send + 'static,
+{
+    let core = crate::shard::current_core().unwrap_or(0);
+    Box::pin(async move {
+        let mut resp = call.await?;
+        let h = resp.headers_mut();
+        h.insert(
+            SHARDS_HEADER,
+            http::HeaderValue::from(crate::shard::cores()),
+        );
+        h.insert(SHARD_HEADER, http::HeaderValue::from(core));
+        h.insert(
+            PARTITIONS_HEADER,
+            http::HeaderValue::from(crate::shard::PARTITIONS),
+        );
+        h.insert(
+            PARTITION_FUNCTION_HEADER,
+            http::HeaderValue::from_static(crate::shard::PARTITION_FUNCTION),
+        );
+        Ok(resp)
     })
 }
 

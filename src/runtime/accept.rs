@@ -1,6 +1,7 @@
-//! Connections: core 0 accepts and deals them round-robin to all cores (evenly, instead of by
-//! the kernel's SO_REUSEPORT hash); each core serves its own with the start-up handler, up to a
-//! bound, past which a new connection is closed at once.
+//! Connections: core 0 accepts and deals them to the cores — round-robin on the gRPC listener
+//! (evenly, instead of by the kernel's SO_REUSEPORT hash), by the client's source port on the
+//! shard-aware listener; each core serves its own with the start-up handler, up to a bound,
+//! past which a new connection is closed at once.
 
 use std::cell::Cell;
 use std::sync::OnceLock;
@@ -29,8 +30,24 @@ pub(super) fn live_connections() -> usize {
     LIVE_CONNECTIONS.with(|c| c.get())
 }
 
-/// Core 0's accept loop: deals accepted connections round-robin over all cores.
-pub(super) async fn accept_loop(listener: TcpListener) {
+/// How a listener picks the core that serves a connection.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Dealing {
+    /// Each core in turn.
+    RoundRobin,
+    /// Core `client source port mod cores`: the shard-aware listener, where the client chooses
+    /// the core by choosing its source port.
+    SourcePort,
+}
+
+/// The core `dealing` picks for a connection from `peer` (`None` when the peer address is
+/// unknown, which the caller deals round-robin).
+fn source_port_core(peer: Option<std::net::SocketAddr>, cores: usize) -> Option<usize> {
+    peer.map(|p| usize::from(p.port()) % cores)
+}
+
+/// Core 0's accept loop: deals accepted connections over all cores.
+pub(super) async fn accept_loop(listener: TcpListener, dealing: Dealing) {
     let cores = mailbox::cores();
     let mut next = 0usize;
     loop {
@@ -49,8 +66,14 @@ pub(super) async fn accept_loop(listener: TcpListener) {
                 continue;
             }
         };
-        let target = next % cores;
-        next = next.wrapping_add(1);
+        let by_port = match dealing {
+            Dealing::SourcePort => source_port_core(stream.peer_addr().ok(), cores),
+            Dealing::RoundRobin => None,
+        };
+        let target = by_port.unwrap_or_else(|| {
+            next = next.wrapping_add(1);
+            next.wrapping_sub(1) % cores
+        });
         if target == 0 {
             serve(stream.bind_to_executor());
         } else if let Err(mailbox::Op::Connection(back)) =
@@ -76,4 +99,19 @@ pub(super) fn serve(stream: TcpStream) {
         LIVE_CONNECTIONS.with(|c| c.set(c.get() - 1));
     })
     .detach();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::source_port_core;
+
+    #[test]
+    fn the_source_port_names_the_core() {
+        let peer = |port| Some(std::net::SocketAddr::from(([127, 0, 0, 1], port)));
+        assert_eq!(source_port_core(peer(40_001), 2), Some(1));
+        assert_eq!(source_port_core(peer(40_002), 2), Some(0));
+        assert_eq!(source_port_core(peer(40_003), 4), Some(3));
+        assert_eq!(source_port_core(peer(40_003), 1), Some(0));
+        assert_eq!(source_port_core(None, 4), None);
+    }
 }

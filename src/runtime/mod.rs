@@ -44,6 +44,11 @@ pub struct RuntimeConfig {
     pub shards: usize,
     /// Listen address of the connections the cores serve.
     pub listen_addr: SocketAddr,
+    /// Listen address of the shard-aware listener (connections served by the core their source
+    /// port names), if any.
+    pub shard_aware_addr: Option<SocketAddr>,
+    /// How long an idle core spins before parking, if at all (`--busy-poll-us`).
+    pub busy_poll: Option<Duration>,
     /// Builds each core's state.
     pub init: CoreInit,
     /// Per-core set-up run on the core before it serves (e.g. building its services).
@@ -90,6 +95,8 @@ pub struct Runtime {
     handles: Vec<glommio::ExecutorJoinHandle<()>>,
     /// The address actually bound (port 0 resolved).
     pub listen_addr: SocketAddr,
+    /// The shard-aware listener's address actually bound, if any.
+    pub shard_aware_addr: Option<SocketAddr>,
 }
 
 /// Binds the listener before any executor starts. SO_REUSEADDR lets a restart bind at once
@@ -114,11 +121,17 @@ type Ready = (usize, Result<(), StartError>);
 pub fn start(cfg: RuntimeConfig) -> Result<Runtime, StartError> {
     assert!((1..=MAX_SHARDS).contains(&cfg.shards));
     let listener = bind_listener(cfg.listen_addr)?;
-    let listen_addr = listener
-        .local_addr()
-        .map_err(|e| StartError::AddressInUse(cfg.listen_addr, e))?;
-    // Core 0 takes the listener over; the fd stays open until its accept loop ends.
-    let mut listener = Some(listener);
+    let listen_addr = bound_addr(&listener, cfg.listen_addr)?;
+    let shard_aware = cfg.shard_aware_addr.map(bind_listener).transpose()?;
+    let shard_aware_addr = match (&shard_aware, cfg.shard_aware_addr) {
+        (Some(l), Some(asked)) => Some(bound_addr(l, asked)?),
+        _ => None,
+    };
+    // Core 0 takes the listeners over; the fds stay open until its accept loops end.
+    let mut listeners = Some(Listeners {
+        grpc: listener,
+        shard_aware,
+    });
     shard::set_cores(cfg.shards);
     mailbox::init(cfg.shards);
     health::init(cfg.shards);
@@ -131,11 +144,15 @@ pub fn start(cfg: RuntimeConfig) -> Result<Runtime, StartError> {
     for core in 0..cfg.shards {
         let cpu = cpus[core % cpus.len()];
         let (cfg, ready) = (cfg.clone(), ready_tx.clone());
-        let own_listener = if core == 0 { listener.take() } else { None };
-        let handle = LocalExecutorBuilder::new(Placement::Fixed(cpu))
+        let own_listeners = if core == 0 { listeners.take() } else { None };
+        let mut builder = LocalExecutorBuilder::new(Placement::Fixed(cpu))
             .name(&format!("core-{core}"))
-            .io_memory(IO_MEMORY_BYTES)
-            .spawn(move || run_core(core, cfg, own_listener, ready))
+            .io_memory(IO_MEMORY_BYTES);
+        if let Some(spin) = cfg.busy_poll {
+            builder = builder.spin_before_park(spin);
+        }
+        let handle = builder
+            .spawn(move || run_core(core, cfg, own_listeners, ready))
             .map_err(|e| StartError::Executor(core, cpu, e.to_string()))?;
         handles.push(handle);
     }
@@ -144,7 +161,31 @@ pub fn start(cfg: RuntimeConfig) -> Result<Runtime, StartError> {
     Ok(Runtime {
         handles,
         listen_addr,
+        shard_aware_addr,
     })
+}
+
+/// The listeners core 0 accepts on.
+struct Listeners {
+    grpc: std::net::TcpListener,
+    shard_aware: Option<std::net::TcpListener>,
+}
+
+/// The address `listener` is bound to (port 0 resolved).
+fn bound_addr(
+    listener: &std::net::TcpListener,
+    asked: SocketAddr,
+) -> Result<SocketAddr, StartError> {
+    listener
+        .local_addr()
+        .map_err(|e| StartError::AddressInUse(asked, e))
+}
+
+/// Takes over a bound std listener on this executor.
+fn glommio_listener(listener: std::net::TcpListener) -> TcpListener {
+    // SAFETY: the fd is a bound, listening TCP socket this executor now owns alone
+    // (`into_raw_fd` gave up the std listener's ownership).
+    unsafe { TcpListener::from_raw_fd(listener.into_raw_fd()) }
 }
 
 /// Collects every core's report; the first failure stops the others.
@@ -166,11 +207,11 @@ fn wait_ready(ready: &std::sync::mpsc::Receiver<Ready>, shards: usize) -> Result
 }
 
 /// The life of one executor: install its state, serve until shutdown, then drain. Core 0 gets
-/// the listener and runs the accept loop.
+/// the listeners and runs the accept loops.
 async fn run_core(
     core: usize,
     cfg: Arc<RuntimeConfig>,
-    listener: Option<std::net::TcpListener>,
+    listeners: Option<Listeners>,
     ready: std::sync::mpsc::Sender<Ready>,
 ) {
     shard::install((cfg.init)(core));
@@ -180,12 +221,16 @@ async fn run_core(
     glommio::spawn_local(health::heartbeat_loop(core)).detach();
     glommio::spawn_local(sweep_loop(cfg.sweep_interval)).detach();
     let _ = ready.send((core, Ok(())));
-    match listener {
-        Some(listener) => {
-            // SAFETY: the fd is a bound, listening TCP socket this executor now owns alone
-            // (`into_raw_fd` gave up the std listener's ownership).
-            let listener = unsafe { TcpListener::from_raw_fd(listener.into_raw_fd()) };
-            accept::accept_loop(listener).await;
+    match listeners {
+        Some(Listeners { grpc, shard_aware }) => {
+            let shard_aware = shard_aware.map(|l| {
+                let l = glommio_listener(l);
+                glommio::spawn_local(accept::accept_loop(l, accept::Dealing::SourcePort))
+            });
+            accept::accept_loop(glommio_listener(grpc), accept::Dealing::RoundRobin).await;
+            if let Some(task) = shard_aware {
+                task.await;
+            }
         }
         None => shutdown_requested().await,
     }

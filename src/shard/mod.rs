@@ -6,8 +6,6 @@ mod core_state;
 
 use std::sync::OnceLock;
 
-use xxhash_rust::xxh3::{xxh3_64, xxh3_64_with_seed};
-
 pub use crate::limits::PARTITIONS;
 pub use core_state::{CoreState, IngestRefused, current_core, install, with_core};
 
@@ -25,18 +23,9 @@ pub fn cores() -> usize {
     CORES.get().copied().unwrap_or(1)
 }
 
-/// The partition of a `(tenant, model)` pair. The tenant's hash seeds the model's, so
-/// ("ab","c") and ("a","bc") differ, with no allocation.
-pub fn partition(tenant: &str, model: &str) -> u32 {
-    let h = xxh3_64_with_seed(model.as_bytes(), xxh3_64(tenant.as_bytes()));
-    (h % PARTITIONS as u64) as u32
-}
-
-/// The core owning `partition` when `cores` executors run: fixed for the process lifetime.
-pub fn owner_of_partition(partition: u32, cores: usize) -> usize {
-    debug_assert!(cores >= 1);
-    partition as usize % cores
-}
+/// The partition function and the core owning a partition (fixed for the process lifetime):
+/// the `inferencecache-partition` crate, which shard-aware clients share.
+pub use inferencecache_partition::{PARTITION_FUNCTION, owner_of_partition, partition};
 
 /// The core owning `(tenant, model)`.
 pub fn owner(tenant: &str, model: &str) -> usize {

@@ -15,6 +15,8 @@ mod affinity;
 mod auth;
 /// Caller deadlines and the policy budget.
 mod deadlines;
+/// The Kubernetes manifests in deploy/ name flags the binaries accept.
+mod deploy;
 /// Result-side floors (matched floor, routing floor).
 mod floors;
 /// Start-up, every RPC, health, reflection, shutdown, connection bounds.
@@ -48,6 +50,8 @@ mod restart;
 mod robustness;
 /// The same seeded random traffic against --shards 1, 2 and 4, compared field by field.
 mod self_differential;
+/// The shard-aware listener and the gateway SDK: no request hops.
+mod shard_aware;
 /// StreamCacheEvents and StreamMetrics.
 mod streams;
 /// RenderTemplate with tenant templates registered on the controller-facing listener.
