@@ -143,7 +143,11 @@ fn start(cli: &Cli) -> Result<Server, StartupError> {
     // /healthz and /readyz answer from here on: /readyz is 503 until the restore is done and
     // every core serves.
     admin.spawn(admin::http::serve(http_listener, admin::public));
-    let (states, next_generation) = initial_states(cli, settings.shards)?;
+    let snapshot::Restored {
+        states,
+        next_generation,
+        stream_sequence,
+    } = initial_states(cli, settings.shards)?;
     let runtime = start_runtime(cli, settings.shards, states)?;
     if !cli.nats_url.is_empty() {
         // After the runtime: the consumer applies through the cores' mailboxes.
@@ -153,7 +157,8 @@ fn start(cli: &Cli) -> Result<Server, StartupError> {
                 url: cli.nats_url.clone(),
                 stream: cli.nats_stream.clone(),
                 subject: cli.nats_subject.clone(),
-                start_sequence: 1,
+                // What the restored snapshot includes is not replayed.
+                start_sequence: stream_sequence + 1,
                 ready_max_lag: cli.nats_ready_max_lag,
             },
         );
@@ -210,8 +215,9 @@ fn index_config(cli: &Cli, shards: usize) -> IndexConfig {
 }
 
 /// Every core's state at start: restored from `--state-dir` when there is a usable snapshot,
-/// else empty. Returns the states and the generation the next snapshot writes.
-fn initial_states(cli: &Cli, shards: usize) -> Result<(Vec<CoreState>, u64), StartupError> {
+/// else empty; with the generation the next snapshot writes and the event-log sequence the
+/// restored snapshot includes.
+fn initial_states(cli: &Cli, shards: usize) -> Result<snapshot::Restored, StartupError> {
     let base = index_config(cli, shards);
     let fresh = move || {
         let config = IndexConfig {
@@ -223,7 +229,11 @@ fn initial_states(cli: &Cli, shards: usize) -> Result<(Vec<CoreState>, u64), Sta
             .collect::<Vec<_>>()
     };
     if cli.state_dir.is_empty() {
-        return Ok((fresh(), 1));
+        return Ok(snapshot::Restored {
+            states: fresh(),
+            next_generation: 1,
+            stream_sequence: 0,
+        });
     }
     let dir = std::path::PathBuf::from(&cli.state_dir);
     snapshot::prepare_dir(&dir).map_err(|e| {
@@ -236,8 +246,7 @@ fn initial_states(cli: &Cli, shards: usize) -> Result<(Vec<CoreState>, u64), Sta
     snapshot::set_state_dir(dir.clone());
     // Drained cores stay alive until the final snapshot at SIGTERM has read them.
     runtime::hold_cores_after_drain();
-    let restored = snapshot::restore(&dir, shards, &fresh);
-    Ok((restored.states, restored.next_generation))
+    Ok(snapshot::restore(&dir, shards, &fresh))
 }
 
 /// Tokenizers load eagerly, before serving, on threads that never serve lookups.

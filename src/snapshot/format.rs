@@ -19,7 +19,8 @@
 //! STATS    body = names | count rows; row = tenant u16 | model u16 | replica u16
 //!          | cache_memory_bytes i64 | hit_rate f32 | pressure f32 | t2_hit_tokens i64
 //!          | t2_query_tokens i64 | last_seen_ns i64 | stats_reported_ns i64
-//! MANIFEST body = count × (core u32 | file_len u64 | file_xxh3 u64)
+//! MANIFEST body = count × (core u32 | file_len u64 | file_xxh3 u64) | stream_sequence u64
+//!          (the last event-log sequence applied before the snapshot began; 0 without one)
 //! POLICY   body = the last installed `/policy` body, verbatim (count = 1)
 //! END      body = sections u64 | entries u64 | stats rows u64 (count = 0)
 //! ```
@@ -38,8 +39,9 @@ use crate::limits::{MAX_ID_BYTES, MAX_SNAPSHOT_SECTION_BYTES};
 
 /// First 8 bytes of every snapshot file (`\r\n` catches newline translation, as PNG's does).
 pub const MAGIC: [u8; 8] = *b"ICSNAP\r\n";
-/// Format version; any other version is skipped at restore as incompatible.
-pub const VERSION: u32 = 1;
+/// Format version; any other version is skipped at restore as incompatible. 2: the manifest
+/// records the event log's stream sequence.
+pub const VERSION: u32 = 2;
 /// Bytes of the file header.
 pub const HEADER_BYTES: usize = 48;
 /// Bytes of a section header.
@@ -566,17 +568,18 @@ impl Section<'_> {
         Ok(())
     }
 
-    /// The manifest's `(core, file_len, file_xxh3)` rows.
-    pub fn manifest(&self) -> Result<Vec<(u32, u64, u64)>, FormatError> {
+    /// The manifest's `(core, file_len, file_xxh3)` rows and the stream sequence it includes.
+    pub fn manifest(&self) -> Result<(Vec<(u32, u64, u64)>, u64), FormatError> {
         let mut c = Cur { b: self.body };
         let mut out = Vec::new();
         for _ in 0..self.count {
             out.push((c.u32()?, c.u64()?, c.u64()?));
         }
+        let stream_sequence = c.u64()?;
         if !c.b.is_empty() {
             return Err(FormatError::Corrupt("trailing bytes in manifest"));
         }
-        Ok(out)
+        Ok((out, stream_sequence))
     }
 }
 
@@ -717,14 +720,16 @@ pub fn encode_file(header: &Header, kind: SectionKind, count: u32, body: &[u8]) 
     out
 }
 
-/// The manifest body for `(core, file_len, file_xxh3)` rows.
-pub fn manifest_body(files: &[(u32, u64, u64)]) -> Vec<u8> {
-    let mut b = Vec::with_capacity(files.len() * 20);
+/// The manifest body for `(core, file_len, file_xxh3)` rows and the event log's stream
+/// sequence the snapshot includes.
+pub fn manifest_body(files: &[(u32, u64, u64)], stream_sequence: u64) -> Vec<u8> {
+    let mut b = Vec::with_capacity(files.len() * 20 + 8);
     for (core, len, sum) in files {
         b.extend_from_slice(&core.to_le_bytes());
         b.extend_from_slice(&len.to_le_bytes());
         b.extend_from_slice(&sum.to_le_bytes());
     }
+    b.extend_from_slice(&stream_sequence.to_le_bytes());
     b
 }
 
@@ -911,10 +916,13 @@ mod tests {
     #[test]
     fn another_version_is_incompatible() {
         let (mut bytes, _) = file(3);
-        bytes[8..12].copy_from_slice(&2u32.to_le_bytes());
+        bytes[8..12].copy_from_slice(&(VERSION + 1).to_le_bytes());
         let sum = xxh3_64(&bytes[..40]);
         bytes[40..48].copy_from_slice(&sum.to_le_bytes());
-        assert_eq!(decode(&bytes).err(), Some(FormatError::Incompatible(2)));
+        assert_eq!(
+            decode(&bytes).err(),
+            Some(FormatError::Incompatible(VERSION + 1))
+        );
     }
 
     #[test]
@@ -967,12 +975,12 @@ mod tests {
             ..HEADER
         };
         let rows = vec![(0, 100, 5), (1, 200, 6)];
-        let bytes = encode_file(&h, SectionKind::Manifest, 2, &manifest_body(&rows));
+        let bytes = encode_file(&h, SectionKind::Manifest, 2, &manifest_body(&rows, 4242));
         let (mut d, got) = Decoder::open(&bytes[..], u64::MAX).unwrap();
         assert_eq!(got, h);
         let s = d.next_section().unwrap().unwrap();
         assert_eq!(s.kind, SectionKind::Manifest);
-        assert_eq!(s.manifest().unwrap(), rows);
+        assert_eq!(s.manifest().unwrap(), (rows, 4242));
         assert!(d.next_section().unwrap().is_none());
     }
 }

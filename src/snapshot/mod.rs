@@ -23,7 +23,7 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
-pub use restore::restore;
+pub use restore::{Restored, restore};
 pub use writer::{Writer, start_writer};
 
 use crate::sys::clock::unix_now_ns;

@@ -24,6 +24,9 @@ pub struct Restored {
     pub states: Vec<CoreState>,
     /// The generation the next snapshot writes.
     pub next_generation: u64,
+    /// The last event-log sequence the restored snapshot includes (0: none restored); the
+    /// consumer resumes after it.
+    pub stream_sequence: u64,
 }
 
 /// Why the snapshot was skipped.
@@ -105,8 +108,9 @@ fn read_policy(dir: &Path) -> Result<Option<(PolicyStore, u64)>, Skip> {
     Ok(Some((store, len)))
 }
 
-/// The manifest's generation, writer core count, creation time and `(core, len, xxh3)` rows.
-type Manifest = (u64, usize, i64, Vec<(u32, u64, u64)>);
+/// The manifest's generation, writer core count, creation time, `(core, len, xxh3)` rows and
+/// the stream sequence the snapshot includes.
+type Manifest = (u64, usize, i64, Vec<(u32, u64, u64)>, u64);
 
 fn read_manifest(dir: &Path) -> Result<Option<(Manifest, u64)>, Skip> {
     let max = 1 << 20;
@@ -118,7 +122,7 @@ fn read_manifest(dir: &Path) -> Result<Option<(Manifest, u64)>, Skip> {
     if header.kind != FileKind::Manifest {
         return Err(Skip::mismatch(MANIFEST_FILE, "not a manifest"));
     }
-    let rows = match d.next_section().map_err(err)? {
+    let (rows, stream_sequence) = match d.next_section().map_err(err)? {
         Some(s) if s.kind == SectionKind::Manifest => s.manifest().map_err(err)?,
         _ => return Err(err(FormatError::Corrupt("no manifest section"))),
     };
@@ -134,7 +138,13 @@ fn read_manifest(dir: &Path) -> Result<Option<(Manifest, u64)>, Skip> {
         ));
     }
     Ok(Some((
-        (header.generation, cores, header.created_unix_ns, rows),
+        (
+            header.generation,
+            cores,
+            header.created_unix_ns,
+            rows,
+            stream_sequence,
+        ),
         len,
     )))
 }
@@ -148,7 +158,7 @@ fn restore_file(
     now: i64,
     counts: &mut Counts,
 ) -> Result<(), Skip> {
-    let (generation, cores, _, _) = manifest;
+    let (generation, cores, _, _, _) = manifest;
     let (core, want_len, want_sum) = row;
     let name = core_file(core as usize, *generation);
     let Some((r, len)) = open(dir, &name, MAX_SNAPSHOT_FILE_BYTES)? else {
@@ -260,7 +270,7 @@ pub fn restore(dir: &Path, cores: usize, fresh: &dyn Fn() -> Vec<CoreState>) -> 
             for st in states.iter_mut() {
                 st.index.restore_finish();
             }
-            let (generation, written_by, created, _) = manifest;
+            let (generation, written_by, created, _, stream_sequence) = manifest;
             m::record_snapshot_found(created, counts.bytes, counts.entries);
             m::record_restore(counts.entries, took.as_micros() as u64);
             tracing::info!(
@@ -273,11 +283,13 @@ pub fn restore(dir: &Path, cores: usize, fresh: &dyn Fn() -> Vec<CoreState>) -> 
                 refused = counts.refused,
                 bytes = counts.bytes,
                 duration_ms = took.as_millis() as u64,
+                stream_sequence,
                 "snapshot_restored"
             );
             Restored {
                 states,
                 next_generation: generation + 1,
+                stream_sequence,
             }
         }
         Ok(None) => {
@@ -290,6 +302,7 @@ pub fn restore(dir: &Path, cores: usize, fresh: &dyn Fn() -> Vec<CoreState>) -> 
             Restored {
                 states,
                 next_generation: 1,
+                stream_sequence: 0,
             }
         }
         Err(skip) => {
@@ -305,6 +318,7 @@ pub fn restore(dir: &Path, cores: usize, fresh: &dyn Fn() -> Vec<CoreState>) -> 
             Restored {
                 states: fresh(),
                 next_generation: 1,
+                stream_sequence: 0,
             }
         }
     }

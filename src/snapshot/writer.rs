@@ -211,6 +211,10 @@ impl Ctx {
     ) -> Result<(), WriteError> {
         let started = Instant::now();
         let created = unix_now_ns();
+        // Every event-log message up to here was applied before the first slice is read, so the
+        // snapshot includes it; later ones may be included too, and are replayed at restore
+        // (applying an update or event again leaves the same state).
+        let stream_sequence = crate::metrics::nats::applied_sequence();
         let mut files = Vec::with_capacity(self.cores);
         let (mut bytes, mut entries) = (0u64, 0u64);
         let (mut longest, mut longest_cpu) = (Duration::ZERO, Duration::ZERO);
@@ -255,7 +259,7 @@ impl Ctx {
             &header,
             SectionKind::Manifest,
             self.cores as u32,
-            &format::manifest_body(&files),
+            &format::manifest_body(&files, stream_sequence),
         );
         write_atomic(&self.dir, MANIFEST_FILE, &manifest)?;
         bytes += manifest.len() as u64;

@@ -450,3 +450,67 @@ async fn log_applied_updates_are_evicted_across_cores_like_one_core() {
         assert_eq!(a, b);
     }
 }
+
+/// A replica restarted from its snapshot (`--state-dir`) replays only what the snapshot does not
+/// include: the manifest records the stream sequence applied before it began, and the consumer
+/// resumes after it. The answers then equal a replica's that replayed the whole stream.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restored_replica_replays_only_the_rest_of_the_stream() {
+    if skip_without_nats("replicas::a_restored_replica_replays_only_the_rest") {
+        return;
+    }
+    const STREAM: &str = "IC_E2E_RESUME";
+    let nats = NatsServer::start();
+    let js = nats.jetstream().await;
+    create_stream(&js, STREAM, SUBJECT, 10_000).await;
+    let mut msgs = workload(400, now_us() + 90 * 1_000_000);
+    let rest = msgs.split_off(200);
+    publish_all(&js, SUBJECT, msgs, 32).await;
+
+    let dir = scratch_dir("replica-resume");
+    let mut flags = nats_flags(&nats, STREAM);
+    flags.extend([
+        "--state-dir".to_string(),
+        dir.to_string_lossy().into_owned(),
+        "--snapshot-interval-ms".to_string(),
+        "3600000".to_string(),
+    ]);
+    let mut a = start_replica(1, &flags);
+    assert!(wait_until(Duration::from_secs(30), || applied(&a) == 200));
+    assert!(
+        a.terminate().success(),
+        "the final snapshot is written at SIGTERM"
+    );
+    publish_all(&js, SUBJECT, rest, 32).await;
+
+    let a = start_replica(2, &flags);
+    assert!(wait_until(Duration::from_secs(30), || applied(&a) == 400));
+    let applied_after_restart = metric_value(
+        &metrics_text(&a),
+        "inferencecache_nats_messages_applied_total",
+    );
+    assert_eq!(
+        applied_after_restart,
+        Some(200.0),
+        "only the rest is replayed"
+    );
+    let whole = start_replica(1, &nats_flags(&nats, STREAM));
+    assert!(wait_until(Duration::from_secs(30), || applied(&whole) == 400));
+    let (mut ca, mut cw) = (a.client().await, whole.client().await);
+    for req in lookups() {
+        let mut x = lookup(&mut ca, req.clone()).await;
+        let mut y = lookup(&mut cw, req).await;
+        (x.lookup_latency_us, y.lookup_latency_us) = (0, 0);
+        assert_eq!(x, y);
+    }
+    for t in TENANTS {
+        for m in MODELS {
+            let mut x = cache_state(&mut ca, t, m).await;
+            let mut y = cache_state(&mut cw, t, m).await;
+            x.replicas.sort_by(|p, q| p.replica_id.cmp(&q.replica_id));
+            y.replicas.sort_by(|p, q| p.replica_id.cmp(&q.replica_id));
+            assert_eq!(x, y, "GetCacheState({t}, {m})");
+        }
+    }
+    let _ = std::fs::remove_dir_all(dir);
+}
