@@ -569,7 +569,7 @@ impl Section<'_> {
     }
 
     /// The manifest's `(core, file_len, file_xxh3)` rows and the stream sequence it includes.
-    pub fn manifest(&self) -> Result<(Vec<(u32, u64, u64)>, u64), FormatError> {
+    pub fn manifest(&self) -> Result<(Vec<ManifestRow>, u64), FormatError> {
         let mut c = Cur { b: self.body };
         let mut out = Vec::new();
         for _ in 0..self.count {
@@ -719,6 +719,9 @@ pub fn encode_file(header: &Header, kind: SectionKind, count: u32, body: &[u8]) 
     );
     out
 }
+
+/// One manifest row: `(core, file_len, file_xxh3)`.
+pub type ManifestRow = (u32, u64, u64);
 
 /// The manifest body for `(core, file_len, file_xxh3)` rows and the event log's stream
 /// sequence the snapshot includes.
