@@ -28,6 +28,7 @@ pub const PARTITION_FUNCTION: &str = "xxh3-tenant-seeded-model-mod-256";
 /// The partition of a `(tenant, model)` pair: `xxh3_64_with_seed(model, xxh3_64(tenant)) mod
 /// 256`. The tenant's hash seeds the model's, so `("ab", "c")` and `("a", "bc")` differ, with
 /// no allocation.
+#[inline]
 pub fn partition(tenant: &str, model: &str) -> u32 {
     let h = xxh3_64_with_seed(model.as_bytes(), xxh3_64(tenant.as_bytes()));
     (h % u64::from(PARTITIONS)) as u32
@@ -37,12 +38,14 @@ pub fn partition(tenant: &str, model: &str) -> u32 {
 ///
 /// # Panics
 /// If `shards` is 0.
+#[inline]
 pub fn owner_of_partition(partition: u32, shards: usize) -> usize {
     assert!(shards >= 1, "a server runs at least one core");
     partition as usize % shards
 }
 
 /// The core owning `(tenant, model)` on a server running `shards` cores.
+#[inline]
 pub fn owner(tenant: &str, model: &str, shards: usize) -> usize {
     owner_of_partition(partition(tenant, model), shards)
 }
