@@ -318,32 +318,26 @@ async fn expired_stream_starts_from_the_first_available_and_counts_the_gap() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn readyz_is_503_until_nats_comes_up_and_the_replica_caught_up() {
     let port = free_port(); // nothing listens there yet
-    let (g, h, a) = (free_port(), free_port(), free_port());
-    let mut child = std::process::Command::new(bin())
-        .args([
-            "--grpc-bind-address",
-            &format!("127.0.0.1:{g}"),
-            "--http-bind-address",
-            &format!("127.0.0.1:{h}"),
-            "--snapshot-bind-address",
-            &format!("127.0.0.1:{a}"),
-            "--shards",
-            "1",
-            "--insecure-disable-auth",
-            "--log-level",
-            "error",
-            "--nats-url",
-            &format!("nats://127.0.0.1:{port}"),
-            "--nats-stream",
-            "IC_E2E_LATE",
-            "--nats-subject",
-            SUBJECT,
-            "--nats-ready-max-lag",
-            "0",
-        ])
-        .stdout(std::process::Stdio::null())
-        .spawn()
-        .expect("spawn server");
+    let url = format!("nats://127.0.0.1:{port}");
+    let flags = [
+        "--nats-url",
+        &url,
+        "--nats-stream",
+        "IC_E2E_LATE",
+        "--nats-subject",
+        SUBJECT,
+        "--nats-ready-max-lag",
+        "0",
+    ];
+    let mut srv = Server::spawn(
+        1,
+        &StartOpts {
+            flags: &flags,
+            log_level: Some("error"),
+            ..Default::default()
+        },
+    );
+    let h = srv.http_port;
     let healthy = wait_until(Duration::from_secs(30), || {
         matches!(http_get(h, "/healthz"), Ok((200, _)))
     });
@@ -352,12 +346,12 @@ async fn readyz_is_503_until_nats_comes_up_and_the_replica_caught_up() {
     let (st, _) = http_get(h, "/readyz").expect("GET /readyz");
     assert_eq!(st, 503, "not ready while the event log is unreachable");
     assert!(
-        child.try_wait().unwrap().is_none(),
+        srv.child.try_wait().unwrap().is_none(),
         "NATS down must not crash the server"
     );
     if skip_without_nats("replicas::readyz_is_503_until_nats_comes_up (second half)") {
-        let _ = child.kill();
-        let _ = child.wait();
+        let _ = srv.child.kill();
+        let _ = srv.child.wait();
         return;
     }
     let nats = NatsServer::start_on(port);
@@ -388,8 +382,8 @@ async fn readyz_is_503_until_nats_comes_up_and_the_replica_caught_up() {
         matches!(http_get(h, "/readyz"), Ok((200, _)))
     });
     let (_, metrics) = http_get(h, "/metrics").expect("GET /metrics");
-    let _ = child.kill();
-    let _ = child.wait();
+    let _ = srv.child.kill();
+    let _ = srv.child.wait();
     assert!(
         applied_all,
         "the stream was not replayed after NATS came up:\n{metrics}"

@@ -5,7 +5,6 @@
 //! follows, and a damaged snapshot must be logged and skipped (the server starts empty).
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use crate::support::*;
@@ -439,27 +438,15 @@ async fn missing_snapshot_starts_empty_and_no_state_dir_writes_nothing() {
 fn readyz_is_503_until_the_restore_finished() {
     let rt = tokio::runtime::Runtime::new().unwrap();
     let dir = rt.block_on(snapshot_dir("restart-readyz"));
-    let (g, h, a) = (free_port(), free_port(), free_port());
-    let child = Command::new(bin())
-        .args([
-            "--grpc-bind-address",
-            &format!("127.0.0.1:{g}"),
-            "--http-bind-address",
-            &format!("127.0.0.1:{h}"),
-            "--snapshot-bind-address",
-            &format!("127.0.0.1:{a}"),
-            "--shards",
-            "1",
-            "--insecure-disable-auth",
-            "--log-level",
-            "warn",
-            "--state-dir",
-            dir.to_str().unwrap(),
-        ])
-        .env("INFERENCECACHE_TEST_RESTORE_DELAY_MS", "1500")
-        .stdout(Stdio::null())
-        .spawn()
-        .unwrap();
+    let srv = Server::spawn(
+        1,
+        &StartOpts {
+            flags: &["--state-dir", dir.to_str().unwrap()],
+            env: &[("INFERENCECACHE_TEST_RESTORE_DELAY_MS", "1500")],
+            ..Default::default()
+        },
+    );
+    let h = srv.http_port;
     let start = Instant::now();
     let mut saw_503 = false;
     let mut ready = false;
@@ -487,13 +474,6 @@ fn readyz_is_503_until_the_restore_finished() {
         start.elapsed() >= Duration::from_millis(1500),
         "not ready before the restore finished"
     );
-    let srv = Server {
-        child,
-        grpc_port: g,
-        http_port: h,
-        admin_port: a,
-        shards: 1,
-    };
     rt.block_on(async {
         let mut c = srv.client().await;
         assert!(total_prefixes(&mut c, "t0", "m0").await > 0, "restored");

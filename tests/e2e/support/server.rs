@@ -165,7 +165,10 @@ impl Server {
         unreachable!()
     }
 
-    fn try_start(shards: usize, o: &StartOpts<'_>) -> Result<Server, String> {
+    /// Spawns the server on free loopback ports with `--shards N` (and, unless
+    /// `o.no_insecure`, `--insecure-disable-auth`) plus `o.flags`, without waiting for it: for
+    /// scenarios that watch start-up itself (`/readyz` before a restore or an event log).
+    pub fn spawn(shards: usize, o: &StartOpts<'_>) -> Server {
         let (g, h, a) = (free_port(), free_port(), free_port());
         let mut cmd = Command::new(bin());
         cmd.args([
@@ -190,14 +193,18 @@ impl Server {
             Some(p) => cmd.stderr(std::fs::File::create(p).expect("stderr file")),
             None => cmd.stderr(Stdio::inherit()),
         };
-        let child = cmd.spawn().expect("spawn server");
-        let mut s = Server {
-            child,
+        Server {
+            child: cmd.spawn().expect("spawn server"),
             grpc_port: g,
             http_port: h,
             admin_port: a,
             shards,
-        };
+        }
+    }
+
+    fn try_start(shards: usize, o: &StartOpts<'_>) -> Result<Server, String> {
+        let mut s = Server::spawn(shards, o);
+        let (g, h, a) = (s.grpc_port, s.http_port, s.admin_port);
         let deadline = Instant::now() + Duration::from_secs(60);
         loop {
             if let Some(st) = s.child.try_wait().unwrap() {
