@@ -111,6 +111,9 @@ pub const HTTP2_DATA_FRAME_BUDGET: usize = (HTTP2_CONNECTION_WINDOW_BYTES as usi
     * (256 - GRPC_SMALLEST_FRAME_PAYLOAD);
 /// Largest request header block (HTTP/2 SETTINGS_MAX_HEADER_LIST_SIZE; hyper's default).
 pub const HTTP2_MAX_HEADER_LIST_BYTES: u32 = 16 * 1024;
+/// Largest LookupRoute answer the inline path hands to h2 at once; a larger one is written
+/// as the peer's flow-control window allows, like every answer of the general path.
+pub const INLINE_RESPONSE_MAX_BYTES: usize = 16 * 1024;
 /// Response bytes h2 buffers per stream before asking the handler to wait (hyper's default).
 pub const HTTP2_MAX_SEND_BUFFER_BYTES: usize = 400 * 1024;
 /// Longest a client may take to send the HTTP/2 preface after connecting (or after the TLS

@@ -118,6 +118,17 @@ impl RequestBody {
         }
     }
 
+    /// Wraps a stream of which `received` was already read (the inline path handing a call on).
+    pub fn with_received(
+        recv: h2::RecvStream,
+        connection: ConnectionHeld,
+        received: Bytes,
+    ) -> Self {
+        let mut body = Self::new(recv, connection);
+        body.carry = received;
+        body
+    }
+
     /// The next chunk for tonic out of `carry` (whole messages, or anything in passthrough),
     /// holding an incomplete tail in `partial`. `Ok(None)`: everything was held.
     fn cut(&mut self) -> Result<Option<Bytes>, HeldRefusal> {

@@ -23,6 +23,10 @@ use crate::runtime::shutdown_requested;
 
 use super::body::{ConnectionHeld, RequestBody};
 use super::tls;
+use super::unary::{self, Accepted, InlineCalls};
+
+/// Accept-and-answer rounds of one connection turn before it yields to the core's other tasks.
+const INLINE_ROUNDS_PER_TURN: usize = 8;
 
 /// The runtime's connection handler (see `runtime::ConnectionHandler`).
 pub fn serve_connection(stream: TcpStream) -> Pin<Box<dyn Future<Output = ()>>> {
@@ -101,6 +105,7 @@ async fn serve_streams<T>(
     T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
 {
     let held = ConnectionHeld::default();
+    let mut inline = InlineCalls::new();
     let mut shutdown = pin!(shutdown_requested());
     let mut drain: Option<Pin<Box<glommio::timer::Timer>>> = None;
     let mut spoke = false;
@@ -122,13 +127,13 @@ async fn serve_streams<T>(
                 }
                 spoke = true;
             }
-            conn.poll_accept(cx).map(Turn::Stream)
+            poll_streams(conn, &mut inline, &held, cx)
         })
         .await;
         match turn {
             Turn::Stream(Some(Ok((req, respond)))) => {
                 let req = req.map(|recv| RequestBody::new(recv, held.clone()));
-                glommio::spawn_local(super::respond::serve_stream(req, respond)).detach();
+                spawn_general(req, respond);
             }
             Turn::Stream(_) | Turn::Close => return,
             Turn::Shutdown => {
@@ -137,6 +142,50 @@ async fn serve_streams<T>(
             }
         }
     }
+}
+
+/// One connection turn: accepts every stream h2 has buffered, answers the inline calls whose
+/// message is in, and polls h2 again so the turn's answers leave in one write. Returns a stream
+/// for the general path, or the end of the connection; at most [`INLINE_ROUNDS_PER_TURN`]
+/// rounds, then yields so the core's other connections get their turn.
+fn poll_streams<T>(
+    conn: &mut h2::server::Connection<T, Bytes>,
+    inline: &mut InlineCalls,
+    held: &ConnectionHeld,
+    cx: &mut std::task::Context<'_>,
+) -> Poll<
+    Turn<(
+        http::Request<h2::RecvStream>,
+        h2::server::SendResponse<Bytes>,
+    )>,
+>
+where
+    T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
+    for _ in 0..INLINE_ROUNDS_PER_TURN {
+        loop {
+            match conn.poll_accept(cx) {
+                Poll::Ready(Some(Ok((req, respond)))) => match unary::accept(req, respond) {
+                    Accepted::Inline(call) => inline.push(call),
+                    Accepted::General(req, respond) => {
+                        return Poll::Ready(Turn::Stream(Some(Ok((req, respond)))));
+                    }
+                },
+                Poll::Ready(end) => return Poll::Ready(Turn::Stream(end)),
+                Poll::Pending => break,
+            }
+        }
+        if !inline.answer_ready(cx, held, spawn_general) {
+            return Poll::Pending;
+        }
+    }
+    cx.waker().wake_by_ref();
+    Poll::Pending
+}
+
+/// Serves a stream on the general path, in a task of its own.
+fn spawn_general(req: http::Request<RequestBody>, respond: h2::server::SendResponse<Bytes>) {
+    glommio::spawn_local(super::respond::serve_stream(req, respond)).detach();
 }
 
 /// Resolves when the peer fails to answer a keep-alive ping in time. Never resolves when the

@@ -75,6 +75,7 @@ thread_local! {
 
 /// Builds this core's services. `health` is shared so every core reports the same status.
 pub fn install_services(cfg: Arc<LookupConfig>, health: &tonic_health::server::HealthReporter) {
+    super::unary::install(cfg.clone());
     let cache = InferenceCacheServer::new(CacheService::new(cfg))
         .max_decoding_message_size(MAX_MESSAGE_BYTES)
         .max_encoding_message_size(usize::MAX);

@@ -10,6 +10,7 @@ mod respond;
 pub mod service;
 mod status;
 pub mod tls;
+mod unary;
 
 pub use body::set_message_receive_timeout;
 pub use connection::serve_connection;

@@ -75,6 +75,14 @@ async fn write_response(resp: Response<Body>, mut respond: SendResponse<Bytes>) 
     }
 }
 
+/// Writes one unary answer's message, then the success trailers, as the peer's flow-control
+/// window allows (the inline path's large answers).
+pub(super) async fn write_message_and_ok(mut send: SendStream<Bytes>, message: Bytes) {
+    if send_data(&mut send, message).await.is_ok() {
+        let _ = send.send_trailers(super::unary::ok_trailers());
+    }
+}
+
 /// Sends `data` as the peer's flow-control window allows.
 async fn send_data(send: &mut SendStream<Bytes>, mut data: Bytes) -> Result<(), h2::Error> {
     while !data.is_empty() {

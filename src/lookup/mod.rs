@@ -16,7 +16,7 @@ use inferencecache_index::policy::ResolvedPolicy;
 use inferencecache_proto::v1alpha1 as pb;
 
 pub use owner::{PoolQuery, rank_pool};
-pub use receive::{deadline_race, lookup_route};
+pub use receive::{deadline_race, lookup_route, lookup_route_now};
 
 /// Process-wide, immutable configuration of the lookup path.
 #[derive(Debug, Clone)]

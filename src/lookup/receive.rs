@@ -11,7 +11,7 @@ use inferencecache_proto::v1alpha1 as pb;
 use super::{Answer, LookupConfig, OwnerCall, envelope, expired, reason};
 use crate::limits::MAX_ID_BYTES;
 use crate::runtime::mailbox::{self, HopError};
-use crate::shard::{owner, with_core};
+use crate::shard::{self, owner, with_core};
 
 /// Resolves to `None` when `deadline` fires first, else to the work's output (also used by
 /// LookupPDRoute).
@@ -41,14 +41,74 @@ pub async fn lookup_route(
     start: Instant,
     caller_deadline: Option<Instant>,
 ) -> pb::LookupRouteResponse {
-    // 1. Probe tenant: before anything else, latency 0.
+    let req = match lookup_route_now(cfg, req, start, caller_deadline) {
+        Ok(answered) => return answered,
+        Err(must_wait) => must_wait,
+    };
+    let (resp, model) = lookup_route_inner(cfg, req, start, caller_deadline).await;
+    record(&resp, &model, start);
+    resp
+}
+
+/// Answers a LookupRoute without waiting when nothing in it has to: the owner is this core and
+/// no prompt needs the tokenizer (the gRPC front end's inline path, and the first step of
+/// [`lookup_route`]). A call that must wait is handed back untouched, before any side effect,
+/// for [`lookup_route`] to answer.
+// The request goes back by value: boxing it would allocate on every call that must wait.
+#[allow(clippy::result_large_err)]
+pub fn lookup_route_now(
+    cfg: &LookupConfig,
+    req: pb::LookupRouteRequest,
+    start: Instant,
+    caller_deadline: Option<Instant>,
+) -> Result<pb::LookupRouteResponse, pb::LookupRouteRequest> {
+    if let Some(early) = early_answer(&req, start) {
+        return Ok(early);
+    }
+    let policy = with_core(|st| st.policy.resolve(&req.tenant_id));
+    let deadline = effective_deadline(&req, &policy, start, caller_deadline);
+    let local = shard::current_core() == Some(owner(&req.tenant_id, &req.model_id));
+    let tokenizes = matches!(
+        resolve::resolve_inputs(&req, policy.enable_chain_matching, cfg.engine_block_size),
+        resolve::Resolution::Tokenize { .. }
+    );
+    let gated = gates(&req, &policy, start, deadline);
+    if gated.is_none() && (!local || tokenizes) {
+        return Err(req);
+    }
+    let mut req = req;
+    let model = std::mem::take(&mut req.model_id);
+    let resp = match gated {
+        Some(refusal) => refusal,
+        None => {
+            crate::metrics::record_hop(true);
+            let call = OwnerCall {
+                req,
+                model,
+                tokenized: None,
+                policy,
+                start,
+                deadline,
+                block_size: cfg.engine_block_size,
+            };
+            let (resp, model) = with_core(|st| super::owner::answer(st, call));
+            record(&resp, &model, start);
+            return Ok(resp);
+        }
+    };
+    record(&resp, &model, start);
+    Ok(resp)
+}
+
+/// Step 1 (the probe tenant, latency 0) and names too long to match: answered before anything
+/// else, without touching the index.
+fn early_answer(req: &pb::LookupRouteRequest, start: Instant) -> Option<pb::LookupRouteResponse> {
     if req.tenant_id == PROBE_TENANT {
         crate::metrics::record_lookup(&req.model_id, reason::NO_HINT, false, Duration::ZERO);
         let mut r = envelope(reason::NO_HINT, start, Vec::new());
         r.lookup_latency_us = 0;
-        return r;
+        return Some(r);
     }
-    // Names longer than any the index accepts cannot match: fail open without touching it.
     let ids = [
         &req.tenant_id,
         &req.model_id,
@@ -57,16 +117,19 @@ pub async fn lookup_route(
     ];
     if ids.iter().any(|id| id.len() > MAX_ID_BYTES) {
         crate::metrics::record_lookup(&req.model_id, reason::NO_HINT, false, start.elapsed());
-        return envelope(reason::NO_HINT, start, Vec::new());
+        return Some(envelope(reason::NO_HINT, start, Vec::new()));
     }
-    let (resp, model) = lookup_route_inner(cfg, req, start, caller_deadline).await;
+    None
+}
+
+/// The lookup metrics of one answer.
+fn record(resp: &pb::LookupRouteResponse, model: &str, start: Instant) {
     crate::metrics::record_lookup(
-        &model,
+        model,
         &resp.reason_code,
         !resp.replica_scores.is_empty(),
         start.elapsed(),
     );
-    resp
 }
 
 /// Steps 2–13; returns the response and the request's model id (for the metric labels).
