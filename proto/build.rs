@@ -12,6 +12,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let out = PathBuf::from(std::env::var("OUT_DIR")?);
     tonic_prost_build::configure()
         .build_transport(false)
+        // A lookup's block hashes decode as slices of the received buffer instead of one
+        // allocation each (the request path's largest decode cost, perf/RESULTS.md).
+        .bytes(".inferencecache.v1alpha1.LookupRouteRequest.block_hashes")
         .file_descriptor_set_path(out.join("inferencecache_descriptor.bin"))
         .compile_protos(&["inferencecache/v1alpha1/inferencecache.proto"], &["."])?;
     println!("cargo:rerun-if-changed=inferencecache/v1alpha1/inferencecache.proto");

@@ -169,7 +169,7 @@ impl Built {
     /// `LookupRoute` with a single `prefix_hash` (exact match).
     #[inline]
     pub fn lookup_exact(&mut self, key: &[u8]) -> (Strategy, usize) {
-        let lq = LookupQuery {
+        let lq = LookupQuery::<Vec<u8>> {
             tenant: TENANT,
             model: MODEL,
             hash_scheme: SCHEME,

@@ -187,7 +187,7 @@ pub fn request_from_tokens(
         tenant_id: tenant.to_string(),
         model_id: model.to_string(),
         hash_scheme: hash_scheme.to_string(),
-        block_hashes,
+        block_hashes: block_hashes.into_iter().map(Into::into).collect(),
         block_token_counts,
         ..Default::default()
     }

@@ -70,7 +70,7 @@ pub enum ResolvedChain<'a> {
     /// The request's own `block_hashes` / `block_token_counts` (equal, non-zero length).
     Wire {
         /// Opaque wire hashes.
-        hashes: &'a [Vec<u8>],
+        hashes: &'a [bytes::Bytes],
         /// Per-block token counts, same length as `hashes`.
         counts: &'a [i32],
     },

@@ -67,7 +67,7 @@ fn valid_lookup() -> &'static [u8] {
         hash_scheme: "vllm".into(),
         prefix_hash: vec![3; 8],
         prefix_token_count: 32,
-        block_hashes: vec![vec![1; 8], vec![2; 8]],
+        block_hashes: vec![vec![1; 8].into(), vec![2; 8].into()],
         block_token_counts: vec![16, 16],
         token_ids: (0..40).collect(),
         ..Default::default()

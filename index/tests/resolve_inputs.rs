@@ -22,7 +22,10 @@ fn req() -> LookupRouteRequest {
 
 fn chain_req(hashes: &[&str], counts: &[i32]) -> LookupRouteRequest {
     LookupRouteRequest {
-        block_hashes: hashes.iter().map(|h| h.as_bytes().to_vec()).collect(),
+        block_hashes: hashes
+            .iter()
+            .map(|h| h.as_bytes().to_vec().into())
+            .collect(),
         block_token_counts: counts.to_vec(),
         ..req()
     }
@@ -247,7 +250,7 @@ fn c130_token_ids_resolve_to_the_fingerprint_chain() {
     // Explicit chain + novel token_ids: the explicit fingerprint wins.
     let explicit = LookupRouteRequest {
         token_ids: (90_000_000..90_000_064).collect(),
-        block_hashes: want_hashes.clone(),
+        block_hashes: want_hashes.iter().cloned().map(Into::into).collect(),
         block_token_counts: vec![16; 4],
         ..req()
     };

@@ -130,7 +130,7 @@ async fn sample(addr: String, chains: usize, n: usize) {
             tenant_id: t,
             model_id: m,
             hash_scheme: "vllm".into(),
-            block_hashes: (0..len).map(|b| hash(ch, b)).collect(),
+            block_hashes: (0..len).map(|b| hash(ch, b).into()).collect(),
             block_token_counts: vec![16; len],
             ..Default::default()
         };

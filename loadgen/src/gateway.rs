@@ -55,7 +55,7 @@ pub fn lookup_request(
         LookupInput::Chain => {
             req.block_hashes = spec.hashes[..n]
                 .iter()
-                .map(|h| h.to_be_bytes().to_vec())
+                .map(|h| h.to_be_bytes().to_vec().into())
                 .collect();
             req.block_token_counts = vec![block_size as i32; n];
         }

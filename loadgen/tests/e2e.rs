@@ -58,7 +58,10 @@ impl InferenceCache for Svc {
     ) -> Result<Response<LookupRouteResponse>, Status> {
         let r = req.into_inner();
         let (hashes, counts) = if !r.block_hashes.is_empty() {
-            (r.block_hashes.clone(), r.block_token_counts.clone())
+            (
+                r.block_hashes.iter().map(|h| h.to_vec()).collect(),
+                r.block_token_counts.clone(),
+            )
         } else if !r.token_ids.is_empty() {
             fingerprint::chain(&r.token_ids, 16)
         } else {

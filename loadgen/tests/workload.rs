@@ -171,7 +171,10 @@ fn lookups_match_what_producers_report() {
 
             // Exact input = last block's key with its cumulative count, as ingested.
             let exact = lookup_request(&spec, &names, "vllm", 16, LookupInput::Exact);
-            assert_eq!(Some(&exact.prefix_hash), chain.block_hashes.last());
+            assert_eq!(
+                Some(&exact.prefix_hash[..]),
+                chain.block_hashes.last().map(|h| &h[..])
+            );
             assert_eq!(exact.prefix_token_count as usize, spec.n_blocks * 16);
 
             // Blocks this replica stored before must form the leading run now.
@@ -188,7 +191,7 @@ fn lookups_match_what_producers_report() {
             if run > 0 {
                 hits += 1;
                 // The stored count of the deepest matched block is its cumulative length.
-                let key = (spec.scope, chain.block_hashes[run - 1].clone());
+                let key = (spec.scope, chain.block_hashes[run - 1].to_vec());
                 assert_eq!(idx.map[&key][&spec.replica], (run * 16) as i32);
             }
             // Executing the prompt stores its blocks on its replica (what producers report).

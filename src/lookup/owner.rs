@@ -102,29 +102,17 @@ struct Found {
     had_scores: bool,
 }
 
-/// Steps 10–11: the index call (chain stripped by the resolver when chain matching is off), then
-/// stage 1's input: the matched-tokens floor keeps replicas with matched ≥ floor.
-fn query_index(
-    st: &mut CoreState,
-    req: &pb::LookupRouteRequest,
-    model: &str,
-    adapter: &str,
-    inputs: &ResolvedInputs<'_>,
-    policy: &ResolvedPolicy,
-) -> Found {
-    let derived_hashes: Vec<Vec<u8>>;
-    let derived_counts: Vec<i32>;
-    let (block_hashes, block_token_counts): (&[Vec<u8>], &[i32]) = match &inputs.chain {
-        ResolvedChain::None => (&[], &[]),
-        ResolvedChain::Wire { hashes, counts } => (hashes, counts),
-        ResolvedChain::Derived { hashes, block_size } => {
-            derived_hashes = hashes.iter().map(|h| h.to_vec()).collect();
-            derived_counts = vec![*block_size; hashes.len()];
-            (&derived_hashes, &derived_counts)
-        }
-    };
+/// The index query of a request with the given chain (`H`: however the chain's hashes are held).
+fn chain_query<'a, H>(
+    req: &'a pb::LookupRouteRequest,
+    model: &'a str,
+    adapter: &'a str,
+    inputs: &'a ResolvedInputs<'_>,
+    block_hashes: &'a [H],
+    block_token_counts: &'a [i32],
+) -> LookupQuery<'a, H> {
     let slo = req.slo.unwrap_or_default();
-    let query = LookupQuery {
+    LookupQuery {
         tenant: &req.tenant_id,
         model,
         hash_scheme: &req.hash_scheme,
@@ -135,8 +123,35 @@ fn query_index(
         block_token_counts,
         ttft_ms: slo.ttft_ms,
         tbt_ms: slo.tbt_ms,
+    }
+}
+
+/// Steps 10–11: the index call (chain stripped by the resolver when chain matching is off), then
+/// stage 1's input: the matched-tokens floor keeps replicas with matched ≥ floor.
+fn query_index(
+    st: &mut CoreState,
+    req: &pb::LookupRouteRequest,
+    model: &str,
+    adapter: &str,
+    inputs: &ResolvedInputs<'_>,
+    policy: &ResolvedPolicy,
+) -> Found {
+    let now = unix_now_ns();
+    let view = match &inputs.chain {
+        ResolvedChain::None => {
+            let q = chain_query::<Vec<u8>>(req, model, adapter, inputs, &[], &[]);
+            st.index.lookup_route(&q, now, &*st.policy)
+        }
+        ResolvedChain::Wire { hashes, counts } => {
+            let q = chain_query(req, model, adapter, inputs, hashes, counts);
+            st.index.lookup_route(&q, now, &*st.policy)
+        }
+        ResolvedChain::Derived { hashes, block_size } => {
+            let counts = vec![*block_size; hashes.len()];
+            let q = chain_query(req, model, adapter, inputs, hashes.as_slice(), &counts);
+            st.index.lookup_route(&q, now, &*st.policy)
+        }
     };
-    let view = st.index.lookup_route(&query, unix_now_ns(), &*st.policy);
     let floor = policy.minimum_matched_tokens;
     let prefix = view.strategy == Strategy::PrefixMatch;
     // The index's order is the final order (§9.6): the first MAX_SCORES_PER_ANSWER that pass

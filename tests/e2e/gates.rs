@@ -403,7 +403,7 @@ async fn s21_10_chain_off_malformed_chain_ignored_and_seed_raw_hash(shards: usiz
         .accepted
     );
     let mut req = exact_lookup("co", "m", "vllm", b"p", 100);
-    req.block_hashes = vec![b"x".to_vec(), b"y".to_vec()];
+    req.block_hashes = vec![b"x".to_vec().into(), b"y".to_vec().into()];
     req.block_token_counts = vec![16];
     // Malformed chain ignored, exact lookup proceeds (§21.10).
     let r = lookup(&mut c, with_adapter(req.clone(), "")).await;

@@ -304,7 +304,7 @@ async fn s10_3_s21_4_prompt_text_precedence_and_echo(shards: usize) {
     // Chain off with a (malformed) wire chain and no prefix_hash: chain ignored, prompt
     // tokenized (exact on the last block) → TENANT_HOT with echo.
     let mut req = prompt_lookup("co", MODEL, words(63));
-    req.block_hashes = vec![b"x".to_vec()];
+    req.block_hashes = vec![b"x".to_vec().into()];
     let r = lookup(&mut c, req).await;
     assert_eq!(r.reason_code, "TENANT_HOT", "{r:?}");
     assert_eq!(r.token_ids, toks);

@@ -130,7 +130,7 @@ fn lookups() -> Vec<pb::LookupRouteRequest> {
                 tenant_id: t.into(),
                 hash_scheme: "vllm".into(),
                 block_token_counts: vec![16; hashes.len()],
-                block_hashes: hashes,
+                block_hashes: hashes.into_iter().map(Into::into).collect(),
                 ..Default::default()
             }
         })

@@ -272,12 +272,16 @@ impl Gen {
         };
         if !p.block_hashes.is_empty() && self.rng.chance(80) {
             let n = 1 + self.rng.below(p.block_hashes.len() as u64) as usize;
-            r.block_hashes = p.block_hashes[..n].to_vec();
+            r.block_hashes = p.block_hashes[..n]
+                .iter()
+                .cloned()
+                .map(Into::into)
+                .collect();
             r.block_token_counts = vec![16; n];
             // Sometimes a longer chain than was ingested (a partial run).
             if n == p.block_hashes.len() && self.rng.chance(30) {
                 let c = self.rng.below(self.u.chains.len() as u64) as usize;
-                r.block_hashes.push(self.u.chains[c].1[3].clone());
+                r.block_hashes.push(self.u.chains[c].1[3].clone().into());
                 r.block_token_counts.push(16);
             }
         } else {
@@ -369,7 +373,11 @@ impl Gen {
             4..=6 => {
                 let c = self.rng.below(self.u.chains.len() as u64) as usize;
                 let n = 1 + self.rng.below(4) as usize;
-                r.block_hashes = self.u.chains[c].1[..n].to_vec();
+                r.block_hashes = self.u.chains[c].1[..n]
+                    .iter()
+                    .cloned()
+                    .map(Into::into)
+                    .collect();
                 r.block_token_counts = vec![16; n];
                 if self.rng.chance(5) {
                     r.block_token_counts.pop();

@@ -77,9 +77,11 @@ impl LfuHit {
     }
 }
 
-/// A lookup request (§8.1 inputs). Borrowed so the gRPC request is not copied.
-#[derive(Clone, Copy, Debug, Default)]
-pub struct LookupQuery<'a> {
+/// A lookup request (§8.1 inputs). Borrowed so the gRPC request is not copied; `H` is how the
+/// caller holds each block hash (the server's decoded request holds `Bytes` slices of the
+/// received buffer, token-derived chains hold `[u8; 8]`).
+#[derive(Debug)]
+pub struct LookupQuery<'a, H = Vec<u8>> {
     /// Tenant id.
     pub tenant: &'a str,
     /// Model id.
@@ -93,13 +95,39 @@ pub struct LookupQuery<'a> {
     /// Exact-match token count (carried; the exact path reports stored counts).
     pub token_count: i32,
     /// Chain block hashes.
-    pub block_hashes: &'a [Vec<u8>],
+    pub block_hashes: &'a [H],
     /// Chain per-block token counts.
     pub block_token_counts: &'a [i32],
     /// SLO time-to-first-token budget.
     pub ttft_ms: i32,
     /// SLO time-between-tokens budget (unused by the ranker).
     pub tbt_ms: i32,
+}
+
+// By hand: derived impls would demand `H: Clone / Copy / Default`, but only `&[H]` is held.
+impl<H> Clone for LookupQuery<'_, H> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<H> Copy for LookupQuery<'_, H> {}
+
+impl<H> Default for LookupQuery<'_, H> {
+    fn default() -> Self {
+        Self {
+            tenant: "",
+            model: "",
+            hash_scheme: "",
+            adapter: "",
+            prefix_hash: &[],
+            token_count: 0,
+            block_hashes: &[],
+            block_token_counts: &[],
+            ttft_ms: 0,
+            tbt_ms: 0,
+        }
+    }
 }
 
 /// The result of a lookup: borrows the index's reusable buffers until the next lookup.
@@ -327,7 +355,12 @@ impl Index {
     }
 
     /// Exact match (§8.2) into `self.last`.
-    fn exact_into(&mut self, q: &LookupQuery<'_>, now: i64, rules: &dyn TenantRules) {
+    fn exact_into<H: AsRef<[u8]>>(
+        &mut self,
+        q: &LookupQuery<'_, H>,
+        now: i64,
+        rules: &dyn TenantRules,
+    ) {
         let Some(scope) = self.cat.find_scope(q.tenant, q.model, q.hash_scheme) else {
             return;
         };
@@ -382,7 +415,12 @@ impl Index {
     }
 
     /// Chain match (§8.3) into `self.last`. The caller checked the lengths are equal.
-    fn chain_into(&mut self, q: &LookupQuery<'_>, now: i64, rules: &dyn TenantRules) {
+    fn chain_into<H: AsRef<[u8]>>(
+        &mut self,
+        q: &LookupQuery<'_, H>,
+        now: i64,
+        rules: &dyn TenantRules,
+    ) {
         debug_assert_eq!(q.block_hashes.len(), q.block_token_counts.len());
         if q.block_hashes.is_empty() {
             return;
@@ -410,7 +448,7 @@ impl Index {
 
     /// Walks the request's blocks in keyspace `ks` and builds one run per replica holding a
     /// live entry for block 0 (`self.scratch`). Stops at the first block no live run reaches.
-    fn walk_chain(&mut self, q: &LookupQuery<'_>, ks: u32, now: i64, ttl: i64) {
+    fn walk_chain<H: AsRef<[u8]>>(&mut self, q: &LookupQuery<'_, H>, ks: u32, now: i64, ttl: i64) {
         let sc = &mut self.scratch;
         sc.next_epoch(self.cat.strings.slots());
         sc.runs.clear();
@@ -424,7 +462,7 @@ impl Index {
         while start < n {
             let end = (start + BATCH).min(n);
             for (slot, hash) in batch.iter_mut().zip(&q.block_hashes[start..end]) {
-                *slot = match self.cat.key_for(ks, hash) {
+                *slot = match self.cat.key_for(ks, hash.as_ref()) {
                     Some(k) => (k, self.store.find(k).unwrap_or(NIL)),
                     None => (KeyId { ks: 0, h: 0 }, NIL),
                 };
@@ -488,7 +526,7 @@ impl Index {
     }
 
     /// TENANT_HOT candidates (§8.4) into `self.last`.
-    fn tenant_hot_into(&mut self, q: &LookupQuery<'_>, now: i64) {
+    fn tenant_hot_into<H: AsRef<[u8]>>(&mut self, q: &LookupQuery<'_, H>, now: i64) {
         let max_age = self.cfg.ranker.tenant_hot_max_age_ns;
         if max_age <= 0 || q.hash_scheme.is_empty() {
             return;
@@ -526,7 +564,7 @@ impl Index {
     }
 
     /// Miss classifier (§8.5).
-    fn classify_miss(&self, q: &LookupQuery<'_>) -> Strategy {
+    fn classify_miss<H: AsRef<[u8]>>(&self, q: &LookupQuery<'_, H>) -> Strategy {
         if self.dir.total_entries() == 0 {
             return Strategy::None;
         }
@@ -545,9 +583,9 @@ impl Index {
     /// The orchestrator `LookupRoute(req)` (§8.1): exact / chain match, TENANT_HOT for
     /// non-chain misses, then the miss classifier. The result borrows the index until the next
     /// call; [`Index::credit_lfu`] credits it after the server's floors.
-    pub fn lookup_route(
+    pub fn lookup_route<H: AsRef<[u8]>>(
         &mut self,
-        q: &LookupQuery<'_>,
+        q: &LookupQuery<'_, H>,
         now: i64,
         rules: &dyn TenantRules,
     ) -> LookupView<'_> {
@@ -587,9 +625,9 @@ impl Index {
     /// The lower-level prefix-only `Lookup(req)` (§8.1 last paragraph, used by `/probe`): empty
     /// scheme or malformed chain → empty; chain → chain match; else exact match. Strategy is
     /// `PrefixMatch` when scores are non-empty, else `None`.
-    pub fn lookup(
+    pub fn lookup<H: AsRef<[u8]>>(
         &mut self,
-        q: &LookupQuery<'_>,
+        q: &LookupQuery<'_, H>,
         now: i64,
         rules: &dyn TenantRules,
     ) -> LookupView<'_> {

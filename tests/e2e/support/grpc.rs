@@ -117,7 +117,7 @@ pub fn chain_lookup(
         model_id: model.into(),
         tenant_id: tenant.into(),
         hash_scheme: scheme.into(),
-        block_hashes: hashes.iter().map(|h| h.to_vec()).collect(),
+        block_hashes: hashes.iter().map(|h| h.to_vec().into()).collect(),
         block_token_counts: counts.to_vec(),
         ..Default::default()
     }
