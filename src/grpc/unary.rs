@@ -130,6 +130,7 @@ impl InlineCalls {
                 Received::End(message) => self.try_answer(call, message).err(),
                 Received::Other(bytes) => Some((call, bytes)),
             };
+            crate::metrics::record_inline_lookup(handed_on.is_none());
             if let Some((call, bytes)) = handed_on {
                 let body = RequestBody::with_received(call.recv, held.clone(), bytes);
                 general(Request::from_parts(call.parts, body), call.respond);

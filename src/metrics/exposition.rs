@@ -346,6 +346,21 @@ fn operator_families<'a>(scrape: &'a Scrape, fams: &mut Vec<Family<'a>>) {
             }),
         ));
     }
+    let (answered, handed_on) = (
+        scrape.total.inline_lookups_answered,
+        scrape.total.inline_lookups_handed_on,
+    );
+    if answered + handed_on > 0 {
+        fams.push((
+            "inferencecache_grpc_inline_lookups",
+            "Plain LookupRoutes taken by the gRPC front end's inline path: answered in the connection's task, or handed on to the general path.",
+            MetricType::Counter,
+            Box::new(move |e| {
+                counter(e, &[("outcome", "answered")], answered)?;
+                counter(e, &[("outcome", "handed_on")], handed_on)
+            }),
+        ));
+    }
     let clamped = scrape.total.timestamps_clamped;
     if clamped > 0 {
         fams.push((

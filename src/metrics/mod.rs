@@ -135,6 +135,11 @@ pub struct CoreMetrics {
     pub ingest_refused: BTreeMap<&'static str, u64>,
     /// Incomplete gRPC request messages given up, per reason.
     pub grpc_messages_refused: BTreeMap<&'static str, u64>,
+    /// Plain LookupRoutes answered in the connection's own task (the gRPC front end's inline
+    /// path).
+    pub inline_lookups_answered: u64,
+    /// Plain LookupRoutes the inline path handed to the general path.
+    pub inline_lookups_handed_on: u64,
     /// Requests answered on the core that received them.
     pub inline: u64,
     /// Requests that hopped to the owner core.
@@ -217,6 +222,8 @@ impl CoreMetrics {
         for (reason, n) in &other.grpc_messages_refused {
             *self.grpc_messages_refused.entry(reason).or_default() += n;
         }
+        self.inline_lookups_answered += other.inline_lookups_answered;
+        self.inline_lookups_handed_on += other.inline_lookups_handed_on;
         self.inline += other.inline;
         self.hopped += other.hopped;
         self.core_entries += other.core_entries;
@@ -320,6 +327,18 @@ pub fn record_limit_hit(limit: &'static str) {
 /// One incomplete gRPC request message given up (budget spent or too slow).
 pub fn record_grpc_message_refused(reason: &'static str) {
     with_store(|m| *m.grpc_messages_refused.entry(reason).or_default() += 1);
+}
+
+/// One plain LookupRoute taken by the gRPC front end's inline path: answered there, or handed
+/// to the general path (split or trailed body, tokenizer, another core's partition).
+pub fn record_inline_lookup(answered: bool) {
+    with_store(|m| {
+        if answered {
+            m.inline_lookups_answered += 1
+        } else {
+            m.inline_lookups_handed_on += 1
+        }
+    });
 }
 
 /// One producer timestamp (ingest or event) later than the allowed skew, clamped.

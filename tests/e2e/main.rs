@@ -29,6 +29,8 @@ mod hardness;
 mod http;
 /// ReportCacheState / PublishEvent semantics: timestamps, REPLICA_UPDATED, PREFIX_EVICTED.
 mod ingest;
+/// The inline LookupRoute path and its hand-off to the general path.
+mod inline_lookup;
 /// Engine KV events through kvevent-subscriber.
 mod kvevents;
 /// LFU crediting and the global entry cap.

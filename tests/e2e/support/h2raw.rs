@@ -34,13 +34,24 @@ pub async fn raw_connection(port: u16) -> h2::client::SendRequest<Bytes> {
 
 /// Starts a call to `path` on `conn`.
 pub async fn raw_call(conn: &mut h2::client::SendRequest<Bytes>, path: &str) -> RawCall {
-    let req = http::Request::builder()
+    raw_call_with(conn, path, &[]).await
+}
+
+/// Starts a call to `path` on `conn` with extra request headers.
+pub async fn raw_call_with(
+    conn: &mut h2::client::SendRequest<Bytes>,
+    path: &str,
+    headers: &[(&str, &str)],
+) -> RawCall {
+    let mut req = http::Request::builder()
         .method("POST")
         .uri(format!("http://127.0.0.1{path}"))
         .header("content-type", "application/grpc")
-        .header("te", "trailers")
-        .body(())
-        .unwrap();
+        .header("te", "trailers");
+    for (k, v) in headers {
+        req = req.header(*k, *v);
+    }
+    let req = req.body(()).unwrap();
     poll_fn(|cx| conn.poll_ready(cx)).await.expect("ready");
     let (response, send) = conn.send_request(req, false).expect("send_request");
     RawCall { send, response }
@@ -65,6 +76,36 @@ impl RawCall {
             self.send_frame(head).await?;
         }
         self.send_frame(data).await
+    }
+
+    /// Sends `data` as one DATA frame carrying END_STREAM (how most clients end a unary
+    /// request), then waits for the answer.
+    pub async fn finish_with(mut self, data: Bytes) -> Result<RawEnd, h2::Error> {
+        self.send.reserve_capacity(data.len());
+        while self.send.capacity() < data.len() {
+            match poll_fn(|cx| self.send.poll_capacity(cx)).await {
+                Some(Ok(_)) => {}
+                Some(Err(e)) => return Err(e),
+                None => return Err(h2::Error::from(h2::Reason::STREAM_CLOSED)),
+            }
+        }
+        self.send.send_data(data, true)?;
+        self.open(false).await?.read_to_end().await
+    }
+
+    /// Ends the request with trailers instead of an END_STREAM DATA frame, then waits for the
+    /// answer.
+    pub async fn finish_with_trailers(
+        mut self,
+        trailers: http::HeaderMap,
+    ) -> Result<RawEnd, h2::Error> {
+        self.send.send_trailers(trailers)?;
+        self.open(false).await?.read_to_end().await
+    }
+
+    /// Resets the stream (CANCEL) before it is answered.
+    pub fn cancel(mut self) {
+        self.send.send_reset(h2::Reason::CANCEL);
     }
 
     async fn send_frame(&mut self, data: Bytes) -> Result<(), h2::Error> {
