@@ -6,7 +6,8 @@
 # Usage: perf/unary.sh [requests-per-run] [rounds]
 #        PREV=<another build of inference-cache-server> perf/unary.sh ...  adds that build with
 #        --shards 1 as variant "prev-n1" (before/after comparisons in one run);
-#        VARIANTS="prev-n1 n1" picks the variants to run
+#        VARIANTS="prev-n1 n1" picks the variants to run; "n1-spin" is --shards 1 with
+#        --busy-poll-us ${SPIN_US:-1000} (spin before parking, for dedicated cores)
 # Needs: cargo build --release -p loadgen -p inference-cache --bins --examples
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -26,6 +27,7 @@ start() {
   case "$1" in
     baseline) "$BASE" "127.0.0.1:$PORT" 2>/dev/null & ;;
     n1) "$SRV" --insecure-disable-auth --log-level error --shards 1 --grpc-bind-address "127.0.0.1:$PORT" --http-bind-address 127.0.0.1:0 --snapshot-bind-address 127.0.0.1:0 & ;;
+    n1-spin) "$SRV" --insecure-disable-auth --log-level error --shards 1 --busy-poll-us "${SPIN_US:-1000}" --grpc-bind-address "127.0.0.1:$PORT" --http-bind-address 127.0.0.1:0 --snapshot-bind-address 127.0.0.1:0 & ;;
     n2) "$SRV" --insecure-disable-auth --log-level error --shards 2 --grpc-bind-address "127.0.0.1:$PORT" --http-bind-address 127.0.0.1:0 --snapshot-bind-address 127.0.0.1:0 & ;;
     prev-n1) "$PREV" --insecure-disable-auth --log-level error --shards 1 --grpc-bind-address "127.0.0.1:$PORT" --http-bind-address 127.0.0.1:0 --snapshot-bind-address 127.0.0.1:0 & ;;
   esac

@@ -10,7 +10,6 @@ use std::task::Poll;
 
 use bytes::Bytes;
 use glommio::net::TcpStream;
-use tokio_util::compat::FuturesAsyncReadCompatExt;
 
 use crate::limits::{
     DRAIN_TIMEOUT, HTTP2_CONNECTION_WINDOW_BYTES, HTTP2_DATA_FRAME_BUDGET,
@@ -74,7 +73,7 @@ where
     S: futures_lite::AsyncRead + futures_lite::AsyncWrite + Unpin + 'static,
 {
     let (io, read) = CountingIo::new(stream);
-    let handshake = h2_builder().handshake::<_, Bytes>(io.compat());
+    let handshake = h2_builder().handshake::<_, Bytes>(io);
     let preface = futures_lite::future::or(async { Some(handshake.await) }, async {
         glommio::timer::sleep(HTTP2_PREFACE_TIMEOUT).await;
         None
