@@ -4,7 +4,7 @@
 # exclusive instruction counts summed per crate / component. User-space instructions only:
 # the kernel's share (socket syscalls, io_uring) is not counted here.
 #
-# Usage: perf/profile_lookup.sh [requests]
+# Usage: perf/profile_lookup.sh [requests]   (KEEP_OUT=<path> keeps the callgrind output)
 # Needs: valgrind, cargo build --release -p loadgen -p inference-cache --bins
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -12,7 +12,7 @@ N=${1:-2000}
 T=${CARGO_TARGET_DIR:-target}/release
 BIN=$T/inference-cache-server; LG=$T/loadgen
 P=$(python3 -c "import socket; s=socket.socket(); s.bind(('127.0.0.1',0)); print(s.getsockname()[1])")
-OUT=$(mktemp)
+OUT=${KEEP_OUT:-$(mktemp)}
 valgrind --tool=callgrind --instr-atstart=no --callgrind-out-file="$OUT" "$BIN" --insecure-disable-auth --log-level error --shards 1 --grpc-bind-address 127.0.0.1:$P --http-bind-address 127.0.0.1:0 --snapshot-bind-address 127.0.0.1:0 >/dev/null 2>&1 &
 PID=$!
 for _ in $(seq 200); do (echo >/dev/tcp/127.0.0.1/$P) 2>/dev/null && break; sleep 0.1; done
@@ -74,4 +74,4 @@ for ir, fn in sorted(top, reverse=True)[:15]:
     fn = re.sub(r"\s*\[[^]]*\]$", "", re.sub(r"^\S*:", "", fn))[:110].replace("|", "/")
     print(f"| `{fn}` | {ir // n:,} |")
 ' "$N"
-rm -f "$OUT"*
+[ -n "${KEEP_OUT:-}" ] || rm -f "$OUT"*
