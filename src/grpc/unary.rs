@@ -54,7 +54,6 @@ pub(super) struct InlineCall {
     parts: http::request::Parts,
     recv: RecvStream,
     respond: SendResponse<Bytes>,
-    start: Instant,
 }
 
 /// What became of an accepted request.
@@ -75,7 +74,6 @@ pub(super) fn accept(req: Request<RecvStream>, respond: SendResponse<Bytes>) -> 
         parts,
         recv,
         respond,
-        start: Instant::now(),
     })
 }
 
@@ -150,10 +148,13 @@ impl InlineCalls {
         let Ok(req) = pb::LookupRouteRequest::decode(received.slice(HEADER_BYTES..)) else {
             return Err((call, received));
         };
-        let deadline = super::deadline::from_headers(&call.parts.headers, call.start);
+        // Handler entry, as on the general path: the message is in (`lookup_latency_us` and the
+        // caller's deadline count from here).
+        let start = Instant::now();
+        let deadline = super::deadline::from_headers(&call.parts.headers, start);
         let answered = LOOKUP_CONFIG.with_borrow(|cfg| {
             let cfg = cfg.as_ref().expect("lookup config installed on this core");
-            lookup_route_now(cfg, req, call.start, deadline)
+            lookup_route_now(cfg, req, start, deadline)
         });
         match answered {
             Ok(resp) => {

@@ -105,6 +105,10 @@ async fn every_request_shape_gets_the_same_answer(shards: usize) {
         tokio::time::sleep(Duration::from_millis(30)).await;
         let late = late.finish_with(msg).await.expect("late");
         assert_eq!(stable(&late), want, "DATA long after HEADERS, {model}");
+        // lookup_latency_us counts from handler entry (the message is in), not from HEADERS.
+        let r: pb::LookupRouteResponse =
+            prost::Message::decode(grpc_messages(&late.body)[0]).expect("a response");
+        assert!(r.lookup_latency_us < 20_000, "{}", r.lookup_latency_us);
     }
     // Whole and late bodies are answered inline when this core owns the partition; split and
     // trailed ones are handed on (an empty end frame goes either way, by arrival timing).
