@@ -155,6 +155,16 @@ pub struct CoreMetrics {
     pub rpc_calls: BTreeMap<(&'static str, &'static str), u64>,
     /// Times a named limit (`src/limits.rs`) turned work away or cut it short.
     pub limit_hits: BTreeMap<&'static str, u64>,
+    /// TTL sweep passes completed.
+    pub sweeps: u64,
+    /// TTL sweep slices run (each at most `SWEEP_SLICE_BUDGET` / `SWEEP_SLICE_MAX_ENTRIES`).
+    pub sweep_slices: u64,
+    /// Wall time of the last completed sweep pass, first slice to last (seconds; the largest
+    /// over cores once merged).
+    pub sweep_last_duration: f64,
+    /// Longest slice of the last completed sweep pass (seconds; the largest over cores once
+    /// merged).
+    pub sweep_last_max_slice: f64,
 }
 
 impl CoreMetrics {
@@ -217,6 +227,10 @@ impl CoreMetrics {
         for (reason, n) in &other.grpc_messages_refused {
             *self.grpc_messages_refused.entry(reason).or_default() += n;
         }
+        self.sweeps += other.sweeps;
+        self.sweep_slices += other.sweep_slices;
+        self.sweep_last_duration = self.sweep_last_duration.max(other.sweep_last_duration);
+        self.sweep_last_max_slice = self.sweep_last_max_slice.max(other.sweep_last_max_slice);
         self.inline += other.inline;
         self.hopped += other.hopped;
         self.core_entries += other.core_entries;
@@ -315,6 +329,17 @@ pub fn record_rpc(rpc: &'static str, reason_code: &'static str) {
 /// registration or subscriber turned away or cut short by a bound of `src/limits.rs`.
 pub fn record_limit_hit(limit: &'static str) {
     with_store(|m| *m.limit_hits.entry(limit).or_default() += 1);
+}
+
+/// One completed TTL sweep pass of `slices` slices: its wall time (first slice to last) and its
+/// longest slice.
+pub fn record_sweep(slices: u64, duration: Duration, max_slice: Duration) {
+    with_store(|m| {
+        m.sweeps += 1;
+        m.sweep_slices += slices;
+        m.sweep_last_duration = duration.as_secs_f64();
+        m.sweep_last_max_slice = max_slice.as_secs_f64();
+    });
 }
 
 /// One incomplete gRPC request message given up (budget spent or too slow).
