@@ -472,6 +472,12 @@ fn core_families<'a>(cores: &'a [CoreView], fams: &mut Vec<Family<'a>>) {
         "Longest slice of a core's last completed TTL sweep pass.",
         |c| c.metrics.sweep_last_max_slice,
     ));
+    fams.push(per_core_seconds(
+        cores,
+        "inferencecache_core_sweep_last_max_slice_cpu_seconds",
+        "Most thread CPU time one slice of a core's last completed TTL sweep pass took.",
+        |c| c.metrics.sweep_last_max_slice_cpu,
+    ));
 }
 
 /// A per-core gauge in seconds: one series per core, labelled `core`.

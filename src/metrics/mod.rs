@@ -165,6 +165,9 @@ pub struct CoreMetrics {
     /// Longest slice of the last completed sweep pass (seconds; the largest over cores once
     /// merged).
     pub sweep_last_max_slice: f64,
+    /// Most thread CPU time one slice of that pass took (seconds; wall minus CPU is time the
+    /// OS ran something else on the core's CPU).
+    pub sweep_last_max_slice_cpu: f64,
 }
 
 impl CoreMetrics {
@@ -231,6 +234,9 @@ impl CoreMetrics {
         self.sweep_slices += other.sweep_slices;
         self.sweep_last_duration = self.sweep_last_duration.max(other.sweep_last_duration);
         self.sweep_last_max_slice = self.sweep_last_max_slice.max(other.sweep_last_max_slice);
+        self.sweep_last_max_slice_cpu = self
+            .sweep_last_max_slice_cpu
+            .max(other.sweep_last_max_slice_cpu);
         self.inline += other.inline;
         self.hopped += other.hopped;
         self.core_entries += other.core_entries;
@@ -331,14 +337,15 @@ pub fn record_limit_hit(limit: &'static str) {
     with_store(|m| *m.limit_hits.entry(limit).or_default() += 1);
 }
 
-/// One completed TTL sweep pass of `slices` slices: its wall time (first slice to last) and its
-/// longest slice.
-pub fn record_sweep(slices: u64, duration: Duration, max_slice: Duration) {
+/// One completed TTL sweep pass of `slices` slices: its wall time (first slice to last), its
+/// longest slice, and the most thread CPU time one slice took.
+pub fn record_sweep(slices: u64, duration: Duration, max_slice: Duration, max_slice_cpu: Duration) {
     with_store(|m| {
         m.sweeps += 1;
         m.sweep_slices += slices;
         m.sweep_last_duration = duration.as_secs_f64();
         m.sweep_last_max_slice = max_slice.as_secs_f64();
+        m.sweep_last_max_slice_cpu = max_slice_cpu.as_secs_f64();
     });
 }
 

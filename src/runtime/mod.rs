@@ -28,6 +28,7 @@ use crate::limits::{
     EXECUTOR_START_TIMEOUT, IO_MEMORY_BYTES, LISTEN_BACKLOG, MAX_SHARDS, SWEEP_SLICE_PAUSE,
 };
 use crate::shard::{self, CoreState};
+use crate::sys::clock::thread_cpu_time;
 
 pub use shutdown::{
     all_drained, hold_cores_after_drain, release_cores, request_shutdown, shutdown_requested,
@@ -290,14 +291,14 @@ async fn wait_sweep_may_run(budget: &mut Duration) {
 /// pausing on a timer between two so the core serves whatever arrived (a lookup waits behind
 /// at most about one slice). No slice runs between an ingest and its cross-core evictions
 /// (waiting for that at most `interval` in all per pass, as a whole sweep did). Records the
-/// pass's slices, wall time and longest slice. Returns false at shutdown (the pass is
+/// pass's slices, wall time, longest slice (wall) and most CPU time of one slice. Returns false at shutdown (the pass is
 /// abandoned).
 async fn sweep_pass(interval: Duration) -> bool {
     let mut wait_budget = interval;
     wait_sweep_may_run(&mut wait_budget).await;
     let started = Instant::now();
     shard::with_core(|st| st.sweep_begin());
-    let (mut slices, mut longest) = (0u64, Duration::ZERO);
+    let (mut slices, mut longest, mut longest_cpu) = (0u64, Duration::ZERO, Duration::ZERO);
     loop {
         if slices > 0 {
             let go_on = futures_lite::future::or(
@@ -316,15 +317,18 @@ async fn sweep_pass(interval: Duration) -> bool {
             }
             wait_sweep_may_run(&mut wait_budget).await;
         }
-        let t = Instant::now();
+        let (t, cpu) = (Instant::now(), thread_cpu_time());
         let done = shard::with_core(|st| st.sweep_slice());
         longest = longest.max(t.elapsed());
+        if let (Some(a), Some(b)) = (cpu, thread_cpu_time()) {
+            longest_cpu = longest_cpu.max(b.saturating_sub(a));
+        }
         slices += 1;
         if done {
             break;
         }
     }
-    crate::metrics::record_sweep(slices, started.elapsed(), longest);
+    crate::metrics::record_sweep(slices, started.elapsed(), longest, longest_cpu);
     true
 }
 
