@@ -291,8 +291,8 @@ async fn wait_sweep_may_run(budget: &mut Duration) {
 /// pausing on a timer between two so the core serves whatever arrived (a lookup waits behind
 /// at most about one slice). No slice runs between an ingest and its cross-core evictions
 /// (waiting for that at most `interval` in all per pass, as a whole sweep did). Records the
-/// pass's slices, wall time, longest slice (wall) and most CPU time of one slice. Returns false at shutdown (the pass is
-/// abandoned).
+/// pass's slices, wall time, longest slice (wall) and most CPU time of one slice. Returns false
+/// at shutdown (the pass is abandoned; its TTL removals so far stay uncounted).
 async fn sweep_pass(interval: Duration) -> bool {
     let mut wait_budget = interval;
     wait_sweep_may_run(&mut wait_budget).await;
