@@ -235,7 +235,8 @@ impl CoreState {
     /// records its TTL evictions. Returns whether the pass finished.
     pub fn sweep_slice(&mut self) -> bool {
         let budget = SweepBudget {
-            max_entries: SWEEP_SLICE_MAX_ENTRIES,
+            max_entries: crate::sys::test_hooks::sweep_slice_entries()
+                .unwrap_or(SWEEP_SLICE_MAX_ENTRIES),
             deadline: Some(Instant::now() + SWEEP_SLICE_BUDGET),
         };
         let step = self.index.sweep_step(&*self.policy, budget);
