@@ -130,6 +130,18 @@ pub const TLS_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// Longest graceful drain of gRPC connections after SIGTERM.
 pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
 
+// ---- TTL sweep (docs/BEHAVIOUR.md §6, docs/ARCHITECTURE.md §1) -----------------------------
+
+/// Core time one TTL sweep slice may take before the core returns to serving; a lookup queued
+/// behind the sweep waits at most about this long (plus one key's removals).
+pub const SWEEP_SLICE_BUDGET: Duration = Duration::from_micros(500);
+/// Storage entries (plus stats rows) one sweep slice examines at most; a slice stops at
+/// whichever of this and the time budget comes first.
+pub const SWEEP_SLICE_MAX_ENTRIES: usize = 16_384;
+/// Pause between two sweep slices: a timer, so the core polls its sockets and runs whatever
+/// arrived (a bare task yield would not reach the socket poll while the sweep stays runnable).
+pub const SWEEP_SLICE_PAUSE: Duration = Duration::from_micros(20);
+
 // ---- Warm-restart snapshots (`--state-dir`, docs/ARCHITECTURE.md §6) ------------------------
 
 /// Default period of the per-core snapshots (`--snapshot-interval-ms`).

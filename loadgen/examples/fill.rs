@@ -4,6 +4,7 @@
 //! ```sh
 //! fill --addr http://127.0.0.1:9090 --entries 1000000            # ingest, prints the time taken
 //! fill --addr http://127.0.0.1:9090 --entries 1000000 --sample 1000 > answers.txt
+//! fill --addr http://127.0.0.1:9090 --entries 1000000 --timestamp-us 1700000000000000  # fixed stamp
 //! ```
 //!
 //! Entries are 64-block chains (8-byte hashes, 16 tokens per block) spread over 8 tenants × 8
@@ -22,6 +23,8 @@ struct Args {
     addr: String,
     entries: usize,
     sample: usize,
+    /// Every update's `timestamp_us` (default: ten minutes ahead of the wall clock).
+    timestamp_us: Option<i64>,
 }
 
 fn args() -> Args {
@@ -29,6 +32,7 @@ fn args() -> Args {
         addr: "http://127.0.0.1:9090".into(),
         entries: 1_000_000,
         sample: 0,
+        timestamp_us: None,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -37,6 +41,7 @@ fn args() -> Args {
             "--addr" => a.addr = v,
             "--entries" => a.entries = v.parse().expect("--entries"),
             "--sample" => a.sample = v.parse().expect("--sample"),
+            "--timestamp-us" => a.timestamp_us = Some(v.parse().expect("--timestamp-us")),
             _ => panic!("unknown flag {flag}"),
         }
     }
@@ -67,11 +72,11 @@ async fn send(c: &mut InferenceCacheClient<Channel>, batch: Vec<pb::CacheStateUp
     assert!(ack.accepted, "{ack:?}");
 }
 
-async fn fill(addr: String, chains: usize) {
+async fn fill(addr: String, chains: usize, stamp: Option<i64>) {
     const STREAMS: usize = 4;
     // Ten minutes ahead (the server clamps it to its skew bound, 2 min): scores keep freshness
     // 1 for the whole measurement, so a sample taken later compares exactly.
-    let ts = now_us() + 600_000_000;
+    let ts = stamp.unwrap_or_else(|| now_us() + 600_000_000);
     let mut tasks = Vec::new();
     for k in 0..STREAMS {
         let addr = addr.clone();
@@ -162,7 +167,7 @@ async fn main() {
         return;
     }
     let t = Instant::now();
-    fill(a.addr, chains).await;
+    fill(a.addr, chains, a.timestamp_us).await;
     eprintln!(
         "ingested {} entries in {:.2} s",
         chains * BLOCKS,

@@ -461,4 +461,52 @@ fn core_families<'a>(cores: &'a [CoreView], fams: &mut Vec<Family<'a>>) {
         MetricType::Gauge,
         |c| c.metrics.core_string_bytes,
     ));
+    fams.push(per_core(
+        cores,
+        "inferencecache_core_sweeps",
+        "TTL sweep passes a core completed.",
+        MetricType::Counter,
+        |c| c.metrics.sweeps as i64,
+    ));
+    fams.push(per_core(
+        cores,
+        "inferencecache_core_sweep_slices",
+        "TTL sweep slices a core ran (the core serves queued requests between two).",
+        MetricType::Counter,
+        |c| c.metrics.sweep_slices as i64,
+    ));
+    fams.push(per_core_seconds(
+        cores,
+        "inferencecache_core_sweep_last_duration_seconds",
+        "Wall time of a core's last completed TTL sweep pass, first slice to last.",
+        |c| c.metrics.sweep_last_duration,
+    ));
+    fams.push(per_core_seconds(
+        cores,
+        "inferencecache_core_sweep_last_max_slice_seconds",
+        "Longest slice of a core's last completed TTL sweep pass.",
+        |c| c.metrics.sweep_last_max_slice,
+    ));
+    fams.push(per_core_seconds(
+        cores,
+        "inferencecache_core_sweep_last_max_slice_cpu_seconds",
+        "Most thread CPU time one slice of a core's last completed TTL sweep pass took.",
+        |c| c.metrics.sweep_last_max_slice_cpu,
+    ));
+}
+
+/// A per-core gauge in seconds: one series per core, labelled `core`.
+fn per_core_seconds<'a>(
+    cores: &'a [CoreView],
+    name: &'static str,
+    help: &'static str,
+    value: fn(&CoreView) -> f64,
+) -> Family<'a> {
+    let write = move |e: &mut MetricEncoder| {
+        for c in cores {
+            gauge(e, &[("core", &c.core.to_string())], value(c))?;
+        }
+        Ok(())
+    };
+    (name, help, MetricType::Gauge, Box::new(write))
 }

@@ -160,6 +160,19 @@ pub struct CoreMetrics {
     pub rpc_calls: BTreeMap<(&'static str, &'static str), u64>,
     /// Times a named limit (`src/limits.rs`) turned work away or cut it short.
     pub limit_hits: BTreeMap<&'static str, u64>,
+    /// TTL sweep passes completed.
+    pub sweeps: u64,
+    /// TTL sweep slices run (each at most `SWEEP_SLICE_BUDGET` / `SWEEP_SLICE_MAX_ENTRIES`).
+    pub sweep_slices: u64,
+    /// Wall time of the last completed sweep pass, first slice to last (seconds; the largest
+    /// over cores once merged).
+    pub sweep_last_duration: f64,
+    /// Longest slice of the last completed sweep pass (seconds; the largest over cores once
+    /// merged).
+    pub sweep_last_max_slice: f64,
+    /// Most thread CPU time one slice of that pass took (seconds; wall minus CPU is time the
+    /// OS ran something else on the core's CPU).
+    pub sweep_last_max_slice_cpu: f64,
 }
 
 impl CoreMetrics {
@@ -224,6 +237,13 @@ impl CoreMetrics {
         }
         self.inline_lookups_answered += other.inline_lookups_answered;
         self.inline_lookups_handed_on += other.inline_lookups_handed_on;
+        self.sweeps += other.sweeps;
+        self.sweep_slices += other.sweep_slices;
+        self.sweep_last_duration = self.sweep_last_duration.max(other.sweep_last_duration);
+        self.sweep_last_max_slice = self.sweep_last_max_slice.max(other.sweep_last_max_slice);
+        self.sweep_last_max_slice_cpu = self
+            .sweep_last_max_slice_cpu
+            .max(other.sweep_last_max_slice_cpu);
         self.inline += other.inline;
         self.hopped += other.hopped;
         self.core_entries += other.core_entries;
@@ -322,6 +342,18 @@ pub fn record_rpc(rpc: &'static str, reason_code: &'static str) {
 /// registration or subscriber turned away or cut short by a bound of `src/limits.rs`.
 pub fn record_limit_hit(limit: &'static str) {
     with_store(|m| *m.limit_hits.entry(limit).or_default() += 1);
+}
+
+/// One completed TTL sweep pass of `slices` slices: its wall time (first slice to last), its
+/// longest slice, and the most thread CPU time one slice took.
+pub fn record_sweep(slices: u64, duration: Duration, max_slice: Duration, max_slice_cpu: Duration) {
+    with_store(|m| {
+        m.sweeps += 1;
+        m.sweep_slices += slices;
+        m.sweep_last_duration = duration.as_secs_f64();
+        m.sweep_last_max_slice = max_slice.as_secs_f64();
+        m.sweep_last_max_slice_cpu = max_slice_cpu.as_secs_f64();
+    });
 }
 
 /// One incomplete gRPC request message given up (budget spent or too slow).

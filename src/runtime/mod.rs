@@ -17,15 +17,18 @@ use std::future::Future;
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use std::os::fd::{FromRawFd, IntoRawFd};
 
 use glommio::net::{TcpListener, TcpStream};
 use glommio::{LocalExecutorBuilder, Placement};
 
-use crate::limits::{EXECUTOR_START_TIMEOUT, IO_MEMORY_BYTES, LISTEN_BACKLOG, MAX_SHARDS};
+use crate::limits::{
+    EXECUTOR_START_TIMEOUT, IO_MEMORY_BYTES, LISTEN_BACKLOG, MAX_SHARDS, SWEEP_SLICE_PAUSE,
+};
 use crate::shard::{self, CoreState};
+use crate::sys::clock::thread_cpu_time;
 
 pub use shutdown::{
     all_drained, hold_cores_after_drain, release_cores, request_shutdown, shutdown_requested,
@@ -268,15 +271,65 @@ async fn sweep_loop(interval: Duration) {
         if std::mem::take(&mut first) {
             inject_sweep_fault();
         }
-        // Never between an ingest and its cross-core evictions (evict.rs); those take a few
-        // hops, so the wait is short, and it is bounded by one interval.
-        let mut waited = Duration::ZERO;
-        while !evict::sweep_may_run() && waited < interval {
-            glommio::timer::sleep(Duration::from_micros(200)).await;
-            waited += Duration::from_micros(200);
+        if !sweep_pass(interval).await {
+            return;
         }
-        shard::with_core(|st| st.sweep());
     }
+}
+
+/// Waits (bounded by what is left of `budget`) until no ingest is between its apply and its
+/// cross-core evictions (evict.rs); those take a few hops, so the wait is short.
+async fn wait_sweep_may_run(budget: &mut Duration) {
+    const STEP: Duration = Duration::from_micros(200);
+    while !evict::sweep_may_run() && !budget.is_zero() {
+        glommio::timer::sleep(STEP).await;
+        *budget = budget.saturating_sub(STEP);
+    }
+}
+
+/// One TTL sweep pass in slices of at most `SWEEP_SLICE_BUDGET` / `SWEEP_SLICE_MAX_ENTRIES`,
+/// pausing on a timer between two so the core serves whatever arrived (a lookup waits behind
+/// at most about one slice). No slice runs between an ingest and its cross-core evictions
+/// (waiting for that at most `interval` in all per pass, as a whole sweep did). Records the
+/// pass's slices, wall time, longest slice (wall) and most CPU time of one slice. Returns false
+/// at shutdown (the pass is abandoned; its TTL removals so far stay uncounted).
+async fn sweep_pass(interval: Duration) -> bool {
+    let mut wait_budget = interval;
+    wait_sweep_may_run(&mut wait_budget).await;
+    let started = Instant::now();
+    shard::with_core(|st| st.sweep_begin());
+    let (mut slices, mut longest, mut longest_cpu) = (0u64, Duration::ZERO, Duration::ZERO);
+    loop {
+        if slices > 0 {
+            let go_on = futures_lite::future::or(
+                async {
+                    glommio::timer::sleep(SWEEP_SLICE_PAUSE).await;
+                    true
+                },
+                async {
+                    shutdown_requested().await;
+                    false
+                },
+            )
+            .await;
+            if !go_on {
+                return false;
+            }
+            wait_sweep_may_run(&mut wait_budget).await;
+        }
+        let (t, cpu) = (Instant::now(), thread_cpu_time());
+        let done = shard::with_core(|st| st.sweep_slice());
+        longest = longest.max(t.elapsed());
+        if let (Some(a), Some(b)) = (cpu, thread_cpu_time()) {
+            longest_cpu = longest_cpu.max(b.saturating_sub(a));
+        }
+        slices += 1;
+        if done {
+            break;
+        }
+    }
+    crate::metrics::record_sweep(slices, started.elapsed(), longest, longest_cpu);
+    true
 }
 
 /// Applies `sys::test_hooks::sweep_fault` to this core (tests of the fault paths only).

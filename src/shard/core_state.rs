@@ -3,14 +3,15 @@
 
 use std::cell::{Cell, RefCell};
 use std::sync::Arc;
+use std::time::Instant;
 
 use inferencecache_index::index::{
-    CapVictim, EvictionCounts, Index, IndexConfig, QuotaVictim, RemovalSink,
+    CapVictim, EvictionCounts, Index, IndexConfig, QuotaVictim, RemovalSink, SweepBudget,
 };
 use inferencecache_index::policy::PolicyStore;
 use inferencecache_proto::v1alpha1 as pb;
 
-use crate::limits::MAX_ID_BYTES;
+use crate::limits::{MAX_ID_BYTES, SWEEP_SLICE_BUDGET, SWEEP_SLICE_MAX_ENTRIES};
 use crate::metrics;
 use crate::sys::clock::unix_now_ns;
 
@@ -224,11 +225,29 @@ impl CoreState {
         self.publish_gauge();
     }
 
-    /// Runs the TTL sweep (§6).
-    pub fn sweep(&mut self) {
-        let out = self.index.sweep(unix_now_ns(), &*self.policy);
-        record_evictions(out.ttl_evicted, "ttl");
+    /// Begins a TTL sweep pass (§6) at the current time; [`Self::sweep_slice`] runs it.
+    pub fn sweep_begin(&mut self) {
+        self.index.sweep_begin(unix_now_ns());
+    }
+
+    /// Runs one slice of the sweep pass in progress, within [`SWEEP_SLICE_BUDGET`] and
+    /// [`SWEEP_SLICE_MAX_ENTRIES`]; re-publishes the entries gauge, and once the pass finished
+    /// records its TTL evictions. Returns whether the pass finished.
+    pub fn sweep_slice(&mut self) -> bool {
+        let budget = SweepBudget {
+            max_entries: crate::sys::test_hooks::sweep_slice_entries()
+                .unwrap_or(SWEEP_SLICE_MAX_ENTRIES),
+            deadline: Some(Instant::now() + SWEEP_SLICE_BUDGET),
+        };
+        let step = self.index.sweep_step(&*self.policy, budget);
         self.publish_gauge();
+        match step.finished {
+            Some(out) => {
+                record_evictions(out.ttl_evicted, "ttl");
+                true
+            }
+            None => !self.index.sweep_in_progress(),
+        }
     }
 
     /// GetCacheState for `(tenant, model)`.

@@ -47,6 +47,19 @@ pub fn restore_delay() -> Option<Duration> {
     })
 }
 
+/// `INFERENCECACHE_TEST_SWEEP_SLICE_ENTRIES=<n>`: sweep slices examine at most `n` entries
+/// instead of `SWEEP_SLICE_MAX_ENTRIES`, so the end-to-end tests' small indexes are swept in many
+/// slices with requests served between them.
+pub fn sweep_slice_entries() -> Option<usize> {
+    static ENTRIES: OnceLock<Option<usize>> = OnceLock::new();
+    *ENTRIES.get_or_init(|| {
+        std::env::var("INFERENCECACHE_TEST_SWEEP_SLICE_ENTRIES")
+            .ok()?
+            .parse()
+            .ok()
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -9,7 +9,8 @@
 //! tenant/model/scheme), GetCacheState, LookupPDRoute, `/policy` phases (per-tenant quotas,
 //! lru/lfu, floors, strategy switches, TTLs), `/snapshot` and the deterministic `/metrics`
 //! series. The servers run with a small global cap (`--index-max-entries`) so the cap evicts,
-//! and a short sweep interval so TTL sweeps run.
+//! and a short sweep interval so TTL sweeps run (in slices of at most 4 entries, through
+//! `INFERENCECACHE_TEST_SWEEP_SLICE_ENTRIES`, so every pass interleaves with requests).
 //!
 //! Time is controlled so the three servers see the same sequence:
 //! * each step goes to all three servers and completes on all before the next one starts (each
@@ -634,7 +635,15 @@ async fn self_differential_shards_1_2_4() {
     let shard_counts = [1usize, 2, 4];
     let mut targets = Vec::new();
     for &n in &shard_counts {
-        let srv = Server::start(n, &flags);
+        // Tiny sweep slices: every sweep pass runs in many slices with requests between them.
+        let srv = Server::start_opts(
+            n,
+            StartOpts {
+                flags: &flags,
+                env: &[("INFERENCECACHE_TEST_SWEEP_SLICE_ENTRIES", "4")],
+                ..Default::default()
+            },
+        );
         let client = srv.client().await;
         targets.push(Target { srv, client });
     }

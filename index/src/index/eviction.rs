@@ -593,62 +593,192 @@ impl Index {
 
     // ---- TTL sweep (§6) ---------------------------------------------------------------------
 
-    /// The periodic TTL sweep (§6): removes every entry with `now − last_seen ≥ ttl(tenant)`
+    /// The periodic TTL sweep (§6) in one call: [`Index::sweep_begin`] and unbounded
+    /// [`Index::sweep_step`]s. Removes every entry with `now − last_seen ≥ ttl(tenant)`
     /// (reserved tenants included) and every stats row with `now − last_seen ≥ ttl(tenant)`,
     /// then runs the reclaim pass when something may have become unreferenced.
     /// O(entries); never enforces the cap.
     pub fn sweep(&mut self, now: i64, rules: &dyn TenantRules) -> SweepOutcome {
-        let mut out = SweepOutcome::default();
-        // Resolve TTL and algorithm once per tenant.
-        let tenants: Vec<u32> = self.cat.tenants.keys().copied().collect();
-        let mut policy: hashbrown::HashMap<u32, (i64, Eviction)> = hashbrown::HashMap::new();
-        for t in tenants {
-            let name = self.cat.strings.name(t);
-            policy.insert(t, (self.ttl_for(rules, name), rules.eviction(name)));
-        }
-        let mut stale: Vec<u32> = Vec::new();
-        let mut pos = 0u32;
-        while (pos as usize) < self.store.key_count() {
-            let key = self.store.key_at(pos);
-            let (ttl, algo) = policy[&self.cat.tenant_of(key)];
-            stale.clear();
-            for (_, h) in self.store.holders(pos) {
-                if ttl > 0 && now.saturating_sub(h.last_seen()) >= ttl {
-                    stale.push(h.replica());
-                }
-            }
-            if stale.is_empty() {
-                pos += 1;
-                continue;
-            }
-            let before = self.store.key_count();
-            for r in &stale {
-                self.report_removal(key, *r, RemovalReason::Ttl, algo, now);
-                self.remove_entry(key, *r);
-                out.ttl_evicted.add(algo);
-            }
-            if self.store.key_count() == before {
-                pos += 1;
+        self.sweep_begin(now);
+        loop {
+            if let Some(out) = self.sweep_step(rules, SweepBudget::UNBOUNDED).finished {
+                return out;
             }
         }
-        for m in self.cat.models.iter_mut() {
-            if m.stats.is_empty() {
-                continue; // freed records included
-            }
-            let (ttl, _) = policy[&m.tenant];
-            let before = m.stats.len();
-            m.stats
-                .retain(|_, row| now.saturating_sub(row.last_seen) < ttl);
-            out.stats_rows_removed += (before - m.stats.len()) as u64;
-        }
-        self.stats_rows -= out.stats_rows_removed as usize;
-        self.reclaimable += out.stats_rows_removed;
-        self.flush();
-        if self.reclaimable > 0 {
-            out.strings_freed = self.reclaim();
-        }
-        out
     }
+
+    /// Starts a sliced TTL sweep pass at `now` (one `now` for the whole pass); an unfinished
+    /// pass is abandoned. Drive it with [`Index::sweep_step`] until it reports `finished`.
+    pub fn sweep_begin(&mut self, now: i64) {
+        self.store.set_visited(0);
+        self.sweep_pass = Some(SweepPass {
+            now,
+            stats_from: None,
+            out: SweepOutcome::default(),
+        });
+    }
+
+    /// Whether a sweep pass was begun and has not finished.
+    pub fn sweep_in_progress(&self) -> bool {
+        self.sweep_pass.is_some()
+    }
+
+    /// One slice of the sweep pass in progress: visits keys from where the last slice stopped
+    /// (in slab order, so the removals and their removal-hook reports come in the same order as
+    /// the one-call [`Index::sweep`] when nothing changes in between), then the stats rows
+    /// model by model, then runs the reclaim pass. Stops once `budget.max_entries` storage
+    /// entries plus stats rows were examined (a key's holders and a model's rows are never
+    /// split, so a slice examines fewer than `max_entries` plus one key's holders or one model's
+    /// rows) or once `budget.deadline` has passed (checked every few keys, after the first). Each tenant's TTL and algorithm are resolved from `rules`
+    /// once per slice.
+    ///
+    /// Between two slices anything may change (ingest, events, evictions): keys removed from
+    /// the visited part keep it contiguous (see `Store::set_visited`), new keys are appended
+    /// after it, so the pass visits every key present throughout exactly once and judges it at
+    /// the pass's `now`. A key added (or refreshed) after its position was visited is left for
+    /// the next pass, as if the sweep had run before that change.
+    pub fn sweep_step(&mut self, rules: &dyn TenantRules, budget: SweepBudget) -> SweepStep {
+        let Some(mut pass) = self.sweep_pass.take() else {
+            return SweepStep::default();
+        };
+        let now = pass.now;
+        let mut step = SweepStep::default();
+        let mut policy: hashbrown::HashMap<u32, (i64, Eviction)> = hashbrown::HashMap::new();
+        let mut resolve = |ix: &Index, t: u32| -> (i64, Eviction) {
+            *policy.entry(t).or_insert_with(|| {
+                let name = ix.cat.strings.name(t);
+                (ix.ttl_for(rules, name), rules.eviction(name))
+            })
+        };
+        // A clock read per this many keys (or models) is cheap next to the work between.
+        const CLOCK_EVERY: usize = 64;
+        let over_time = |n: usize| {
+            n.is_multiple_of(CLOCK_EVERY)
+                && budget
+                    .deadline
+                    .is_some_and(|d| std::time::Instant::now() >= d)
+        };
+        let mut since_clock = 0usize;
+        if pass.stats_from.is_none() {
+            let mut stale: Vec<u32> = Vec::new();
+            let mut pos = self.store.visited();
+            while (pos as usize) < self.store.key_count() {
+                if step.entries > 0 && step.entries >= budget.max_entries {
+                    step.cut_short = true;
+                    break;
+                }
+                since_clock += 1;
+                if over_time(since_clock) {
+                    step.cut_short = true;
+                    break;
+                }
+                step.keys += 1;
+                let key = self.store.key_at(pos);
+                let (ttl, algo) = resolve(self, self.cat.tenant_of(key));
+                stale.clear();
+                for (_, h) in self.store.holders(pos) {
+                    step.entries += 1;
+                    if ttl > 0 && now.saturating_sub(h.last_seen()) >= ttl {
+                        stale.push(h.replica());
+                    }
+                }
+                let before = self.store.key_count();
+                for r in &stale {
+                    self.report_removal(key, *r, RemovalReason::Ttl, algo, now);
+                    self.remove_entry(key, *r);
+                    pass.out.ttl_evicted.add(algo);
+                }
+                if self.store.key_count() == before {
+                    pos += 1;
+                }
+                // Keep the visited boundary current, so removals below it keep it contiguous.
+                self.store.set_visited(pos);
+            }
+            if !step.cut_short {
+                self.store.set_visited(0);
+                pass.stats_from = Some(0);
+            }
+        }
+        if let Some(mut m) = pass.stats_from.filter(|_| !step.cut_short) {
+            while (m as usize) < self.cat.models.len() {
+                let rows = self.cat.models[m as usize].stats.len();
+                if rows == 0 {
+                    m += 1;
+                    continue; // freed records included
+                }
+                if step.entries > 0 && step.entries >= budget.max_entries {
+                    step.cut_short = true;
+                    break;
+                }
+                since_clock += 1;
+                if over_time(since_clock) {
+                    step.cut_short = true;
+                    break;
+                }
+                step.entries += rows;
+                let (ttl, _) = resolve(self, self.cat.models[m as usize].tenant);
+                let stats = &mut self.cat.models[m as usize].stats;
+                stats.retain(|_, row| now.saturating_sub(row.last_seen) < ttl);
+                let removed = rows - stats.len();
+                pass.out.stats_rows_removed += removed as u64;
+                self.stats_rows -= removed;
+                self.reclaimable += removed as u64;
+                m += 1;
+            }
+            pass.stats_from = Some(m);
+        }
+        self.flush();
+        if step.cut_short {
+            self.sweep_pass = Some(pass);
+            return step;
+        }
+        if self.reclaimable > 0 {
+            pass.out.strings_freed = self.reclaim();
+        }
+        step.finished = Some(pass.out);
+        step
+    }
+}
+
+/// A TTL sweep pass in progress ([`Index::sweep_begin`]).
+pub(crate) struct SweepPass {
+    /// The pass's one `now`.
+    now: i64,
+    /// `None` while keys are visited; then the next model record whose stats rows are swept.
+    stats_from: Option<u32>,
+    /// What the pass did so far.
+    out: SweepOutcome,
+}
+
+/// How much one [`Index::sweep_step`] may do.
+#[derive(Clone, Copy, Debug)]
+pub struct SweepBudget {
+    /// Storage entries plus stats rows examined, after which the slice stops (a key's holders
+    /// and a model's rows are never split, and a slice always makes progress).
+    pub max_entries: usize,
+    /// Stop once this instant has passed (checked every few keys).
+    pub deadline: Option<std::time::Instant>,
+}
+
+impl SweepBudget {
+    /// No bound: the step finishes the pass.
+    pub const UNBOUNDED: SweepBudget = SweepBudget {
+        max_entries: usize::MAX,
+        deadline: None,
+    };
+}
+
+/// What one [`Index::sweep_step`] did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SweepStep {
+    /// Prefix keys visited.
+    pub keys: usize,
+    /// Storage entries plus stats rows examined.
+    pub entries: usize,
+    /// The budget ended the slice before the pass finished.
+    pub cut_short: bool,
+    /// The pass's outcome, when this step finished it.
+    pub finished: Option<SweepOutcome>,
 }
 
 // ---- cross-core victim selection (several cores, docs/BEHAVIOUR.md §7.1, §7.2) ----------------

@@ -32,7 +32,7 @@ pub use aggregate::{
     CacheState, EntriesGauge, PartReplica, PartStats, ReplicaRow, SnapshotPart, SnapshotRows,
     TenantRow, merge_snapshot_parts,
 };
-pub use eviction::{CapVictim, QuotaVictim, select_victims};
+pub use eviction::{CapVictim, QuotaVictim, SweepBudget, SweepStep, select_victims};
 pub use lookup::{LfuHit, LookupQuery, LookupView, Score, Strategy};
 pub use persist::{PersistEntry, PersistStats, RestoreCache, RestoreOutcome};
 pub use ranking::RankerConfig;
@@ -403,6 +403,8 @@ pub struct Index {
     last_full_reclaim: i64,
     /// Told of every entry the sweep, the cap or a quota removes (none by default).
     removal_sink: Option<RemovalSink>,
+    /// The sliced TTL sweep pass in progress, if any.
+    sweep_pass: Option<eviction::SweepPass>,
 }
 
 impl Default for Index {
@@ -440,6 +442,7 @@ impl Index {
             reclaimable: 0,
             last_full_reclaim: i64::MIN,
             removal_sink: None,
+            sweep_pass: None,
         }
     }
 

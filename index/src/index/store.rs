@@ -166,6 +166,19 @@ impl<T> Chunked<T> {
             std::mem::replace(self.get_mut(i), last)
         }
     }
+    /// Swaps elements `i` and `j`.
+    fn swap(&mut self, i: u32, j: u32) {
+        let (ci, oi) = ((i >> CHUNK_SHIFT) as usize, (i as usize) & (CHUNK - 1));
+        let (cj, oj) = ((j >> CHUNK_SHIFT) as usize, (j as usize) & (CHUNK - 1));
+        if ci == cj {
+            self.chunks[ci].swap(oi, oj);
+        } else {
+            let (lo, hi) = (ci.min(cj), ci.max(cj));
+            let (a, b) = self.chunks.split_at_mut(hi);
+            let (x, y) = if ci < cj { (oi, oj) } else { (oj, oi) };
+            std::mem::swap(&mut a[lo][x], &mut b[0][y]);
+        }
+    }
     fn bytes(&self) -> usize {
         self.chunks.len() * CHUNK * std::mem::size_of::<T>()
     }
@@ -225,6 +238,11 @@ pub(crate) struct Store {
     table: HashTable<u32>,
     hasher: DefaultHashBuilder,
     entries: usize,
+    /// Slab positions `0..visited` were visited by the sliced scan in progress (the TTL sweep);
+    /// 0 when none is. A key record removed below it is first swapped with the last visited
+    /// record, so the visited keys stay exactly `0..visited` and every unvisited key stays at
+    /// or above it, whatever is removed or added between two slices.
+    visited: u32,
 }
 
 impl Store {
@@ -242,6 +260,7 @@ impl Store {
             table: HashTable::new(),
             hasher: DefaultHashBuilder::default(),
             entries: 0,
+            visited: 0,
         }
     }
 
@@ -264,6 +283,21 @@ impl Store {
     /// Number of storage entries (key, replica).
     pub fn entry_count(&self) -> usize {
         self.entries
+    }
+
+    /// Where the sliced scan in progress continues: positions below it were visited (0 when no
+    /// scan is in progress).
+    pub fn visited(&self) -> u32 {
+        self.visited
+    }
+
+    /// Marks positions `0..pos` visited by the sliced scan (0 ends it). Between two calls,
+    /// removals keep the visited keys at `0..visited` (see the field) and insertions append, so
+    /// a scan that resumes at [`Store::visited`] visits every key present throughout exactly
+    /// once.
+    pub fn set_visited(&mut self, pos: u32) {
+        debug_assert!(pos as usize <= self.keys.len);
+        self.visited = pos;
     }
 
     /// Slab position of a key.
@@ -587,7 +621,7 @@ impl Store {
         }
     }
 
-    fn remove_key_record(&mut self, pos: u32) {
+    fn remove_key_record(&mut self, mut pos: u32) {
         let k = self.key_at(pos);
         debug_assert!(self.keys.get(pos).next == NIL);
         let h = Self::hash(&self.hasher, k);
@@ -597,16 +631,33 @@ impl Store {
             }
             Err(_) => panic!("key record missing from the table"),
         }
+        if pos < self.visited {
+            // Keep the visited keys contiguous: the last visited record fills the hole, and its
+            // old slot is removed as below (filled by the last record, which is unvisited or,
+            // when every key was visited, that same slot).
+            let b = self.visited - 1;
+            if pos != b {
+                self.relink(b, pos);
+                self.keys.swap(pos, b);
+                pos = b;
+            }
+            self.visited = b;
+        }
         let last = (self.keys.len - 1) as u32;
         if pos != last {
-            let moved = self.key_at(last);
-            let mh = Self::hash(&self.hasher, moved);
-            match self.table.find_mut(mh, |&i| i == last) {
-                Some(slot) => *slot = pos,
-                None => panic!("moved key record missing from the table"),
-            }
+            self.relink(last, pos);
         }
         self.keys.swap_remove(pos);
+    }
+
+    /// Points the table slot of the key record at `from` to `to` (the record is about to move).
+    fn relink(&mut self, from: u32, to: u32) {
+        let moved = self.key_at(from);
+        let mh = Self::hash(&self.hasher, moved);
+        match self.table.find_mut(mh, |&i| i == from) {
+            Some(slot) => *slot = to,
+            None => panic!("moved key record missing from the table"),
+        }
     }
 
     /// Approximate heap bytes held by the store (for the memory report).
@@ -706,6 +757,55 @@ mod tests {
                 None => assert_eq!(i % 2, 0),
             }
         }
+    }
+
+    /// Removals below the visited mark keep the visited keys at `0..visited` and the unvisited
+    /// ones above it (a sliced scan resumes without skipping a moved key); removals above it
+    /// and insertions leave the mark alone; the table always finds every key at its position.
+    #[test]
+    fn removals_keep_the_visited_part_contiguous() {
+        let mut s = Store::new();
+        let key = |i: u64| KeyId { ks: 0, h: i };
+        for i in 0..300u64 {
+            s.insert_key(key(i), Holder::new(1, 1, 1, 1));
+        }
+        s.set_visited(150);
+        let mut visited: std::collections::BTreeSet<u64> = (0..150).collect();
+        let mut unvisited: std::collections::BTreeSet<u64> = (150..300).collect();
+        let mut x = 7u64;
+        for round in 0..200u64 {
+            x = x
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            let i = (x >> 33) % 300;
+            if round % 5 == 0 {
+                let k = 1000 + round;
+                s.insert_key(key(k), Holder::new(1, 1, 1, 1));
+                unvisited.insert(k);
+            }
+            if let Some(p) = s.find(key(i)) {
+                assert!(s.remove_holder(p, 1).unwrap().1);
+                assert!(visited.remove(&i) || unvisited.remove(&i));
+            }
+            assert_eq!(s.visited() as usize, visited.len());
+            for p in 0..s.key_count() as u32 {
+                let k = s.key_at(p);
+                assert_eq!(s.find(k), Some(p));
+                let set = if p < s.visited() {
+                    &visited
+                } else {
+                    &unvisited
+                };
+                assert!(set.contains(&k.h), "key {} at {p}", k.h);
+            }
+        }
+        // Every key visited: a removal keeps working with the mark at the end.
+        s.set_visited(s.key_count() as u32);
+        let last = s.key_at(s.key_count() as u32 - 1);
+        let first = s.key_at(0);
+        assert!(s.remove_holder(s.find(first).unwrap(), 1).unwrap().1);
+        assert_eq!(s.visited() as usize, s.key_count());
+        assert!(s.find(last).is_some());
     }
 
     fn reps(s: &Store, p: u32) -> Vec<u32> {

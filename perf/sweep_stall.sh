@@ -1,0 +1,114 @@
+#!/usr/bin/env bash
+# Lookups while the TTL sweep runs on a 10M-entry index (issue 14: "no lookup waits more than
+# 1 ms behind index maintenance"), release build:
+#   perf/sweep_stall.sh [entries] [seconds] [before-server-binary]
+# Fills <entries> (default 10,000,000) storage entries once (loadgen's `fill` example: 64-block
+# chains over 8 tenants, every entry stamped at one fixed time in the past), snapshots them
+# (--state-dir), then for each variant restores that snapshot into a fresh `--shards 1` server
+# with `--sweep-interval-ms 10000`, pushes a policy giving tenants t0..t3 (half the entries) a
+# TTL that expires them 40 s later, and runs a paced 1,000 req/s LookupRoute probe for <seconds>
+# (default 130; loadgen open loop, no producers). Variants, one after the other (never two
+# servers at once):
+#   before   the binary given as the third argument (default /tmp/sweep-before-server: the
+#            pre-change build, one-call sweep)
+#   after    this tree's server (sliced sweep)
+#   nosweep  this tree's server with --sweep-interval-ms 3600000 (no sweep in the window: the
+#            probe's own noise on this host)
+# Prints p50/p99/p99.9/max of each, the entries left, the load average, and for `after` every
+# sweep pass's wall time, slices and longest slice in wall and thread-CPU time (the server's
+# inferencecache_core_sweep_* series, scraped every second; passes that end less than a second
+# apart may be missed).
+# Needs: cargo build --release -p inference-cache -p loadgen --bins --examples
+set -euo pipefail
+cd "$(dirname "$0")/.."
+N=${1:-10000000}
+SECS=${2:-130}
+BEFORE=${3:-/tmp/sweep-before-server}
+T=${CARGO_TARGET_DIR:-target}/release
+SRV=$T/inference-cache-server
+FILL=$T/examples/fill
+LG=$T/loadgen
+SNAP=$(mktemp -d)
+RUN=$(mktemp -d)
+OUT=$(mktemp -d)
+trap 'rm -rf "$SNAP" "$RUN"; [ -n "${PID:-}" ] && kill -TERM "$PID" 2>/dev/null || true' EXIT
+port() { python3 -c "import socket; s=socket.socket(); s.bind(('127.0.0.1',0)); print(s.getsockname()[1])"; }
+G=$(port); H=$(port); A=$(port)
+now_s() { date +%s; }
+# Every entry's stamp: 5 minutes ago (well inside the default 30 min TTL for the whole script).
+STAMP_S=$(( $(now_s) - 300 ))
+
+start() { # binary state_dir sweep_interval_ms
+  "$1" --insecure-disable-auth --log-level info --log-format text --shards 1 \
+    --grpc-bind-address "127.0.0.1:$G" --http-bind-address "127.0.0.1:$H" \
+    --snapshot-bind-address "127.0.0.1:$A" --index-max-entries 0 \
+    --state-dir "$2" --snapshot-interval-ms 3600000 --sweep-interval-ms "$3" 2>>"$OUT/server.log" &
+  PID=$!
+  for _ in $(seq 1 1200); do # at most 120 s
+    [ "$(curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:$H/readyz")" = 200 ] && return 0
+    sleep 0.1
+  done
+  echo "server not ready" >&2; exit 1
+}
+stop() { kill -TERM "$PID"; wait "$PID" || true; PID=; }
+entries() { curl -s "http://127.0.0.1:$H/metrics" | awk '/^inferencecache_core_index_entries\{/ {print $2}'; }
+
+# 1. Fill once and snapshot (the final snapshot at SIGTERM).
+start "$SRV" "$SNAP" 3600000
+"$FILL" --addr "http://127.0.0.1:$G" --entries "$N" --timestamp-us "$((STAMP_S * 1000000))" 2>&1 | tail -1
+echo "filled: $(entries) entries"
+stop
+
+for variant in before after nosweep; do
+  case $variant in
+  before) BIN=$BEFORE; SWEEP=10000 ;;
+  after) BIN=$SRV; SWEEP=10000 ;;
+  nosweep) BIN=$SRV; SWEEP=3600000 ;;
+  esac
+  rm -rf "${RUN:?}"/*; cp -r "$SNAP"/. "$RUN"/
+  start "$BIN" "$RUN" "$SWEEP"
+  # Tenants t0..t3 expire 40 s from now (TTL = their age then).
+  TTL_NS=$(( ($(now_s) + 40 - STAMP_S) * 1000000000 ))
+  POL=""
+  for t in t0 t1 t2 t3; do POL="$POL${POL:+,}{\"namespace\":\"$t\",\"evictionTTL\":$TTL_NS}"; done
+  curl -sf -X POST -H 'Content-Type: application/json' \
+    --data "{\"version\":7,\"policies\":[$POL],\"tenants\":[]}" "http://127.0.0.1:$A/policy"
+  E0=$(entries)
+  LOAD0=$(cut -d' ' -f1 /proc/loadavg)
+  # Scrape the sweep gauges every second while the probe runs (bounded: SECS + 30 scrapes).
+  ( for _ in $(seq 1 $((SECS + 30))); do
+      curl -s "http://127.0.0.1:$H/metrics" | grep -E '^inferencecache_core_sweep' | tr '\n' ' ' || true
+      echo; sleep 1
+    done ) >"$OUT/scrape-$variant.txt" 2>/dev/null &
+  SCRAPER=$!
+  "$LG" run --addr "http://127.0.0.1:$G" --workload chat --seed 7 --population 2000 --replicas 8 \
+    --tenants 4 --no-preload --no-producers --rate 1000 --duration "$SECS" --quiet \
+    --json "$OUT/lg-$variant.json" >/dev/null
+  kill "$SCRAPER" 2>/dev/null || true; wait "$SCRAPER" 2>/dev/null || true
+  E1=$(entries)
+  LOAD1=$(cut -d' ' -f1 /proc/loadavg)
+  stop
+  python3 - "$OUT/lg-$variant.json" "$variant" "$E0" "$E1" "$LOAD0" "$LOAD1" "$OUT/scrape-$variant.txt" <<'PY'
+import json, re, sys
+r = json.load(open(sys.argv[1]))["rpcs"]["LookupRoute"]
+v, e0, e1, l0, l1, scrape = sys.argv[2:8]
+print(f"{v:>8}: lookups={r['count']} errors={r['errors']} p50={r['p50_ms']:.3f}ms p99={r['p99_ms']:.3f}ms "
+      f"p99.9={r['p999_ms']:.3f}ms max={r['max_ms']:.3f}ms entries {e0} -> {e1} load1 {l0} -> {l1}")
+passes, seen, prev = [], None, 0
+for line in open(scrape):
+    m = dict(re.findall(r'(inferencecache_core_sweep\w*)\{[^}]*\} (\S+)', line))
+    if "inferencecache_core_sweeps_total" not in m:
+        continue
+    key = m["inferencecache_core_sweeps_total"]
+    if key != seen and float(key) > 0:
+        seen = key
+        slices = int(float(m["inferencecache_core_sweep_slices_total"]))
+        passes.append((int(float(key)), slices - prev,
+                       float(m["inferencecache_core_sweep_last_duration_seconds"]) * 1e3,
+                       float(m["inferencecache_core_sweep_last_max_slice_seconds"]) * 1e3,
+                       float(m.get("inferencecache_core_sweep_last_max_slice_cpu_seconds", "nan")) * 1e3))
+        prev = slices
+for n, slices, dur, mx, cpu in passes:
+    print(f"          sweep pass #{n}: {dur:.1f} ms wall in {slices} slices, longest slice {mx:.3f} ms wall / {cpu:.3f} ms CPU")
+PY
+done
