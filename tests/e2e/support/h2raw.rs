@@ -79,8 +79,17 @@ impl RawCall {
     }
 
     /// Sends `data` as one DATA frame carrying END_STREAM (how most clients end a unary
-    /// request), then waits for the answer.
+    /// request), then waits for the answer. A server that answered from the headers alone and
+    /// closed the stream before the data went out still yields its answer.
     pub async fn finish_with(mut self, data: Bytes) -> Result<RawEnd, h2::Error> {
+        let sent = self.send_last(data).await;
+        match self.open(false).await {
+            Ok(resp) => resp.read_to_end().await,
+            Err(e) => Err(sent.err().unwrap_or(e)),
+        }
+    }
+
+    async fn send_last(&mut self, data: Bytes) -> Result<(), h2::Error> {
         self.send.reserve_capacity(data.len());
         while self.send.capacity() < data.len() {
             match poll_fn(|cx| self.send.poll_capacity(cx)).await {
@@ -89,8 +98,7 @@ impl RawCall {
                 None => return Err(h2::Error::from(h2::Reason::STREAM_CLOSED)),
             }
         }
-        self.send.send_data(data, true)?;
-        self.open(false).await?.read_to_end().await
+        self.send.send_data(data, true)
     }
 
     /// Ends the request with trailers instead of an END_STREAM DATA frame, then waits for the
