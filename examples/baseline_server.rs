@@ -57,7 +57,7 @@ impl InferenceCache for Baseline {
             adapter: &req.adapter_id,
             prefix_hash: &req.prefix_hash,
             token_count: req.prefix_token_count,
-            block_hashes: &req.block_hashes,
+            block_hashes: (&req.block_hashes).into(),
             block_token_counts: &req.block_token_counts,
             ttft_ms: 0,
             tbt_ms: 0,

@@ -158,7 +158,7 @@ impl Built {
             tenant: TENANT,
             model: MODEL,
             hash_scheme: SCHEME,
-            block_hashes: &q.hashes,
+            block_hashes: (&q.hashes).into(),
             block_token_counts: &q.counts,
             ..Default::default()
         };
@@ -169,7 +169,7 @@ impl Built {
     /// `LookupRoute` with a single `prefix_hash` (exact match).
     #[inline]
     pub fn lookup_exact(&mut self, key: &[u8]) -> (Strategy, usize) {
-        let lq = LookupQuery::<Vec<u8>> {
+        let lq = LookupQuery {
             tenant: TENANT,
             model: MODEL,
             hash_scheme: SCHEME,

@@ -163,7 +163,7 @@ fn measure_lookups(ix: &mut Index, keys: u64, now: i64) {
             tenant: TENANT,
             model: MODEL,
             hash_scheme: SCHEME,
-            block_hashes: &hashes[..n],
+            block_hashes: hashes[..n].into(),
             block_token_counts: &counts[..n],
             ..Default::default()
         };

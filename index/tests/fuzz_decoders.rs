@@ -100,7 +100,7 @@ fn lookup(ix: &mut Index, req: &pb::LookupRouteRequest, rules: &PolicyStore) {
         adapter: &req.adapter_id,
         prefix_hash: inputs.exact_hash.as_bytes(),
         token_count: inputs.exact_tokens,
-        block_hashes: &req.block_hashes,
+        block_hashes: (&req.block_hashes).into(),
         block_token_counts: &req.block_token_counts,
         ..Default::default()
     };

@@ -372,14 +372,14 @@ fn c024_malformed_request_chain_no_downgrade() {
         hash_scheme: "vllm",
         prefix_hash: b"legacy-p",
         token_count: 128,
-        block_hashes: &hashes,
+        block_hashes: (&hashes).into(),
         block_token_counts: &[16],
         ..Default::default()
     };
     assert!(plain(&mut ix, &q, T0, &NR).is_empty());
     assert_eq!(route(&mut ix, &q, T0, &NR), (Strategy::None, vec![]));
     let q = LookupQuery {
-        block_hashes: &[],
+        block_hashes: Default::default(),
         block_token_counts: &[16, 16],
         ..q
     };

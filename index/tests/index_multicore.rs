@@ -318,7 +318,7 @@ fn cross_core_victims_equal_one_index() {
         }
         // LFU credit through lookups on the owner (and the same on the single index).
         if next(3) == 0 {
-            let q = LookupQuery::<Vec<u8>> {
+            let q = LookupQuery {
                 tenant: t,
                 model: m,
                 hash_scheme: "vllm",

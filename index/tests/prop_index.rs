@@ -435,13 +435,19 @@ impl Model {
         let total = self.serving(q.tenant, q.model, q.hash_scheme).len() as i64;
         // replica -> (matched, oldest, tier, blocks, running)
         let mut runs: BTreeMap<String, (i64, i64, i32, Vec<Key>, bool)> = BTreeMap::new();
-        for (i, (h, c)) in q.block_hashes.iter().zip(q.block_token_counts).enumerate() {
+        for (i, c) in q
+            .block_token_counts
+            .iter()
+            .enumerate()
+            .take(q.block_hashes.len())
+        {
+            let h = q.block_hashes.get(i);
             let key: Key = (
                 q.tenant.into(),
                 q.model.into(),
                 q.hash_scheme.into(),
                 q.adapter.into(),
-                h.clone(),
+                h.to_vec(),
             );
             let holders = self.prefix.get(&key);
             let mut any = false;
@@ -965,7 +971,7 @@ fn run(ops: Vec<Op>, ranker: RankerConfig, cap: u64, k: usize) -> Result<(), Tes
                     adapter: ADAPTERS[adapter],
                     prefix_hash: HASHES[hash],
                     token_count: 16,
-                    block_hashes: &bh,
+                    block_hashes: (&bh).into(),
                     block_token_counts: &bc,
                     ttft_ms: ttft,
                     tbt_ms: 0,

@@ -192,7 +192,7 @@ pub fn run_on_core(st: &mut CoreState, req: &ProbeRequest) -> ProbeResult {
         tenant: PROBE_TENANT,
         model: &req.model,
         hash_scheme: &req.hash_scheme,
-        block_hashes: &block_hashes,
+        block_hashes: (&block_hashes).into(),
         block_token_counts: &counts,
         ..Default::default()
     };

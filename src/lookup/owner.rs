@@ -4,7 +4,7 @@
 
 use std::time::Instant;
 
-use inferencecache_index::index::{LookupQuery, Strategy};
+use inferencecache_index::index::{BlockHashes, LookupQuery, Strategy};
 use inferencecache_index::policy::ResolvedPolicy;
 use inferencecache_index::resolve::{self, Resolution, ResolvedChain, ResolvedInputs};
 use inferencecache_proto::v1alpha1 as pb;
@@ -102,30 +102,6 @@ struct Found {
     had_scores: bool,
 }
 
-/// The index query of a request with the given chain (`H`: however the chain's hashes are held).
-fn chain_query<'a, H>(
-    req: &'a pb::LookupRouteRequest,
-    model: &'a str,
-    adapter: &'a str,
-    inputs: &'a ResolvedInputs<'_>,
-    block_hashes: &'a [H],
-    block_token_counts: &'a [i32],
-) -> LookupQuery<'a, H> {
-    let slo = req.slo.unwrap_or_default();
-    LookupQuery {
-        tenant: &req.tenant_id,
-        model,
-        hash_scheme: &req.hash_scheme,
-        adapter,
-        prefix_hash: inputs.exact_hash.as_bytes(),
-        token_count: inputs.exact_tokens,
-        block_hashes,
-        block_token_counts,
-        ttft_ms: slo.ttft_ms,
-        tbt_ms: slo.tbt_ms,
-    }
-}
-
 /// Steps 10–11: the index call (chain stripped by the resolver when chain matching is off), then
 /// stage 1's input: the matched-tokens floor keeps replicas with matched ≥ floor.
 fn query_index(
@@ -136,22 +112,29 @@ fn query_index(
     inputs: &ResolvedInputs<'_>,
     policy: &ResolvedPolicy,
 ) -> Found {
-    let now = unix_now_ns();
-    let view = match &inputs.chain {
-        ResolvedChain::None => {
-            let q = chain_query::<Vec<u8>>(req, model, adapter, inputs, &[], &[]);
-            st.index.lookup_route(&q, now, &*st.policy)
-        }
-        ResolvedChain::Wire { hashes, counts } => {
-            let q = chain_query(req, model, adapter, inputs, hashes, counts);
-            st.index.lookup_route(&q, now, &*st.policy)
-        }
+    let derived_counts: Vec<i32>;
+    let (block_hashes, block_token_counts): (BlockHashes<'_>, &[i32]) = match &inputs.chain {
+        ResolvedChain::None => (BlockHashes::default(), &[]),
+        ResolvedChain::Wire { hashes, counts } => ((*hashes).into(), counts),
         ResolvedChain::Derived { hashes, block_size } => {
-            let counts = vec![*block_size; hashes.len()];
-            let q = chain_query(req, model, adapter, inputs, hashes.as_slice(), &counts);
-            st.index.lookup_route(&q, now, &*st.policy)
+            derived_counts = vec![*block_size; hashes.len()];
+            (hashes.as_slice().into(), &derived_counts)
         }
     };
+    let slo = req.slo.unwrap_or_default();
+    let query = LookupQuery {
+        tenant: &req.tenant_id,
+        model,
+        hash_scheme: &req.hash_scheme,
+        adapter,
+        prefix_hash: inputs.exact_hash.as_bytes(),
+        token_count: inputs.exact_tokens,
+        block_hashes,
+        block_token_counts,
+        ttft_ms: slo.ttft_ms,
+        tbt_ms: slo.tbt_ms,
+    };
+    let view = st.index.lookup_route(&query, unix_now_ns(), &*st.policy);
     let floor = policy.minimum_matched_tokens;
     let prefix = view.strategy == Strategy::PrefixMatch;
     // The index's order is the final order (§9.6): the first MAX_SCORES_PER_ANSWER that pass

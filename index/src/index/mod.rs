@@ -33,7 +33,7 @@ pub use aggregate::{
     TenantRow, merge_snapshot_parts,
 };
 pub use eviction::{CapVictim, QuotaVictim, SweepBudget, SweepStep, select_victims};
-pub use lookup::{LfuHit, LookupQuery, LookupView, Score, Strategy};
+pub use lookup::{BlockHashes, LfuHit, LookupQuery, LookupView, Score, Strategy};
 pub use persist::{PersistEntry, PersistStats, RestoreCache, RestoreOutcome};
 pub use ranking::RankerConfig;
 pub use removal::{RemovalReason, RemovalSink, Removed};

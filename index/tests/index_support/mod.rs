@@ -197,7 +197,7 @@ impl Chain {
             tenant: "t",
             model: "m",
             hash_scheme: "vllm",
-            block_hashes: &self.hashes,
+            block_hashes: (&self.hashes).into(),
             block_token_counts: &self.counts,
             ..Default::default()
         }
