@@ -28,8 +28,10 @@ use glommio::{LocalExecutor, LocalExecutorBuilder, Placement};
 use inference_cache::perf_harness;
 use inferencecache_proto::v1alpha1 as pb;
 use prost::Message;
-use tokio::io::{AsyncReadExt, AsyncWriteExt, DuplexStream};
-use tokio_util::compat::TokioAsyncReadCompatExt;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, DuplexStream, ReadBuf};
 
 /// The server's allocator (src/main.rs), so allocation costs are the server's.
 #[global_allocator]
@@ -174,6 +176,42 @@ fn header_block() -> Vec<u8> {
         block.extend_from_slice(value.as_bytes());
     }
     block
+}
+
+/// The server's end of the duplex as the futures-io stream `serve_http2` takes.
+struct ServerEnd(DuplexStream);
+
+impl futures_lite::AsyncRead for ServerEnd {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut [u8],
+    ) -> Poll<std::io::Result<usize>> {
+        let mut rb = ReadBuf::new(buf);
+        match Pin::new(&mut self.0).poll_read(cx, &mut rb) {
+            Poll::Ready(Ok(())) => Poll::Ready(Ok(rb.filled().len())),
+            Poll::Ready(Err(e)) => Poll::Ready(Err(e)),
+            Poll::Pending => Poll::Pending,
+        }
+    }
+}
+
+impl futures_lite::AsyncWrite for ServerEnd {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.0).poll_write(cx, buf)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.0).poll_flush(cx)
+    }
+
+    fn poll_close(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.0).poll_shutdown(cx)
+    }
 }
 
 /// The scripted HTTP/2 client on the other end of the duplex.
@@ -335,7 +373,7 @@ fn setup() -> (LocalExecutor, Client) {
         for u in preload_updates() {
             perf_harness::apply_update(u).await.expect("preload");
         }
-        glommio::spawn_local(perf_harness::serve_http2(server_io.compat())).detach();
+        glommio::spawn_local(perf_harness::serve_http2(ServerEnd(server_io))).detach();
         client.handshake().await;
         client.send(1).await;
         client.answers(1).await;
