@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # CI performance regression gate: instruction counts (callgrind "Ir") of fixed, deterministic
-# index workloads (index/examples/perf_gate.rs) compared with perf/gate-baseline.json.
+# workloads compared with perf/gate-baseline.json: the index's (index/examples/perf_gate.rs) and
+# whole gRPC requests through the server's real front end, in process
+# (examples/perf_gate_frontend.rs: HTTP/2 bytes in, h2, handler, index, answer bytes out).
 # Instruction counts do not depend on machine load, so this works on a noisy shared VM where
 # wall-clock benches cannot gate anything. Details and how to update: perf/README.md.
 #
@@ -22,7 +24,7 @@ while [ $# -gt 0 ]; do
   case "$1" in
     --update) UPDATE=1 ;;
     --tolerance) TOL="$2"; shift ;;
-    -h|--help) sed -n '2,14p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
     *) echo "unknown argument: $1" >&2; exit 2 ;;
   esac
   shift
@@ -35,14 +37,20 @@ fi
 
 T=${CARGO_TARGET_DIR:-target}
 cargo build --release --quiet -p inferencecache-index --example perf_gate || exit 2
-BIN=$T/release/examples/perf_gate
+cargo build --release --quiet -p inference-cache --example perf_gate_frontend || exit 2
+BINS=("$T/release/examples/perf_gate" "$T/release/examples/perf_gate_frontend")
 OUT=$(mktemp -d)
 trap 'rm -rf "$OUT"' EXIT
 
-"$BIN" list > "$OUT/workloads" || exit 2
+# "<workload> <ops> <binary>" per line, in the order of the binaries' `list` output.
+for bin in "${BINS[@]}"; do
+  "$bin" list > "$OUT/list" || exit 2
+  awk -v b="$bin" '{print $1, $2, b}' "$OUT/list" >> "$OUT/workloads"
+done
 
 # One valgrind process per workload; only code under the gate_w_* functions is counted (the
-# index build and input preparation are not). ASLR off keeps address-dependent paths stable.
+# index build, the front end's start-up and preload, input preparation are not). ASLR off keeps
+# address-dependent paths stable.
 run_one() {
   local w=$1 bin=$2 out=$3 norand=()
   if command -v setarch >/dev/null && setarch "$(uname -m)" -R true 2>/dev/null; then
@@ -56,14 +64,14 @@ run_one() {
 }
 export -f run_one
 JOBS=${PERF_GATE_JOBS:-$(nproc)}
-cut -d' ' -f1 "$OUT/workloads" | xargs -P "$JOBS" -I{} bash -c 'run_one "$@"' _ {} "$BIN" "$OUT" || exit 2
+awk '{print $1, $3}' "$OUT/workloads" | xargs -P "$JOBS" -L1 bash -c 'run_one "$2" "$3" "$1"' _ "$OUT" || exit 2
 
 python3 - "$OUT" "$BASELINE" "$UPDATE" "$TOL" "$(rustc -V)" "$(valgrind --version)" <<'EOF'
 import json, os, sys
 out, baseline_path, update, tol_arg, rustc, valgrind = sys.argv[1:7]
 ops, counts = {}, {}
 for line in open(os.path.join(out, "workloads")):
-    name, n = line.split()
+    name, n = line.split()[:2]
     ops[name] = int(n)
     f = os.path.join(out, name + ".count")
     parts = open(f).read().split() if os.path.exists(f) else []
@@ -77,12 +85,12 @@ if os.path.exists(baseline_path):
 tol = float(tol_arg) if tol_arg else float(base.get("tolerance_pct", 5))
 old = {k: v["ir"] for k, v in base.get("workloads", {}).items()}
 
-print(f"{'workload':<24}{'ops':>7}{'baseline Ir':>16}{'current Ir':>16}{'Ir/op':>12}{'delta':>9}  status")
+print(f"{'workload':<30}{'ops':>7}{'baseline Ir':>16}{'current Ir':>16}{'Ir/op':>12}{'delta':>9}  status")
 failed = []
 for name in ops:
     cur, per = counts[name], counts[name] / ops[name]
     if name not in old:
-        print(f"{name:<24}{ops[name]:>7}{'-':>16}{cur:>16,}{per:>12,.0f}{'':>9}  NEW")
+        print(f"{name:<30}{ops[name]:>7}{'-':>16}{cur:>16,}{per:>12,.0f}{'':>9}  NEW")
         continue
     d = (cur - old[name]) / old[name] * 100
     status = "ok"
@@ -91,16 +99,16 @@ for name in ops:
         failed.append(name)
     elif d < -tol:
         status = "faster (consider --update)"
-    print(f"{name:<24}{ops[name]:>7}{old[name]:>16,}{cur:>16,}{per:>12,.0f}{d:>+8.2f}%  {status}")
+    print(f"{name:<30}{ops[name]:>7}{old[name]:>16,}{cur:>16,}{per:>12,.0f}{d:>+8.2f}%  {status}")
 for name in old:
     if name not in ops:
-        print(f"{name:<24} in the baseline but no longer run (removed by --update)")
+        print(f"{name:<30} in the baseline but no longer run (removed by --update)")
 
 if base and base.get("rustc") != rustc:
     print(f"note: baseline made with {base.get('rustc')}, now {rustc}; counts may shift with the compiler")
 if update == "1":
     json.dump({
-        "tool": f"callgrind Ir ({valgrind}), index/examples/perf_gate.rs",
+        "tool": f"callgrind Ir ({valgrind}), index/examples/perf_gate.rs, examples/perf_gate_frontend.rs",
         "rustc": rustc,
         "tolerance_pct": tol,
         "workloads": {k: {"ir": counts[k], "ops": ops[k]} for k in ops},

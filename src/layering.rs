@@ -4,7 +4,8 @@
 
 /// Layers from the top; a module may use modules of later layers, never of earlier ones.
 const LAYERS: &[&[&str]] = &[
-    &["main", "startup"],
+    &["main", "lib", "perf_harness"],
+    &["startup"],
     &["cli"],
     &["admin"],
     &["grpc", "nats"],

@@ -318,6 +318,37 @@ fn start_runtime(
     shards: usize,
     states: Vec<CoreState>,
 ) -> Result<Runtime, StartupError> {
+    runtime::start(runtime_config(cli, shards, states)?).map_err(|e| {
+        eprintln!("{e}");
+        StartupError::fatal("serve_error", e)
+    })
+}
+
+/// Makes the calling thread (running a glommio executor) core 0 of a server started with `args`
+/// and `--shards 1`, installed as [`start`] installs it (index configuration, tokenizers, lookup
+/// configuration, services, metrics store), without listeners, admin thread or background loops:
+/// the in-process front end of the perf harness. Once per process.
+pub(crate) fn install_in_process_core(args: &[&str]) -> Result<(), String> {
+    let argv = ["inference-cache-server", "--shards", "1"];
+    let cli = Cli::try_parse_from(cli::normalize_args(
+        argv.iter().chain(args).map(|a| a.to_string()),
+    ))
+    .map_err(|e| e.to_string())?;
+    let shards = 1;
+    feeds::configure(cli.max_event_subscribers, cli.max_metric_subscribers);
+    load_tokenizers(&cli, shards);
+    let restored = initial_states(&cli, shards).map_err(|e| format!("{e:?}"))?;
+    let cfg = runtime_config(&cli, shards, restored.states).map_err(|e| format!("{e:?}"))?;
+    runtime::install_in_process(&cfg);
+    Ok(())
+}
+
+/// The runtime configuration of `cli`: each core installs its prepared state, then its services.
+fn runtime_config(
+    cli: &Cli,
+    shards: usize,
+    states: Vec<CoreState>,
+) -> Result<RuntimeConfig, StartupError> {
     let lookup_cfg = Arc::new(LookupConfig {
         engine_block_size: cli::engine_block_size(cli),
     });
@@ -326,7 +357,7 @@ fn start_runtime(
     let event_feed = cli.max_event_subscribers > 0;
     let (health, _) = tonic_health::server::health_reporter();
     let health = Arc::new(health);
-    let started = runtime::start(RuntimeConfig {
+    Ok(RuntimeConfig {
         shards,
         listen_addr: resolve(&cli.grpc_bind_address)?,
         shard_aware_addr: optional_addr(&cli.shard_aware_grpc_bind_address)?,
@@ -344,10 +375,6 @@ fn start_runtime(
         serve_connection: grpc::serve_connection,
         max_connections_per_core: cli.max_connections_per_core,
         sweep_interval: Duration::from_millis(cli.sweep_interval_ms),
-    });
-    started.map_err(|e| {
-        eprintln!("{e}");
-        StartupError::fatal("serve_error", e)
     })
 }
 

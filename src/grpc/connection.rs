@@ -68,7 +68,7 @@ enum Turn<T> {
 /// Serves gRPC over HTTP/2 on one established (plaintext or TLS) stream. A peer that has not
 /// sent the HTTP/2 preface within [`HTTP2_PREFACE_TIMEOUT`] is dropped, so silent connections
 /// cannot hold the core's connection slots; keep-alive pings reap peers that went away.
-async fn serve_http2<S>(stream: S)
+pub async fn serve_http2<S>(stream: S)
 where
     S: futures_lite::AsyncRead + futures_lite::AsyncWrite + Unpin + 'static,
 {

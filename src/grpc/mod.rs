@@ -13,5 +13,5 @@ pub mod tls;
 mod unary;
 
 pub use body::set_message_receive_timeout;
-pub use connection::serve_connection;
+pub use connection::{serve_connection, serve_http2};
 pub use dispatch::install_services;

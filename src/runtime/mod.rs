@@ -135,11 +135,7 @@ pub fn start(cfg: RuntimeConfig) -> Result<Runtime, StartError> {
         grpc: listener,
         shard_aware,
     });
-    shard::set_cores(cfg.shards);
-    mailbox::init(cfg.shards);
-    health::init(cfg.shards);
-    accept::init(cfg.serve_connection, cfg.max_connections_per_core);
-    shutdown::set_draining(cfg.shards);
+    init_process(&cfg);
     let cpus = crate::sys::cpus::allowed_cpus();
     let cfg = Arc::new(cfg);
     let (ready_tx, ready_rx) = std::sync::mpsc::channel::<Ready>();
@@ -166,6 +162,33 @@ pub fn start(cfg: RuntimeConfig) -> Result<Runtime, StartError> {
         listen_addr,
         shard_aware_addr,
     })
+}
+
+/// The process-wide state of `cfg.shards` cores; runs once, before any core starts.
+fn init_process(cfg: &RuntimeConfig) {
+    shard::set_cores(cfg.shards);
+    mailbox::init(cfg.shards);
+    health::init(cfg.shards);
+    accept::init(cfg.serve_connection, cfg.max_connections_per_core);
+    shutdown::set_draining(cfg.shards);
+}
+
+/// What `core` installs on its executor before it serves: its state, its metrics store, then
+/// `cfg.on_core_start` (the services).
+fn install_core(core: usize, cfg: &RuntimeConfig) {
+    shard::install((cfg.init)(core));
+    crate::metrics::register_core_thread();
+    (cfg.on_core_start)();
+}
+
+/// Makes the calling thread, which must run a glommio executor, the only core of a `--shards 1`
+/// process with no listener and no other thread: what [`start`] and `run_core` install for core 0,
+/// without its background loops (mailbox drain, heartbeat, TTL sweep; a single core's requests
+/// never hop). For the in-process perf harness (src/perf_harness.rs).
+pub fn install_in_process(cfg: &RuntimeConfig) {
+    assert_eq!(cfg.shards, 1, "in-process: one core");
+    init_process(cfg);
+    install_core(0, cfg);
 }
 
 /// The listeners core 0 accepts on.
@@ -217,9 +240,7 @@ async fn run_core(
     listeners: Option<Listeners>,
     ready: std::sync::mpsc::Sender<Ready>,
 ) {
-    shard::install((cfg.init)(core));
-    crate::metrics::register_core_thread();
-    (cfg.on_core_start)();
+    install_core(core, &cfg);
     glommio::spawn_local(mailbox::drain_loop(core)).detach();
     glommio::spawn_local(health::heartbeat_loop(core)).detach();
     glommio::spawn_local(sweep_loop(cfg.sweep_interval)).detach();
