@@ -652,23 +652,24 @@ impl Index {
         };
         // A clock read per this many keys (or models) is cheap next to the work between.
         const CLOCK_EVERY: usize = 64;
-        let over_time = |n: usize| {
-            n.is_multiple_of(CLOCK_EVERY)
+        let mut since_clock = 0usize;
+        // Whether this slice has used its budget: its entries, or its time (read every
+        // CLOCK_EVERY checks).
+        let mut spent = |step: &SweepStep| {
+            if step.entries > 0 && step.entries >= budget.max_entries {
+                return true;
+            }
+            since_clock += 1;
+            since_clock.is_multiple_of(CLOCK_EVERY)
                 && budget
                     .deadline
                     .is_some_and(|d| std::time::Instant::now() >= d)
         };
-        let mut since_clock = 0usize;
         if pass.stats_from.is_none() {
             let mut stale: Vec<u32> = Vec::new();
             let mut pos = self.store.visited();
             while (pos as usize) < self.store.key_count() {
-                if step.entries > 0 && step.entries >= budget.max_entries {
-                    step.cut_short = true;
-                    break;
-                }
-                since_clock += 1;
-                if over_time(since_clock) {
+                if spent(&step) {
                     step.cut_short = true;
                     break;
                 }
@@ -706,12 +707,7 @@ impl Index {
                     m += 1;
                     continue; // freed records included
                 }
-                if step.entries > 0 && step.entries >= budget.max_entries {
-                    step.cut_short = true;
-                    break;
-                }
-                since_clock += 1;
-                if over_time(since_clock) {
+                if spent(&step) {
                     step.cut_short = true;
                     break;
                 }

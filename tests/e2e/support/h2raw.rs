@@ -73,32 +73,20 @@ impl RawCall {
         const FRAME: usize = 16 * 1024;
         while data.len() > FRAME {
             let head = data.split_to(FRAME);
-            self.send_frame(head).await?;
+            self.send_frame(head, false).await?;
         }
-        self.send_frame(data).await
+        self.send_frame(data, false).await
     }
 
     /// Sends `data` as one DATA frame carrying END_STREAM (how most clients end a unary
     /// request), then waits for the answer. A server that answered from the headers alone and
     /// closed the stream before the data went out still yields its answer.
     pub async fn finish_with(mut self, data: Bytes) -> Result<RawEnd, h2::Error> {
-        let sent = self.send_last(data).await;
+        let sent = self.send_frame(data, true).await;
         match self.open(false).await {
             Ok(resp) => resp.read_to_end().await,
             Err(e) => Err(sent.err().unwrap_or(e)),
         }
-    }
-
-    async fn send_last(&mut self, data: Bytes) -> Result<(), h2::Error> {
-        self.send.reserve_capacity(data.len());
-        while self.send.capacity() < data.len() {
-            match poll_fn(|cx| self.send.poll_capacity(cx)).await {
-                Some(Ok(_)) => {}
-                Some(Err(e)) => return Err(e),
-                None => return Err(h2::Error::from(h2::Reason::STREAM_CLOSED)),
-            }
-        }
-        self.send.send_data(data, true)
     }
 
     /// Ends the request with trailers instead of an END_STREAM DATA frame, then waits for the
@@ -116,7 +104,8 @@ impl RawCall {
         self.send.send_reset(h2::Reason::CANCEL);
     }
 
-    async fn send_frame(&mut self, data: Bytes) -> Result<(), h2::Error> {
+    /// Sends `data` as one DATA frame (with END_STREAM if `end`) once the window allows it.
+    async fn send_frame(&mut self, data: Bytes, end: bool) -> Result<(), h2::Error> {
         self.send.reserve_capacity(data.len());
         while self.send.capacity() < data.len() {
             match poll_fn(|cx| self.send.poll_capacity(cx)).await {
@@ -125,7 +114,7 @@ impl RawCall {
                 None => return Err(h2::Error::from(h2::Reason::STREAM_CLOSED)),
             }
         }
-        self.send.send_data(data, false)
+        self.send.send_data(data, end)
     }
 
     /// Ends the request body (if `end`) and waits for the answer.
