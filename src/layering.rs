@@ -9,6 +9,7 @@ const LAYERS: &[&[&str]] = &[
     &["cli"],
     &["admin"],
     &["grpc", "nats"],
+    &["http2"],
     &["ingest"],
     &["templates", "pd", "feeds", "snapshot"],
     &["tenant_registry"],

@@ -20,6 +20,7 @@ mod admin;
 mod cli;
 mod feeds;
 mod grpc;
+mod http2;
 mod ingest;
 #[cfg(test)]
 mod layering;

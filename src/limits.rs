@@ -99,28 +99,23 @@ pub const MESSAGE_RECEIVE_TIMEOUT: Duration = Duration::from_secs(30);
 pub const HTTP2_STREAM_WINDOW_BYTES: u32 = 1024 * 1024;
 /// See [`HTTP2_STREAM_WINDOW_BYTES`].
 pub const HTTP2_CONNECTION_WINDOW_BYTES: u32 = 1024 * 1024;
-/// Smallest DATA payload a gRPC message can arrive in: an empty message's 5-byte header.
-const GRPC_SMALLEST_FRAME_PAYLOAD: usize = 5;
-/// h2's cap on the framing overhead of received-but-unread small DATA frames, past which it
-/// sends GOAWAY `too_many_data_frames`. Sized so that a peer within the flow-control window,
-/// sending even empty gRPC messages one per frame, never reaches it: back-pressure comes from
-/// flow control, and only sub-message frames (a flood of 1–4 byte frames) can exhaust it.
-/// h2 charges `256 - payload` per frame below 256 bytes.
-pub const HTTP2_DATA_FRAME_BUDGET: usize = (HTTP2_CONNECTION_WINDOW_BYTES as usize
-    / GRPC_SMALLEST_FRAME_PAYLOAD)
-    * (256 - GRPC_SMALLEST_FRAME_PAYLOAD);
 /// Largest request header block (HTTP/2 SETTINGS_MAX_HEADER_LIST_SIZE; hyper's default).
 pub const HTTP2_MAX_HEADER_LIST_BYTES: u32 = 16 * 1024;
-/// Largest LookupRoute answer the inline path hands to h2 at once; a larger one is written
-/// as the peer's flow-control window allows, like every answer of the general path.
-pub const INLINE_RESPONSE_MAX_BYTES: usize = 16 * 1024;
+/// Largest HPACK-encoded header block (HEADERS plus CONTINUATION frames) a peer may send; past
+/// it the connection is closed (GOAWAY ENHANCE_YOUR_CALM). Twice the list bound, since an
+/// encoded block can exceed its decoded list only through padding-free literals.
+pub const HTTP2_MAX_HEADER_BLOCK_BYTES: usize = 2 * HTTP2_MAX_HEADER_LIST_BYTES as usize;
+/// Output bytes one gRPC connection buffers; past it the connection reads no more input until
+/// the peer reads, so a peer that never reads cannot grow the server's memory.
+pub const HTTP2_WRITE_BUFFER_BYTES: usize = 256 * 1024;
+/// Streams a connection remembers having reset, so the peer's late frames on them are ignored
+/// rather than treated as protocol errors.
+pub const HTTP2_RECENT_RESETS: usize = 64;
 /// Response bytes h2 buffers per stream before asking the handler to wait (hyper's default).
 pub const HTTP2_MAX_SEND_BUFFER_BYTES: usize = 400 * 1024;
 /// Longest a client may take to send the HTTP/2 preface after connecting (or after the TLS
 /// handshake); a connection that stays silent is closed.
 pub const HTTP2_PREFACE_TIMEOUT: Duration = Duration::from_secs(10);
-/// The client preface (24 bytes) plus the 9-byte header of its SETTINGS frame.
-pub const HTTP2_PREFACE_BYTES: u64 = 24 + 9;
 /// Interval of HTTP/2 keep-alive pings on a gRPC connection.
 pub const HTTP2_KEEPALIVE_INTERVAL: Duration = Duration::from_secs(60);
 /// A peer that does not answer a keep-alive ping within this is disconnected.
@@ -323,8 +318,9 @@ const _: () = assert!(
     "a largest message can always be held, and one connection cannot spend a core's budget"
 );
 const _: () = assert!(
-    HTTP2_DATA_FRAME_BUDGET > HTTP2_CONNECTION_WINDOW_BYTES as usize / 2,
-    "above h2's automatic budget (half the window), which cut long producer streams off"
+    HTTP2_MAX_HEADER_BLOCK_BYTES >= HTTP2_MAX_HEADER_LIST_BYTES as usize
+        && HTTP2_WRITE_BUFFER_BYTES >= 4 * 16_384,
+    "a header list within its bound always fits a block; the output holds several frames"
 );
 const _: () = assert!(MAX_PROBE_BODY_BYTES < MAX_POLICY_BODY_BYTES);
 const _: () = assert!(

@@ -1,4 +1,4 @@
-//! The request body tonic reads: an h2 stream re-cut so that tonic only ever sees whole gRPC
+//! The request body tonic reads: an HTTP/2 stream's body re-cut so that tonic only ever sees whole gRPC
 //! messages (or bytes it will reject at once).
 //!
 //! tonic's decoder reserves a message's declared length as soon as it sees the 5-byte header,
@@ -18,6 +18,8 @@ use std::time::Duration;
 use bytes::{Buf, Bytes, BytesMut};
 use http_body::{Body, Frame, SizeHint};
 use tonic::Status;
+
+use crate::http2::{RecvHalf, StreamError};
 
 use crate::limits::{
     MAX_HELD_MESSAGE_BYTES_PER_CONNECTION, MAX_HELD_MESSAGE_BYTES_PER_CORE, MAX_MESSAGE_BYTES,
@@ -85,9 +87,9 @@ pub type BodyError = Box<dyn std::error::Error + Send + Sync>;
 /// A one-shot timer that is `Send` (it is only ever polled on its core).
 type Timer = Pin<Box<dyn Future<Output = ()> + Send>>;
 
-/// An h2 request body that yields whole gRPC messages.
+/// An HTTP/2 request body that yields whole gRPC messages.
 pub struct RequestBody {
-    recv: h2::RecvStream,
+    recv: RecvHalf,
     /// Received bytes not yet cut into messages.
     carry: Bytes,
     /// The incomplete message being assembled (header included).
@@ -105,7 +107,7 @@ pub struct RequestBody {
 
 impl RequestBody {
     /// Wraps one accepted stream of a connection.
-    pub fn new(recv: h2::RecvStream, connection: ConnectionHeld) -> Self {
+    pub fn new(recv: RecvHalf, connection: ConnectionHeld) -> Self {
         Self {
             recv,
             carry: Bytes::new(),
@@ -116,17 +118,6 @@ impl RequestBody {
             passthrough: false,
             data_done: false,
         }
-    }
-
-    /// Wraps a stream of which `received` was already read (the inline path handing a call on).
-    pub fn with_received(
-        recv: h2::RecvStream,
-        connection: ConnectionHeld,
-        received: Bytes,
-    ) -> Self {
-        let mut body = Self::new(recv, connection);
-        body.carry = received;
-        body
     }
 
     /// The next chunk for tonic out of `carry` (whole messages, or anything in passthrough),
@@ -216,11 +207,11 @@ impl RequestBody {
         Poll::Ready(Some(Err(Box::new(why.status()))))
     }
 
-    /// Polls h2 for more data, releasing the flow-control window it used.
-    fn poll_recv(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Bytes, h2::Error>>> {
+    /// Polls the stream for more data, releasing the flow-control window it used.
+    fn poll_recv(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Bytes, StreamError>>> {
         let polled = ready!(self.recv.poll_data(cx));
         if let Some(Ok(data)) = &polled {
-            let _ = self.recv.flow_control().release_capacity(data.len());
+            self.recv.release_capacity(data.len());
         }
         Poll::Ready(polled)
     }

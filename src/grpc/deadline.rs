@@ -35,13 +35,6 @@ pub fn from_metadata(meta: &tonic::metadata::MetadataMap, start: Instant) -> Opt
     start.checked_add(parse_grpc_timeout(v)?)
 }
 
-/// [`from_metadata`] from the request's HTTP headers (the inline path, which has no tonic
-/// metadata).
-pub fn from_headers(headers: &http::HeaderMap, start: Instant) -> Option<Instant> {
-    let v = headers.get("grpc-timeout")?.to_str().ok()?;
-    start.checked_add(parse_grpc_timeout(v)?)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1,0 +1,1212 @@
+//! One HTTP/2 server connection (RFC 9113): the preface, frames in and out, HPACK, flow
+//! control, the stream table, keep-alive pings and the graceful drain, in the connection's own
+//! task on its core.
+//!
+//! A request the [`Service`] takes inline (a plain unary call) is answered inside the turn that
+//! read its last byte: no task, no shared state, no allocation; its answer joins the turn's
+//! output, which leaves in one write. Every other request is handed to the service with a
+//! [`RecvHalf`] and a [`Responder`] for a task of its own (the general path).
+//!
+//! Bounds: the streams the peer may open ([`MAX_CONCURRENT_STREAMS`]); a header block's bytes
+//! ([`HTTP2_MAX_HEADER_BLOCK_BYTES`]); received body bytes (the flow-control windows, returned
+//! only once read); response bytes queued per stream ([`HTTP2_MAX_SEND_BUFFER_BYTES`]); and the
+//! output buffer ([`HTTP2_WRITE_BUFFER_BYTES`]): past it no input is read, so a peer that does
+//! not read (PING or SETTINGS floods included) is held back by TCP, not by the server's memory.
+
+use std::collections::{HashMap, VecDeque};
+use std::future::{Future, poll_fn};
+use std::hash::{BuildHasherDefault, Hasher};
+use std::pin::{Pin, pin};
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use bytes::{Buf, Bytes, BytesMut};
+use futures_lite::{AsyncRead, AsyncWrite};
+
+use crate::limits::{
+    DRAIN_TIMEOUT, HTTP2_CONNECTION_WINDOW_BYTES, HTTP2_KEEPALIVE_INTERVAL,
+    HTTP2_KEEPALIVE_TIMEOUT, HTTP2_MAX_HEADER_BLOCK_BYTES, HTTP2_MAX_HEADER_LIST_BYTES,
+    HTTP2_MAX_SEND_BUFFER_BYTES, HTTP2_PREFACE_TIMEOUT, HTTP2_RECENT_RESETS,
+    HTTP2_STREAM_WINDOW_BYTES, HTTP2_WRITE_BUFFER_BYTES, MAX_CONCURRENT_STREAMS,
+};
+
+use super::frame::{self, FrameHeader, Reason, flag, kind, setting};
+use super::headers::{Decoded, Decoder, HeaderList};
+use super::stream::{Outgoing, RecvHalf, Responder, Shared, StreamLink, Wakeups};
+
+/// What the connection asks of the application it serves.
+pub trait Service {
+    /// The header block of every inline answer (status and content type).
+    const INLINE_HEAD: &'static [u8];
+    /// The trailers block of every inline answer.
+    const INLINE_TRAILERS: &'static [u8];
+
+    /// Whether a new request is a candidate for the inline path: its body is then collected
+    /// and offered to [`Service::answer_inline`] when it arrives whole in one DATA frame.
+    fn is_inline(&mut self, head: &HeaderList) -> bool;
+
+    /// Answers an inline request by writing its response body into `body`; `Err` hands the
+    /// request to the general path unchanged (nothing may have been written).
+    fn answer_inline(
+        &mut self,
+        head: &HeaderList,
+        body: Bytes,
+        out: &mut BytesMut,
+    ) -> Result<(), ()>;
+
+    /// Serves a request on the general path (in a task of its own); `head` is what `req` was
+    /// built from.
+    fn serve_general(
+        &mut self,
+        head: &HeaderList,
+        req: http::Request<RecvHalf>,
+        respond: Responder,
+    );
+}
+
+/// Read and answer rounds of one connection turn before it yields to the core's other tasks.
+const ROUNDS_PER_TURN: usize = 8;
+/// The ping payloads this server sends.
+const KEEPALIVE_PING: [u8; 8] = *b"ic-alive";
+const DRAIN_PING: [u8; 8] = *b"ic-drain";
+/// A connection error's GOAWAY is given this long to leave before the socket closes.
+const CLOSE_FLUSH_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// A connection error: GOAWAY with the reason, then close.
+#[derive(Debug)]
+struct ConnError(Reason);
+
+/// Stream ids are small odd integers: a multiplicative hash spreads them over the table.
+#[derive(Default)]
+struct IdHasher(u64);
+
+impl Hasher for IdHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, _: &[u8]) {
+        unreachable!("stream ids hash as u32")
+    }
+    fn write_u32(&mut self, id: u32) {
+        self.0 = u64::from(id).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    }
+}
+
+type StreamTable = HashMap<u32, Stream, BuildHasherDefault<IdHasher>>;
+
+/// A stream the peer opened that is not closed yet.
+enum Stream {
+    /// An inline candidate whose body has not arrived.
+    Inline { head: HeaderList, recv_window: i64 },
+    /// Served by a task of its own, or an answer waiting for the peer's windows.
+    General(General),
+}
+
+struct General {
+    link: StreamLink,
+    send_window: i64,
+    recv_window: i64,
+    /// Bytes read by the body and not yet returned with a stream WINDOW_UPDATE.
+    unreleased: usize,
+    recv_closed: bool,
+    /// Waiting in the connection's list for window.
+    blocked: bool,
+}
+
+/// Where the connection is in its life.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Phase {
+    /// Waiting for the client preface and its SETTINGS.
+    Preface,
+    Open,
+    /// SIGTERM: GOAWAY (all streams) and a PING sent; on its ACK the final GOAWAY follows.
+    DrainAnnounced,
+    /// Final GOAWAY sent: finishing the streams below it.
+    Draining,
+    /// Writing what is left (a GOAWAY), then closing.
+    Closing,
+}
+
+/// A header block arriving in CONTINUATION frames.
+struct PendingBlock {
+    stream: u32,
+    end_stream: bool,
+    block: BytesMut,
+}
+
+/// Serves HTTP/2 on `io` until the peer closes, a connection error, or the drain after SIGTERM.
+pub async fn serve<S, H>(io: S, service: H)
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+    H: Service,
+{
+    let mut conn = Connection::new(io, service);
+    let mut shutdown = pin!(crate::runtime::shutdown_requested());
+    poll_fn(|cx| {
+        if matches!(conn.phase, Phase::Open | Phase::Preface)
+            && shutdown.as_mut().poll(cx).is_ready()
+        {
+            conn.start_drain();
+        }
+        conn.poll_turn(cx)
+    })
+    .await;
+    conn.reset_all(Reason::CANCEL);
+}
+
+struct Connection<S, H> {
+    io: S,
+    service: H,
+    phase: Phase,
+    read_buf: BytesMut,
+    out: BytesMut,
+    /// Decoded header lists are cut out of this buffer.
+    arena: BytesMut,
+    /// Inline answers are encoded here before framing.
+    answer: BytesMut,
+    hpack: Decoder,
+    streams: StreamTable,
+    pending_block: Option<PendingBlock>,
+    last_stream: u32,
+    /// Streams this server reset recently: late frames on them are ignored, not errors.
+    recent_resets: VecDeque<u32>,
+    peer_initial_window: i64,
+    peer_max_frame: usize,
+    send_window: i64,
+    recv_window: i64,
+    /// Connection-level bytes consumed and not yet returned with a WINDOW_UPDATE.
+    recv_unreleased: usize,
+    wakeups: Arc<Mutex<Wakeups>>,
+    visit: Vec<u32>,
+    blocked: Vec<u32>,
+    /// One clone per live general-path task (bounds them, reset or not).
+    tasks: Arc<()>,
+    /// The one timer: the earliest of the deadlines below.
+    timer: Option<Pin<Box<glommio::timer::Timer>>>,
+    timer_at: Option<Instant>,
+    next_ping: Instant,
+    ping_ack_by: Option<Instant>,
+    /// The preface timeout, then the drain's or the close's deadline.
+    deadline: Option<Instant>,
+    peer_goaway: bool,
+    wrote: bool,
+}
+
+impl<S: AsyncRead + AsyncWrite + Unpin, H: Service> Connection<S, H> {
+    fn new(io: S, service: H) -> Self {
+        let now = Instant::now();
+        let mut out = BytesMut::with_capacity(16 * 1024);
+        frame::put_settings(
+            &mut out,
+            &[
+                (setting::MAX_CONCURRENT_STREAMS, MAX_CONCURRENT_STREAMS),
+                (setting::INITIAL_WINDOW_SIZE, HTTP2_STREAM_WINDOW_BYTES),
+                (setting::MAX_HEADER_LIST_SIZE, HTTP2_MAX_HEADER_LIST_BYTES),
+            ],
+        );
+        let grow = i64::from(HTTP2_CONNECTION_WINDOW_BYTES) - frame::DEFAULT_WINDOW;
+        if grow > 0 {
+            frame::put_window_update(&mut out, 0, grow as u32);
+        }
+        Connection {
+            io,
+            service,
+            phase: Phase::Preface,
+            read_buf: BytesMut::with_capacity(READ_CHUNK),
+            out,
+            arena: BytesMut::new(),
+            answer: BytesMut::new(),
+            hpack: Decoder::new(HTTP2_MAX_HEADER_LIST_BYTES as usize),
+            streams: StreamTable::default(),
+            pending_block: None,
+            last_stream: 0,
+            recent_resets: VecDeque::with_capacity(HTTP2_RECENT_RESETS),
+            peer_initial_window: frame::DEFAULT_WINDOW,
+            peer_max_frame: frame::DEFAULT_MAX_FRAME_BYTES as usize,
+            send_window: frame::DEFAULT_WINDOW,
+            recv_window: i64::from(HTTP2_CONNECTION_WINDOW_BYTES).max(frame::DEFAULT_WINDOW),
+            recv_unreleased: 0,
+            wakeups: Arc::default(),
+            visit: Vec::new(),
+            blocked: Vec::new(),
+            tasks: Arc::new(()),
+            timer: None,
+            timer_at: None,
+            next_ping: now + HTTP2_KEEPALIVE_INTERVAL,
+            ping_ack_by: None,
+            deadline: Some(now + HTTP2_PREFACE_TIMEOUT),
+            peer_goaway: false,
+            wrote: true,
+        }
+    }
+
+    /// One turn: read and handle frames, serve the general streams, write; `Ready` once the
+    /// connection is over.
+    fn poll_turn(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+        {
+            let mut w = self.wakeups.lock().unwrap_or_else(|e| e.into_inner());
+            if !w
+                .connection
+                .as_ref()
+                .is_some_and(|k| k.will_wake(cx.waker()))
+            {
+                w.connection = Some(cx.waker().clone());
+            }
+        }
+        for _ in 0..ROUNDS_PER_TURN {
+            let mut progressed = match self.read_and_handle(cx) {
+                Ok(p) => p,
+                Err(Closed) => return Poll::Ready(()),
+            };
+            progressed |= self.visit_streams();
+            self.release_connection_window();
+            match self.flush(cx) {
+                Ok(p) => progressed |= p,
+                Err(Closed) => return Poll::Ready(()),
+            }
+            if self.finished() {
+                return Poll::Ready(());
+            }
+            if !progressed {
+                return match self.poll_timers(cx) {
+                    Ok(()) => Poll::Pending,
+                    Err(Closed) => Poll::Ready(()),
+                };
+            }
+        }
+        cx.waker().wake_by_ref();
+        Poll::Pending
+    }
+}
+
+/// The connection is over (closed by the peer, an I/O error, or a finished close).
+struct Closed;
+
+/// Bytes asked of the socket per read.
+const READ_CHUNK: usize = 64 * 1024;
+
+thread_local! {
+    /// This core's read scratch, borrowed only inside one read (zeroed once, not per read).
+    static READ_SCRATCH: std::cell::RefCell<Box<[u8]>> =
+        std::cell::RefCell::new(vec![0u8; READ_CHUNK].into_boxed_slice());
+}
+
+impl<S: AsyncRead + AsyncWrite + Unpin, H: Service> Connection<S, H> {
+    /// Handles every whole frame buffered, then reads once more if the output has room.
+    fn read_and_handle(&mut self, cx: &mut Context<'_>) -> Result<bool, Closed> {
+        if self.phase == Phase::Closing || self.out.len() >= HTTP2_WRITE_BUFFER_BYTES {
+            return Ok(false);
+        }
+        let mut progressed = self.handle_buffered();
+        if self.phase == Phase::Closing || self.out.len() >= HTTP2_WRITE_BUFFER_BYTES {
+            return Ok(progressed);
+        }
+        let polled = READ_SCRATCH.with_borrow_mut(|scratch| {
+            let polled = Pin::new(&mut self.io).poll_read(cx, scratch);
+            if let Poll::Ready(Ok(n)) = polled {
+                self.read_buf.extend_from_slice(&scratch[..n]);
+            }
+            polled
+        });
+        match polled {
+            Poll::Pending => {}
+            Poll::Ready(Ok(0)) | Poll::Ready(Err(_)) => return Err(Closed),
+            Poll::Ready(Ok(_)) => {
+                progressed = true;
+                self.handle_buffered();
+            }
+        }
+        Ok(progressed)
+    }
+
+    /// Handles the whole frames in the read buffer. Returns whether any was handled.
+    fn handle_buffered(&mut self) -> bool {
+        if self.phase == Phase::Preface && !self.take_preface() {
+            return false;
+        }
+        let whole = self.whole_frames_len();
+        if whole > 0 {
+            let frames = self.read_buf.split_to(whole).freeze();
+            let mut at = 0;
+            while at < frames.len() && self.phase != Phase::Closing {
+                let head = FrameHeader::parse(&frames[at..]);
+                let body = at + frame::HEADER_BYTES;
+                at = body + head.len;
+                if let Err(ConnError(reason)) = self.on_frame(head, frames.slice(body..at)) {
+                    self.close_with(reason);
+                }
+            }
+        }
+        let oversize = self.read_buf.len() >= frame::HEADER_BYTES
+            && FrameHeader::parse(&self.read_buf).len > frame::DEFAULT_MAX_FRAME_BYTES as usize;
+        if oversize && self.phase != Phase::Closing {
+            self.close_with(Reason::FRAME_SIZE_ERROR);
+        }
+        whole > 0
+    }
+
+    /// Consumes the client preface once it is all in; a wrong one closes the connection.
+    fn take_preface(&mut self) -> bool {
+        let n = self.read_buf.len().min(frame::PREFACE.len());
+        if self.read_buf[..n] != frame::PREFACE[..n] {
+            self.close_with(Reason::PROTOCOL_ERROR);
+            return false;
+        }
+        if n < frame::PREFACE.len() {
+            return false;
+        }
+        self.read_buf.advance(n);
+        self.phase = Phase::Open;
+        true
+    }
+
+    /// The length of the whole frames at the front of the read buffer (stopping at an oversize
+    /// frame's header, which `on_frame` rejects).
+    fn whole_frames_len(&self) -> usize {
+        let buf = &self.read_buf[..];
+        let mut at = 0;
+        while buf.len() - at >= frame::HEADER_BYTES {
+            let head = FrameHeader::parse(&buf[at..]);
+            if head.len > frame::DEFAULT_MAX_FRAME_BYTES as usize {
+                // Rejected by the caller (FRAME_SIZE_ERROR) once the frames before it are handled.
+                return at;
+            }
+            if buf.len() - at - frame::HEADER_BYTES < head.len {
+                break;
+            }
+            at += frame::HEADER_BYTES + head.len;
+        }
+        at
+    }
+}
+
+impl<S: AsyncRead + AsyncWrite + Unpin, H: Service> Connection<S, H> {
+    /// Handles one frame (RFC 9113 §6).
+    fn on_frame(&mut self, head: FrameHeader, payload: Bytes) -> Result<(), ConnError> {
+        if let Some(pending) = &self.pending_block
+            && (head.kind != kind::CONTINUATION || head.stream != pending.stream)
+        {
+            return Err(ConnError(Reason::PROTOCOL_ERROR));
+        }
+        if self.deadline.is_some() && self.phase == Phase::Open {
+            // The first frame after the preface must be SETTINGS (§3.4).
+            if head.kind != kind::SETTINGS || head.has(flag::ACK) {
+                return Err(ConnError(Reason::PROTOCOL_ERROR));
+            }
+            self.deadline = None;
+        }
+        match head.kind {
+            kind::DATA => self.on_data(head, payload),
+            kind::HEADERS => self.on_headers(head, payload),
+            kind::CONTINUATION => self.on_continuation(head, payload),
+            kind::PRIORITY => self.on_priority(head, &payload),
+            kind::RST_STREAM => self.on_rst_stream(head, &payload),
+            kind::SETTINGS => self.on_settings(head, &payload),
+            kind::PING => self.on_ping(head, &payload),
+            kind::GOAWAY => self.on_goaway(head, &payload),
+            kind::WINDOW_UPDATE => self.on_window_update(head, &payload),
+            kind::PUSH_PROMISE => Err(ConnError(Reason::PROTOCOL_ERROR)),
+            // Unknown frame types are ignored (§5.5).
+            _ => Ok(()),
+        }
+    }
+
+    fn on_settings(&mut self, head: FrameHeader, payload: &[u8]) -> Result<(), ConnError> {
+        if head.stream != 0 {
+            return Err(ConnError(Reason::PROTOCOL_ERROR));
+        }
+        if head.has(flag::ACK) {
+            return if payload.is_empty() {
+                Ok(())
+            } else {
+                Err(ConnError(Reason::FRAME_SIZE_ERROR))
+            };
+        }
+        if !payload.len().is_multiple_of(6) {
+            return Err(ConnError(Reason::FRAME_SIZE_ERROR));
+        }
+        for entry in payload.chunks_exact(6) {
+            let id = u16::from_be_bytes([entry[0], entry[1]]);
+            let value = u32::from_be_bytes([entry[2], entry[3], entry[4], entry[5]]);
+            match id {
+                setting::ENABLE_PUSH if value > 1 => return Err(ConnError(Reason::PROTOCOL_ERROR)),
+                setting::INITIAL_WINDOW_SIZE => {
+                    if i64::from(value) > frame::MAX_WINDOW {
+                        return Err(ConnError(Reason::FLOW_CONTROL_ERROR));
+                    }
+                    self.set_peer_initial_window(i64::from(value))?;
+                }
+                setting::MAX_FRAME_SIZE => {
+                    if !(frame::DEFAULT_MAX_FRAME_BYTES..=frame::MAX_FRAME_SIZE_LIMIT)
+                        .contains(&value)
+                    {
+                        return Err(ConnError(Reason::PROTOCOL_ERROR));
+                    }
+                    self.peer_max_frame = value as usize;
+                }
+                // HEADER_TABLE_SIZE: responses use no dynamic table, so any size is honoured.
+                // MAX_CONCURRENT_STREAMS: the server opens none. MAX_HEADER_LIST_SIZE: advisory.
+                _ => {}
+            }
+        }
+        frame::put_settings_ack(&mut self.out);
+        Ok(())
+    }
+
+    /// A new SETTINGS_INITIAL_WINDOW_SIZE changes every open stream's send window (§6.9.2).
+    fn set_peer_initial_window(&mut self, value: i64) -> Result<(), ConnError> {
+        let delta = value - self.peer_initial_window;
+        self.peer_initial_window = value;
+        for (id, stream) in self.streams.iter_mut() {
+            if let Stream::General(g) = stream {
+                g.send_window += delta;
+                if g.send_window > frame::MAX_WINDOW {
+                    return Err(ConnError(Reason::FLOW_CONTROL_ERROR));
+                }
+                if delta > 0 && g.blocked {
+                    g.blocked = false;
+                    self.visit.push(*id);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn on_ping(&mut self, head: FrameHeader, payload: &[u8]) -> Result<(), ConnError> {
+        if head.stream != 0 {
+            return Err(ConnError(Reason::PROTOCOL_ERROR));
+        }
+        let Ok(data) = <[u8; 8]>::try_from(payload) else {
+            return Err(ConnError(Reason::FRAME_SIZE_ERROR));
+        };
+        if !head.has(flag::ACK) {
+            frame::put_ping(&mut self.out, true, data);
+        } else if data == KEEPALIVE_PING {
+            self.ping_ack_by = None;
+        } else if data == DRAIN_PING && self.phase == Phase::DrainAnnounced {
+            self.final_goaway();
+        }
+        Ok(())
+    }
+
+    fn on_goaway(&mut self, head: FrameHeader, payload: &[u8]) -> Result<(), ConnError> {
+        if head.stream != 0 {
+            return Err(ConnError(Reason::PROTOCOL_ERROR));
+        }
+        if payload.len() < 8 {
+            return Err(ConnError(Reason::FRAME_SIZE_ERROR));
+        }
+        // The peer opens no more streams; the open ones are finished, then the connection ends.
+        self.peer_goaway = true;
+        Ok(())
+    }
+
+    fn on_priority(&mut self, head: FrameHeader, payload: &[u8]) -> Result<(), ConnError> {
+        if head.stream == 0 {
+            return Err(ConnError(Reason::PROTOCOL_ERROR));
+        }
+        if payload.len() != 5 {
+            self.reset_stream(head.stream, Reason::FRAME_SIZE_ERROR);
+        }
+        Ok(())
+    }
+
+    fn on_rst_stream(&mut self, head: FrameHeader, payload: &[u8]) -> Result<(), ConnError> {
+        if head.stream == 0 || head.stream > self.last_stream {
+            return Err(ConnError(Reason::PROTOCOL_ERROR));
+        }
+        let Ok(code) = <[u8; 4]>::try_from(payload) else {
+            return Err(ConnError(Reason::FRAME_SIZE_ERROR));
+        };
+        let reason = Reason(u32::from_be_bytes(code));
+        if let Some(Stream::General(g)) = self.streams.remove(&head.stream) {
+            self.recv_unreleased += g.unreleased;
+            end_shared(&g.link, reason);
+        }
+        Ok(())
+    }
+
+    fn on_window_update(&mut self, head: FrameHeader, payload: &[u8]) -> Result<(), ConnError> {
+        let Ok(bytes) = <[u8; 4]>::try_from(payload) else {
+            return Err(ConnError(Reason::FRAME_SIZE_ERROR));
+        };
+        let increment = i64::from(u32::from_be_bytes(bytes) & 0x7fff_ffff);
+        if head.stream == 0 {
+            if increment == 0 {
+                return Err(ConnError(Reason::PROTOCOL_ERROR));
+            }
+            self.send_window += increment;
+            if self.send_window > frame::MAX_WINDOW {
+                return Err(ConnError(Reason::FLOW_CONTROL_ERROR));
+            }
+            self.unblock_all();
+            return Ok(());
+        }
+        if head.stream > self.last_stream {
+            return Err(ConnError(Reason::PROTOCOL_ERROR));
+        }
+        match self.streams.get_mut(&head.stream) {
+            Some(Stream::General(g)) if increment > 0 => {
+                g.send_window += increment;
+                if g.send_window > frame::MAX_WINDOW {
+                    self.reset_stream(head.stream, Reason::FLOW_CONTROL_ERROR);
+                } else if g.blocked {
+                    g.blocked = false;
+                    self.visit.push(head.stream);
+                }
+            }
+            Some(_) if increment == 0 => self.reset_stream(head.stream, Reason::PROTOCOL_ERROR),
+            // An inline candidate has sent nothing yet: its window starts from the peer's
+            // initial window when it becomes general. Closed streams: ignored (§6.9).
+            _ => {}
+        }
+        Ok(())
+    }
+
+    fn unblock_all(&mut self) {
+        for id in self.blocked.drain(..) {
+            if let Some(Stream::General(g)) = self.streams.get_mut(&id) {
+                g.blocked = false;
+                self.visit.push(id);
+            }
+        }
+    }
+
+    fn on_headers(&mut self, head: FrameHeader, payload: Bytes) -> Result<(), ConnError> {
+        if head.stream == 0 || head.stream.is_multiple_of(2) {
+            return Err(ConnError(Reason::PROTOCOL_ERROR));
+        }
+        let Some((start, end)) = frame::unpad(&payload, head.has(flag::PADDED)) else {
+            return Err(ConnError(Reason::PROTOCOL_ERROR));
+        };
+        let start = if head.has(flag::PRIORITY) {
+            start + 5
+        } else {
+            start
+        };
+        if start > end {
+            return Err(ConnError(Reason::PROTOCOL_ERROR));
+        }
+        let fragment = &payload[start..end];
+        let end_stream = head.has(flag::END_STREAM);
+        if head.has(flag::END_HEADERS) {
+            return self.on_header_block(head.stream, end_stream, fragment);
+        }
+        if fragment.len() > HTTP2_MAX_HEADER_BLOCK_BYTES {
+            return Err(self.calm("http2_header_block_bytes"));
+        }
+        self.pending_block = Some(PendingBlock {
+            stream: head.stream,
+            end_stream,
+            block: BytesMut::from(fragment),
+        });
+        Ok(())
+    }
+
+    fn on_continuation(&mut self, head: FrameHeader, payload: Bytes) -> Result<(), ConnError> {
+        let Some(mut pending) = self.pending_block.take() else {
+            return Err(ConnError(Reason::PROTOCOL_ERROR));
+        };
+        if pending.block.len() + payload.len() > HTTP2_MAX_HEADER_BLOCK_BYTES {
+            return Err(self.calm("http2_header_block_bytes"));
+        }
+        pending.block.extend_from_slice(&payload);
+        if !head.has(flag::END_HEADERS) {
+            self.pending_block = Some(pending);
+            return Ok(());
+        }
+        self.on_header_block(pending.stream, pending.end_stream, &pending.block)
+    }
+
+    /// A peer over a bound: counted, then GOAWAY ENHANCE_YOUR_CALM.
+    fn calm(&self, limit: &'static str) -> ConnError {
+        crate::metrics::record_limit_hit(limit);
+        ConnError(Reason::ENHANCE_YOUR_CALM)
+    }
+
+    /// A complete header block: a new request, or the trailers of an open one.
+    fn on_header_block(
+        &mut self,
+        id: u32,
+        end_stream: bool,
+        block: &[u8],
+    ) -> Result<(), ConnError> {
+        let is_new = id > self.last_stream;
+        let decoded = self
+            .hpack
+            .decode(block, !is_new, &mut self.arena)
+            .map_err(|_| ConnError(Reason::COMPRESSION_ERROR))?;
+        if !is_new {
+            return self.on_trailers(id, end_stream, decoded);
+        }
+        self.last_stream = id;
+        let list = match decoded {
+            Decoded::List(list) => list,
+            Decoded::Malformed => {
+                self.reset_stream(id, Reason::PROTOCOL_ERROR);
+                return Ok(());
+            }
+            Decoded::TooLarge => {
+                crate::metrics::record_limit_hit("http2_header_list_bytes");
+                self.answer_status(
+                    id,
+                    http::StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+                    end_stream,
+                );
+                return Ok(());
+            }
+        };
+        if self.phase == Phase::Draining || self.peer_goaway {
+            self.reset_stream(id, Reason::REFUSED_STREAM);
+            return Ok(());
+        }
+        let live_tasks = Arc::strong_count(&self.tasks) - 1;
+        if self.streams.len() >= MAX_CONCURRENT_STREAMS as usize
+            || live_tasks >= 2 * MAX_CONCURRENT_STREAMS as usize
+        {
+            crate::metrics::record_limit_hit("http2_concurrent_streams");
+            self.reset_stream(id, Reason::REFUSED_STREAM);
+            return Ok(());
+        }
+        if !end_stream && self.service.is_inline(&list) {
+            let recv_window = i64::from(HTTP2_STREAM_WINDOW_BYTES);
+            self.streams.insert(
+                id,
+                Stream::Inline {
+                    head: list,
+                    recv_window,
+                },
+            );
+            return Ok(());
+        }
+        self.start_general(id, list, Bytes::new(), end_stream);
+        Ok(())
+    }
+
+    /// A header block on a stream already opened: trailers ending its request.
+    fn on_trailers(
+        &mut self,
+        id: u32,
+        end_stream: bool,
+        decoded: Decoded,
+    ) -> Result<(), ConnError> {
+        let Some(stream) = self.streams.get(&id) else {
+            // Closed: ignored if this server reset it lately, else a connection error (§5.1).
+            return if self.recent_resets.contains(&id) {
+                Ok(())
+            } else {
+                Err(ConnError(Reason::STREAM_CLOSED))
+            };
+        };
+        let trailers = match decoded {
+            Decoded::List(list) if end_stream => list.to_header_map(),
+            _ => None,
+        };
+        let Some(trailers) = trailers else {
+            self.reset_stream(id, Reason::PROTOCOL_ERROR);
+            return Ok(());
+        };
+        match stream {
+            Stream::Inline { .. } => {
+                let Some(Stream::Inline { head, .. }) = self.streams.remove(&id) else {
+                    unreachable!("matched above")
+                };
+                self.start_general(id, head, Bytes::new(), false);
+                self.end_general_body(id, Some(trailers));
+            }
+            Stream::General(g) if g.recv_closed => self.reset_stream(id, Reason::STREAM_CLOSED),
+            Stream::General(_) => self.end_general_body(id, Some(trailers)),
+        }
+        Ok(())
+    }
+
+    fn on_data(&mut self, head: FrameHeader, payload: Bytes) -> Result<(), ConnError> {
+        if head.stream == 0 || head.stream > self.last_stream {
+            return Err(ConnError(Reason::PROTOCOL_ERROR));
+        }
+        let flow = payload.len() as i64;
+        self.recv_window -= flow;
+        if self.recv_window < 0 {
+            return Err(ConnError(Reason::FLOW_CONTROL_ERROR));
+        }
+        let Some((start, end)) = frame::unpad(&payload, head.has(flag::PADDED)) else {
+            return Err(ConnError(Reason::PROTOCOL_ERROR));
+        };
+        // Padding is consumed at once; the data when it is read.
+        self.recv_unreleased += payload.len() - (end - start);
+        let data = payload.slice(start..end);
+        let end_stream = head.has(flag::END_STREAM);
+        match self.streams.get_mut(&head.stream) {
+            None => {
+                self.recv_unreleased += data.len();
+                if !self.recent_resets.contains(&head.stream) {
+                    self.reset_stream(head.stream, Reason::STREAM_CLOSED);
+                }
+            }
+            Some(Stream::Inline { recv_window, .. }) => {
+                *recv_window -= flow;
+                if *recv_window < 0 {
+                    self.recv_unreleased += data.len();
+                    self.reset_stream(head.stream, Reason::FLOW_CONTROL_ERROR);
+                } else {
+                    self.on_inline_data(head.stream, data, end_stream);
+                }
+            }
+            Some(Stream::General(g)) => {
+                g.recv_window -= flow;
+                if g.recv_closed || g.recv_window < 0 {
+                    let reason = if g.recv_closed {
+                        Reason::STREAM_CLOSED
+                    } else {
+                        Reason::FLOW_CONTROL_ERROR
+                    };
+                    self.recv_unreleased += data.len();
+                    self.reset_stream(head.stream, reason);
+                    return Ok(());
+                }
+                let mut s = g.link.lock();
+                if s.recv_dropped {
+                    s.released += data.len();
+                } else {
+                    s.received.extend_from_slice(&data);
+                }
+                if let Some(waker) = s.recv_waker.take() {
+                    waker.wake();
+                }
+                drop(s);
+                if end_stream {
+                    self.end_general_body(head.stream, None);
+                }
+                if !self.visit.contains(&head.stream) {
+                    self.visit.push(head.stream);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// DATA on an inline candidate: answered now when it is the whole body; anything else
+    /// moves the stream to the general path with what arrived.
+    fn on_inline_data(&mut self, id: u32, data: Bytes, end_stream: bool) {
+        if data.is_empty() && !end_stream {
+            return;
+        }
+        let Some(Stream::Inline { head, .. }) = self.streams.remove(&id) else {
+            unreachable!("called for inline streams")
+        };
+        let len = data.len();
+        if !end_stream {
+            self.start_general(id, head, data, false);
+            return;
+        }
+        self.answer.clear();
+        match self
+            .service
+            .answer_inline(&head, data.clone(), &mut self.answer)
+        {
+            Ok(()) => {
+                self.recv_unreleased += len;
+                self.write_inline_answer(id);
+            }
+            Err(()) => self.start_general(id, head, data, true),
+        }
+    }
+
+    /// Writes an inline answer now when the windows allow, else queues it like a general
+    /// stream's response.
+    fn write_inline_answer(&mut self, id: u32) {
+        let len = self.answer.len() as i64;
+        if len <= self.send_window
+            && len <= self.peer_initial_window
+            && self.answer.len() <= self.peer_max_frame
+        {
+            self.send_window -= len;
+            frame::put_headers(
+                &mut self.out,
+                id,
+                H::INLINE_HEAD,
+                false,
+                self.peer_max_frame,
+            );
+            frame::put_data(&mut self.out, id, &self.answer, false);
+            frame::put_headers(
+                &mut self.out,
+                id,
+                H::INLINE_TRAILERS,
+                true,
+                self.peer_max_frame,
+            );
+            return;
+        }
+        let link = self.link(id);
+        {
+            let mut s = link.lock();
+            s.recv_ended = true;
+            s.send_ended = true;
+            s.outgoing.push_back(Outgoing::Headers {
+                block: Bytes::from_static(H::INLINE_HEAD),
+                end: false,
+            });
+            s.queued_bytes = self.answer.len();
+            s.outgoing.push_back(Outgoing::Data {
+                bytes: self.answer.split().freeze(),
+                end: false,
+            });
+            s.outgoing.push_back(Outgoing::Headers {
+                block: Bytes::from_static(H::INLINE_TRAILERS),
+                end: true,
+            });
+        }
+        self.insert_general(id, link, true);
+        self.visit.push(id);
+    }
+
+    fn link(&self, id: u32) -> StreamLink {
+        StreamLink {
+            id,
+            shared: Arc::new(Mutex::new(Shared::default())),
+            wakeups: self.wakeups.clone(),
+        }
+    }
+
+    fn insert_general(&mut self, id: u32, link: StreamLink, recv_closed: bool) {
+        self.streams.insert(
+            id,
+            Stream::General(General {
+                link,
+                send_window: self.peer_initial_window,
+                recv_window: i64::from(HTTP2_STREAM_WINDOW_BYTES),
+                unreleased: 0,
+                recv_closed,
+                blocked: false,
+            }),
+        );
+    }
+
+    /// Hands a request to the general path, with the body bytes that already arrived.
+    fn start_general(&mut self, id: u32, head: HeaderList, received: Bytes, end_stream: bool) {
+        let Some(builder) = head.to_request() else {
+            self.recv_unreleased += received.len();
+            self.reset_stream(id, Reason::PROTOCOL_ERROR);
+            return;
+        };
+        let link = self.link(id);
+        {
+            let mut s = link.lock();
+            s.received.extend_from_slice(&received);
+            s.recv_ended = end_stream;
+        }
+        let Ok(req) = builder.body(RecvHalf::new(link.clone())) else {
+            self.reset_stream(id, Reason::PROTOCOL_ERROR);
+            return;
+        };
+        let respond = Responder::new(
+            link.clone(),
+            HTTP2_MAX_SEND_BUFFER_BYTES,
+            self.tasks.clone(),
+        );
+        self.insert_general(id, link, end_stream);
+        if let Some(Stream::General(g)) = self.streams.get_mut(&id) {
+            g.recv_window -= received.len() as i64;
+        }
+        self.service.serve_general(&head, req, respond);
+    }
+
+    /// The request of a general stream ended (END_STREAM, with trailers or not).
+    fn end_general_body(&mut self, id: u32, trailers: Option<http::HeaderMap>) {
+        let Some(Stream::General(g)) = self.streams.get_mut(&id) else {
+            return;
+        };
+        g.recv_closed = true;
+        let mut s = g.link.lock();
+        s.recv_ended = true;
+        s.trailers = trailers;
+        if let Some(waker) = s.recv_waker.take() {
+            waker.wake();
+        }
+    }
+
+    /// A trailers-only answer with an HTTP status (a request refused before the service).
+    fn answer_status(&mut self, id: u32, status: http::StatusCode, end_stream: bool) {
+        let mut block = BytesMut::new();
+        super::headers::encode_response_head(status, &http::HeaderMap::new(), &mut block);
+        frame::put_headers(&mut self.out, id, &block, true, self.peer_max_frame);
+        if !end_stream {
+            // The peer may stop sending the body (§8.1).
+            frame::put_rst_stream(&mut self.out, id, Reason::NO_ERROR);
+        }
+        self.note_reset(id);
+    }
+
+    /// RST_STREAM: the stream ends here (its task, if any, sees the reset).
+    fn reset_stream(&mut self, id: u32, reason: Reason) {
+        frame::put_rst_stream(&mut self.out, id, reason);
+        if let Some(Stream::General(g)) = self.streams.remove(&id) {
+            self.recv_unreleased += g.unreleased;
+            end_shared(&g.link, reason);
+        } else {
+            self.streams.remove(&id);
+        }
+        self.note_reset(id);
+    }
+
+    /// Remembers a stream this server ended early, so the peer's late frames are tolerated.
+    fn note_reset(&mut self, id: u32) {
+        if self.recent_resets.len() == HTTP2_RECENT_RESETS {
+            self.recent_resets.pop_front();
+        }
+        self.recent_resets.push_back(id);
+    }
+}
+
+/// Ends both halves of a general stream with `reason` and wakes its task.
+fn end_shared(link: &StreamLink, reason: Reason) {
+    let mut s = link.lock();
+    s.reset.get_or_insert(reason);
+    s.outgoing.clear();
+    s.queued_bytes = 0;
+    if let Some(waker) = s.recv_waker.take() {
+        waker.wake();
+    }
+    if let Some(waker) = s.send_waker.take() {
+        waker.wake();
+    }
+}
+
+impl<S: AsyncRead + AsyncWrite + Unpin, H: Service> Connection<S, H> {
+    /// Serves the general streams that have something new: returned window, queued output.
+    fn visit_streams(&mut self) -> bool {
+        {
+            let mut w = self.wakeups.lock().unwrap_or_else(|e| e.into_inner());
+            self.visit.append(&mut w.streams);
+        }
+        if self.visit.is_empty() {
+            return false;
+        }
+        let mut visit = std::mem::take(&mut self.visit);
+        let mut progressed = false;
+        for id in visit.drain(..) {
+            if self.out.len() >= HTTP2_WRITE_BUFFER_BYTES {
+                // Visited again once the output drained.
+                self.visit.push(id);
+                continue;
+            }
+            progressed |= self.visit_stream(id);
+        }
+        if self.visit.is_empty() {
+            self.visit = visit;
+        }
+        progressed
+    }
+
+    /// Moves one stream's returned window and queued output to the wire. Returns whether
+    /// anything was written.
+    fn visit_stream(&mut self, id: u32) -> bool {
+        let Some(Stream::General(g)) = self.streams.get_mut(&id) else {
+            return false;
+        };
+        let out = &mut self.out;
+        let written_before = out.len();
+        let mut guard = g.link.lock();
+        let s = &mut *guard;
+        s.scheduled = false;
+        if s.released > 0 {
+            self.recv_unreleased += s.released;
+            g.unreleased += s.released;
+            s.released = 0;
+            if !g.recv_closed && g.unreleased >= HTTP2_STREAM_WINDOW_BYTES as usize / 2 {
+                frame::put_window_update(out, id, g.unreleased as u32);
+                g.recv_window += g.unreleased as i64;
+                g.unreleased = 0;
+            }
+        }
+        let mut send_closed = false;
+        let mut reset = None;
+        while let Some(next) = s.outgoing.front_mut() {
+            if out.len() >= HTTP2_WRITE_BUFFER_BYTES {
+                self.visit.push(id);
+                break;
+            }
+            match next {
+                Outgoing::Headers { block, end } => {
+                    frame::put_headers(out, id, block, *end, self.peer_max_frame);
+                    send_closed = *end;
+                }
+                Outgoing::Data { bytes, end } => {
+                    let window = self.send_window.min(g.send_window).max(0) as usize;
+                    let n = bytes.len().min(window).min(self.peer_max_frame);
+                    if n == 0 && !bytes.is_empty() {
+                        if !g.blocked {
+                            g.blocked = true;
+                            self.blocked.push(id);
+                        }
+                        break;
+                    }
+                    let chunk = bytes.split_to(n);
+                    let last = bytes.is_empty();
+                    frame::put_data(out, id, &chunk, *end && last);
+                    self.send_window -= n as i64;
+                    g.send_window -= n as i64;
+                    s.queued_bytes -= n;
+                    if !last {
+                        continue;
+                    }
+                    send_closed = *end;
+                }
+                Outgoing::Reset(reason) => {
+                    frame::put_rst_stream(out, id, *reason);
+                    reset = Some(*reason);
+                }
+            }
+            s.outgoing.pop_front();
+            if send_closed || reset.is_some() {
+                break;
+            }
+        }
+        if s.queued_bytes < HTTP2_MAX_SEND_BUFFER_BYTES
+            && let Some(waker) = s.send_waker.take()
+        {
+            waker.wake();
+        }
+        let wrote = out.len() > written_before;
+        drop(guard);
+        if send_closed || reset.is_some() {
+            let recv_closed = g.recv_closed;
+            let link = g.link.clone();
+            self.recv_unreleased += g.unreleased;
+            self.streams.remove(&id);
+            if let Some(reason) = reset {
+                end_shared(&link, reason);
+                self.note_reset(id);
+            } else if !recv_closed {
+                // The answer is complete before the request: the peer may stop sending (§8.1).
+                frame::put_rst_stream(&mut self.out, id, Reason::NO_ERROR);
+                end_shared(&link, Reason::NO_ERROR);
+                self.note_reset(id);
+            }
+        }
+        wrote
+    }
+
+    /// Returns consumed bytes to the peer's connection window, half a window at a time.
+    fn release_connection_window(&mut self) {
+        if self.recv_unreleased >= HTTP2_CONNECTION_WINDOW_BYTES as usize / 2 {
+            frame::put_window_update(&mut self.out, 0, self.recv_unreleased as u32);
+            self.recv_window += self.recv_unreleased as i64;
+            self.recv_unreleased = 0;
+        }
+    }
+
+    /// Writes the output buffer. Returns whether bytes left.
+    fn flush(&mut self, cx: &mut Context<'_>) -> Result<bool, Closed> {
+        let mut progressed = false;
+        while !self.out.is_empty() {
+            match Pin::new(&mut self.io).poll_write(cx, &self.out) {
+                Poll::Ready(Ok(0)) | Poll::Ready(Err(_)) => return Err(Closed),
+                Poll::Ready(Ok(n)) => {
+                    self.out.advance(n);
+                    self.wrote = true;
+                    progressed = true;
+                }
+                Poll::Pending => return Ok(progressed),
+            }
+        }
+        if self.wrote {
+            match Pin::new(&mut self.io).poll_flush(cx) {
+                Poll::Ready(Ok(())) => self.wrote = false,
+                Poll::Ready(Err(_)) => return Err(Closed),
+                Poll::Pending => {}
+            }
+        }
+        Ok(progressed)
+    }
+
+    /// Whether the connection is done: closing with everything written, or drained.
+    fn finished(&self) -> bool {
+        let idle = self.out.is_empty() && !self.wrote;
+        match self.phase {
+            Phase::Closing => idle,
+            Phase::Draining => idle && self.streams.is_empty(),
+            _ => self.peer_goaway && idle && self.streams.is_empty(),
+        }
+    }
+
+    /// Keep-alive pings and the deadlines; arms the one timer for the earliest.
+    fn poll_timers(&mut self, cx: &mut Context<'_>) -> Result<(), Closed> {
+        let now = Instant::now();
+        if self.deadline.is_some_and(|d| now >= d) {
+            if self.phase == Phase::Preface || self.phase == Phase::Open {
+                tracing::debug!("grpc_preface_timeout");
+            }
+            return Err(Closed);
+        }
+        if self.ping_ack_by.is_some_and(|d| now >= d) {
+            tracing::debug!("grpc_keepalive_timeout");
+            return Err(Closed);
+        }
+        if now >= self.next_ping && self.phase != Phase::Closing {
+            frame::put_ping(&mut self.out, false, KEEPALIVE_PING);
+            self.next_ping = now + HTTP2_KEEPALIVE_INTERVAL;
+            self.ping_ack_by
+                .get_or_insert(now + HTTP2_KEEPALIVE_TIMEOUT);
+            cx.waker().wake_by_ref();
+        }
+        let wake_at = [Some(self.next_ping), self.ping_ack_by, self.deadline]
+            .into_iter()
+            .flatten()
+            .min()
+            .expect("the next ping is always set");
+        if self.timer_at != Some(wake_at) {
+            let timer = self
+                .timer
+                .get_or_insert_with(|| Box::pin(glommio::timer::Timer::new(wake_at - now)));
+            timer.reset(wake_at.saturating_duration_since(now));
+            self.timer_at = Some(wake_at);
+            let _ = timer.as_mut().poll(cx);
+        }
+        Ok(())
+    }
+
+    /// A connection error: GOAWAY, then close once it is written (or after a short bound).
+    fn close_with(&mut self, reason: Reason) {
+        if self.phase == Phase::Closing {
+            return;
+        }
+        if self.phase != Phase::Preface {
+            frame::put_goaway(&mut self.out, self.last_stream, reason);
+        }
+        self.phase = Phase::Closing;
+        self.pending_block = None;
+        self.deadline = Some(Instant::now() + CLOSE_FLUSH_TIMEOUT);
+        self.reset_all(reason);
+    }
+
+    /// SIGTERM: announce the drain with GOAWAY for every stream and a PING; the final GOAWAY
+    /// goes out with its ACK, so requests already in flight are not refused (§6.8).
+    fn start_drain(&mut self) {
+        if self.phase == Phase::Preface {
+            self.phase = Phase::Closing;
+            self.deadline = Some(Instant::now());
+            return;
+        }
+        frame::put_goaway(&mut self.out, 0x7fff_ffff, Reason::NO_ERROR);
+        frame::put_ping(&mut self.out, false, DRAIN_PING);
+        self.phase = Phase::DrainAnnounced;
+        self.deadline = Some(Instant::now() + DRAIN_TIMEOUT);
+    }
+
+    fn final_goaway(&mut self) {
+        frame::put_goaway(&mut self.out, self.last_stream, Reason::NO_ERROR);
+        self.phase = Phase::Draining;
+    }
+
+    /// Ends every open stream (the connection is going away).
+    fn reset_all(&mut self, reason: Reason) {
+        for (_, stream) in self.streams.drain() {
+            if let Stream::General(g) = stream {
+                end_shared(&g.link, reason);
+            }
+        }
+    }
+}

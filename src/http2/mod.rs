@@ -1,0 +1,24 @@
+//! The gRPC port's HTTP/2 server (RFC 9113), written for this server's traffic: many small
+//! unary calls per connection, answered on the core that reads them.
+//!
+//! Why not the `h2` crate: at saturation h2 with HPACK, `http` and `bytes` was a third of the
+//! CPU of a LookupRoute, more than the index walk (perf/RESULTS.md, issue 14): a `HeaderMap`
+//! and `Uri` per request, a stream slab behind a mutex, three queued frames per answer. Here a
+//! plain call is decoded into one reused buffer, answered in the turn that read it, and its
+//! answer framed straight into the connection's output.
+//!
+//! * [`frame`]: frame headers and writers.
+//! * [`headers`]: HPACK decoding (the `loona-hpack` crate) into checked header lists, and
+//!   response encoding.
+//! * [`stream`]: what a general-path stream's task shares with its connection.
+//! * [`connection`]: the connection itself, and the [`Service`] it serves.
+
+mod connection;
+pub mod frame;
+pub mod headers;
+mod stream;
+
+pub use connection::{Service, serve};
+pub use frame::Reason;
+pub use headers::HeaderList;
+pub use stream::{RecvHalf, Responder, StreamError};
