@@ -1,4 +1,4 @@
-//! Header blocks: HPACK decoding of requests into a compact [`HeaderList`] (checked against
+//! Header blocks: requests decoded (`super::hpack`) into a compact [`HeaderList`] (checked against
 //! RFC 9113 §8.2–8.3 as it is decoded) and HPACK encoding of responses.
 //!
 //! Responses are encoded as literals without indexing: the server keeps no dynamic table for
@@ -92,7 +92,7 @@ pub enum Decoded {
 
 /// The HPACK decoding state of one connection.
 pub struct Decoder {
-    hpack: loona_hpack::Decoder<'static>,
+    hpack: super::hpack::Decoder,
     max_list_bytes: usize,
 }
 
@@ -110,10 +110,8 @@ struct ListCheck {
 
 impl Decoder {
     pub fn new(max_list_bytes: usize) -> Self {
-        let mut hpack = loona_hpack::Decoder::new();
-        hpack.set_max_allowed_table_size(DECODER_TABLE_BYTES);
         Decoder {
-            hpack,
+            hpack: super::hpack::Decoder::new(DECODER_TABLE_BYTES),
             max_list_bytes,
         }
     }
@@ -135,19 +133,19 @@ impl Decoder {
         };
         let max = self.max_list_bytes;
         self.hpack
-            .decode_with_cb(block, |name, value| {
+            .decode(block, |name, value| {
                 check.size += name.len() + value.len() + ENTRY_OVERHEAD;
                 if check.size > max || check.malformed {
                     return;
                 }
-                if !check.admit(&name, &value, trailers) {
+                if !check.admit(name, value, trailers) {
                     check.malformed = true;
                     return;
                 }
                 arena.put_u16(name.len() as u16);
                 arena.put_u16(value.len() as u16);
-                arena.put_slice(&name);
-                arena.put_slice(&value);
+                arena.put_slice(name);
+                arena.put_slice(value);
             })
             .map_err(|_| CompressionError)?;
         let list = arena.split().freeze();

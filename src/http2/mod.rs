@@ -8,14 +8,16 @@
 //! answer framed straight into the connection's output.
 //!
 //! * [`frame`]: frame headers and writers.
-//! * [`headers`]: HPACK decoding (the `loona-hpack` crate) into checked header lists, and
-//!   response encoding.
+//! * [`hpack`]: HPACK decoding (RFC 7541).
+//! * [`headers`]: decoded blocks as checked header lists, and response encoding.
 //! * [`stream`]: what a general-path stream's task shares with its connection.
 //! * [`connection`]: the connection itself, and the [`Service`] it serves.
 
 mod connection;
 pub mod frame;
 pub mod headers;
+mod hpack;
+mod hpack_tables;
 mod stream;
 
 pub use connection::{Service, serve};
