@@ -3,7 +3,7 @@
 //!
 //! One glommio executor on this thread is set up as core 0 of a `--shards 1` server by the
 //! server's own start-up code (`inference_cache::perf_harness`), the index is preloaded through
-//! the ingest path, and the real connection code (`serve_http2`: h2, the inline LookupRoute path,
+//! the ingest path, and the real connection code (`serve_http2`: the HTTP/2 layer, the inline LookupRoute path,
 //! handler, index, response encoding) serves one connection over an in-memory duplex. A scripted
 //! raw HTTP/2 client writes fixed bytes: the preface, SETTINGS with a large initial window and a
 //! connection WINDOW_UPDATE once; then per request a HEADERS frame (HPACK literals without
@@ -15,7 +15,7 @@
 //! `perf_gate_frontend <workload>` does the set-up (executor, core, preload, connection
 //! preface, one warm-up request whose answer is checked), then runs the counted loop inside the
 //! function `gate_w_<workload>`, which drives the executor: everything the executor runs meanwhile
-//! (client, h2, handler, index, encoding, the executor's own loop) is counted.
+//! (client, HTTP/2 layer, handler, index, encoding, the executor's own loop) is counted.
 //! `perf_gate_frontend list` prints the workload names and their request counts.
 //!
 //! `PERF_GATE_INJECT=<workload>` adds a `black_box` spin of `PERF_GATE_INJECT_ITERS` (default
