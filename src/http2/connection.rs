@@ -98,7 +98,11 @@ type StreamTable = HashMap<u32, Stream, BuildHasherDefault<IdHasher>>;
 /// A stream the peer opened that is not closed yet.
 enum Stream {
     /// An inline candidate whose body has not arrived.
-    Inline { head: HeaderList, recv_window: i64 },
+    Inline {
+        head: HeaderList,
+        recv_window: i64,
+        send_window: i64,
+    },
     /// Served by a task of its own, or an answer waiting for the peer's windows.
     General(General),
 }
@@ -459,15 +463,19 @@ impl<S: AsyncRead + AsyncWrite + Unpin, H: Service> Connection<S, H> {
         let delta = value - self.peer_initial_window;
         self.peer_initial_window = value;
         for (id, stream) in self.streams.iter_mut() {
-            if let Stream::General(g) = stream {
-                g.send_window += delta;
-                if g.send_window > frame::MAX_WINDOW {
-                    return Err(ConnError(Reason::FLOW_CONTROL_ERROR));
+            let window = match stream {
+                Stream::General(g) => {
+                    if delta > 0 && g.blocked {
+                        g.blocked = false;
+                        self.visit.push(*id);
+                    }
+                    &mut g.send_window
                 }
-                if delta > 0 && g.blocked {
-                    g.blocked = false;
-                    self.visit.push(*id);
-                }
+                Stream::Inline { send_window, .. } => send_window,
+            };
+            *window += delta;
+            if *window > frame::MAX_WINDOW {
+                return Err(ConnError(Reason::FLOW_CONTROL_ERROR));
             }
         }
         Ok(())
@@ -556,10 +564,15 @@ impl<S: AsyncRead + AsyncWrite + Unpin, H: Service> Connection<S, H> {
                     self.visit.push(head.stream);
                 }
             }
-            Some(_) if increment == 0 => self.reset_stream(head.stream, Reason::PROTOCOL_ERROR),
-            // An inline candidate has sent nothing yet: its window starts from the peer's
-            // initial window when it becomes general. Closed streams: ignored (§6.9).
-            _ => {}
+            Some(Stream::Inline { send_window, .. }) if increment > 0 => {
+                *send_window += increment;
+                if *send_window > frame::MAX_WINDOW {
+                    self.reset_stream(head.stream, Reason::FLOW_CONTROL_ERROR);
+                }
+            }
+            Some(_) => self.reset_stream(head.stream, Reason::PROTOCOL_ERROR),
+            // Closed streams: ignored (§6.9).
+            None => {}
         }
         Ok(())
     }
@@ -676,11 +689,13 @@ impl<S: AsyncRead + AsyncWrite + Unpin, H: Service> Connection<S, H> {
                 Stream::Inline {
                     head: list,
                     recv_window,
+                    send_window: self.peer_initial_window,
                 },
             );
             return Ok(());
         }
-        self.start_general(id, list, Bytes::new(), end_stream);
+        let send_window = self.peer_initial_window;
+        self.start_general(id, list, Bytes::new(), end_stream, send_window);
         Ok(())
     }
 
@@ -709,10 +724,13 @@ impl<S: AsyncRead + AsyncWrite + Unpin, H: Service> Connection<S, H> {
         };
         match stream {
             Stream::Inline { .. } => {
-                let Some(Stream::Inline { head, .. }) = self.streams.remove(&id) else {
+                let Some(Stream::Inline {
+                    head, send_window, ..
+                }) = self.streams.remove(&id)
+                else {
                     unreachable!("matched above")
                 };
-                self.start_general(id, head, Bytes::new(), false);
+                self.start_general(id, head, Bytes::new(), false, send_window);
                 self.end_general_body(id, Some(trailers));
             }
             Stream::General(g) if g.recv_closed => self.reset_stream(id, Reason::STREAM_CLOSED),
@@ -792,12 +810,15 @@ impl<S: AsyncRead + AsyncWrite + Unpin, H: Service> Connection<S, H> {
         if data.is_empty() && !end_stream {
             return;
         }
-        let Some(Stream::Inline { head, .. }) = self.streams.remove(&id) else {
+        let Some(Stream::Inline {
+            head, send_window, ..
+        }) = self.streams.remove(&id)
+        else {
             unreachable!("called for inline streams")
         };
         let len = data.len();
         if !end_stream {
-            self.start_general(id, head, data, false);
+            self.start_general(id, head, data, false, send_window);
             return;
         }
         self.answer.clear();
@@ -807,19 +828,17 @@ impl<S: AsyncRead + AsyncWrite + Unpin, H: Service> Connection<S, H> {
         {
             Ok(()) => {
                 self.recv_unreleased += len;
-                self.write_inline_answer(id);
+                self.write_inline_answer(id, send_window);
             }
-            Err(()) => self.start_general(id, head, data, true),
+            Err(()) => self.start_general(id, head, data, true, send_window),
         }
     }
 
     /// Writes an inline answer now when the windows allow, else queues it like a general
     /// stream's response.
-    fn write_inline_answer(&mut self, id: u32) {
+    fn write_inline_answer(&mut self, id: u32, send_window: i64) {
         let len = self.answer.len() as i64;
-        if len <= self.send_window
-            && len <= self.peer_initial_window
-            && self.answer.len() <= self.peer_max_frame
+        if len <= self.send_window && len <= send_window && self.answer.len() <= self.peer_max_frame
         {
             self.send_window -= len;
             frame::put_headers(
@@ -858,7 +877,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin, H: Service> Connection<S, H> {
                 end: true,
             });
         }
-        self.insert_general(id, link, true);
+        self.insert_general(id, link, true, send_window);
         self.visit.push(id);
     }
 
@@ -870,12 +889,12 @@ impl<S: AsyncRead + AsyncWrite + Unpin, H: Service> Connection<S, H> {
         }
     }
 
-    fn insert_general(&mut self, id: u32, link: StreamLink, recv_closed: bool) {
+    fn insert_general(&mut self, id: u32, link: StreamLink, recv_closed: bool, send_window: i64) {
         self.streams.insert(
             id,
             Stream::General(General {
                 link,
-                send_window: self.peer_initial_window,
+                send_window,
                 recv_window: i64::from(HTTP2_STREAM_WINDOW_BYTES),
                 unreleased: 0,
                 recv_closed,
@@ -885,7 +904,14 @@ impl<S: AsyncRead + AsyncWrite + Unpin, H: Service> Connection<S, H> {
     }
 
     /// Hands a request to the general path, with the body bytes that already arrived.
-    fn start_general(&mut self, id: u32, head: HeaderList, received: Bytes, end_stream: bool) {
+    fn start_general(
+        &mut self,
+        id: u32,
+        head: HeaderList,
+        received: Bytes,
+        end_stream: bool,
+        send_window: i64,
+    ) {
         let Some(builder) = head.to_request() else {
             self.recv_unreleased += received.len();
             self.reset_stream(id, Reason::PROTOCOL_ERROR);
@@ -906,7 +932,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin, H: Service> Connection<S, H> {
             HTTP2_MAX_SEND_BUFFER_BYTES,
             self.tasks.clone(),
         );
-        self.insert_general(id, link, end_stream);
+        self.insert_general(id, link, end_stream, send_window);
         if let Some(Stream::General(g)) = self.streams.get_mut(&id) {
             g.recv_window -= received.len() as i64;
         }
