@@ -248,16 +248,6 @@ impl<S: AsyncRead + AsyncWrite + Unpin, H: Service> Connection<S, H> {
     /// One turn: read and handle frames, serve the general streams, write; `Ready` once the
     /// connection is over.
     fn poll_turn(&mut self, cx: &mut Context<'_>) -> Poll<()> {
-        {
-            let mut w = self.wakeups.lock().unwrap_or_else(|e| e.into_inner());
-            if !w
-                .connection
-                .as_ref()
-                .is_some_and(|k| k.will_wake(cx.waker()))
-            {
-                w.connection = Some(cx.waker().clone());
-            }
-        }
         for _ in 0..ROUNDS_PER_TURN {
             let mut progressed = match self.read_and_handle(cx) {
                 Ok(p) => p,
@@ -273,6 +263,9 @@ impl<S: AsyncRead + AsyncWrite + Unpin, H: Service> Connection<S, H> {
                 return Poll::Ready(());
             }
             if !progressed {
+                if self.has_general_streams() && self.register_wakeups(cx) {
+                    continue;
+                }
                 return match self.poll_timers(cx) {
                     Ok(()) => Poll::Pending,
                     Err(Closed) => Poll::Ready(()),
@@ -1001,9 +994,29 @@ fn end_shared(link: &StreamLink, reason: Reason) {
 }
 
 impl<S: AsyncRead + AsyncWrite + Unpin, H: Service> Connection<S, H> {
+    /// Whether any general-path stream's halves are alive (each holds a clone of the wake-up
+    /// list): a connection serving only inline calls never takes the wake-up lock.
+    fn has_general_streams(&self) -> bool {
+        Arc::strong_count(&self.wakeups) > 1
+    }
+
+    /// Leaves the connection's waker for the general streams' tasks before the connection
+    /// sleeps. Returns whether a stream already has something new (then it must not sleep).
+    fn register_wakeups(&mut self, cx: &mut Context<'_>) -> bool {
+        let mut w = self.wakeups.lock().unwrap_or_else(|e| e.into_inner());
+        if !w
+            .connection
+            .as_ref()
+            .is_some_and(|k| k.will_wake(cx.waker()))
+        {
+            w.connection = Some(cx.waker().clone());
+        }
+        !w.streams.is_empty()
+    }
+
     /// Serves the general streams that have something new: returned window, queued output.
     fn visit_streams(&mut self) -> bool {
-        {
+        if self.has_general_streams() {
             let mut w = self.wakeups.lock().unwrap_or_else(|e| e.into_inner());
             self.visit.append(&mut w.streams);
         }
