@@ -102,6 +102,10 @@ enum Stream {
         head: HeaderList,
         recv_window: i64,
         send_window: i64,
+        /// The message, when it came in a DATA frame of its own and the end of the stream is
+        /// still to come (gRPC clients send an empty END_STREAM frame after it). Held only
+        /// until the end of the read batch it arrived in.
+        held: Option<Bytes>,
     },
     /// Served by a task of its own, or an answer waiting for the peer's windows.
     General(General),
@@ -184,6 +188,8 @@ struct Connection<S, H> {
     wakeups: Arc<Mutex<Wakeups>>,
     visit: Vec<u32>,
     blocked: Vec<u32>,
+    /// Inline candidates holding their message until the end of the read batch.
+    holding: Vec<u32>,
     /// One clone per live general-path task (bounds them, reset or not).
     tasks: Arc<()>,
     /// The one timer: the earliest of the deadlines below.
@@ -234,6 +240,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin, H: Service> Connection<S, H> {
             wakeups: Arc::default(),
             visit: Vec::new(),
             blocked: Vec::new(),
+            holding: Vec::new(),
             tasks: Arc::new(()),
             timer: None,
             timer_at: None,
@@ -334,6 +341,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin, H: Service> Connection<S, H> {
                     self.close_with(reason);
                 }
             }
+            self.release_held();
         }
         let oversize = self.read_buf.len() >= frame::HEADER_BYTES
             && FrameHeader::parse(&self.read_buf).len > frame::DEFAULT_MAX_FRAME_BYTES as usize;
@@ -521,10 +529,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin, H: Service> Connection<S, H> {
             return Err(ConnError(Reason::FRAME_SIZE_ERROR));
         };
         let reason = Reason(u32::from_be_bytes(code));
-        if let Some(Stream::General(g)) = self.streams.remove(&head.stream) {
-            self.recv_unreleased += g.unreleased;
-            end_shared(&g.link, reason);
-        }
+        self.drop_stream(head.stream, reason);
         Ok(())
     }
 
@@ -683,6 +688,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin, H: Service> Connection<S, H> {
                     head: list,
                     recv_window,
                     send_window: self.peer_initial_window,
+                    held: None,
                 },
             );
             return Ok(());
@@ -718,12 +724,16 @@ impl<S: AsyncRead + AsyncWrite + Unpin, H: Service> Connection<S, H> {
         match stream {
             Stream::Inline { .. } => {
                 let Some(Stream::Inline {
-                    head, send_window, ..
+                    head,
+                    send_window,
+                    held,
+                    ..
                 }) = self.streams.remove(&id)
                 else {
                     unreachable!("matched above")
                 };
-                self.start_general(id, head, Bytes::new(), false, send_window);
+                let received = held.unwrap_or_default();
+                self.start_general(id, head, received, false, send_window);
                 self.end_general_body(id, Some(trailers));
             }
             Stream::General(g) if g.recv_closed => self.reset_stream(id, Reason::STREAM_CLOSED),
@@ -800,14 +810,35 @@ impl<S: AsyncRead + AsyncWrite + Unpin, H: Service> Connection<S, H> {
     /// DATA on an inline candidate: answered now when it is the whole body; anything else
     /// moves the stream to the general path with what arrived.
     fn on_inline_data(&mut self, id: u32, data: Bytes, end_stream: bool) {
-        if data.is_empty() && !end_stream {
+        let Some(Stream::Inline { held, .. }) = self.streams.get_mut(&id) else {
+            unreachable!("called for inline streams")
+        };
+        if !end_stream && data.is_empty() {
+            return;
+        }
+        if !end_stream && held.is_none() {
+            *held = Some(data);
+            self.holding.push(id);
             return;
         }
         let Some(Stream::Inline {
-            head, send_window, ..
+            head,
+            send_window,
+            held,
+            ..
         }) = self.streams.remove(&id)
         else {
             unreachable!("called for inline streams")
+        };
+        let data = match held {
+            None => data,
+            Some(held) if data.is_empty() => held,
+            Some(held) => {
+                // Split over DATA frames: rare, so the copy is fine.
+                let mut joined = BytesMut::from(&held[..]);
+                joined.extend_from_slice(&data);
+                joined.freeze()
+            }
         };
         let len = data.len();
         if !end_stream {
@@ -961,13 +992,42 @@ impl<S: AsyncRead + AsyncWrite + Unpin, H: Service> Connection<S, H> {
     /// RST_STREAM: the stream ends here (its task, if any, sees the reset).
     fn reset_stream(&mut self, id: u32, reason: Reason) {
         frame::put_rst_stream(&mut self.out, id, reason);
-        if let Some(Stream::General(g)) = self.streams.remove(&id) {
-            self.recv_unreleased += g.unreleased;
-            end_shared(&g.link, reason);
-        } else {
-            self.streams.remove(&id);
-        }
+        self.drop_stream(id, reason);
         self.note_reset(id);
+    }
+
+    /// Forgets a stream that was reset: its task sees the reset, and the body bytes it held
+    /// go back to the connection window.
+    fn drop_stream(&mut self, id: u32, reason: Reason) {
+        match self.streams.remove(&id) {
+            Some(Stream::General(g)) => {
+                self.recv_unreleased += unreleased_of(&g);
+                end_shared(&g.link, reason);
+            }
+            Some(Stream::Inline { held, .. }) => {
+                self.recv_unreleased += held.map_or(0, |h| h.len());
+            }
+            None => {}
+        }
+    }
+
+    /// At the end of a read batch: inline candidates still waiting for the end of their stream
+    /// go to the general path with the message they hold, so no read buffer stays pinned.
+    fn release_held(&mut self) {
+        for id in std::mem::take(&mut self.holding) {
+            if let Some(Stream::Inline { held: Some(_), .. }) = self.streams.get(&id) {
+                let Some(Stream::Inline {
+                    head,
+                    send_window,
+                    held,
+                    ..
+                }) = self.streams.remove(&id)
+                else {
+                    unreachable!("matched above")
+                };
+                self.start_general(id, head, held.unwrap_or_default(), false, send_window);
+            }
+        }
     }
 
     /// Remembers a stream this server ended early, so the peer's late frames are tolerated.
@@ -977,6 +1037,17 @@ impl<S: AsyncRead + AsyncWrite + Unpin, H: Service> Connection<S, H> {
         }
         self.recent_resets.push_back(id);
     }
+}
+
+/// The body bytes a general stream took from the connection window and has not returned: read
+/// but not yet returned, and received but never read. Counted once: they are taken here.
+fn unreleased_of(g: &General) -> usize {
+    let mut s = g.link.lock();
+    let n = g.unreleased + s.released + s.received.len();
+    s.released = 0;
+    s.received = BytesMut::new();
+    s.recv_dropped = true;
+    n
 }
 
 /// Ends both halves of a general stream with `reason` and wakes its task.
@@ -1113,7 +1184,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin, H: Service> Connection<S, H> {
         if send_closed || reset.is_some() {
             let recv_closed = g.recv_closed;
             let link = g.link.clone();
-            self.recv_unreleased += g.unreleased;
+            self.recv_unreleased += unreleased_of(g);
             self.streams.remove(&id);
             if let Some(reason) = reset {
                 end_shared(&link, reason);
