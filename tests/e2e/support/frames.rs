@@ -644,7 +644,8 @@ impl FrameConn {
             }
             kind::PING => {
                 let mut opaque = [0u8; 8];
-                opaque.copy_from_slice(&p[..8.min(p.len())]);
+                let n = p.len().min(8);
+                opaque[..n].copy_from_slice(&p[..n]);
                 let ack = f.flags & flag::ACK != 0;
                 if !ack && !self.closed {
                     let _ = self.write(&ping(true, opaque)).await;
