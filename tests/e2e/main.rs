@@ -27,6 +27,8 @@ mod gates;
 mod hardness;
 /// The HTTP listeners: public endpoints, /snapshot, /policy, /probe, shutdown.
 mod http;
+/// The gRPC port's HTTP/2 wire behaviour (RFC 9113), frame by frame.
+mod http2_wire;
 /// ReportCacheState / PublishEvent semantics: timestamps, REPLICA_UPDATED, PREFIX_EVICTED.
 mod ingest;
 /// The inline LookupRoute path and its hand-off to the general path.

@@ -2,11 +2,13 @@
 //! the server harness ([`server`]), raw HTTP and the HTTP endpoints ([`http`]), gRPC request
 //! builders and response assertions ([`grpc`]), hand-framed HTTP/2 calls ([`h2raw`]), partition placement ([`cores`]), the token
 //! fingerprint ([`fingerprint`]), condition waits ([`wait`]) and TLS material ([`pki`]);
+//! `frames` (a frame-level HTTP/2 client) is imported explicitly by the wire scenarios;
 //! `tiny_model` is imported explicitly by the prompt_text scenarios.
 #![allow(dead_code)]
 
 mod cores;
 mod fingerprint;
+pub mod frames;
 mod grpc;
 mod h2raw;
 mod http;
