@@ -706,11 +706,12 @@ impl<S: AsyncRead + AsyncWrite + Unpin, H: Service> Connection<S, H> {
         decoded: Decoded,
     ) -> Result<(), ConnError> {
         let Some(stream) = self.streams.get(&id) else {
-            // Closed: ignored if this server reset it lately, else a connection error (§5.1).
+            // Closed or never opened (an id below the last): ignored if this server reset it
+            // lately, else a connection error (§5.1.1).
             return if self.recent_resets.contains(&id) {
                 Ok(())
             } else {
-                Err(ConnError(Reason::STREAM_CLOSED))
+                Err(ConnError(Reason::PROTOCOL_ERROR))
             };
         };
         let trailers = match decoded {

@@ -19,25 +19,6 @@ const LOOKUP_PATH: &str = "/inferencecache.v1alpha1.InferenceCache/LookupRoute";
 const REPORT_PATH: &str = "/inferencecache.v1alpha1.InferenceCache/ReportCacheState";
 const STATE_PATH: &str = "/inferencecache.v1alpha1.InferenceCache/GetCacheState";
 
-/// `shards_1_and_2!` for a scenario today's server fails because it departs from RFC 9113:
-/// both tests are `#[ignore]`d with `reason` (run them with `--ignored`).
-macro_rules! ignored_shards_1_and_2 {
-    ($f:ident, $reason:literal) => {
-        mod $f {
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            #[ignore = $reason]
-            async fn shards_1() {
-                super::$f(1).await
-            }
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            #[ignore = $reason]
-            async fn shards_2() {
-                super::$f(2).await
-            }
-        }
-    };
-}
-
 /// How long the server may take to close the connection after its GOAWAY.
 const CLOSE_WITHIN: Duration = Duration::from_secs(3);
 
@@ -585,42 +566,21 @@ fn settings_of_bad_length_frame() -> Vec<u8> {
     frame(kind::SETTINGS, 0, 0, &[0, 4, 0, 0, 1, 0, 0])
 }
 
-/// A SETTINGS frame whose length is not a multiple of 6 is a connection error (§6.5): GOAWAY
-/// and close. The code is pinned by `settings_of_bad_length_code`.
+/// A SETTINGS frame whose length is not a multiple of 6 is a connection error of type
+/// FRAME_SIZE_ERROR (§6.5): GOAWAY and close.
 async fn settings_of_bad_length(shards: usize) {
-    connection_error(shards, None, settings_of_bad_length_frame(), &[]).await;
-}
-shards_1_and_2!(settings_of_bad_length);
-
-/// ... of type FRAME_SIZE_ERROR (§6.5: "MUST be treated as a connection error of type
-/// FRAME_SIZE_ERROR").
-async fn settings_of_bad_length_code(shards: usize) {
     let bad = settings_of_bad_length_frame();
     connection_error(shards, None, bad, &[code::FRAME_SIZE_ERROR]).await;
 }
-ignored_shards_1_and_2!(
-    settings_of_bad_length_code,
-    "h2 0.4.20 answers PROTOCOL_ERROR; RFC 9113 §6.5 requires FRAME_SIZE_ERROR"
-);
+shards_1_and_2!(settings_of_bad_length);
 
-/// SETTINGS_INITIAL_WINDOW_SIZE above 2^31 - 1 is a connection error (§6.5.2): GOAWAY and
-/// close. The code is pinned by `settings_initial_window_too_large_code`.
+/// SETTINGS_INITIAL_WINDOW_SIZE above 2^31 - 1 is a connection error of type
+/// FLOW_CONTROL_ERROR (§6.5.2): GOAWAY and close. (h2 0.4.20 answered PROTOCOL_ERROR here.)
 async fn settings_initial_window_too_large(shards: usize) {
-    let bad = settings(&[(setting::INITIAL_WINDOW_SIZE, 1 << 31)]);
-    connection_error(shards, None, bad, &[]).await;
-}
-shards_1_and_2!(settings_initial_window_too_large);
-
-/// ... of type FLOW_CONTROL_ERROR (§6.5.2: "MUST be treated as a connection error of type
-/// FLOW_CONTROL_ERROR").
-async fn settings_initial_window_too_large_code(shards: usize) {
     let bad = settings(&[(setting::INITIAL_WINDOW_SIZE, 1 << 31)]);
     connection_error(shards, None, bad, &[code::FLOW_CONTROL_ERROR]).await;
 }
-ignored_shards_1_and_2!(
-    settings_initial_window_too_large_code,
-    "h2 0.4.20 answers PROTOCOL_ERROR; RFC 9113 §6.5.2 requires FLOW_CONTROL_ERROR"
-);
+shards_1_and_2!(settings_initial_window_too_large);
 
 /// CONTINUATION without a preceding HEADERS: PROTOCOL_ERROR (§6.10).
 async fn continuation_without_headers(shards: usize) {
