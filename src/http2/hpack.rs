@@ -30,13 +30,21 @@ pub struct Decoder {
     max_allowed: usize,
     name_scratch: Vec<u8>,
     value_scratch: Vec<u8>,
+    /// The last Huffman value decoded: `(encoded, decoded)`. Clients send some values as
+    /// literals on every request (nghttp2 never indexes `:path`), so a repeat is a compare.
+    memo: (Vec<u8>, Vec<u8>),
 }
+
+/// Longest encoded Huffman value kept in the memo.
+const MEMO_MAX_BYTES: usize = 256;
 
 /// Where a string literal's bytes are: in the block, or decoded into a scratch buffer.
 enum Str {
     Raw(usize, usize),
     Name,
     Value,
+    /// The memo's decoded value.
+    Memo,
 }
 
 impl Decoder {
@@ -48,6 +56,7 @@ impl Decoder {
             max_allowed: max_table_bytes,
             name_scratch: Vec::new(),
             value_scratch: Vec::new(),
+            memo: (Vec::new(), Vec::new()),
         }
     }
 
@@ -128,6 +137,7 @@ impl Decoder {
             Str::Raw(start, end) => &block[start..end],
             Str::Name => &self.name_scratch,
             Str::Value => &self.value_scratch,
+            Str::Memo => &self.memo.1,
         }
     }
 
@@ -143,12 +153,22 @@ impl Decoder {
         if !huffman {
             return Ok(Str::Raw(start, end));
         }
+        let value = matches!(into, Str::Value);
+        if value && self.memo.0 == raw {
+            return Ok(Str::Memo);
+        }
         let out = match into {
             Str::Name => &mut self.name_scratch,
             _ => &mut self.value_scratch,
         };
         out.clear();
         huffman_decode(raw, out)?;
+        if value && raw.len() <= MEMO_MAX_BYTES {
+            self.memo.0.clear();
+            self.memo.0.extend_from_slice(raw);
+            self.memo.1.clear();
+            self.memo.1.extend_from_slice(&self.value_scratch);
+        }
         Ok(into)
     }
 
@@ -455,6 +475,22 @@ mod tests {
             let mut out = Vec::new();
             huffman_decode(&huffman_encode(&s), &mut out).unwrap();
             assert_eq!(out, s);
+        }
+    }
+
+    #[test]
+    fn repeated_huffman_values_decode_the_same() {
+        // Literal without indexing, static name :path (4), Huffman value; sent twice, then a
+        // different value of the same length.
+        let block = |path: &str| {
+            let enc = huffman_encode(path.as_bytes());
+            let mut b = vec![0x04, 0x80 | enc.len() as u8];
+            b.extend(enc);
+            b
+        };
+        let mut d = Decoder::new(4096);
+        for path in ["/a.B/Call", "/a.B/Call", "/a.B/Cell", "/a.B/Call"] {
+            assert_eq!(decode_all(&mut d, &block(path)), pairs(&[(":path", path)]));
         }
     }
 
