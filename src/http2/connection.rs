@@ -279,8 +279,12 @@ impl<S: AsyncRead + AsyncWrite + Unpin, H: Service> Connection<S, H> {
                 };
             }
         }
+        // Busy: yield to the core's other tasks, but keep the deadlines (a drain under load).
         cx.waker().wake_by_ref();
-        Poll::Pending
+        match self.poll_timers(cx) {
+            Ok(()) => Poll::Pending,
+            Err(Closed) => Poll::Ready(()),
+        }
     }
 }
 
@@ -315,7 +319,14 @@ impl<S: AsyncRead + AsyncWrite + Unpin, H: Service> Connection<S, H> {
         });
         match polled {
             Poll::Pending => {}
-            Poll::Ready(Ok(0)) | Poll::Ready(Err(_)) => return Err(Closed),
+            Poll::Ready(Err(_)) => return Err(Closed),
+            Poll::Ready(Ok(0)) => {
+                // The peer closed its side: what is already answered is still written.
+                self.phase = Phase::Closing;
+                self.deadline = Some(Instant::now() + CLOSE_FLUSH_TIMEOUT);
+                self.reset_all(Reason::CANCEL);
+                return Ok(true);
+            }
             Poll::Ready(Ok(_)) => {
                 progressed = true;
                 self.handle_buffered();
