@@ -481,6 +481,51 @@ async fn large_body_within_windows_completes(shards: usize) {
 }
 shards_1_and_2!(large_body_within_windows_completes);
 
+/// gRPC clients (tonic, grpc-go) end a unary request with an empty DATA frame after the message.
+/// Arriving in one write, such a LookupRoute stays on the inline path; with its end arriving
+/// later it is handed to the general path. The answer is the same either way.
+async fn message_then_empty_end_frame(shards: usize) {
+    let srv = Server::start(shards, &[]);
+    let mut c = FrameConn::handshake(srv.grpc_port).await;
+    let block = grpc_request_block(LOOKUP_PATH);
+    let body = lookup_body();
+    let mut w = headers(1, &block, false);
+    w.extend_from_slice(&data(1, &body, false));
+    w.extend_from_slice(&data(1, &[], true));
+    c.send(&w).await;
+    let together = lookup_answer(&c.reply(1).await, "together");
+
+    let mut w = headers(3, &block, false);
+    w.extend_from_slice(&data(3, &body, false));
+    c.send(&w).await;
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    c.send(&data(3, &[], true)).await;
+    let apart = lookup_answer(&c.reply(3).await, "apart");
+    assert_eq!(
+        (&together.reason_code, &together.replica_scores),
+        (&apart.reason_code, &apart.replica_scores)
+    );
+
+    let text = metrics_text(&srv);
+    let count = |outcome: &str| {
+        let series = format!("inferencecache_grpc_inline_lookups_total{{outcome=\"{outcome}\"}}");
+        metric_value(&text, &series).unwrap_or(0.0) as usize
+    };
+    let (answered, handed_on) = (count("answered"), count("handed_on"));
+    if shards == 1 {
+        assert_eq!(
+            (answered, handed_on),
+            (1, 1),
+            "together inline, apart handed on"
+        );
+    } else {
+        // With two cores the partition may be the other core's: then both are handed on.
+        assert_eq!(answered + handed_on, 2, "{answered} / {handed_on}");
+        assert!(handed_on >= 1, "{answered} / {handed_on}");
+    }
+}
+shards_1_and_2!(message_then_empty_end_frame);
+
 // ---------------------------------------------------------------------------------------------
 // 6. Connection errors
 

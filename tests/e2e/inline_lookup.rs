@@ -110,8 +110,9 @@ async fn every_request_shape_gets_the_same_answer(shards: usize) {
             prost::Message::decode(grpc_messages(&late.body)[0]).expect("a response");
         assert!(r.lookup_latency_us < 20_000, "{}", r.lookup_latency_us);
     }
-    // Whole and late bodies are answered inline when this core owns the partition; split and
-    // trailed ones are handed on (an empty end frame goes either way, by arrival timing).
+    // Whole and late bodies are answered inline when this core owns the partition; trailed ones
+    // are handed on. A split body and one ended by an empty frame go either way, by arrival
+    // timing (inline when the end of the stream is in the same read as the message).
     let text = metrics_text(&srv);
     let count = |outcome: &str| {
         let series = format!("inferencecache_grpc_inline_lookups_total{{outcome=\"{outcome}\"}}");
@@ -119,7 +120,7 @@ async fn every_request_shape_gets_the_same_answer(shards: usize) {
     };
     let (answered, handed_on) = (count("answered"), count("handed_on"));
     assert_eq!(answered + handed_on, 5 * MODELS.len(), "{text}");
-    assert!(handed_on >= 2 * MODELS.len(), "{answered} / {handed_on}");
+    assert!(handed_on >= MODELS.len(), "{answered} / {handed_on}");
     let min_inline = if shards == 1 { 2 * MODELS.len() } else { 2 };
     assert!(answered >= min_inline, "{answered} / {handed_on}");
 }
