@@ -113,6 +113,11 @@ enum Stream {
 
 struct General {
     link: StreamLink,
+    flow: Flow,
+}
+
+/// A general stream's flow-control state, kept by the connection.
+struct Flow {
     send_window: i64,
     recv_window: i64,
     /// Bytes read by the body and not yet returned with a stream WINDOW_UPDATE.
@@ -477,11 +482,11 @@ impl<S: AsyncRead + AsyncWrite + Unpin, H: Service> Connection<S, H> {
         for (id, stream) in self.streams.iter_mut() {
             let window = match stream {
                 Stream::General(g) => {
-                    if delta > 0 && g.blocked {
-                        g.blocked = false;
+                    if delta > 0 && g.flow.blocked {
+                        g.flow.blocked = false;
                         self.visit.push(*id);
                     }
-                    &mut g.send_window
+                    &mut g.flow.send_window
                 }
                 Stream::Inline { send_window, .. } => send_window,
             };
@@ -565,11 +570,11 @@ impl<S: AsyncRead + AsyncWrite + Unpin, H: Service> Connection<S, H> {
         }
         match self.streams.get_mut(&head.stream) {
             Some(Stream::General(g)) if increment > 0 => {
-                g.send_window += increment;
-                if g.send_window > frame::MAX_WINDOW {
+                g.flow.send_window += increment;
+                if g.flow.send_window > frame::MAX_WINDOW {
                     self.reset_stream(head.stream, Reason::FLOW_CONTROL_ERROR);
-                } else if g.blocked {
-                    g.blocked = false;
+                } else if g.flow.blocked {
+                    g.flow.blocked = false;
                     self.visit.push(head.stream);
                 }
             }
@@ -589,7 +594,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin, H: Service> Connection<S, H> {
     fn unblock_all(&mut self) {
         for id in self.blocked.drain(..) {
             if let Some(Stream::General(g)) = self.streams.get_mut(&id) {
-                g.blocked = false;
+                g.flow.blocked = false;
                 self.visit.push(id);
             }
         }
@@ -748,7 +753,9 @@ impl<S: AsyncRead + AsyncWrite + Unpin, H: Service> Connection<S, H> {
                 self.start_general(id, head, received, false, send_window);
                 self.end_general_body(id, Some(trailers));
             }
-            Stream::General(g) if g.recv_closed => self.reset_stream(id, Reason::STREAM_CLOSED),
+            Stream::General(g) if g.flow.recv_closed => {
+                self.reset_stream(id, Reason::STREAM_CLOSED)
+            }
             Stream::General(_) => self.end_general_body(id, Some(trailers)),
         }
         Ok(())
@@ -787,9 +794,9 @@ impl<S: AsyncRead + AsyncWrite + Unpin, H: Service> Connection<S, H> {
                 }
             }
             Some(Stream::General(g)) => {
-                g.recv_window -= flow;
-                if g.recv_closed || g.recv_window < 0 {
-                    let reason = if g.recv_closed {
+                g.flow.recv_window -= flow;
+                if g.flow.recv_closed || g.flow.recv_window < 0 {
+                    let reason = if g.flow.recv_closed {
                         Reason::STREAM_CLOSED
                     } else {
                         Reason::FLOW_CONTROL_ERROR
@@ -930,11 +937,13 @@ impl<S: AsyncRead + AsyncWrite + Unpin, H: Service> Connection<S, H> {
             id,
             Stream::General(General {
                 link,
-                send_window,
-                recv_window: i64::from(HTTP2_STREAM_WINDOW_BYTES),
-                unreleased: 0,
-                recv_closed,
-                blocked: false,
+                flow: Flow {
+                    send_window,
+                    recv_window: i64::from(HTTP2_STREAM_WINDOW_BYTES),
+                    unreleased: 0,
+                    recv_closed,
+                    blocked: false,
+                },
             }),
         );
     }
@@ -970,7 +979,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin, H: Service> Connection<S, H> {
         );
         self.insert_general(id, link, end_stream, send_window);
         if let Some(Stream::General(g)) = self.streams.get_mut(&id) {
-            g.recv_window -= received.len() as i64;
+            g.flow.recv_window -= received.len() as i64;
         }
         self.service.serve_general(&head, req, respond);
     }
@@ -980,7 +989,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin, H: Service> Connection<S, H> {
         let Some(Stream::General(g)) = self.streams.get_mut(&id) else {
             return;
         };
-        g.recv_closed = true;
+        g.flow.recv_closed = true;
         let mut s = g.link.lock();
         s.recv_ended = true;
         s.trailers = trailers;
@@ -1055,11 +1064,77 @@ impl<S: AsyncRead + AsyncWrite + Unpin, H: Service> Connection<S, H> {
 /// but not yet returned, and received but never read. Counted once: they are taken here.
 fn unreleased_of(g: &General) -> usize {
     let mut s = g.link.lock();
-    let n = g.unreleased + s.released + s.received.len();
+    let n = g.flow.unreleased + s.released + s.received.len();
     s.released = 0;
     s.received = BytesMut::new();
     s.recv_dropped = true;
     n
+}
+
+/// Moves the body bytes a stream's task has read into the stream's returned count, sending a
+/// stream WINDOW_UPDATE once half its window is back. Returns the bytes for the connection's
+/// window.
+fn return_read_window(id: u32, flow: &mut Flow, s: &mut Shared, out: &mut BytesMut) -> usize {
+    let released = std::mem::take(&mut s.released);
+    flow.unreleased += released;
+    if !flow.recv_closed && flow.unreleased >= HTTP2_STREAM_WINDOW_BYTES as usize / 2 {
+        frame::put_window_update(out, id, flow.unreleased as u32);
+        flow.recv_window += flow.unreleased as i64;
+        flow.unreleased = 0;
+    }
+    released
+}
+
+/// What writing a stream's queued response needs of its connection.
+struct SendState<'a> {
+    out: &'a mut BytesMut,
+    connection_window: &'a mut i64,
+    max_frame: usize,
+}
+
+impl SendState<'_> {
+    /// Frames a stream's queued response as far as the windows and the output buffer allow.
+    /// Returns `Some(None)` once the response is complete, `Some(Some(reason))` once reset.
+    fn write_queued(&mut self, id: u32, flow: &mut Flow, s: &mut Shared) -> Option<Option<Reason>> {
+        while let Some(next) = s.outgoing.front_mut() {
+            if self.out.len() >= HTTP2_WRITE_BUFFER_BYTES {
+                return None;
+            }
+            let ended = match next {
+                Outgoing::Headers { block, end } => {
+                    frame::put_headers(self.out, id, block, *end, self.max_frame);
+                    end.then_some(None)
+                }
+                Outgoing::Data { bytes, end } => {
+                    let window = (*self.connection_window).min(flow.send_window).max(0) as usize;
+                    let n = bytes.len().min(window).min(self.max_frame);
+                    if n == 0 && !bytes.is_empty() {
+                        flow.blocked = true;
+                        return None;
+                    }
+                    let chunk = bytes.split_to(n);
+                    let last = bytes.is_empty();
+                    frame::put_data(self.out, id, &chunk, *end && last);
+                    *self.connection_window -= n as i64;
+                    flow.send_window -= n as i64;
+                    s.queued_bytes -= n;
+                    if !last {
+                        continue;
+                    }
+                    end.then_some(None)
+                }
+                Outgoing::Reset(reason) => {
+                    frame::put_rst_stream(self.out, id, *reason);
+                    Some(Some(*reason))
+                }
+            };
+            s.outgoing.pop_front();
+            if ended.is_some() {
+                return ended;
+            }
+        }
+        None
+    }
 }
 
 /// Ends both halves of a general stream with `reason` and wakes its task.
@@ -1128,87 +1203,53 @@ impl<S: AsyncRead + AsyncWrite + Unpin, H: Service> Connection<S, H> {
         let Some(Stream::General(g)) = self.streams.get_mut(&id) else {
             return false;
         };
-        let out = &mut self.out;
-        let written_before = out.len();
+        let written_before = self.out.len();
         let mut guard = g.link.lock();
         let s = &mut *guard;
         s.scheduled = false;
-        if s.released > 0 {
-            self.recv_unreleased += s.released;
-            g.unreleased += s.released;
-            s.released = 0;
-            if !g.recv_closed && g.unreleased >= HTTP2_STREAM_WINDOW_BYTES as usize / 2 {
-                frame::put_window_update(out, id, g.unreleased as u32);
-                g.recv_window += g.unreleased as i64;
-                g.unreleased = 0;
-            }
+        self.recv_unreleased += return_read_window(id, &mut g.flow, s, &mut self.out);
+        let mut send = SendState {
+            out: &mut self.out,
+            connection_window: &mut self.send_window,
+            max_frame: self.peer_max_frame,
+        };
+        let ended = send.write_queued(id, &mut g.flow, s);
+        if g.flow.blocked && !self.blocked.contains(&id) {
+            self.blocked.push(id);
         }
-        let mut send_closed = false;
-        let mut reset = None;
-        while let Some(next) = s.outgoing.front_mut() {
-            if out.len() >= HTTP2_WRITE_BUFFER_BYTES {
-                self.visit.push(id);
-                break;
-            }
-            match next {
-                Outgoing::Headers { block, end } => {
-                    frame::put_headers(out, id, block, *end, self.peer_max_frame);
-                    send_closed = *end;
-                }
-                Outgoing::Data { bytes, end } => {
-                    let window = self.send_window.min(g.send_window).max(0) as usize;
-                    let n = bytes.len().min(window).min(self.peer_max_frame);
-                    if n == 0 && !bytes.is_empty() {
-                        if !g.blocked {
-                            g.blocked = true;
-                            self.blocked.push(id);
-                        }
-                        break;
-                    }
-                    let chunk = bytes.split_to(n);
-                    let last = bytes.is_empty();
-                    frame::put_data(out, id, &chunk, *end && last);
-                    self.send_window -= n as i64;
-                    g.send_window -= n as i64;
-                    s.queued_bytes -= n;
-                    if !last {
-                        continue;
-                    }
-                    send_closed = *end;
-                }
-                Outgoing::Reset(reason) => {
-                    frame::put_rst_stream(out, id, *reason);
-                    reset = Some(*reason);
-                }
-            }
-            s.outgoing.pop_front();
-            if send_closed || reset.is_some() {
-                break;
-            }
+        if !s.outgoing.is_empty() && self.out.len() >= HTTP2_WRITE_BUFFER_BYTES {
+            // Visited again once the output drained.
+            self.visit.push(id);
         }
         if s.queued_bytes < HTTP2_MAX_SEND_BUFFER_BYTES
             && let Some(waker) = s.send_waker.take()
         {
             waker.wake();
         }
-        let wrote = out.len() > written_before;
         drop(guard);
-        if send_closed || reset.is_some() {
-            let recv_closed = g.recv_closed;
-            let link = g.link.clone();
-            self.recv_unreleased += unreleased_of(g);
-            self.streams.remove(&id);
-            if let Some(reason) = reset {
-                end_shared(&link, reason);
-                self.note_reset(id);
-            } else if !recv_closed {
-                // The answer is complete before the request: the peer may stop sending (§8.1).
-                frame::put_rst_stream(&mut self.out, id, Reason::NO_ERROR);
-                end_shared(&link, Reason::NO_ERROR);
-                self.note_reset(id);
-            }
+        let wrote = self.out.len() > written_before;
+        if let Some(reset) = ended {
+            self.end_sent_stream(id, reset);
         }
         wrote
+    }
+
+    /// The response of a general stream is complete (`None`) or was reset (`Some`): the stream
+    /// leaves the table, and a peer still sending is told to stop (§8.1).
+    fn end_sent_stream(&mut self, id: u32, reset: Option<Reason>) {
+        let Some(Stream::General(g)) = self.streams.remove(&id) else {
+            return;
+        };
+        self.recv_unreleased += unreleased_of(&g);
+        match reset {
+            Some(reason) => end_shared(&g.link, reason),
+            None if g.flow.recv_closed => return,
+            None => {
+                frame::put_rst_stream(&mut self.out, id, Reason::NO_ERROR);
+                end_shared(&g.link, Reason::NO_ERROR);
+            }
+        }
+        self.note_reset(id);
     }
 
     /// Returns consumed bytes to the peer's connection window, half a window at a time.
