@@ -1061,10 +1061,12 @@ impl<S: AsyncRead + AsyncWrite + Unpin, H: Service> Connection<S, H> {
 }
 
 /// The body bytes a general stream took from the connection window and has not returned: read
-/// but not yet returned, and received but never read. Counted once: they are taken here.
+/// but not yet moved to the connection's count, and received but never read. Counted once:
+/// they are taken here. (`Flow::unreleased` is the stream window's share of bytes the
+/// connection already counted.)
 fn unreleased_of(g: &General) -> usize {
     let mut s = g.link.lock();
-    let n = g.flow.unreleased + s.released + s.received.len();
+    let n = s.released + s.received.len();
     s.released = 0;
     s.received = BytesMut::new();
     s.recv_dropped = true;

@@ -534,6 +534,7 @@ shards_1_and_2!(message_then_empty_end_frame);
 /// reads time out).
 async fn connection_window_comes_back_from_every_kind_of_stream(shards: usize) {
     const STREAMS: u32 = 3_000;
+    const SERVER_CONNECTION_WINDOW: i64 = 1 << 20;
     let srv = Server::start(shards, &[]);
     let mut c = FrameConn::handshake(srv.grpc_port).await;
     let block = grpc_request_block(LOOKUP_PATH);
@@ -583,6 +584,13 @@ async fn connection_window_comes_back_from_every_kind_of_stream(shards: usize) {
                 answered += 1;
             }
         }
+        // Nor does more come back than was sent: the window never grows past what the server
+        // advertised (its 1 MiB connection window), or its bound on buffered bodies is gone.
+        assert!(
+            c.conn_send_window <= SERVER_CONNECTION_WINDOW,
+            "stream {id}: window {} > {SERVER_CONNECTION_WINDOW}",
+            c.conn_send_window
+        );
     }
     assert_eq!(answered, 4 * STREAMS / 6);
 }
