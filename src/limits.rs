@@ -152,7 +152,7 @@ pub const CAP_PREBUILD_POLL: Duration = Duration::from_millis(10);
 /// (a lookup queued behind it waits at most about this long); slices are
 /// [`SWEEP_SLICE_PAUSE`] apart, like the sweep's.
 pub const CAP_BUILD_SLICE_BUDGET: Duration = Duration::from_micros(500);
-/// Storage entries (plus candidates moved into the new heap) one cap build slice handles at
+/// Storage entries (plus candidate reorder steps) one cap build slice handles at
 /// most; a slice stops at whichever of this and the time budget comes first.
 pub const CAP_BUILD_SLICE_MAX_ENTRIES: usize = 16_384;
 

@@ -59,8 +59,10 @@ const SCAN_AMORTISATION: usize = 32;
 /// A cap build ahead of need ([`Index::cap_prebuild_step`]) keeps at least
 /// `entries / PREBUILD_AMORTISATION` candidates. It starts while the live heap still holds about
 /// half of its candidates (see [`PREBUILD_LOW_WATER`]), which the new one includes, so twice
-/// [`SCAN_AMORTISATION`]'s share keeps ≈ 32 entries scanned per eviction, at ≈ 2 bytes per entry
-/// while the two heaps are live.
+/// [`SCAN_AMORTISATION`]'s share keeps ≈ 32 entries scanned per eviction. Memory: a candidate
+/// snapshot is 32 bytes, so a heap of them is ≈ 2 bytes per entry, and two are allocated while
+/// a build runs (the live heap and the selection, reordered into the next heap in place):
+/// ≈ 4 bytes per entry at the peak (≈ 40 MB at 10M entries), against ≈ 2 for the one-go build.
 const PREBUILD_AMORTISATION: usize = 16;
 /// The next cap build ahead of need starts once the live heap holds at most
 /// `1 / PREBUILD_LOW_WATER` of the candidates it was built with (stale snapshots included), so
@@ -107,8 +109,12 @@ impl<T: Copy> Heap<T> {
             return None;
         }
         let top = self.v.swap_remove(0);
+        self.sift_down(0, less);
+        Some(top)
+    }
+    /// Moves `v[i]` down until neither child pops before it.
+    fn sift_down(&mut self, mut i: usize, less: &impl Fn(&T, &T) -> bool) {
         let n = self.v.len();
-        let mut i = 0;
         loop {
             let (l, r) = (2 * i + 1, 2 * i + 2);
             let mut m = i;
@@ -124,7 +130,6 @@ impl<T: Copy> Heap<T> {
             self.v.swap(i, m);
             i = m;
         }
-        Some(top)
     }
     fn drain(&mut self) -> std::vec::Drain<'_, T> {
         self.v.drain(..)
@@ -240,10 +245,11 @@ pub(crate) struct QuotaState {
 ///   past the cursor may be visited twice: a duplicate snapshot, harmless). A mutation of an
 ///   entry at or above the cursor (visited, or new) offers its new snapshot; one below it is
 ///   left to the scan, which reads the entry's key when it gets there.
-/// * Transfer phase (`threshold` set): the kept snapshots move from `sel` into the min-heap
-///   `out`; a mutation pushes its snapshot straight into `out` when it is `<=` the threshold.
+/// * Reorder phase (`threshold` set): `sel` is turned into a min-heap in place (bottom-up, a few
+///   subtrees per slice), then `late` is pushed into it; a mutation adds its snapshot to `late`
+///   when it is `<=` the threshold.
 ///
-/// So when the transfer ends, every entry whose current key is `<=` the threshold is in `out`
+/// So when `late` is empty, every entry whose current key is `<=` the threshold is in `sel`
 /// under that key: the candidate-heap invariant, as after a one-step build.
 pub(crate) struct CapBuild {
     /// The `k` smallest snapshots offered so far, as a max-heap (the top is the largest kept).
@@ -256,11 +262,13 @@ pub(crate) struct CapBuild {
     cursor: u32,
     /// Per-keyspace policy bits of the current slice ([`KS_UNKNOWN`] until looked up).
     bits: Vec<u8>,
-    /// Transfer phase: `Some(threshold)` (`None` inside: everything offered was kept).
+    /// Reorder phase: `Some(threshold)` (`None` inside: everything offered was kept).
     threshold: Option<Option<CapCand>>,
-    /// Transfer phase: `sel.v[..moved]` are in `out`.
-    moved: usize,
-    out: Heap<CapCand>,
+    /// Reorder phase: the subtrees of `sel` rooted at `heapify..` are min-heaps already.
+    heapify: usize,
+    /// Reorder phase: snapshots offered since the scan ended, pushed into `sel` once it is a
+    /// min-heap.
+    late: Vec<CapCand>,
 }
 
 /// [`CapBuild::bits`]: not looked up yet in this slice.
@@ -273,7 +281,7 @@ const KS_LFU: u8 = 2;
 /// What one [`Index::cap_prebuild_step`] did.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct CapBuildStep {
-    /// Storage entries visited plus candidates transferred.
+    /// Storage entries visited plus candidate reorder steps.
     pub entries: usize,
     /// This step started a build.
     pub started: bool,
@@ -304,25 +312,21 @@ impl CapBuild {
             cursor: key_count as u32,
             bits: Vec::new(),
             threshold: None,
-            moved: 0,
-            out: Heap::default(),
+            heapify: 0,
+            late: Vec::new(),
         }
     }
 
-    /// Offers a snapshot: kept while among the `k` smallest offered (scan phase), or pushed
-    /// into `out` when `<=` the threshold (transfer phase). Kept snapshots hold a blob reference.
+    /// Offers a snapshot: kept while among the `k` smallest offered (scan phase), or added to
+    /// `late` when `<=` the threshold (reorder phase). Kept snapshots hold a blob reference.
     fn offer(&mut self, cat: &mut Catalog, c: CapCand) {
         if let Some(t) = self.threshold {
+            if let Some(t) = &t
+                && cap_cmp(cat, &c, t) == Ordering::Greater
             {
-                let cat = &*cat;
-                if let Some(t) = &t
-                    && cap_cmp(cat, &c, t) == Ordering::Greater
-                {
-                    return;
-                }
-                self.out
-                    .push(c, &|a, b| cap_cmp(cat, a, b) == Ordering::Less);
+                return;
             }
+            self.late.push(c);
             retain_blob(cat, c.key);
             return;
         }
@@ -352,12 +356,10 @@ impl CapBuild {
 
     /// Gives back every blob reference this build holds.
     fn release_all(mut self, cat: &mut Catalog) {
-        let moved = self.moved.min(self.sel.len());
         let keys: Vec<KeyId> = self
             .sel
             .drain()
-            .skip(moved)
-            .chain(self.out.drain())
+            .chain(self.late.drain(..))
             .chain(self.threshold.flatten())
             .map(|c| c.key)
             .collect();
@@ -467,12 +469,12 @@ impl Index {
         self.cap.next = Some(CapBuild::new(k, self.store.key_count()));
     }
 
-    /// Runs the build in progress within `budget` (storage entries visited plus candidates
-    /// transferred; the clock is read every few keys). Installs its candidates in place of the
+    /// Runs the build in progress within `budget` (storage entries visited plus candidate
+    /// reorder steps; the clock is read every few keys). Installs its candidates in place of the
     /// live heap when it completes. Returns the work done and whether it completed.
     fn cap_build_run(&mut self, budget: SweepBudget) -> (usize, bool) {
         let mut b = self.cap.next.take().expect("cap build in progress");
-        // A clock read per this many keys (or transfers) is cheap next to the work between.
+        // A clock read per this many keys (or reorder steps) is cheap next to the work between.
         const CLOCK_EVERY: usize = 64;
         let mut since_clock = 0usize;
         let mut work = 0usize;
@@ -546,20 +548,25 @@ impl Index {
                 retain_blob(&mut self.cat, t.key);
             }
             b.threshold = Some(threshold);
+            b.heapify = b.sel.len() / 2;
         }
-        // Transfer phase: the kept snapshots (and their blob references) move into `out`.
+        // Reorder phase: `sel` becomes a min-heap in place (bottom-up), then takes `late`.
         let mut cut = false;
         {
             let cat = &self.cat;
             let less = |a: &CapCand, b: &CapCand| cap_cmp(cat, a, b) == Ordering::Less;
-            while b.moved < b.sel.v.len() {
+            while b.heapify > 0 || !b.late.is_empty() {
                 if spent(work) {
                     cut = true;
                     break;
                 }
-                let c = b.sel.v[b.moved];
-                b.out.push(c, &less);
-                b.moved += 1;
+                if b.heapify > 0 {
+                    b.heapify -= 1;
+                    b.sel.sift_down(b.heapify, &less);
+                } else {
+                    let c = b.late.pop().expect("non-empty");
+                    b.sel.push(c, &less);
+                }
                 work += 1;
             }
         }
@@ -568,7 +575,7 @@ impl Index {
             return (work, false);
         }
         self.cap_drop_heap();
-        self.cap.heap = std::mem::take(&mut b.out);
+        self.cap.heap = std::mem::take(&mut b.sel);
         self.cap.threshold = b.threshold.flatten();
         self.cap.built = b.k;
         self.cap.active = true;
@@ -649,7 +656,7 @@ impl Index {
 
     /// Test aid: panics unless the cap-heap invariant holds: every non-reserved entry whose
     /// current sort key is `<=` the threshold (all of them without one) is in the live heap
-    /// under that key, and likewise for the new heap of a build in its transfer phase. O(n log n).
+    /// under that key, and likewise for a build in its reorder phase (`sel` and `late`). O(n log n).
     #[doc(hidden)]
     pub fn cap_check_invariant(&self) {
         let cat = &self.cat;
@@ -679,9 +686,10 @@ impl Index {
         }
         if let Some(b) = &self.cap.next
             && let Some(t) = &b.threshold
-            && b.moved == b.sel.v.len()
         {
-            check(&b.out, t.as_ref(), "built heap");
+            let mut all = Heap::default();
+            all.v = b.sel.v.iter().chain(&b.late).copied().collect();
+            check(&all, t.as_ref(), "heap being reordered");
         }
     }
 
