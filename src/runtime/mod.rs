@@ -181,6 +181,9 @@ fn install_core(core: usize, cfg: &RuntimeConfig) {
     if let Some(k) = crate::sys::test_hooks::min_candidates() {
         shard::with_core(|st| st.index.set_min_candidates(k));
     }
+    // A restored index already at the cap would evict on its first ingests, before a build
+    // ahead of need could finish: build its candidates now, before the core serves anything.
+    shard::with_core(|st| st.build_cap_candidates_at_start());
     crate::metrics::register_core_thread();
     (cfg.on_core_start)();
 }

@@ -275,6 +275,14 @@ impl CoreState {
         self.index.cap_prebuild_step(budget)
     }
 
+    /// At start (before serving): builds the cap candidates in one go when a build ahead of need
+    /// is wanted (a restored index near the cap), so the first ingests find them ready.
+    pub fn build_cap_candidates_at_start(&mut self) {
+        if self.index.cap_prebuild_wanted() {
+            self.index.cap_prebuild_step(SweepBudget::UNBOUNDED);
+        }
+    }
+
     /// GetCacheState for `(tenant, model)`.
     pub fn cache_state(&mut self, tenant: &str, model: &str) -> pb::GetCacheStateResponse {
         let st = self.index.cache_state(tenant, model);
