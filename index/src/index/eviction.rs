@@ -226,6 +226,10 @@ pub(crate) struct CapState {
     /// installed in place of `heap` when complete (or finished in one go by the first pop that
     /// finds `heap` empty before then).
     next: Option<CapBuild>,
+    /// Snapshots of a replaced (or oversized) heap whose blob references are still to be given
+    /// back: released a slice at the time ([`Index::cap_prebuild_step`]), since reading and
+    /// freeing a heap of `entries / 16` snapshots takes ≈ 20 ms at 10M entries.
+    retired: Vec<CapCand>,
 }
 
 /// One tenant's quota candidate heap.
@@ -422,8 +426,40 @@ impl Index {
         self.cap.heap = Heap::default();
     }
 
+    /// Retires the live heap (its snapshots' blob references are given back later, in slices,
+    /// by [`Index::cap_prebuild_step`]), keeping a build in progress.
+    fn cap_retire_heap(&mut self) {
+        if !self.cap.retired.is_empty() {
+            self.cap_release_retired(usize::MAX);
+        }
+        let mut v = std::mem::take(&mut self.cap.heap.v);
+        v.extend(self.cap.threshold.take());
+        self.cap.retired = v;
+        self.cap.active = false;
+        self.cap.built = 0;
+    }
+
+    /// Gives back the blob references of up to `max` retired snapshots (and the memory they
+    /// took). Returns how many were handled.
+    fn cap_release_retired(&mut self, max: usize) -> usize {
+        let r = &mut self.cap.retired;
+        let n = r.len().min(max);
+        for c in r.drain(r.len() - n..) {
+            if c.key.is_blob() {
+                self.cat.blobs.release(c.key.h as u32);
+            }
+        }
+        if r.is_empty() {
+            *r = Vec::new();
+        } else if r.len() < r.capacity() / 2 {
+            r.shrink_to(r.len());
+        }
+        n
+    }
+
     /// Drops the cap heap and any build in progress (policy change, reclaim, restore).
     pub(crate) fn cap_clear(&mut self) {
+        self.cap_release_retired(usize::MAX);
         self.cap_drop_heap();
         if let Some(b) = self.cap.next.take() {
             b.release_all(&mut self.cat);
@@ -466,7 +502,7 @@ impl Index {
             .push(c, &|a, b| cap_cmp(cat, a, b) == Ordering::Less);
         self.retain_key(key);
         if self.cap.heap.len() > 2 * self.cap.built + self.min_candidates {
-            self.cap_drop_heap();
+            self.cap_retire_heap();
         }
     }
 
@@ -587,7 +623,7 @@ impl Index {
             self.cap.next = Some(b);
             return (work, false);
         }
-        self.cap_drop_heap();
+        self.cap_retire_heap();
         self.cap.heap = std::mem::take(&mut b.sel);
         self.cap.threshold = b.threshold.flatten();
         self.cap.built = b.k;
@@ -618,10 +654,13 @@ impl Index {
     /// is set, the directory's non-reserved count is within `max_entries / PREBUILD_NEAR_CAP` of
     /// it, this core has non-reserved entries, and the live heap is missing, or has a threshold
     /// and holds at most `1 / PREBUILD_LOW_WATER` of the candidates it was built with.
+    /// (Or a replaced heap's snapshots are still to be released.)
     pub fn cap_prebuild_wanted(&self) -> bool {
-        if self.cap.next.is_some() {
-            return true;
-        }
+        self.cap.next.is_some() || !self.cap.retired.is_empty() || self.cap_build_due()
+    }
+
+    /// Whether a new cap build ahead of need should start (see [`Index::cap_prebuild_wanted`]).
+    fn cap_build_due(&self) -> bool {
         let max = self.cfg.max_entries;
         if max == 0 || self.non_reserved_entry_count() == 0 {
             return false;
@@ -637,13 +676,20 @@ impl Index {
 
     /// One slice of the cap candidate build ahead of need: starts one when
     /// [`Index::cap_prebuild_wanted`] (of `max(MIN_CANDIDATES, entries / PREBUILD_AMORTISATION)`
-    /// candidates), then visits entries (and then moves candidates into the new heap) until
-    /// `budget` is spent; installs the new heap when complete. Changes nothing observable: the
+    /// candidates), then visits entries (and then reorders the kept candidates into the new
+    /// heap) until `budget` is spent; installs the new heap when complete. Before that, slices
+    /// give back what a replaced heap still holds. Changes nothing observable: the
     /// victims are those of the one-step build, only the work moves out of the ingest that
     /// needs them.
     pub fn cap_prebuild_step(&mut self, budget: SweepBudget) -> CapBuildStep {
         let mut step = CapBuildStep::default();
-        if !self.cap_prebuild_wanted() {
+        if !self.cap.retired.is_empty() {
+            // A slice of its own (of the same budget).
+            step.entries = self.cap_release_retired(budget.max_entries);
+            step.in_progress = self.cap_prebuild_wanted();
+            return step;
+        }
+        if self.cap.next.is_none() && !self.cap_build_due() {
             return step;
         }
         if self.cap.next.is_none() {
