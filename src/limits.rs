@@ -137,6 +137,20 @@ pub const SWEEP_SLICE_MAX_ENTRIES: usize = 16_384;
 /// arrived (a bare task yield would not reach the socket poll while the sweep stays runnable).
 pub const SWEEP_SLICE_PAUSE: Duration = Duration::from_micros(20);
 
+// ---- Cap candidates built ahead of need (docs/ARCHITECTURE.md §3, index eviction docs) -----
+
+/// How often each core checks whether to build its next global-cap candidate heap ahead of
+/// need (only with `--index-max-entries` set, near the cap, and the live heap missing or half
+/// used): a build started this late still has half a heap's evictions to finish in.
+pub const CAP_PREBUILD_POLL: Duration = Duration::from_millis(10);
+/// Core time one slice of a cap candidate build may take before the core returns to serving
+/// (a lookup queued behind it waits at most about this long); slices are
+/// [`SWEEP_SLICE_PAUSE`] apart, like the sweep's.
+pub const CAP_BUILD_SLICE_BUDGET: Duration = Duration::from_micros(500);
+/// Storage entries (plus candidate reorder steps) one cap build slice handles at
+/// most; a slice stops at whichever of this and the time budget comes first.
+pub const CAP_BUILD_SLICE_MAX_ENTRIES: usize = 16_384;
+
 // ---- Warm-restart snapshots (`--state-dir`, docs/ARCHITECTURE.md §6) ------------------------
 
 /// Default period of the per-core snapshots (`--snapshot-interval-ms`).

@@ -9,7 +9,7 @@ use index_support::Rules;
 use inferencecache_index::PROBE_TENANT;
 use inferencecache_index::index::{
     DEFAULT_MAX_FUTURE_SKEW_NS, EntryDump, Index, IndexConfig, LookupQuery, RankerConfig,
-    Strategy as S,
+    Strategy as S, SweepBudget,
 };
 use inferencecache_index::rules::{Eviction, TenantRules};
 use inferencecache_proto::v1alpha1::{CacheEvent, CacheStateUpdate, PrefixEntry, ReplicaStats};
@@ -734,6 +734,9 @@ enum Op {
         ttl: Option<i64>,
     },
     Cap(u64),
+    /// One slice of the cap candidate build ahead of need, of at most this many entries
+    /// (changes nothing observable).
+    Prebuild(usize),
 }
 
 fn tier() -> impl proptest::strategy::Strategy<Value = i32> {
@@ -802,6 +805,7 @@ fn op() -> impl proptest::strategy::Strategy<Value = Op> {
         1 => (any::<u8>(), proptest::option::of(0..4u64), proptest::option::of(prop_oneof![Just(5 * MIN), Just(40 * MIN)]))
             .prop_map(|(lfu, quota, ttl)| Op::Rules { lfu, quota, ttl }),
         1 => prop_oneof![Just(0u64), Just(2), Just(4), Just(7)].prop_map(Op::Cap),
+        2 => prop_oneof![Just(1usize), Just(2), Just(5), Just(1000)].prop_map(Op::Prebuild),
     ]
 }
 
@@ -1064,7 +1068,14 @@ fn run(ops: Vec<Op>, ranker: RankerConfig, cap: u64, k: usize) -> Result<(), Tes
                 ix.set_max_entries(c);
                 model.max_entries = c;
             }
+            Op::Prebuild(max_entries) => {
+                ix.cap_prebuild_step(SweepBudget {
+                    max_entries,
+                    deadline: None,
+                });
+            }
         }
+        ix.cap_check_invariant();
         prop_assert_eq!(ix.dump_entries(), model.dump(), "step {} entries", step);
         for t in TENANTS {
             for m in MODELS {

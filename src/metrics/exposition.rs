@@ -493,6 +493,39 @@ fn core_families<'a>(cores: &'a [CoreView], fams: &mut Vec<Family<'a>>) {
         "Most thread CPU time one slice of a core's last completed TTL sweep pass took.",
         |c| c.metrics.sweep_last_max_slice_cpu,
     ));
+    fams.push(per_core(
+        cores,
+        "inferencecache_core_cap_builds",
+        "Global-cap candidate heaps a core built ahead of need, in slices.",
+        MetricType::Counter,
+        |c| c.metrics.cap_builds as i64,
+    ));
+    fams.push(per_core(
+        cores,
+        "inferencecache_core_cap_build_slices",
+        "Slices of a core's cap candidate builds ahead of need (the core serves queued requests between two).",
+        MetricType::Counter,
+        |c| c.metrics.cap_build_slices as i64,
+    ));
+    fams.push(per_core(
+        cores,
+        "inferencecache_core_cap_builds_sync",
+        "Cap candidate builds a core ran or finished in one go on an ingest that needed victims first (the fallback).",
+        MetricType::Counter,
+        |c| c.metrics.cap_builds_sync as i64,
+    ));
+    fams.push(per_core_seconds(
+        cores,
+        "inferencecache_core_cap_build_last_max_slice_seconds",
+        "Longest slice of a core's last cap candidate build ahead of need.",
+        |c| c.metrics.cap_build_last_max_slice,
+    ));
+    fams.push(per_core_seconds(
+        cores,
+        "inferencecache_core_cap_build_last_max_slice_cpu_seconds",
+        "Most thread CPU time one slice of a core's last cap candidate build ahead of need took.",
+        |c| c.metrics.cap_build_last_max_slice_cpu,
+    ));
 }
 
 /// A per-core gauge in seconds: one series per core, labelled `core`.

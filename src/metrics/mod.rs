@@ -173,6 +173,20 @@ pub struct CoreMetrics {
     /// Most thread CPU time one slice of that pass took (seconds; wall minus CPU is time the
     /// OS ran something else on the core's CPU).
     pub sweep_last_max_slice_cpu: f64,
+    /// Global-cap candidate heaps built ahead of need, in slices, and installed.
+    pub cap_builds: u64,
+    /// Slices those builds ran in (each at most `CAP_BUILD_SLICE_BUDGET` /
+    /// `CAP_BUILD_SLICE_MAX_ENTRIES`).
+    pub cap_build_slices: u64,
+    /// Cap candidate builds run or finished in one go by an ingest (or a cross-core candidate
+    /// request) that needed victims before a build ahead of need was ready: the fallback,
+    /// O(entries) on that request's path.
+    pub cap_builds_sync: u64,
+    /// Longest slice of the last completed build ahead of need (seconds; the largest over
+    /// cores once merged).
+    pub cap_build_last_max_slice: f64,
+    /// Most thread CPU time one slice of that build took (seconds).
+    pub cap_build_last_max_slice_cpu: f64,
 }
 
 impl CoreMetrics {
@@ -244,6 +258,15 @@ impl CoreMetrics {
         self.sweep_last_max_slice_cpu = self
             .sweep_last_max_slice_cpu
             .max(other.sweep_last_max_slice_cpu);
+        self.cap_builds += other.cap_builds;
+        self.cap_build_slices += other.cap_build_slices;
+        self.cap_builds_sync += other.cap_builds_sync;
+        self.cap_build_last_max_slice = self
+            .cap_build_last_max_slice
+            .max(other.cap_build_last_max_slice);
+        self.cap_build_last_max_slice_cpu = self
+            .cap_build_last_max_slice_cpu
+            .max(other.cap_build_last_max_slice_cpu);
         self.inline += other.inline;
         self.hopped += other.hopped;
         self.core_entries += other.core_entries;
@@ -354,6 +377,24 @@ pub fn record_sweep(slices: u64, duration: Duration, max_slice: Duration, max_sl
         m.sweep_last_max_slice = max_slice.as_secs_f64();
         m.sweep_last_max_slice_cpu = max_slice_cpu.as_secs_f64();
     });
+}
+
+/// One completed global-cap candidate build ahead of need, of `slices` slices: its longest
+/// slice, and the most thread CPU time one slice took.
+pub fn record_cap_build(slices: u64, max_slice: Duration, max_slice_cpu: Duration) {
+    with_store(|m| {
+        m.cap_builds += 1;
+        m.cap_build_slices += slices;
+        m.cap_build_last_max_slice = max_slice.as_secs_f64();
+        m.cap_build_last_max_slice_cpu = max_slice_cpu.as_secs_f64();
+    });
+}
+
+/// `n` cap candidate builds run or finished in one go on the path that needed victims.
+pub fn record_cap_builds_sync(n: u64) {
+    if n > 0 {
+        with_store(|m| m.cap_builds_sync += n);
+    }
 }
 
 /// One incomplete gRPC request message given up (budget spent or too slow).

@@ -25,7 +25,8 @@ use glommio::net::{TcpListener, TcpStream};
 use glommio::{LocalExecutorBuilder, Placement};
 
 use crate::limits::{
-    EXECUTOR_START_TIMEOUT, IO_MEMORY_BYTES, LISTEN_BACKLOG, MAX_SHARDS, SWEEP_SLICE_PAUSE,
+    CAP_PREBUILD_POLL, EXECUTOR_START_TIMEOUT, IO_MEMORY_BYTES, LISTEN_BACKLOG, MAX_SHARDS,
+    SWEEP_SLICE_PAUSE,
 };
 use crate::shard::{self, CoreState};
 use crate::sys::clock::thread_cpu_time;
@@ -177,6 +178,12 @@ fn init_process(cfg: &RuntimeConfig) {
 /// `cfg.on_core_start` (the services).
 fn install_core(core: usize, cfg: &RuntimeConfig) {
     shard::install((cfg.init)(core));
+    if let Some(k) = crate::sys::test_hooks::min_candidates() {
+        shard::with_core(|st| st.index.set_min_candidates(k));
+    }
+    // A restored index already at the cap would evict on its first ingests, before a build
+    // ahead of need could finish: build its candidates now, before the core serves anything.
+    shard::with_core(|st| st.build_cap_candidates_at_start());
     crate::metrics::register_core_thread();
     (cfg.on_core_start)();
 }
@@ -244,6 +251,7 @@ async fn run_core(
     glommio::spawn_local(mailbox::drain_loop(core)).detach();
     glommio::spawn_local(health::heartbeat_loop(core)).detach();
     glommio::spawn_local(sweep_loop(cfg.sweep_interval)).detach();
+    glommio::spawn_local(cap_prebuild_loop()).detach();
     let _ = ready.send((core, Ok(())));
     match listeners {
         Some(Listeners { grpc, shard_aware }) => {
@@ -351,6 +359,68 @@ async fn sweep_pass(interval: Duration) -> bool {
     }
     crate::metrics::record_sweep(slices, started.elapsed(), longest, longest_cpu);
     true
+}
+
+/// Builds this core's next global-cap candidate heap ahead of need (index eviction docs), so
+/// no ingest pays for the O(entries) build: every `CAP_PREBUILD_POLL` checks whether one is
+/// wanted, then runs it in slices of at most `CAP_BUILD_SLICE_BUDGET` /
+/// `CAP_BUILD_SLICE_MAX_ENTRIES`, `SWEEP_SLICE_PAUSE` apart (a lookup waits behind at most about
+/// one slice). A build changes nothing observable, so unlike a sweep slice it may run between
+/// an ingest and its cross-core evictions. Records each build completed here (not one an
+/// ingest finished, or one dropped by a policy change): its slices and longest slice (wall and
+/// thread CPU). Ends at shutdown.
+async fn cap_prebuild_loop() {
+    loop {
+        let go_on = futures_lite::future::or(
+            async {
+                glommio::timer::sleep(CAP_PREBUILD_POLL).await;
+                true
+            },
+            async {
+                shutdown_requested().await;
+                false
+            },
+        )
+        .await;
+        if !go_on {
+            return;
+        }
+        if !shard::with_core(|st| st.cap_prebuild_wanted()) {
+            continue;
+        }
+        let (mut slices, mut longest, mut longest_cpu) = (0u64, Duration::ZERO, Duration::ZERO);
+        loop {
+            if slices > 0 {
+                let go_on = futures_lite::future::or(
+                    async {
+                        glommio::timer::sleep(SWEEP_SLICE_PAUSE).await;
+                        true
+                    },
+                    async {
+                        shutdown_requested().await;
+                        false
+                    },
+                )
+                .await;
+                if !go_on {
+                    return;
+                }
+            }
+            let (t, cpu) = (Instant::now(), thread_cpu_time());
+            let step = shard::with_core(|st| st.cap_build_slice());
+            longest = longest.max(t.elapsed());
+            if let (Some(a), Some(b)) = (cpu, thread_cpu_time()) {
+                longest_cpu = longest_cpu.max(b.saturating_sub(a));
+            }
+            slices += 1;
+            if !step.in_progress {
+                if step.finished {
+                    crate::metrics::record_cap_build(slices, longest, longest_cpu);
+                }
+                break;
+            }
+        }
+    }
 }
 
 /// Applies `sys::test_hooks::sweep_fault` to this core (tests of the fault paths only).

@@ -6,12 +6,16 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use inferencecache_index::index::{
-    CapVictim, EvictionCounts, Index, IndexConfig, QuotaVictim, RemovalSink, SweepBudget,
+    CapBuildStep, CapVictim, EvictionCounts, Index, IndexConfig, QuotaVictim, RemovalSink,
+    SweepBudget,
 };
 use inferencecache_index::policy::PolicyStore;
 use inferencecache_proto::v1alpha1 as pb;
 
-use crate::limits::{MAX_ID_BYTES, SWEEP_SLICE_BUDGET, SWEEP_SLICE_MAX_ENTRIES};
+use crate::limits::{
+    CAP_BUILD_SLICE_BUDGET, CAP_BUILD_SLICE_MAX_ENTRIES, MAX_ID_BYTES, SWEEP_SLICE_BUDGET,
+    SWEEP_SLICE_MAX_ENTRIES,
+};
 use crate::metrics;
 use crate::sys::clock::unix_now_ns;
 
@@ -148,6 +152,7 @@ impl CoreState {
     pub fn ingest(&mut self, update: &pb::CacheStateUpdate) -> Result<(), IngestRefused> {
         self.ingested += 1;
         let out = self.index.ingest(update, unix_now_ns(), &*self.policy);
+        metrics::record_cap_builds_sync(self.index.take_cap_sync_builds());
         if out.rejected_string_table_full {
             if !self.warned_string_table_full {
                 // Logged once per core: every later refusal has the same cause; the metric
@@ -193,7 +198,9 @@ impl CoreState {
 
     /// This core's `k` first global-cap candidates (§7.2), for a cross-core victim selection.
     pub fn cap_candidates(&mut self, k: usize) -> Vec<CapVictim> {
-        self.index.cap_candidates(k, &*self.policy)
+        let c = self.index.cap_candidates(k, &*self.policy);
+        metrics::record_cap_builds_sync(self.index.take_cap_sync_builds());
+        c
     }
 
     /// Evicts the given global-cap victims held by this core (chosen across cores); counts
@@ -247,6 +254,32 @@ impl CoreState {
                 true
             }
             None => !self.index.sweep_in_progress(),
+        }
+    }
+
+    /// Whether this core should build its next global-cap candidate heap ahead of need (or is
+    /// building it): [`Self::cap_build_slice`] does the work.
+    pub fn cap_prebuild_wanted(&self) -> bool {
+        self.index.cap_prebuild_wanted()
+    }
+
+    /// One slice of the cap candidate build ahead of need, within [`CAP_BUILD_SLICE_BUDGET`]
+    /// and [`CAP_BUILD_SLICE_MAX_ENTRIES`] (the sweep's test hook bounds it too): whether it
+    /// started, finished (and installed) a build, or left one in progress.
+    pub fn cap_build_slice(&mut self) -> CapBuildStep {
+        let budget = SweepBudget {
+            max_entries: crate::sys::test_hooks::sweep_slice_entries()
+                .unwrap_or(CAP_BUILD_SLICE_MAX_ENTRIES),
+            deadline: Some(Instant::now() + CAP_BUILD_SLICE_BUDGET),
+        };
+        self.index.cap_prebuild_step(budget)
+    }
+
+    /// At start (before serving): builds the cap candidates in one go when a build ahead of need
+    /// is wanted (a restored index near the cap), so the first ingests find them ready.
+    pub fn build_cap_candidates_at_start(&mut self) {
+        if self.index.cap_prebuild_wanted() {
+            self.index.cap_prebuild_step(SweepBudget::UNBOUNDED);
         }
     }
 

@@ -60,6 +60,19 @@ pub fn sweep_slice_entries() -> Option<usize> {
     })
 }
 
+/// `INFERENCECACHE_TEST_MIN_CANDIDATES=<n>`: every core's cap and quota candidate heaps keep at
+/// least `n` candidates instead of 1024 (`Index::set_min_candidates`), so the end-to-end tests'
+/// small indexes exercise candidate thresholds, rebuilds and builds ahead of need.
+pub fn min_candidates() -> Option<usize> {
+    static K: OnceLock<Option<usize>> = OnceLock::new();
+    *K.get_or_init(|| {
+        std::env::var("INFERENCECACHE_TEST_MIN_CANDIDATES")
+            .ok()?
+            .parse()
+            .ok()
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

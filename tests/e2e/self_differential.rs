@@ -635,12 +635,17 @@ async fn self_differential_shards_1_2_4() {
     let shard_counts = [1usize, 2, 4];
     let mut targets = Vec::new();
     for &n in &shard_counts {
-        // Tiny sweep slices: every sweep pass runs in many slices with requests between them.
+        // Tiny sweep and cap-build slices: every sweep pass and every cap candidate build ahead
+        // of need runs in many slices with requests between them; and tiny candidate heaps, so
+        // the cap's thresholds, rebuilds and builds ahead of need happen on this small index.
         let srv = Server::start_opts(
             n,
             StartOpts {
                 flags: &flags,
-                env: &[("INFERENCECACHE_TEST_SWEEP_SLICE_ENTRIES", "4")],
+                env: &[
+                    ("INFERENCECACHE_TEST_SWEEP_SLICE_ENTRIES", "4"),
+                    ("INFERENCECACHE_TEST_MIN_CANDIDATES", "4"),
+                ],
                 ..Default::default()
             },
         );
@@ -733,6 +738,32 @@ async fn self_differential_shards_1_2_4() {
             .collect::<Vec<_>>()
             .join("\n")
     );
+    // The cap's candidate heaps were built ahead of need, in slices, on every server (and an
+    // ingest that needed victims first finished the build itself some times: `sync`).
+    for (i, t) in targets.iter().enumerate() {
+        let port = t.srv.http_port;
+        let (_, body) = blocking(move || http_get(port, "/metrics").expect("GET /metrics")).await;
+        let sum = |name: &str| -> u64 {
+            body.lines()
+                .filter(|l| l.starts_with(name))
+                .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+                .sum::<f64>() as u64
+        };
+        let (built, slices, sync) = (
+            sum("inferencecache_core_cap_builds_total{"),
+            sum("inferencecache_core_cap_build_slices_total{"),
+            sum("inferencecache_core_cap_builds_sync_total{"),
+        );
+        eprintln!(
+            "self-differential: shards {}: cap candidate builds ahead of need {built} ({slices} slices), finished by an ingest {sync}",
+            shard_counts[i]
+        );
+        assert!(
+            built > 0,
+            "shards {}: no cap build ahead of need",
+            shard_counts[i]
+        );
+    }
     eprintln!(
         "self-differential: seed {seed:#x}, {sent} requests per server ({steps} steps: {kinds:?}) in {:.1} s; differences: shards 2 = {}, shards 4 = {}",
         elapsed.as_secs_f64(),

@@ -16,6 +16,16 @@
 //!   minimum (any smaller entry would be in the heap with a smaller snapshot).
 //! * Empty heap with a threshold → rebuild. Too many stale snapshots (refresh-heavy workloads)
 //!   → drop the heap; it is rebuilt on the next need.
+//! * Build ahead of need (cap only): a build is O(entries) (≈ 1 s at 10M entries when the sort
+//!   keys tie), so the server runs the next one in time-budgeted slices before the live heap
+//!   runs out ([`Index::cap_prebuild_step`], from the same per-core maintenance task that drives
+//!   the sliced TTL sweep). Between two slices every mutation offers its new snapshot to the
+//!   build unless its key is still to be visited by the build's scan (see [`CapBuild`]); the
+//!   completed build replaces the live heap. The selection is exact either way (any candidate
+//!   set that keeps the invariant pops the same global minimum), so the victims and their order
+//!   do not depend on when or in how many slices a build ran. An ingest that needs a victim
+//!   before the build completed finishes it itself (correctness over latency; counted by
+//!   [`Index::take_cap_sync_builds`]).
 //! * The cap order depends on each tenant's eviction algorithm: the heap is dropped whenever a
 //!   tenant's resolved algorithm changes (checked before every enforcement, or via
 //!   [`Index::rules_changed`]).
@@ -46,6 +56,21 @@ pub(crate) const MIN_CANDIDATES: usize = 1024;
 /// at most once per `n / SCAN_AMORTISATION` evictions (≈ 32 entries scanned per eviction) at a
 /// memory cost of ≈ 1 byte per entry while the heap is live.
 const SCAN_AMORTISATION: usize = 32;
+/// A cap build ahead of need ([`Index::cap_prebuild_step`]) keeps at least
+/// `entries / PREBUILD_AMORTISATION` candidates. It starts while the live heap still holds about
+/// half of its candidates (see [`PREBUILD_LOW_WATER`]), which the new one includes, so twice
+/// [`SCAN_AMORTISATION`]'s share keeps ≈ 32 entries scanned per eviction. Memory: a candidate
+/// snapshot is 32 bytes, so a heap of them is ≈ 2 bytes per entry, and two are allocated while
+/// a build runs (the live heap and the selection, reordered into the next heap in place):
+/// ≈ 4 bytes per entry at the peak (≈ 40 MB at 10M entries), against ≈ 2 for the one-go build.
+const PREBUILD_AMORTISATION: usize = 16;
+/// The next cap build ahead of need starts once the live heap holds at most
+/// `1 / PREBUILD_LOW_WATER` of the candidates it was built with (stale snapshots included), so
+/// the build has that many evictions' time to finish before an ingest must finish it itself.
+const PREBUILD_LOW_WATER: usize = 2;
+/// Cap builds ahead of need run only while the directory's non-reserved count is within
+/// `max_entries / PREBUILD_NEAR_CAP` of the global cap (below it no ingest evicts soon).
+const PREBUILD_NEAR_CAP: usize = 8;
 
 /// A binary heap ordered by an external comparator (the order needs the catalog's strings).
 pub(crate) struct Heap<T> {
@@ -84,8 +109,12 @@ impl<T: Copy> Heap<T> {
             return None;
         }
         let top = self.v.swap_remove(0);
+        self.sift_down(0, less);
+        Some(top)
+    }
+    /// Moves `v[i]` down until neither child pops before it.
+    fn sift_down(&mut self, mut i: usize, less: &impl Fn(&T, &T) -> bool) {
         let n = self.v.len();
-        let mut i = 0;
         loop {
             let (l, r) = (2 * i + 1, 2 * i + 2);
             let mut m = i;
@@ -101,7 +130,6 @@ impl<T: Copy> Heap<T> {
             self.v.swap(i, m);
             i = m;
         }
-        Some(top)
     }
     fn drain(&mut self) -> std::vec::Drain<'_, T> {
         self.v.drain(..)
@@ -194,6 +222,14 @@ pub(crate) struct CapState {
     heap: Heap<CapCand>,
     threshold: Option<CapCand>,
     built: usize,
+    /// The next candidate selection, built ahead of need in slices ([`Index::cap_prebuild_step`]);
+    /// installed in place of `heap` when complete (or finished in one go by the first pop that
+    /// finds `heap` empty before then).
+    next: Option<CapBuild>,
+    /// Snapshots of a replaced (or oversized) heap whose blob references are still to be given
+    /// back: released a slice at the time ([`Index::cap_prebuild_step`]), since reading and
+    /// freeing a heap of `entries / 16` snapshots takes ≈ 20 ms at 10M entries.
+    retired: Vec<CapCand>,
 }
 
 /// One tenant's quota candidate heap.
@@ -204,17 +240,153 @@ pub(crate) struct QuotaState {
     built: usize,
 }
 
-impl Index {
-    fn retain_key(&mut self, key: KeyId) {
-        if key.is_blob() {
-            self.cat.blobs.retain(key.h as u32);
+/// A cap candidate selection in progress: the same selection as the one-step build, spread over
+/// slices, with the mutations between two slices offered to it.
+///
+/// * Scan phase: slab positions `0..cursor` are still to be visited, downwards. Key records only
+///   ever move to lower positions (a removal fills its hole from above) and new ones are
+///   appended, so every key present throughout is visited at least once (a record moved down
+///   past the cursor may be visited twice: a duplicate snapshot, harmless). A mutation of an
+///   entry at or above the cursor (visited, or new) offers its new snapshot; one below it is
+///   left to the scan, which reads the entry's key when it gets there.
+/// * Reorder phase (`threshold` set): `sel` is turned into a min-heap in place (bottom-up, a few
+///   subtrees per slice), then `late` is pushed into it; a mutation adds its snapshot to `late`
+///   when it is `<=` the threshold.
+///
+/// So when `late` is empty, every entry whose current key is `<=` the threshold is in `sel`
+/// under that key: the candidate-heap invariant, as after a one-step build.
+pub(crate) struct CapBuild {
+    /// The `k` smallest snapshots offered so far, as a max-heap (the top is the largest kept).
+    sel: Heap<CapCand>,
+    k: usize,
+    /// Some offered snapshot was not kept (rejected, or pushed out by a smaller one): the
+    /// selection has a threshold.
+    dropped: bool,
+    /// Scan phase: positions `0..cursor` are not visited yet.
+    cursor: u32,
+    /// Per-keyspace policy bits of the current slice ([`KS_UNKNOWN`] until looked up).
+    bits: Vec<u8>,
+    /// Reorder phase: `Some(threshold)` (`None` inside: everything offered was kept).
+    threshold: Option<Option<CapCand>>,
+    /// Reorder phase: the subtrees of `sel` rooted at `heapify..` are min-heaps already.
+    heapify: usize,
+    /// Reorder phase: snapshots offered since the scan ended, pushed into `sel` once it is a
+    /// min-heap.
+    late: Vec<CapCand>,
+}
+
+/// [`CapBuild::bits`]: not looked up yet in this slice.
+const KS_UNKNOWN: u8 = 0xff;
+/// [`CapBuild::bits`]: no candidate in this keyspace (reserved tenant, or no keys).
+const KS_SKIP: u8 = 1;
+/// [`CapBuild::bits`]: the tenant's algorithm is LFU.
+const KS_LFU: u8 = 2;
+
+/// What one [`Index::cap_prebuild_step`] did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CapBuildStep {
+    /// Storage entries visited plus candidate reorder steps.
+    pub entries: usize,
+    /// This step started a build.
+    pub started: bool,
+    /// This step completed the build and installed its candidates.
+    pub finished: bool,
+    /// A build is still in progress after this step.
+    pub in_progress: bool,
+}
+
+fn retain_blob(cat: &mut Catalog, key: KeyId) {
+    if key.is_blob() {
+        cat.blobs.retain(key.h as u32);
+    }
+}
+
+fn release_blob(cat: &mut Catalog, key: KeyId) {
+    if key.is_blob() {
+        cat.blobs.release(key.h as u32);
+    }
+}
+
+impl CapBuild {
+    /// A build of `k` candidates over `key_count` key records. The selection becomes the next
+    /// live heap, which mutations may grow to `2 k + min_candidates` before it is dropped: that
+    /// capacity is reserved now (address space; pages are touched only as used), so no push
+    /// ever copies the heap to grow it (≈ 10 ms per copy at 10M entries, on a slice or ingest).
+    fn new(k: usize, key_count: usize, min_candidates: usize) -> CapBuild {
+        let k = k.max(1);
+        CapBuild {
+            sel: Heap {
+                v: Vec::with_capacity(2 * k + min_candidates + 1),
+            },
+            k,
+            dropped: false,
+            cursor: key_count as u32,
+            bits: Vec::new(),
+            threshold: None,
+            heapify: 0,
+            late: Vec::new(),
         }
     }
 
-    fn release_key(&mut self, key: KeyId) {
-        if key.is_blob() {
-            self.cat.blobs.release(key.h as u32);
+    /// Offers a snapshot: kept while among the `k` smallest offered (scan phase), or added to
+    /// `late` when `<=` the threshold (reorder phase). Kept snapshots hold a blob reference.
+    fn offer(&mut self, cat: &mut Catalog, c: CapCand) {
+        if let Some(t) = self.threshold {
+            if let Some(t) = &t
+                && cap_cmp(cat, &c, t) == Ordering::Greater
+            {
+                return;
+            }
+            self.late.push(c);
+            retain_blob(cat, c.key);
+            return;
         }
+        let out = {
+            let cat = &*cat;
+            let greater = |a: &CapCand, b: &CapCand| cap_cmp(cat, a, b) == Ordering::Greater;
+            if self.sel.len() < self.k {
+                self.sel.push(c, &greater);
+                None
+            } else {
+                self.dropped = true;
+                let top = *self.sel.peek().expect("non-empty");
+                // Cheap numeric pre-check before the full (string) comparison.
+                if (c.eff, c.last_seen) > (top.eff, top.last_seen) || !greater(&top, &c) {
+                    return;
+                }
+                let out = self.sel.pop(&greater).expect("non-empty");
+                self.sel.push(c, &greater);
+                Some(out)
+            }
+        };
+        retain_blob(cat, c.key);
+        if let Some(o) = out {
+            release_blob(cat, o.key);
+        }
+    }
+
+    /// Gives back every blob reference this build holds.
+    fn release_all(mut self, cat: &mut Catalog) {
+        let keys: Vec<KeyId> = self
+            .sel
+            .drain()
+            .chain(self.late.drain(..))
+            .chain(self.threshold.flatten())
+            .map(|c| c.key)
+            .collect();
+        for k in keys {
+            release_blob(cat, k);
+        }
+    }
+}
+
+impl Index {
+    fn retain_key(&mut self, key: KeyId) {
+        retain_blob(&mut self.cat, key);
+    }
+
+    fn release_key(&mut self, key: KeyId) {
+        release_blob(&mut self.cat, key);
     }
 
     /// The current cap snapshot of an entry, if it exists and is not reserved. `pos` is the
@@ -240,24 +412,85 @@ impl Index {
         })
     }
 
-    /// Drops the cap heap (policy change, too many stale snapshots).
+    /// Drops the live cap heap (too many stale snapshots), keeping a build in progress.
+    fn cap_drop_heap(&mut self) {
+        // Only blob-hash keys hold a reference (no copy of the heap: it may be large).
+        for c in self.cap.heap.v.iter().chain(self.cap.threshold.iter()) {
+            if c.key.is_blob() {
+                self.cat.blobs.release(c.key.h as u32);
+            }
+        }
+        self.cap.threshold = None;
+        self.cap.active = false;
+        self.cap.built = 0;
+        self.cap.heap = Heap::default();
+    }
+
+    /// Retires the live heap (its snapshots' blob references are given back later, in slices,
+    /// by [`Index::cap_prebuild_step`]), keeping a build in progress.
+    fn cap_retire_heap(&mut self) {
+        if !self.cap.retired.is_empty() {
+            self.cap_release_retired(usize::MAX);
+        }
+        let mut v = std::mem::take(&mut self.cap.heap.v);
+        v.extend(self.cap.threshold.take());
+        self.cap.retired = v;
+        self.cap.active = false;
+        self.cap.built = 0;
+    }
+
+    /// Gives back the blob references of up to `max` retired snapshots (and the memory they
+    /// took). Returns how many were handled.
+    fn cap_release_retired(&mut self, max: usize) -> usize {
+        let r = &mut self.cap.retired;
+        let n = r.len().min(max);
+        for c in r.drain(r.len() - n..) {
+            if c.key.is_blob() {
+                self.cat.blobs.release(c.key.h as u32);
+            }
+        }
+        if r.is_empty() {
+            *r = Vec::new();
+        } else if r.len() < r.capacity() / 2 {
+            r.shrink_to(r.len());
+        }
+        n
+    }
+
+    /// Drops the cap heap and any build in progress (policy change, reclaim, restore).
     pub(crate) fn cap_clear(&mut self) {
-        let mut keys: Vec<KeyId> = self.cap.heap.drain().map(|c| c.key).collect();
-        keys.extend(self.cap.threshold.take().map(|c| c.key));
-        for k in keys {
-            self.release_key(k);
+        self.cap_release_retired(usize::MAX);
+        self.cap_drop_heap();
+        if let Some(b) = self.cap.next.take() {
+            b.release_all(&mut self.cat);
         }
         self.cap = CapState::default();
     }
 
-    /// Mutation hook: keeps the cap-heap invariant after an entry's sort key changed.
+    /// Mutation hook: keeps the cap-heap invariant (and a build's) after an entry's sort key
+    /// changed.
     pub(crate) fn cap_touch(&mut self, key: KeyId, replica: u32, pos: Option<u32>) {
+        if !self.cap.active && self.cap.next.is_none() {
+            return;
+        }
+        let pos = match pos {
+            Some(p) => p,
+            None => match self.store.find(key) {
+                Some(p) => p,
+                None => return,
+            },
+        };
+        let Some(c) = self.cap_cand(key, replica, Some(pos)) else {
+            return;
+        };
+        if let Some(b) = self.cap.next.as_mut()
+            && (b.threshold.is_some() || pos >= b.cursor)
+        {
+            b.offer(&mut self.cat, c);
+        }
         if !self.cap.active {
             return;
         }
-        let Some(c) = self.cap_cand(key, replica, pos) else {
-            return;
-        };
         let cat = &self.cat;
         if let Some(t) = &self.cap.threshold
             && cap_cmp(cat, &c, t) == Ordering::Greater
@@ -269,88 +502,263 @@ impl Index {
             .push(c, &|a, b| cap_cmp(cat, a, b) == Ordering::Less);
         self.retain_key(key);
         if self.cap.heap.len() > 2 * self.cap.built + self.min_candidates {
-            self.cap_clear();
+            self.cap_retire_heap();
         }
     }
 
-    fn cap_build(&mut self, need: usize) {
-        self.cap_clear();
-        let k = need
-            .max(self.min_candidates)
-            .max(self.store.entry_count() / SCAN_AMORTISATION);
-        // Per-keyspace policy bits, so the scan does no hash lookups per key.
-        let keyspace_bits: Vec<u8> = self
-            .cat
-            .keyspaces
-            .iter()
-            .map(|p| {
-                if p.keys == 0 {
-                    return 1; // no key to visit (freed records included)
-                }
-                let t = &self.cat.tenants[&self.cat.scopes[p.scope as usize].tenant];
-                (t.reserved as u8) | ((t.algo == Eviction::Lfu) as u8) << 1
-            })
-            .collect();
-        let cat = &self.cat;
-        let greater = |a: &CapCand, b: &CapCand| cap_cmp(cat, a, b) == Ordering::Greater;
-        let mut sel: Heap<CapCand> = Heap::default();
-        let mut seen = 0usize;
-        for pos in 0..self.store.key_count() as u32 {
-            let key = self.store.key_at(pos);
-            let bits = keyspace_bits[key.keyspace() as usize];
-            if bits & 1 != 0 {
-                continue;
+    /// Starts a cap candidate build of `k` candidates (abandoning one in progress).
+    fn cap_build_begin(&mut self, k: usize) {
+        if let Some(b) = self.cap.next.take() {
+            b.release_all(&mut self.cat);
+        }
+        self.cap.next = Some(CapBuild::new(
+            k,
+            self.store.key_count(),
+            self.min_candidates,
+        ));
+    }
+
+    /// Runs the build in progress within `budget` (storage entries visited plus candidate
+    /// reorder steps; the clock is read every few keys). Installs its candidates in place of the
+    /// live heap when it completes. Returns the work done and whether it completed.
+    fn cap_build_run(&mut self, budget: SweepBudget) -> (usize, bool) {
+        let mut b = self.cap.next.take().expect("cap build in progress");
+        // A clock read per this many keys (or reorder steps) is cheap next to the work between.
+        const CLOCK_EVERY: usize = 64;
+        let mut since_clock = 0usize;
+        let mut work = 0usize;
+        let mut spent = |work: usize| {
+            if work > 0 && work >= budget.max_entries {
+                return true;
             }
-            let lfu = bits & 2 != 0;
-            for (_, h) in self.store.holders(pos) {
-                let c = CapCand {
-                    eff: if lfu { h.access } else { 0 },
-                    last_seen: h.last_seen(),
-                    key,
-                    replica: h.replica(),
-                };
-                seen += 1;
-                if sel.len() < k {
-                    sel.push(c, &greater);
+            since_clock += 1;
+            since_clock.is_multiple_of(CLOCK_EVERY)
+                && budget
+                    .deadline
+                    .is_some_and(|d| std::time::Instant::now() >= d)
+        };
+        if b.threshold.is_none() {
+            // Scan phase. Records only move down: clamp the cursor to the slab.
+            b.cursor = b.cursor.min(self.store.key_count() as u32);
+            b.bits.clear();
+            b.bits.resize(self.cat.keyspaces.len(), KS_UNKNOWN);
+            let mut cut = false;
+            while b.cursor > 0 {
+                if spent(work) {
+                    cut = true;
+                    break;
+                }
+                let pos = b.cursor - 1;
+                b.cursor = pos;
+                let key = self.store.key_at(pos);
+                let ks = key.keyspace() as usize;
+                if b.bits[ks] == KS_UNKNOWN {
+                    let p = &self.cat.keyspaces[ks];
+                    b.bits[ks] = if p.keys == 0 {
+                        KS_SKIP // freed records included (none of their keys is in the slab)
+                    } else {
+                        let t = &self.cat.tenants[&self.cat.scopes[p.scope as usize].tenant];
+                        if t.reserved {
+                            KS_SKIP
+                        } else if t.algo == Eviction::Lfu {
+                            KS_LFU
+                        } else {
+                            0
+                        }
+                    };
+                }
+                let bits = b.bits[ks];
+                if bits & KS_SKIP != 0 {
+                    continue;
+                }
+                let lfu = bits & KS_LFU != 0;
+                for (_, h) in self.store.holders(pos) {
+                    work += 1;
+                    let c = CapCand {
+                        eff: if lfu { h.access } else { 0 },
+                        last_seen: h.last_seen(),
+                        key,
+                        replica: h.replica(),
+                    };
+                    b.offer(&mut self.cat, c);
+                }
+            }
+            if cut {
+                self.cap.next = Some(b);
+                return (work, false);
+            }
+            let threshold = if b.dropped {
+                b.sel.peek().copied()
+            } else {
+                None
+            };
+            // The threshold snapshot holds its own blob reference.
+            if let Some(t) = &threshold {
+                retain_blob(&mut self.cat, t.key);
+            }
+            b.threshold = Some(threshold);
+            b.heapify = b.sel.len() / 2;
+        }
+        // Reorder phase: `sel` becomes a min-heap in place (bottom-up), then takes `late`.
+        let mut cut = false;
+        {
+            let cat = &self.cat;
+            let less = |a: &CapCand, b: &CapCand| cap_cmp(cat, a, b) == Ordering::Less;
+            while b.heapify > 0 || !b.late.is_empty() {
+                if spent(work) {
+                    cut = true;
+                    break;
+                }
+                if b.heapify > 0 {
+                    b.heapify -= 1;
+                    b.sel.sift_down(b.heapify, &less);
                 } else {
-                    let top = sel.peek().expect("non-empty");
-                    // Cheap numeric pre-check before the full (string) comparison.
-                    if (c.eff, c.last_seen) > (top.eff, top.last_seen) {
+                    let c = b.late.pop().expect("non-empty");
+                    b.sel.push(c, &less);
+                }
+                work += 1;
+            }
+        }
+        if cut {
+            self.cap.next = Some(b);
+            return (work, false);
+        }
+        self.cap_retire_heap();
+        self.cap.heap = std::mem::take(&mut b.sel);
+        self.cap.threshold = b.threshold.flatten();
+        self.cap.built = b.k;
+        self.cap.active = true;
+        (work, true)
+    }
+
+    /// Builds the cap heap now, on the path that needs a victim: finishes the build in progress
+    /// if there is one, else runs a whole build of `max(need, MIN_CANDIDATES, entries / 32)`
+    /// candidates. Counted in [`Index::take_cap_sync_builds`].
+    /// Returns whether the build was a whole one (not the end of one in progress, whose
+    /// candidates may all have gone stale since they were offered).
+    fn cap_build(&mut self, need: usize) -> bool {
+        let whole = self.cap.next.is_none();
+        if whole {
+            let k = need
+                .max(self.min_candidates)
+                .max(self.store.entry_count() / SCAN_AMORTISATION);
+            self.cap_build_begin(k);
+        }
+        let (_, done) = self.cap_build_run(SweepBudget::UNBOUNDED);
+        debug_assert!(done);
+        self.cap_sync_builds += 1;
+        whole
+    }
+
+    /// Whether a cap candidate build ahead of need is in progress or should start: a global cap
+    /// is set, the directory's non-reserved count is within `max_entries / PREBUILD_NEAR_CAP` of
+    /// it, this core has non-reserved entries, and the live heap is missing, or has a threshold
+    /// and holds at most `1 / PREBUILD_LOW_WATER` of the candidates it was built with.
+    /// (Or a replaced heap's snapshots are still to be released.)
+    pub fn cap_prebuild_wanted(&self) -> bool {
+        self.cap.next.is_some() || !self.cap.retired.is_empty() || self.cap_build_due()
+    }
+
+    /// Whether a new cap build ahead of need should start (see [`Index::cap_prebuild_wanted`]).
+    fn cap_build_due(&self) -> bool {
+        let max = self.cfg.max_entries;
+        if max == 0 || self.non_reserved_entry_count() == 0 {
+            return false;
+        }
+        let near = max / PREBUILD_NEAR_CAP as u64;
+        if self.dir.non_reserved_entries() + (near as i64) < max as i64 {
+            return false;
+        }
+        !self.cap.active
+            || (self.cap.threshold.is_some()
+                && self.cap.heap.len() * PREBUILD_LOW_WATER <= self.cap.built)
+    }
+
+    /// One slice of the cap candidate build ahead of need: starts one when
+    /// [`Index::cap_prebuild_wanted`] (of `max(MIN_CANDIDATES, entries / PREBUILD_AMORTISATION)`
+    /// candidates), then visits entries (and then reorders the kept candidates into the new
+    /// heap) until `budget` is spent; installs the new heap when complete. Before that, slices
+    /// give back what a replaced heap still holds. Changes nothing observable: the
+    /// victims are those of the one-step build, only the work moves out of the ingest that
+    /// needs them.
+    pub fn cap_prebuild_step(&mut self, budget: SweepBudget) -> CapBuildStep {
+        let mut step = CapBuildStep::default();
+        if !self.cap.retired.is_empty() {
+            // A slice of its own (of the same budget).
+            step.entries = self.cap_release_retired(budget.max_entries);
+            step.in_progress = self.cap_prebuild_wanted();
+            return step;
+        }
+        if self.cap.next.is_none() && !self.cap_build_due() {
+            return step;
+        }
+        if self.cap.next.is_none() {
+            let k = self
+                .min_candidates
+                .max(self.store.entry_count() / PREBUILD_AMORTISATION);
+            self.cap_build_begin(k);
+            step.started = true;
+        }
+        let (work, done) = self.cap_build_run(budget);
+        step.entries = work;
+        step.finished = done;
+        step.in_progress = !done;
+        step
+    }
+
+    /// Cap candidate builds run (or finished) in one go on the path that needed a victim since
+    /// the last call: each is an O(entries) step the core spent on one ingest (or one
+    /// cross-core candidate request).
+    pub fn take_cap_sync_builds(&mut self) -> u64 {
+        std::mem::take(&mut self.cap_sync_builds)
+    }
+
+    /// Test aid: panics unless the cap-heap invariant holds: every non-reserved entry whose
+    /// current sort key is `<=` the threshold (all of them without one) is in the live heap
+    /// under that key, and likewise for a build in its reorder phase (`sel` and `late`). O(n log n).
+    #[doc(hidden)]
+    pub fn cap_check_invariant(&self) {
+        let cat = &self.cat;
+        let check = |heap: &Heap<CapCand>, threshold: Option<&CapCand>, what: &str| {
+            let mut snaps = heap.v.clone();
+            snaps.sort_by(|a, b| cap_cmp(cat, a, b));
+            for pos in 0..self.store.key_count() as u32 {
+                let key = self.store.key_at(pos);
+                for (_, h) in self.store.holders(pos) {
+                    let Some(c) = self.cap_cand(key, h.replica(), Some(pos)) else {
+                        continue;
+                    };
+                    if threshold.is_some_and(|t| cap_cmp(cat, &c, t) == Ordering::Greater) {
                         continue;
                     }
-                    if greater(top, &c) {
-                        sel.pop(&greater);
-                        sel.push(c, &greater);
-                    }
+                    assert!(
+                        snaps
+                            .binary_search_by(|s| cap_cmp(cat, s, &c))
+                            .is_ok_and(|i| snaps[i] == c),
+                        "{what}: entry {c:?} at {pos} (<= threshold {threshold:?}) missing"
+                    );
                 }
             }
-        }
-        let threshold = if seen > k { sel.peek().copied() } else { None };
-        let less = |a: &CapCand, b: &CapCand| cap_cmp(cat, a, b) == Ordering::Less;
-        let mut heap = Heap::default();
-        let cands: Vec<CapCand> = sel.drain().collect();
-        for c in &cands {
-            heap.push(*c, &less);
-        }
-        // Every snapshot that names a blob-hash key (heap entries and the threshold) holds a
-        // blob reference, so a freed key's blob id cannot be reused under it.
-        for c in cands.iter().chain(threshold.iter()) {
-            self.retain_key(c.key);
-        }
-        self.cap = CapState {
-            active: true,
-            heap,
-            threshold,
-            built: k,
         };
+        if self.cap.active {
+            check(&self.cap.heap, self.cap.threshold.as_ref(), "live heap");
+        }
+        if let Some(b) = &self.cap.next
+            && let Some(t) = &b.threshold
+        {
+            let all = Heap {
+                v: b.sel.v.iter().chain(&b.late).copied().collect(),
+            };
+            check(&all, t.as_ref(), "heap being reordered");
+        }
     }
 
     /// Pops the minimum live cap candidate: `(key, replica)`.
     fn cap_pop(&mut self, need: usize) -> Option<(KeyId, u32)> {
-        if !self.cap.active {
-            self.cap_build(need);
-        }
         let mut rebuilt = false;
+        if !self.cap.active {
+            rebuilt = self.cap_build(need);
+        }
         loop {
             let cat = &self.cat;
             let popped = self
@@ -361,8 +769,8 @@ impl Index {
                 if rebuilt || self.cap.threshold.is_none() {
                     return None;
                 }
-                self.cap_build(need);
-                rebuilt = true;
+                // A whole build holds `need` live candidates (or every entry): one is enough.
+                rebuilt = self.cap_build(need);
                 continue;
             };
             let current = self.cap_cand(c.key, c.replica, None);
@@ -372,7 +780,6 @@ impl Index {
             }
         }
     }
-
     /// Re-resolves every tenant's eviction algorithm; drops the cap heap if any changed.
     fn refresh_algorithms(&mut self, rules: &dyn TenantRules) {
         let mut changed = false;
@@ -873,11 +1280,19 @@ impl Index {
         }
         self.refresh_algorithms(rules);
         let mut popped = Vec::new();
+        let mut seen: hashbrown::HashSet<(KeyId, u32)> = hashbrown::HashSet::new();
         while popped.len() < k {
-            let Some(c) = self.cap_pop(k - popped.len()) else {
+            // A heap rebuilt in this loop holds the candidates popped before it (they are still
+            // in the store), so it must hold `k`, not only the `k - popped` still wanted.
+            let Some(c) = self.cap_pop(k) else {
                 break;
             };
-            popped.push(c);
+            // An entry can pop twice: the heap may hold its current snapshot twice (a mutation
+            // that left its key unchanged; a build's scan and its mutation hook), and a heap
+            // rebuilt in this loop holds it again. It is one candidate.
+            if seen.insert(c) {
+                popped.push(c);
+            }
         }
         let mut out = Vec::with_capacity(popped.len());
         for (key, replica) in popped {
@@ -944,11 +1359,16 @@ impl Index {
             return Vec::new();
         }
         let mut popped = Vec::new();
+        let mut seen: hashbrown::HashSet<KeyId> = hashbrown::HashSet::new();
         while popped.len() < k {
-            let Some(key) = self.quota_pop(t, k - popped.len()) else {
+            // As in `cap_candidates`: a heap rebuilt in this loop holds the keys popped before
+            // it, and a key can pop twice; it is one candidate.
+            let Some(key) = self.quota_pop(t, k) else {
                 break;
             };
-            popped.push(key);
+            if seen.insert(key) {
+                popped.push(key);
+            }
         }
         let mut out = Vec::with_capacity(popped.len());
         for key in popped {

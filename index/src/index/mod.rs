@@ -32,7 +32,7 @@ pub use aggregate::{
     CacheState, EntriesGauge, PartReplica, PartStats, ReplicaRow, SnapshotPart, SnapshotRows,
     TenantRow, merge_snapshot_parts,
 };
-pub use eviction::{CapVictim, QuotaVictim, SweepBudget, SweepStep, select_victims};
+pub use eviction::{CapBuildStep, CapVictim, QuotaVictim, SweepBudget, SweepStep, select_victims};
 pub use lookup::{BlockHashes, LfuHit, LookupQuery, LookupView, Score, Strategy};
 pub use persist::{PersistEntry, PersistStats, RestoreCache, RestoreOutcome};
 pub use ranking::RankerConfig;
@@ -405,6 +405,9 @@ pub struct Index {
     removal_sink: Option<RemovalSink>,
     /// The sliced TTL sweep pass in progress, if any.
     sweep_pass: Option<eviction::SweepPass>,
+    /// Cap candidate builds run in one go on a path that needed a victim, not yet taken by
+    /// [`Index::take_cap_sync_builds`].
+    cap_sync_builds: u64,
 }
 
 impl Default for Index {
@@ -443,6 +446,7 @@ impl Index {
             last_full_reclaim: i64::MIN,
             removal_sink: None,
             sweep_pass: None,
+            cap_sync_builds: 0,
         }
     }
 

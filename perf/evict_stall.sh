@@ -1,0 +1,92 @@
+#!/usr/bin/env bash
+# Lookups while the global cap evicts on a 10M-entry index (issue 14: "no lookup waits more than
+# 1 ms behind index maintenance"): the cap's candidate-heap builds (an O(entries) scan), in one
+# go on the ingest that needs victims ("before") or ahead of need in slices ("after"). Release
+# build:
+#   perf/evict_stall.sh [entries] [seconds] [before-server-binary] [variants]
+# Fills <entries> (default 10,000,000) storage entries once (loadgen's `fill` example: 64-block
+# chains over 8 tenants, every entry stamped 5 minutes in the past), snapshots them
+# (--state-dir), then for each variant restores that snapshot into a fresh `--shards 1` server
+# (no TTL sweep in the window: --sweep-interval-ms 3600000) and runs loadgen for <seconds>
+# (default 100): a paced 1,000 req/s LookupRoute probe (open loop) *with* its 8 producers, whose
+# fresh entries push the index over the cap, so every new entry evicts one of the old ones
+# (all tied on their stamp, so every comparison falls through to the names: the slow case).
+# Variants (default "before after nocap"), one after the other (never two servers at once):
+#   before   the binary given as the third argument (default /tmp/evict-before-server: the
+#            pre-change build), --index-max-entries <entries>
+#   after    this tree's server, --index-max-entries <entries>
+#   nocap    this tree's server, --index-max-entries 0 (the same ingest, no eviction: the
+#            probe's own noise on this host under that load)
+# Prints p50/p99/p99.9/max of each, the cap evictions, the load average, and (this tree's
+# server) the cap-build counters: builds ahead of need, their slices, builds an ingest ran or
+# finished in one go (the fallback), the last build's longest slice (wall / thread CPU).
+# Needs: cargo build --release -p inference-cache -p loadgen --bins --examples
+set -euo pipefail
+cd "$(dirname "$0")/.."
+N=${1:-10000000}
+SECS=${2:-100}
+BEFORE=${3:-/tmp/evict-before-server}
+VARIANTS=${4:-before after nocap}
+T=${CARGO_TARGET_DIR:-target}/release
+SRV=$T/inference-cache-server
+FILL=$T/examples/fill
+LG=$T/loadgen
+SNAP=$(mktemp -d)
+RUN=$(mktemp -d)
+OUT=$(mktemp -d)
+trap 'rm -rf "$SNAP" "$RUN"; [ -n "${PID:-}" ] && kill -TERM "$PID" 2>/dev/null || true' EXIT
+port() { python3 -c "import socket; s=socket.socket(); s.bind(('127.0.0.1',0)); print(s.getsockname()[1])"; }
+G=$(port); H=$(port); A=$(port)
+now_s() { date +%s; }
+STAMP_S=$(( $(now_s) - 300 ))
+
+start() { # binary state_dir cap
+  "$1" --insecure-disable-auth --log-level info --log-format text --shards 1 \
+    --grpc-bind-address "127.0.0.1:$G" --http-bind-address "127.0.0.1:$H" \
+    --snapshot-bind-address "127.0.0.1:$A" --index-max-entries "$3" \
+    --state-dir "$2" --snapshot-interval-ms 3600000 --sweep-interval-ms 3600000 2>>"$OUT/server.log" &
+  PID=$!
+  for _ in $(seq 1 1200); do # at most 120 s
+    [ "$(curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:$H/readyz")" = 200 ] && return 0
+    sleep 0.1
+  done
+  echo "server not ready" >&2; exit 1
+}
+stop() { kill -TERM "$PID"; wait "$PID" || true; PID=; }
+metric() { curl -s "http://127.0.0.1:$H/metrics" | awk -v n="$1" 'index($0, n) == 1 {s += $2} END {print s + 0}'; }
+
+# 1. Fill once and snapshot (the final snapshot at SIGTERM).
+start "$SRV" "$SNAP" 0
+"$FILL" --addr "http://127.0.0.1:$G" --entries "$N" --timestamp-us "$((STAMP_S * 1000000))" 2>&1 | tail -1
+echo "filled: $(metric 'inferencecache_core_index_entries{') entries"
+stop
+
+for variant in $VARIANTS; do
+  case $variant in
+  before) BIN=$BEFORE; CAP=$N ;;
+  after) BIN=$SRV; CAP=$N ;;
+  nocap) BIN=$SRV; CAP=0 ;;
+  *) echo "unknown variant $variant" >&2; exit 2 ;;
+  esac
+  rm -rf "${RUN:?}"/*; cp -r "$SNAP"/. "$RUN"/
+  start "$BIN" "$RUN" "$CAP"
+  E0=$(metric 'inferencecache_core_index_entries{')
+  LOAD0=$(cut -d' ' -f1 /proc/loadavg)
+  "$LG" run --addr "http://127.0.0.1:$G" --workload chat --seed 7 --population 2000 --replicas 8 \
+    --tenants 4 --no-preload --rate 1000 --duration "$SECS" --quiet \
+    --json "$OUT/lg-$variant.json" >/dev/null
+  E1=$(metric 'inferencecache_core_index_entries{')
+  LOAD1=$(cut -d' ' -f1 /proc/loadavg)
+  EV=$(metric 'inferencecache_index_evictions_total{')
+  BUILDS="builds ahead $(metric inferencecache_core_cap_builds_total) in $(metric inferencecache_core_cap_build_slices_total) slices, in one go (fallback) $(metric inferencecache_core_cap_builds_sync_total), last build's longest slice $(metric inferencecache_core_cap_build_last_max_slice_seconds) s wall / $(metric inferencecache_core_cap_build_last_max_slice_cpu_seconds) s CPU"
+  stop
+  python3 - "$OUT/lg-$variant.json" "$variant" "$E0" "$E1" "$LOAD0" "$LOAD1" "$EV" "$BUILDS" <<'PY'
+import json, sys
+r = json.load(open(sys.argv[1]))["rpcs"]["LookupRoute"]
+v, e0, e1, l0, l1, ev, builds = sys.argv[2:9]
+print(f"{v:>8}: lookups={r['count']} errors={r['errors']} p50={r['p50_ms']:.3f}ms p99={r['p99_ms']:.3f}ms "
+      f"p99.9={r['p999_ms']:.3f}ms max={r['max_ms']:.3f}ms entries {e0} -> {e1} evicted {ev} load1 {l0} -> {l1}")
+if v != "before":
+    print(f"          {builds}")
+PY
+done
