@@ -518,6 +518,44 @@ impl Index {
         ));
     }
 
+    /// Offers the holders of the key at slab position `pos` to a cap build. Returns how many.
+    fn cap_offer_position(&mut self, b: &mut CapBuild, pos: u32) -> usize {
+        let key = self.store.key_at(pos);
+        let ks = key.keyspace() as usize;
+        if b.bits[ks] == KS_UNKNOWN {
+            let p = &self.cat.keyspaces[ks];
+            b.bits[ks] = if p.keys == 0 {
+                KS_SKIP // freed records included (none of their keys is in the slab)
+            } else {
+                let t = &self.cat.tenants[&self.cat.scopes[p.scope as usize].tenant];
+                if t.reserved {
+                    KS_SKIP
+                } else if t.algo == Eviction::Lfu {
+                    KS_LFU
+                } else {
+                    0
+                }
+            };
+        }
+        let bits = b.bits[ks];
+        if bits & KS_SKIP != 0 {
+            return 0;
+        }
+        let lfu = bits & KS_LFU != 0;
+        let mut offered = 0;
+        for (_, h) in self.store.holders(pos) {
+            offered += 1;
+            let c = CapCand {
+                eff: if lfu { h.access } else { 0 },
+                last_seen: h.last_seen(),
+                key,
+                replica: h.replica(),
+            };
+            b.offer(&mut self.cat, c);
+        }
+        offered
+    }
+
     /// Runs the build in progress within `budget` (storage entries visited plus candidate
     /// reorder steps; the clock is read every few keys). Installs its candidates in place of the
     /// live heap when it completes. Returns the work done and whether it completed.
@@ -543,6 +581,18 @@ impl Index {
             b.bits.clear();
             b.bits.resize(self.cat.keyspaces.len(), KS_UNKNOWN);
             let mut cut = false;
+            if budget.max_entries == usize::MAX
+                && budget.deadline.is_none()
+                && b.cursor == self.store.key_count() as u32
+            {
+                // A whole build in one call: nothing changes between its positions, so the
+                // order is free. Upwards, entries come oldest first (new keys are added at the
+                // end), and most of the rest fail the selection's cheap numeric check.
+                for pos in 0..b.cursor {
+                    work += self.cap_offer_position(&mut b, pos);
+                }
+                b.cursor = 0;
+            }
             while b.cursor > 0 {
                 if spent(work) {
                     cut = true;
@@ -550,38 +600,7 @@ impl Index {
                 }
                 let pos = b.cursor - 1;
                 b.cursor = pos;
-                let key = self.store.key_at(pos);
-                let ks = key.keyspace() as usize;
-                if b.bits[ks] == KS_UNKNOWN {
-                    let p = &self.cat.keyspaces[ks];
-                    b.bits[ks] = if p.keys == 0 {
-                        KS_SKIP // freed records included (none of their keys is in the slab)
-                    } else {
-                        let t = &self.cat.tenants[&self.cat.scopes[p.scope as usize].tenant];
-                        if t.reserved {
-                            KS_SKIP
-                        } else if t.algo == Eviction::Lfu {
-                            KS_LFU
-                        } else {
-                            0
-                        }
-                    };
-                }
-                let bits = b.bits[ks];
-                if bits & KS_SKIP != 0 {
-                    continue;
-                }
-                let lfu = bits & KS_LFU != 0;
-                for (_, h) in self.store.holders(pos) {
-                    work += 1;
-                    let c = CapCand {
-                        eff: if lfu { h.access } else { 0 },
-                        last_seen: h.last_seen(),
-                        key,
-                        replica: h.replica(),
-                    };
-                    b.offer(&mut self.cat, c);
-                }
+                work += self.cap_offer_position(&mut b, pos);
             }
             if cut {
                 self.cap.next = Some(b);
