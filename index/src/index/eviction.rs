@@ -330,6 +330,21 @@ impl CapBuild {
 
     /// Offers a snapshot: kept while among the `k` smallest offered (scan phase), or added to
     /// `late` when `<=` the threshold (reorder phase). Kept snapshots hold a blob reference.
+    /// The common case of a scan, decided without a call: the selection is full and `c` sorts
+    /// after its maximum on the numbers alone (what [`CapBuild::offer`] would find first).
+    #[inline]
+    fn rejects_at_once(&mut self, c: &CapCand) -> bool {
+        if self.threshold.is_some() || self.sel.len() < self.k {
+            return false;
+        }
+        let top = self.sel.peek().expect("full");
+        if (c.eff, c.last_seen) > (top.eff, top.last_seen) {
+            self.dropped = true;
+            return true;
+        }
+        false
+    }
+
     fn offer(&mut self, cat: &mut Catalog, c: CapCand) {
         if let Some(t) = self.threshold {
             if let Some(t) = &t
@@ -469,10 +484,18 @@ impl Index {
 
     /// Mutation hook: keeps the cap-heap invariant (and a build's) after an entry's sort key
     /// changed.
+    #[inline]
     pub(crate) fn cap_touch(&mut self, key: KeyId, replica: u32, pos: Option<u32>) {
+        // Inlined into every upsert: without a cap heap or a build, a touch is this test.
         if !self.cap.active && self.cap.next.is_none() {
             return;
         }
+        self.cap_touch_tracked(key, replica, pos);
+    }
+
+    /// [`Index::cap_touch`] with a heap or a build to keep up to date.
+    #[inline(never)]
+    fn cap_touch_tracked(&mut self, key: KeyId, replica: u32, pos: Option<u32>) {
         let pos = match pos {
             Some(p) => p,
             None => match self.store.find(key) {
@@ -551,7 +574,9 @@ impl Index {
                 key,
                 replica: h.replica(),
             };
-            b.offer(&mut self.cat, c);
+            if !b.rejects_at_once(&c) {
+                b.offer(&mut self.cat, c);
+            }
         }
         offered
     }
