@@ -211,7 +211,8 @@ struct Connection<S, H> {
 impl<S: AsyncRead + AsyncWrite + Unpin, H: Service> Connection<S, H> {
     fn new(io: S, service: H) -> Self {
         let now = Instant::now();
-        let mut out = BytesMut::with_capacity(16 * 1024);
+        // Buffers start small and grow with the traffic: an idle connection costs little.
+        let mut out = BytesMut::with_capacity(1024);
         frame::put_settings(
             &mut out,
             &[
@@ -228,7 +229,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin, H: Service> Connection<S, H> {
             io,
             service,
             phase: Phase::Preface,
-            read_buf: BytesMut::with_capacity(READ_CHUNK),
+            read_buf: BytesMut::new(),
             out,
             arena: BytesMut::new(),
             answer: BytesMut::new(),
