@@ -741,17 +741,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin, H: Service> Connection<S, H> {
         };
         match stream {
             Stream::Inline { .. } => {
-                let Some(Stream::Inline {
-                    head,
-                    send_window,
-                    held,
-                    ..
-                }) = self.streams.remove(&id)
-                else {
-                    unreachable!("matched above")
-                };
-                let received = held.unwrap_or_default();
-                self.start_general(id, head, received, false, send_window);
+                self.inline_to_general(id);
                 self.end_general_body(id, Some(trailers));
             }
             Stream::General(g) if g.flow.recv_closed => {
@@ -841,15 +831,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin, H: Service> Connection<S, H> {
             self.holding.push(id);
             return;
         }
-        let Some(Stream::Inline {
-            head,
-            send_window,
-            held,
-            ..
-        }) = self.streams.remove(&id)
-        else {
-            unreachable!("called for inline streams")
-        };
+        let (head, send_window, held) = self.take_inline(id);
         let data = match held {
             None => data,
             Some(held) if data.is_empty() => held,
@@ -1038,18 +1020,29 @@ impl<S: AsyncRead + AsyncWrite + Unpin, H: Service> Connection<S, H> {
     fn release_held(&mut self) {
         for id in std::mem::take(&mut self.holding) {
             if let Some(Stream::Inline { held: Some(_), .. }) = self.streams.get(&id) {
-                let Some(Stream::Inline {
-                    head,
-                    send_window,
-                    held,
-                    ..
-                }) = self.streams.remove(&id)
-                else {
-                    unreachable!("matched above")
-                };
-                self.start_general(id, head, held.unwrap_or_default(), false, send_window);
+                self.inline_to_general(id);
             }
         }
+    }
+
+    /// Takes an inline candidate out of the table: its head, send window and held message.
+    fn take_inline(&mut self, id: u32) -> (HeaderList, i64, Option<Bytes>) {
+        let Some(Stream::Inline {
+            head,
+            send_window,
+            held,
+            ..
+        }) = self.streams.remove(&id)
+        else {
+            unreachable!("stream {id} is an inline candidate")
+        };
+        (head, send_window, held)
+    }
+
+    /// Moves an inline candidate to the general path, with the message it holds if any.
+    fn inline_to_general(&mut self, id: u32) {
+        let (head, send_window, held) = self.take_inline(id);
+        self.start_general(id, head, held.unwrap_or_default(), false, send_window);
     }
 
     /// Remembers a stream this server ended early, so the peer's late frames are tolerated.

@@ -283,17 +283,7 @@ async fn sweep_loop(interval: Duration) {
     let interval = interval.max(Duration::from_millis(1));
     let mut first = true;
     loop {
-        let tick = futures_lite::future::or(
-            async {
-                glommio::timer::sleep(interval).await;
-                true
-            },
-            async {
-                shutdown_requested().await;
-                false
-            },
-        )
-        .await;
+        let tick = sleep_unless_shutdown(interval).await;
         if !tick {
             return;
         }
@@ -330,28 +320,15 @@ async fn sweep_pass(interval: Duration) -> bool {
     let (mut slices, mut longest, mut longest_cpu) = (0u64, Duration::ZERO, Duration::ZERO);
     loop {
         if slices > 0 {
-            let go_on = futures_lite::future::or(
-                async {
-                    glommio::timer::sleep(SWEEP_SLICE_PAUSE).await;
-                    true
-                },
-                async {
-                    shutdown_requested().await;
-                    false
-                },
-            )
-            .await;
+            let go_on = sleep_unless_shutdown(SWEEP_SLICE_PAUSE).await;
             if !go_on {
                 return false;
             }
             wait_sweep_may_run(&mut wait_budget).await;
         }
-        let (t, cpu) = (Instant::now(), thread_cpu_time());
-        let done = shard::with_core(|st| st.sweep_slice());
-        longest = longest.max(t.elapsed());
-        if let (Some(a), Some(b)) = (cpu, thread_cpu_time()) {
-            longest_cpu = longest_cpu.max(b.saturating_sub(a));
-        }
+        let done = timed_slice(&mut longest, &mut longest_cpu, || {
+            shard::with_core(|st| st.sweep_slice())
+        });
         slices += 1;
         if done {
             break;
@@ -371,17 +348,7 @@ async fn sweep_pass(interval: Duration) -> bool {
 /// thread CPU). Ends at shutdown.
 async fn cap_prebuild_loop() {
     loop {
-        let go_on = futures_lite::future::or(
-            async {
-                glommio::timer::sleep(CAP_PREBUILD_POLL).await;
-                true
-            },
-            async {
-                shutdown_requested().await;
-                false
-            },
-        )
-        .await;
+        let go_on = sleep_unless_shutdown(CAP_PREBUILD_POLL).await;
         if !go_on {
             return;
         }
@@ -391,27 +358,14 @@ async fn cap_prebuild_loop() {
         let (mut slices, mut longest, mut longest_cpu) = (0u64, Duration::ZERO, Duration::ZERO);
         loop {
             if slices > 0 {
-                let go_on = futures_lite::future::or(
-                    async {
-                        glommio::timer::sleep(SWEEP_SLICE_PAUSE).await;
-                        true
-                    },
-                    async {
-                        shutdown_requested().await;
-                        false
-                    },
-                )
-                .await;
+                let go_on = sleep_unless_shutdown(SWEEP_SLICE_PAUSE).await;
                 if !go_on {
                     return;
                 }
             }
-            let (t, cpu) = (Instant::now(), thread_cpu_time());
-            let step = shard::with_core(|st| st.cap_build_slice());
-            longest = longest.max(t.elapsed());
-            if let (Some(a), Some(b)) = (cpu, thread_cpu_time()) {
-                longest_cpu = longest_cpu.max(b.saturating_sub(a));
-            }
+            let step = timed_slice(&mut longest, &mut longest_cpu, || {
+                shard::with_core(|st| st.cap_build_slice())
+            });
             slices += 1;
             if !step.in_progress {
                 if step.finished {
@@ -421,6 +375,37 @@ async fn cap_prebuild_loop() {
             }
         }
     }
+}
+
+/// Sleeps `d` on this core's timer; false when shutdown was requested first.
+async fn sleep_unless_shutdown(d: Duration) -> bool {
+    futures_lite::future::or(
+        async {
+            glommio::timer::sleep(d).await;
+            true
+        },
+        async {
+            shutdown_requested().await;
+            false
+        },
+    )
+    .await
+}
+
+/// Runs one maintenance slice, keeping the longest wall and thread-CPU time of the pass's
+/// slices.
+fn timed_slice<T>(
+    longest: &mut Duration,
+    longest_cpu: &mut Duration,
+    slice: impl FnOnce() -> T,
+) -> T {
+    let (t, cpu) = (Instant::now(), thread_cpu_time());
+    let out = slice();
+    *longest = (*longest).max(t.elapsed());
+    if let (Some(a), Some(b)) = (cpu, thread_cpu_time()) {
+        *longest_cpu = (*longest_cpu).max(b.saturating_sub(a));
+    }
+    out
 }
 
 /// Applies `sys::test_hooks::sweep_fault` to this core (tests of the fault paths only).

@@ -615,17 +615,6 @@ async fn small_message_producer_streams_run_to_the_end(shards: usize) {
 }
 shards_1_and_2!(small_message_producer_streams_run_to_the_end);
 
-/// The server's resident memory in bytes (VmRSS).
-fn rss_bytes(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    let kb: u64 = status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .expect("VmRSS");
-    kb * 1024
-}
-
 /// The first `sent` bytes of a message declaring `declared` bytes.
 fn partial_message(declared: usize, sent: usize) -> Bytes {
     let mut m = vec![0u8];

@@ -66,17 +66,6 @@ async fn assert_answers_within(srv: &mut Server, within: Duration, tag: &str) {
     );
 }
 
-/// The server's resident set size.
-fn rss_bytes(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    let kb: u64 = status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .expect("VmRSS");
-    kb * 1024
-}
-
 // ---------------------------------------------------------------------------------------------
 // 1. Handshake
 
