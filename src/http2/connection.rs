@@ -797,7 +797,9 @@ impl<S: AsyncRead + AsyncWrite + Unpin, H: Service> Connection<S, H> {
                     return Ok(());
                 }
                 let mut s = g.link.lock();
-                if s.recv_dropped {
+                let dropped = s.recv_dropped;
+                if dropped {
+                    // Nobody reads it: its window goes back on the stream's next visit.
                     s.released += data.len();
                 } else {
                     s.received.extend_from_slice(&data);
@@ -809,7 +811,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin, H: Service> Connection<S, H> {
                 if end_stream {
                     self.end_general_body(head.stream, None);
                 }
-                if !self.visit.contains(&head.stream) {
+                if dropped && !self.visit.contains(&head.stream) {
                     self.visit.push(head.stream);
                 }
             }
