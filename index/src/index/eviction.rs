@@ -586,20 +586,9 @@ impl Index {
     /// live heap when it completes. Returns the work done and whether it completed.
     fn cap_build_run(&mut self, budget: SweepBudget) -> (usize, bool) {
         let mut b = self.cap.next.take().expect("cap build in progress");
-        // A clock read per this many keys (or reorder steps) is cheap next to the work between.
-        const CLOCK_EVERY: usize = 64;
-        let mut since_clock = 0usize;
         let mut work = 0usize;
-        let mut spent = |work: usize| {
-            if work > 0 && work >= budget.max_entries {
-                return true;
-            }
-            since_clock += 1;
-            since_clock.is_multiple_of(CLOCK_EVERY)
-                && budget
-                    .deadline
-                    .is_some_and(|d| std::time::Instant::now() >= d)
-        };
+        let mut meter = budget.meter();
+        let mut spent = |work: usize| meter.spent(work);
         if b.threshold.is_none() {
             // Scan phase. Records only move down: clamp the cursor to the slab.
             b.cursor = b.cursor.min(self.store.key_count() as u32);
@@ -1101,21 +1090,8 @@ impl Index {
                 (ix.ttl_for(rules, name), rules.eviction(name))
             })
         };
-        // A clock read per this many keys (or models) is cheap next to the work between.
-        const CLOCK_EVERY: usize = 64;
-        let mut since_clock = 0usize;
-        // Whether this slice has used its budget: its entries, or its time (read every
-        // CLOCK_EVERY checks).
-        let mut spent = |step: &SweepStep| {
-            if step.entries > 0 && step.entries >= budget.max_entries {
-                return true;
-            }
-            since_clock += 1;
-            since_clock.is_multiple_of(CLOCK_EVERY)
-                && budget
-                    .deadline
-                    .is_some_and(|d| std::time::Instant::now() >= d)
-        };
+        let mut meter = budget.meter();
+        let mut spent = |step: &SweepStep| meter.spent(step.entries);
         if pass.stats_from.is_none() {
             let mut stale: Vec<u32> = Vec::new();
             let mut pos = self.store.visited();
@@ -1207,7 +1183,41 @@ pub struct SweepBudget {
     pub deadline: Option<std::time::Instant>,
 }
 
+/// Tells a slice when its [`SweepBudget`] is used up: its entries, or its time, read once per
+/// [`BudgetMeter::CLOCK_EVERY`] checks.
+pub(crate) struct BudgetMeter {
+    budget: SweepBudget,
+    checks: usize,
+}
+
+impl BudgetMeter {
+    /// A clock read per this many checks (keys, models, reorder steps) is cheap next to the
+    /// work between.
+    const CLOCK_EVERY: usize = 64;
+
+    /// Whether the slice, having done `work` entries, must stop.
+    pub(crate) fn spent(&mut self, work: usize) -> bool {
+        if work > 0 && work >= self.budget.max_entries {
+            return true;
+        }
+        self.checks += 1;
+        self.checks.is_multiple_of(Self::CLOCK_EVERY)
+            && self
+                .budget
+                .deadline
+                .is_some_and(|d| std::time::Instant::now() >= d)
+    }
+}
+
 impl SweepBudget {
+    /// The meter of one slice under this budget.
+    pub(crate) fn meter(self) -> BudgetMeter {
+        BudgetMeter {
+            budget: self,
+            checks: 0,
+        }
+    }
+
     /// No bound: the step finishes the pass.
     pub const UNBOUNDED: SweepBudget = SweepBudget {
         max_entries: usize::MAX,
