@@ -8,7 +8,9 @@
 #        --shards 1 as variant "prev-n1" (before/after comparisons in one run);
 #        VARIANTS="prev-n1 n1" picks the variants to run; "n1-spin" is --shards 1 with
 #        --busy-poll-us ${SPIN_US:-1000} (spin before parking, for dedicated cores);
-#        LG_CPUS=1 runs loadgen on CPU 1 only (off the CPU the server's core 0 is pinned to)
+#        LG_CPUS=1 runs loadgen on CPU 1 only (off the CPU the server's core 0 is pinned to);
+#        LOOKUP_CLIENT=tonic sends through tonic's channel instead of the SDK's lean client
+#        (default lean); LG_THREADS=N gives loadgen N threads (default 1; 0 = one per CPU)
 # Needs: cargo build --release -p loadgen -p inference-cache --bins --examples
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -44,7 +46,7 @@ for round in $(seq "$ROUNDS"); do
     start "$v"
     "$LG" preload "${COMMON[@]}" >/dev/null 2>&1
     c0=$(cpu_ticks "$PID")
-    ${LG_CPUS:+taskset -c "$LG_CPUS"} "$LG" run "${COMMON[@]}" --no-preload --no-producers --concurrency 1 --requests "$REQ" --quiet --json "$OUT/$v-$round.json" >/dev/null
+    ${LG_CPUS:+taskset -c "$LG_CPUS"} "$LG" run "${COMMON[@]}" --threads "${LG_THREADS:-1}" --lookup-client "${LOOKUP_CLIENT:-lean}" --no-preload --no-producers --concurrency 1 --requests "$REQ" --quiet --json "$OUT/$v-$round.json" >/dev/null
     c1=$(cpu_ticks "$PID")
     kill "$PID"; wait "$PID" 2>/dev/null || true
     python3 - "$OUT/$v-$round.json" "$v" "$round" "$c0" "$c1" "$TICK" "$REQ" <<'PY'

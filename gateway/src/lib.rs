@@ -27,8 +27,10 @@
 #![forbid(unsafe_code)]
 
 mod connector;
+mod lookup;
 
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use inferencecache_proto::v1alpha1::inference_cache_client::InferenceCacheClient;
@@ -39,6 +41,7 @@ use tonic_health::pb::health_client::HealthClient;
 
 pub use connector::SourcePortConnector;
 pub use inferencecache_partition::{PARTITION_FUNCTION, PARTITIONS, owner, partition};
+pub use lookup::{Dial, DialFuture, LookupConnection, MAX_RESPONSE_BYTES};
 
 /// Response header of the server's health answers: the number of cores it runs.
 pub const SHARDS_HEADER: &str = "inferencecache-shards";
@@ -94,7 +97,10 @@ impl std::error::Error for ConnectError {}
 /// Cheap to clone (the connections are shared).
 #[derive(Clone, Debug)]
 pub struct ShardAwareClient {
+    /// A tonic client per core, for every RPC ([`client_for`](Self::client_for)).
     cores: Vec<InferenceCacheClient<Channel>>,
+    /// A lean `LookupRoute` connection per core, from a source port naming that core.
+    lookups: Vec<LookupConnection>,
 }
 
 impl ShardAwareClient {
@@ -121,7 +127,21 @@ impl ShardAwareClient {
             }
             cores.push(InferenceCacheClient::new(ch).max_decoding_message_size(64 << 20));
         }
-        Ok(Self { cores })
+        let mut lookups = Vec::with_capacity(shards);
+        for core in 0..shards {
+            let connector = SourcePortConnector::new(addr, core, shards);
+            let dial: Dial = Arc::new(move || {
+                let connector = connector.clone();
+                Box::pin(async move { connector.connect().await })
+            });
+            let conn = LookupConnection::new(&addr.to_string(), dial)
+                .map_err(|e| ConnectError::Transport(e.message().to_string()))?;
+            conn.connect(timeout)
+                .await
+                .map_err(|e| ConnectError::Transport(e.message().to_string()))?;
+            lookups.push(conn);
+        }
+        Ok(Self { cores, lookups })
     }
 
     /// Number of cores the server runs.
@@ -153,13 +173,14 @@ impl ShardAwareClient {
         req: LookupRouteRequest,
         timeout: Duration,
     ) -> Result<LookupRouteResponse, tonic::Status> {
-        let mut client = self.client_for(&req.tenant_id, &req.model_id);
-        let mut request = tonic::Request::new(req);
-        request.set_timeout(timeout);
-        match tokio::time::timeout(timeout, client.lookup_route(request)).await {
-            Ok(answer) => answer.map(tonic::Response::into_inner),
-            Err(_) => Err(tonic::Status::deadline_exceeded("lookup timed out")),
-        }
+        self.lookup_connection_for(&req.tenant_id, &req.model_id)
+            .lookup_route(&req, timeout)
+            .await
+    }
+
+    /// The lean `LookupRoute` connection of the core owning `(tenant, model)`.
+    pub fn lookup_connection_for(&self, tenant: &str, model: &str) -> &LookupConnection {
+        &self.lookups[owner(tenant, model, self.lookups.len())]
     }
 }
 

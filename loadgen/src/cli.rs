@@ -18,6 +18,10 @@ use crate::workload::{WorkloadConfig, WorkloadKind};
 #[derive(Parser, Debug)]
 #[command(name = "loadgen", version, about)]
 pub struct Cli {
+    /// Client threads (tokio workers); 0 = one per CPU. One call in flight is measured best
+    /// with 1: a second thread only adds a cross-thread wake-up to every answer.
+    #[arg(long, global = true, default_value_t = 0)]
+    pub threads: usize,
     /// What to do.
     #[command(subcommand)]
     pub command: Command,
@@ -53,6 +57,19 @@ pub struct ConnArgs {
     /// using `--addr`. Compare against a run without it to see what the hops cost.
     #[arg(long)]
     pub shard_aware_addr: Option<std::net::SocketAddr>,
+    /// How LookupRoute calls are sent: `lean` (the gateway SDK's HTTP/2 client, one write per
+    /// call) or `tonic` (tonic's channel, three writes per call). Other RPCs always use tonic.
+    #[arg(long, value_enum, default_value_t = LookupClient::Lean)]
+    pub lookup_client: LookupClient,
+}
+
+/// The client `LookupRoute` calls go through (`--lookup-client`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum LookupClient {
+    /// `inferencecache_gateway::LookupConnection`: h2 directly, request in one write.
+    Lean,
+    /// tonic's generated client over a tonic channel.
+    Tonic,
 }
 
 /// The generated workload.

@@ -59,6 +59,13 @@ pub enum Error {
     },
     /// The shard-aware connections could not be opened.
     ShardAware(inferencecache_gateway::ConnectError),
+    /// A lean lookup connection (`--lookup-client lean`) could not be opened.
+    LeanConnect {
+        /// The normalised address.
+        addr: String,
+        /// The failure.
+        source: tonic::Status,
+    },
     /// The JSON report could not be written.
     WriteReport {
         /// The `--json` path.
@@ -77,6 +84,9 @@ impl fmt::Display for Error {
             Error::InvalidAddr { addr, source } => write!(f, "invalid --addr {addr}: {source}"),
             Error::Connect { addr, source } => write!(f, "cannot connect to {addr}: {source}"),
             Error::ShardAware(e) => write!(f, "--shard-aware-addr: {e}"),
+            Error::LeanConnect { addr, source } => {
+                write!(f, "cannot connect to {addr}: {}", source.message())
+            }
             Error::WriteReport { path, source } => {
                 write!(f, "cannot write {}: {source}", path.display())
             }
@@ -92,6 +102,7 @@ impl std::error::Error for Error {
             Error::InvalidAddr { source, .. } | Error::Connect { source, .. } => Some(source),
             Error::WriteReport { source, .. } => Some(source),
             Error::ShardAware(e) => Some(e),
+            Error::LeanConnect { source, .. } => Some(source),
             Error::StreamsFailed(_) => None,
         }
     }

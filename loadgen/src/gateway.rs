@@ -7,6 +7,7 @@
 
 use std::time::Duration;
 
+use inferencecache_gateway::LookupConnection;
 use inferencecache_proto::v1alpha1::inference_cache_client::InferenceCacheClient;
 use inferencecache_proto::v1alpha1::{
     LookupPdRouteRequest, LookupPdRouteResponse, LookupRouteRequest, LookupRouteResponse,
@@ -72,22 +73,47 @@ pub fn lookup_request(
     req
 }
 
+/// The connection a `LookupRoute` goes over.
+pub enum LookupVia {
+    /// tonic's client over a tonic channel.
+    Tonic(InferenceCacheClient<Channel>),
+    /// The gateway SDK's lean client.
+    Lean(LookupConnection),
+}
+
+impl LookupVia {
+    async fn call(
+        self,
+        req: LookupRouteRequest,
+        timeout: Duration,
+    ) -> Result<LookupRouteResponse, tonic::Status> {
+        match self {
+            LookupVia::Tonic(mut client) => {
+                let mut request = tonic::Request::new(req);
+                request.set_timeout(timeout);
+                match tokio::time::timeout(timeout, client.lookup_route(request)).await {
+                    Ok(answer) => answer.map(tonic::Response::into_inner),
+                    Err(_) => Err(tonic::Status::deadline_exceeded("lookup timed out")),
+                }
+            }
+            LookupVia::Lean(conn) => conn.lookup_route(&req, timeout).await,
+        }
+    }
+}
+
 /// Sends one lookup (bounded by `timeout`, also sent as the gRPC deadline) and records latency
 /// measured from `from` — the ticket's intended time — plus reason code and scores.
 pub async fn lookup(
-    mut client: InferenceCacheClient<Channel>,
+    via: LookupVia,
     req: LookupRouteRequest,
     prompt_tokens: u64,
     timeout: Duration,
     from: Instant,
     rec: &Recorder,
 ) -> Option<LookupRouteResponse> {
-    let mut request = tonic::Request::new(req);
-    request.set_timeout(timeout);
-    match tokio::time::timeout(timeout, client.lookup_route(request)).await {
-        Ok(Ok(resp)) => {
+    match via.call(req, timeout).await {
+        Ok(resp) => {
             rec.record_ok(Rpc::LookupRoute, from);
-            let resp = resp.into_inner();
             rec.record_lookup(LookupOutcome {
                 reason: &resp.reason_code,
                 scores: resp.replica_scores.len(),
@@ -96,12 +122,8 @@ pub async fn lookup(
             });
             Some(resp)
         }
-        Ok(Err(st)) => {
+        Err(st) => {
             rec.record_error(Rpc::LookupRoute, st.code());
-            None
-        }
-        Err(_) => {
-            rec.record_error(Rpc::LookupRoute, tonic::Code::DeadlineExceeded);
             None
         }
     }

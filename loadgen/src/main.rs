@@ -1,5 +1,5 @@
 //! The `loadgen` binary: parses the command line, runs the subcommand on a multi-threaded tokio
-//! runtime and maps failures to exit code 1 (2 for usage errors, from clap).
+//! runtime (`--threads` workers) and maps failures to exit code 1 (2 for usage errors, from clap).
 
 #![forbid(unsafe_code)]
 
@@ -9,7 +9,11 @@ use loadgen::run;
 
 fn main() {
     let cli = Cli::parse();
-    let rt = tokio::runtime::Builder::new_multi_thread()
+    let mut builder = tokio::runtime::Builder::new_multi_thread();
+    if cli.threads > 0 {
+        builder.worker_threads(cli.threads);
+    }
+    let rt = builder
         .enable_all()
         .build()
         .expect("cannot start the tokio runtime");

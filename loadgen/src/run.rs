@@ -12,16 +12,17 @@ use tonic::transport::{Channel, Endpoint};
 
 use crate::capacity::{Measurement, Outcome, Search};
 use crate::cli::{
-    self, CapacityArgs, ConnArgs, MeasureArgs, OutputFormat, PreloadArgs, ProducerArgs, RunArgs,
+    self, CapacityArgs, ConnArgs, LookupClient, MeasureArgs, OutputFormat, PreloadArgs,
+    ProducerArgs, RunArgs,
 };
 use crate::driver::{self, Bounds, DriveStats, Ticket};
 use crate::error::{ConfigError, Error};
-use crate::gateway::{self, LookupInput};
+use crate::gateway::{self, LookupInput, LookupVia};
 use crate::histogram::{Recorder, Rpc, quantile_ms};
 use crate::producer::{IngestStats, ProducerConfig, Producers};
 use crate::report::{Report, RunFacts};
 use crate::workload::{Generator, Names, WorkloadConfig};
-use inferencecache_gateway::ShardAwareClient;
+use inferencecache_gateway::{LookupConnection, ShardAwareClient};
 
 /// The client type every module uses.
 pub type Client = InferenceCacheClient<Channel>;
@@ -54,6 +55,32 @@ pub async fn connect(addr: &str, n: u32) -> Result<Vec<Client>, Error> {
             source,
         })?;
         out.push(InferenceCacheClient::new(ch).max_decoding_message_size(64 << 20));
+    }
+    Ok(out)
+}
+
+/// Opens `n` lean LookupRoute connections to `addr` (`http://host:port`; each fails after 5 s).
+pub async fn connect_lean(addr: &str, n: u32) -> Result<Vec<LookupConnection>, Error> {
+    let addr = normalize_addr(addr);
+    let lean_error = |source| Error::LeanConnect {
+        addr: addr.clone(),
+        source,
+    };
+    let authority = match addr.strip_prefix("http://") {
+        Some(rest) => rest.trim_end_matches('/'),
+        None => {
+            return Err(lean_error(tonic::Status::invalid_argument(
+                "the lean lookup client speaks plain http:// only; use --lookup-client tonic",
+            )));
+        }
+    };
+    let mut out = Vec::new();
+    for _ in 0..n.max(1) {
+        let conn = LookupConnection::plain(authority).map_err(lean_error)?;
+        conn.connect(Duration::from_secs(5))
+            .await
+            .map_err(lean_error)?;
+        out.push(conn);
     }
     Ok(out)
 }
@@ -124,6 +151,9 @@ pub struct WindowConfig {
     pub progress: bool,
     /// Lookups over one connection per server core, each to the owning core (`--shard-aware-addr`).
     pub shard_aware: Option<ShardAwareClient>,
+    /// `--lookup-client lean`: the lean connections LookupRoute calls go over (round-robin, or
+    /// the shard-aware client's own when `shard_aware` is set). Empty: tonic's clients.
+    pub lean: Vec<LookupConnection>,
 }
 
 /// Runs one window of lookups and returns its report. With `producers`, every looked-up prompt
@@ -203,6 +233,7 @@ struct LookupMaker {
     pd_topology: Arc<str>,
     timeout: Duration,
     shard_aware: Option<ShardAwareClient>,
+    lean: Arc<Vec<LookupConnection>>,
 }
 
 impl LookupMaker {
@@ -225,7 +256,19 @@ impl LookupMaker {
             pd_topology: cfg.pd_topology.as_str().into(),
             timeout: cfg.rpc_timeout,
             shard_aware: cfg.shard_aware.clone(),
+            lean: Arc::new(cfg.lean.clone()),
             wgen,
+        }
+    }
+
+    /// The connection ticket `t`'s `LookupRoute` for `(tenant, model)` goes over.
+    fn via(&self, t: Ticket, tenant: &str, model: &str) -> LookupVia {
+        let round_robin = |n: usize| (t.index % n as u64) as usize;
+        match (&self.shard_aware, self.lean.is_empty()) {
+            (Some(sdk), false) => LookupVia::Lean(sdk.lookup_connection_for(tenant, model).clone()),
+            (Some(sdk), true) => LookupVia::Tonic(sdk.client_for(tenant, model)),
+            (None, false) => LookupVia::Lean(self.lean[round_robin(self.lean.len())].clone()),
+            (None, true) => LookupVia::Tonic(self.clients[round_robin(self.clients.len())].clone()),
         }
     }
 
@@ -234,22 +277,25 @@ impl LookupMaker {
         let bs = self.block_size;
         let spec = self.wgen.next_request();
         let req = gateway::lookup_request(&spec, &self.names, &self.scheme, bs, self.input);
-        let client = match &self.shard_aware {
-            Some(sdk) => sdk.client_for(&req.tenant_id, &req.model_id),
-            None => self.clients[(t.index % self.clients.len() as u64) as usize].clone(),
+        let pd = (self.input == LookupInput::Pd).then(|| self.pd_topology.clone());
+        let via = match (&pd, &self.shard_aware) {
+            (None, _) => self.via(t, &req.tenant_id, &req.model_id),
+            (Some(_), Some(sdk)) => LookupVia::Tonic(sdk.client_for(&req.tenant_id, &req.model_id)),
+            (Some(_), None) => LookupVia::Tonic(
+                self.clients[(t.index % self.clients.len() as u64) as usize].clone(),
+            ),
         };
         let (rec, producers) = (self.rec.clone(), self.producers.clone());
         let prompt_tokens = (spec.n_blocks as u64) * bs as u64;
         let timeout = self.timeout;
-        let pd = (self.input == LookupInput::Pd).then(|| self.pd_topology.clone());
         async move {
-            match pd {
-                Some(topology) => {
+            match (pd, via) {
+                (Some(topology), LookupVia::Tonic(client)) => {
                     let req = gateway::pd_request(req, &topology);
                     gateway::lookup_pd(client, req, prompt_tokens, timeout, t.intended, &rec).await;
                 }
-                None => {
-                    gateway::lookup(client, req, prompt_tokens, timeout, t.intended, &rec).await;
+                (_, via) => {
+                    gateway::lookup(via, req, prompt_tokens, timeout, t.intended, &rec).await;
                 }
             }
             // The prompt now "executes" on its replica, which caches its blocks.
@@ -329,6 +375,7 @@ struct Setup {
     budgets: Vec<Duration>,
     clients: Vec<Client>,
     shard_aware: Option<ShardAwareClient>,
+    lean: Vec<LookupConnection>,
     stop: Arc<AtomicBool>,
     producers: Arc<Producers>,
     wgen: Generator,
@@ -356,6 +403,12 @@ impl Setup {
             ),
             None => None,
         };
+        let lean = match (conn.lookup_client, shard_aware.is_some()) {
+            (LookupClient::Lean, false) => connect_lean(&conn.addr, conn.connections).await?,
+            // The shard-aware client has its own lean connection per core.
+            (LookupClient::Lean, true) => vec![],
+            (LookupClient::Tonic, _) => vec![],
+        };
         let stop = ctrl_c_flag();
         let producers = Arc::new(Producers::start(
             &wl,
@@ -372,6 +425,7 @@ impl Setup {
             budgets,
             clients,
             shard_aware,
+            lean,
             stop,
             producers,
             wgen,
@@ -412,6 +466,7 @@ pub async fn cmd_run(a: RunArgs) -> Result<Report, Error> {
         producer: (!a.measure.no_producers).then_some(s.pcfg),
         progress: !a.measure.quiet,
         shard_aware: s.shard_aware.clone(),
+        lean: s.lean.clone(),
     };
     let report = run_window(
         &s.clients,
@@ -517,6 +572,7 @@ fn capacity_step_config(a: &CapacityArgs, s: &Setup, rate: f64) -> WindowConfig 
         producer: (!a.measure.no_producers).then(|| s.pcfg.clone()),
         progress: !a.measure.quiet,
         shard_aware: s.shard_aware.clone(),
+        lean: s.lean.clone(),
     }
 }
 

@@ -35,6 +35,8 @@ mod ingest;
 mod inline_lookup;
 /// Engine KV events through kvevent-subscriber.
 mod kvevents;
+/// The gateway SDK's lean LookupRoute client against the real server.
+mod lean_client;
 /// LFU crediting and the global entry cap.
 mod lfu;
 /// LookupRoute basics: exact and chain matches, tenant-hot, tiers, diagnostics, the probe
