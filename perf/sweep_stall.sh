@@ -7,17 +7,19 @@
 # (--state-dir), then for each variant restores that snapshot into a fresh `--shards 1` server
 # with `--sweep-interval-ms 10000`, pushes a policy giving tenants t0..t3 (half the entries) a
 # TTL that expires them 40 s later, and runs a paced 1,000 req/s LookupRoute probe for <seconds>
-# (default 130; loadgen open loop, no producers). Variants, one after the other (never two
-# servers at once):
-#   before   the binary given as the third argument (default /tmp/sweep-before-server: the
-#            pre-change build, one-call sweep)
+# (default 130; loadgen open loop, no producers). Variants (VARIANTS, default "after nosweep"),
+# one after the other (never two servers at once):
+#   before   the binary given as the third argument (default /tmp/sweep-before-server: a
+#            pre-change build, e.g. the one-call sweep)
 #   after    this tree's server (sliced sweep)
 #   nosweep  this tree's server with --sweep-interval-ms 3600000 (no sweep in the window: the
 #            probe's own noise on this host)
-# Prints p50/p99/p99.9/max of each, the entries left, the load average, and for `after` every
-# sweep pass's wall time, slices and longest slice in wall and thread-CPU time (the server's
+# Prints p50/p99/p99.9/max of each, the entries left, the load average, every sweep pass's wall
+# time, slices and longest slice in wall and thread-CPU time (the server's
 # inferencecache_core_sweep_* series, scraped every second; passes that end less than a second
-# apart may be missed).
+# apart may be missed), and perf/sweep_attribution.py's line-up of the lookups over 1 ms
+# (loadgen --slow-log) with the passes' windows, plus the slice histograms
+# (inferencecache_core_maintenance_slice_seconds / _cpu_seconds) over the whole run.
 # Needs: cargo build --release -p inference-cache -p loadgen --bins --examples
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -59,7 +61,7 @@ start "$SRV" "$SNAP" 3600000
 echo "filled: $(entries) entries"
 stop
 
-for variant in before after nosweep; do
+for variant in ${VARIANTS:-after nosweep}; do
   case $variant in
   before) BIN=$BEFORE; SWEEP=10000 ;;
   after) BIN=$SRV; SWEEP=10000 ;;
@@ -81,34 +83,13 @@ for variant in before after nosweep; do
       echo; sleep 1
     done ) >"$OUT/scrape-$variant.txt" 2>/dev/null &
   SCRAPER=$!
-  "$LG" run --addr "http://127.0.0.1:$G" --workload chat --seed 7 --population 2000 --replicas 8 \
-    --tenants 4 --no-preload --no-producers --rate 1000 --duration "$SECS" --quiet \
-    --json "$OUT/lg-$variant.json" >/dev/null
+  "$LG" --threads 1 run --addr "http://127.0.0.1:$G" --workload chat --seed 7 --population 2000 \
+    --replicas 8 --tenants 4 --no-preload --no-producers --rate 1000 --duration "$SECS" --quiet \
+    --slow-log "$OUT/slow-$variant.txt" --slow-ms 1 --json "$OUT/lg-$variant.json" >/dev/null
   kill "$SCRAPER" 2>/dev/null || true; wait "$SCRAPER" 2>/dev/null || true
   E1=$(entries)
+  curl -s "http://127.0.0.1:$H/metrics" | grep -E '^inferencecache_core_maintenance_slice' >"$OUT/slices-$variant.txt" || true
   LOAD1=$(cut -d' ' -f1 /proc/loadavg)
   stop
-  python3 - "$OUT/lg-$variant.json" "$variant" "$E0" "$E1" "$LOAD0" "$LOAD1" "$OUT/scrape-$variant.txt" <<'PY'
-import json, re, sys
-r = json.load(open(sys.argv[1]))["rpcs"]["LookupRoute"]
-v, e0, e1, l0, l1, scrape = sys.argv[2:8]
-print(f"{v:>8}: lookups={r['count']} errors={r['errors']} p50={r['p50_ms']:.3f}ms p99={r['p99_ms']:.3f}ms "
-      f"p99.9={r['p999_ms']:.3f}ms max={r['max_ms']:.3f}ms entries {e0} -> {e1} load1 {l0} -> {l1}")
-passes, seen, prev = [], None, 0
-for line in open(scrape):
-    m = dict(re.findall(r'(inferencecache_core_sweep\w*)\{[^}]*\} (\S+)', line))
-    if "inferencecache_core_sweeps_total" not in m:
-        continue
-    key = m["inferencecache_core_sweeps_total"]
-    if key != seen and float(key) > 0:
-        seen = key
-        slices = int(float(m["inferencecache_core_sweep_slices_total"]))
-        passes.append((int(float(key)), slices - prev,
-                       float(m["inferencecache_core_sweep_last_duration_seconds"]) * 1e3,
-                       float(m["inferencecache_core_sweep_last_max_slice_seconds"]) * 1e3,
-                       float(m.get("inferencecache_core_sweep_last_max_slice_cpu_seconds", "nan")) * 1e3))
-        prev = slices
-for n, slices, dur, mx, cpu in passes:
-    print(f"          sweep pass #{n}: {dur:.1f} ms wall in {slices} slices, longest slice {mx:.3f} ms wall / {cpu:.3f} ms CPU")
-PY
+  python3 perf/sweep_attribution.py "$OUT" "$variant" "$E0" "$E1" "$LOAD0" "$LOAD1"
 done

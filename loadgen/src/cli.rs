@@ -250,12 +250,28 @@ pub struct MeasureArgs {
     /// Write the JSON report to this file.
     #[arg(long)]
     pub json: Option<PathBuf>,
+    /// `run`: write every lookup slower than `--slow-ms` to this file (when it was due, in µs
+    /// since the Unix epoch, and its latency), to line slow lookups up with server events.
+    #[arg(long)]
+    pub slow_log: Option<PathBuf>,
+    /// The `--slow-log` threshold, ms.
+    #[arg(long, default_value_t = 1.0)]
+    pub slow_ms: f64,
     /// Report format on stdout.
     #[arg(long, value_enum, default_value_t = OutputFormat::Table)]
     pub output: OutputFormat,
 }
 
 impl MeasureArgs {
+    /// The `--slow-log` threshold, validated.
+    pub fn slow_threshold(&self) -> Result<Duration, ConfigError> {
+        if self.slow_ms.is_finite() && self.slow_ms >= 0.0 {
+            Ok(Duration::from_secs_f64(self.slow_ms / 1000.0))
+        } else {
+            Err(ConfigError::Rule("--slow-ms must be a number >= 0"))
+        }
+    }
+
     /// Budgets as durations, validated.
     pub fn budgets(&self) -> Result<Vec<Duration>, ConfigError> {
         self.budget_ms

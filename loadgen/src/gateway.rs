@@ -124,6 +124,7 @@ pub async fn lookup(
         }
         Err(st) => {
             rec.record_error(Rpc::LookupRoute, st.code());
+            rec.note_failed_lookup(from);
             None
         }
     }

@@ -11,6 +11,8 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use hdrhistogram::Histogram;
+
+use crate::slowlog::SlowLog;
 use tokio::time::Instant;
 
 /// Highest latency tracked exactly (10 min); larger values are clamped, never dropped.
@@ -142,6 +144,8 @@ pub struct Recorder {
     inner: Mutex<Snapshot>,
     /// Lookup latencies since the last progress tick (for the live line).
     interval: Mutex<Histogram<u64>>,
+    /// Slow lookups with their wall-clock times (`--slow-log`).
+    slow: Option<SlowLog>,
 }
 
 /// The outcome of one lookup, as far as the recorder cares.
@@ -172,6 +176,26 @@ impl Recorder {
                 send_lag: new_histogram(),
             }),
             interval: Mutex::new(new_histogram()),
+            slow: None,
+        }
+    }
+
+    /// This recorder, also keeping lookups slower than `log`'s threshold.
+    pub fn with_slow_log(mut self, log: SlowLog) -> Self {
+        self.slow = Some(log);
+        self
+    }
+
+    /// The slow lookups kept, if asked for.
+    pub fn slow_log(&self) -> Option<&SlowLog> {
+        self.slow.as_ref()
+    }
+
+    /// Notes a lookup due at `from` that ends now in the slow log (if any); for failures,
+    /// whose latency is not otherwise recorded.
+    pub fn note_failed_lookup(&self, from: Instant) {
+        if let Some(log) = &self.slow {
+            log.note(from.into_std(), from.elapsed(), true);
         }
     }
 
@@ -183,6 +207,9 @@ impl Recorder {
     pub fn record_ok(&self, rpc: Rpc, from: Instant) -> Duration {
         let lat = from.elapsed();
         self.record_ok_latency(rpc, lat);
+        if let (Rpc::LookupRoute, Some(log)) = (rpc, &self.slow) {
+            log.note(from.into_std(), lat, false);
+        }
         lat
     }
 

@@ -22,4 +22,5 @@ pub mod histogram;
 pub mod producer;
 pub mod report;
 pub mod run;
+pub mod slowlog;
 pub mod workload;

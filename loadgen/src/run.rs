@@ -2,6 +2,7 @@
 //! preload, start producers, drive gateways (open or closed loop) with a live progress line,
 //! stop everything within bounded time, and build the report.
 
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
@@ -21,6 +22,7 @@ use crate::gateway::{self, LookupInput, LookupVia};
 use crate::histogram::{Recorder, Rpc, quantile_ms};
 use crate::producer::{IngestStats, ProducerConfig, Producers};
 use crate::report::{Report, RunFacts};
+use crate::slowlog::SlowLog;
 use crate::workload::{Generator, Names, WorkloadConfig};
 use inferencecache_gateway::{LookupConnection, ShardAwareClient};
 
@@ -151,6 +153,8 @@ pub struct WindowConfig {
     pub progress: bool,
     /// Lookups over one connection per server core, each to the owning core (`--shard-aware-addr`).
     pub shard_aware: Option<ShardAwareClient>,
+    /// `--slow-log` and its threshold (`run` only).
+    pub slow_log: Option<(PathBuf, Duration)>,
     /// `--lookup-client lean`: the lean connections LookupRoute calls go over (round-robin, or
     /// the shard-aware client's own when `shard_aware` is set). Empty: tonic's clients.
     pub lean: Vec<LookupConnection>,
@@ -168,7 +172,11 @@ pub async fn run_window(
     stop: Arc<AtomicBool>,
 ) -> Report {
     let wl: WorkloadConfig = wgen.config().clone();
-    let rec = Arc::new(Recorder::new(&cfg.budgets));
+    let mut rec = Recorder::new(&cfg.budgets);
+    if let Some((_, threshold)) = &cfg.slow_log {
+        rec = rec.with_slow_log(SlowLog::new(*threshold));
+    }
+    let rec = Arc::new(rec);
     if let Some(p) = &producers {
         // Start this window's accounting: earlier background activity is not counted.
         p.sync(rec.clone()).await;
@@ -215,6 +223,11 @@ pub async fn run_window(
         ingest,
         preload,
     };
+    if let (Some((path, _)), Some(log)) = (&cfg.slow_log, rec.slow_log())
+        && let Err(e) = log.write(path)
+    {
+        eprintln!("loadgen: cannot write --slow-log {}: {e}", path.display());
+    }
     Report::build(&rec.snapshot(), facts)
 }
 
@@ -467,6 +480,10 @@ pub async fn cmd_run(a: RunArgs) -> Result<Report, Error> {
         progress: !a.measure.quiet,
         shard_aware: s.shard_aware.clone(),
         lean: s.lean.clone(),
+        slow_log: match &a.measure.slow_log {
+            Some(path) => Some((path.clone(), a.measure.slow_threshold()?)),
+            None => None,
+        },
     };
     let report = run_window(
         &s.clients,
@@ -573,6 +590,7 @@ fn capacity_step_config(a: &CapacityArgs, s: &Setup, rate: f64) -> WindowConfig 
         progress: !a.measure.quiet,
         shard_aware: s.shard_aware.clone(),
         lean: s.lean.clone(),
+        slow_log: None,
     }
 }
 

@@ -15,7 +15,7 @@ use prometheus_client::registry::Registry;
 use super::process::ProcessStats;
 use super::{
     AUTH, AUTH_FAMILIES, AUTH_RESULTS, CoreMetrics, GRPC_TLS, Histogram, LATENCY_BUCKETS,
-    OVERFLOW_LABEL, SERVER_UP,
+    Maintenance, OVERFLOW_LABEL, SERVER_UP,
 };
 use crate::limits::MAX_LABEL_VALUES;
 
@@ -483,6 +483,12 @@ fn core_families<'a>(cores: &'a [CoreView], fams: &mut Vec<Family<'a>>) {
     ));
     fams.push(per_core_seconds(
         cores,
+        "inferencecache_core_sweep_last_started_seconds",
+        "When a core's last completed TTL sweep pass started, seconds since the Unix epoch.",
+        |c| c.metrics.sweep_last_started,
+    ));
+    fams.push(per_core_seconds(
+        cores,
         "inferencecache_core_sweep_last_max_slice_seconds",
         "Longest slice of a core's last completed TTL sweep pass.",
         |c| c.metrics.sweep_last_max_slice,
@@ -492,6 +498,18 @@ fn core_families<'a>(cores: &'a [CoreView], fams: &mut Vec<Family<'a>>) {
         "inferencecache_core_sweep_last_max_slice_cpu_seconds",
         "Most thread CPU time one slice of a core's last completed TTL sweep pass took.",
         |c| c.metrics.sweep_last_max_slice_cpu,
+    ));
+    fams.push(per_core_maintenance(
+        cores,
+        "inferencecache_core_maintenance_slice_seconds",
+        "Wall time of each index maintenance slice (TTL sweep, cap candidate build): the longest a request queued on the core waited behind one.",
+        |c| &c.metrics.maintenance_slice,
+    ));
+    fams.push(per_core_maintenance(
+        cores,
+        "inferencecache_core_maintenance_slice_cpu_seconds",
+        "Thread CPU time of each index maintenance slice; wall minus CPU is the OS running something else.",
+        |c| &c.metrics.maintenance_slice_cpu,
     ));
     fams.push(per_core(
         cores,
@@ -529,6 +547,26 @@ fn core_families<'a>(cores: &'a [CoreView], fams: &mut Vec<Family<'a>>) {
 }
 
 /// A per-core gauge in seconds: one series per core, labelled `core`.
+/// A per-core histogram family of one [`Maintenance`] measure, labelled `core` and `work`.
+fn per_core_maintenance<'a>(
+    cores: &'a [CoreView],
+    name: &'static str,
+    help: &'static str,
+    value: fn(&CoreView) -> &[Histogram; Maintenance::KINDS],
+) -> Family<'a> {
+    let write = move |e: &mut MetricEncoder| {
+        for c in cores {
+            let id = c.core.to_string();
+            for kind in Maintenance::ALL {
+                let labels = [("core", id.as_str()), ("work", kind.label())];
+                histogram(e, &labels, &value(c)[kind as usize])?;
+            }
+        }
+        Ok(())
+    };
+    (name, help, MetricType::Histogram, Box::new(write))
+}
+
 fn per_core_seconds<'a>(
     cores: &'a [CoreView],
     name: &'static str,

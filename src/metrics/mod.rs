@@ -17,7 +17,7 @@ use std::cell::{Cell, RefCell};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
-use std::time::Duration;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use crate::limits::{MAX_LABEL_VALUE_BYTES, MAX_LABEL_VALUES};
 
@@ -167,6 +167,9 @@ pub struct CoreMetrics {
     /// Wall time of the last completed sweep pass, first slice to last (seconds; the largest
     /// over cores once merged).
     pub sweep_last_duration: f64,
+    /// When that pass started, seconds since the Unix epoch (the latest over cores once
+    /// merged): with its duration, the window in which lookups may have queued behind it.
+    pub sweep_last_started: f64,
     /// Longest slice of the last completed sweep pass (seconds; the largest over cores once
     /// merged).
     pub sweep_last_max_slice: f64,
@@ -187,6 +190,36 @@ pub struct CoreMetrics {
     pub cap_build_last_max_slice: f64,
     /// Most thread CPU time one slice of that build took (seconds).
     pub cap_build_last_max_slice_cpu: f64,
+    /// Every maintenance slice's wall time, per [`Maintenance`] kind: the longest a request
+    /// queued on the core can have waited behind one.
+    pub maintenance_slice: [Histogram; Maintenance::KINDS],
+    /// Every maintenance slice's thread CPU time (wall minus CPU is time the OS ran something
+    /// else on the core's CPU), per [`Maintenance`] kind.
+    pub maintenance_slice_cpu: [Histogram; Maintenance::KINDS],
+}
+
+/// The index maintenance a core runs in slices between requests.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Maintenance {
+    /// A TTL sweep pass.
+    Sweep = 0,
+    /// A global-cap candidate build ahead of need.
+    CapBuild = 1,
+}
+
+impl Maintenance {
+    /// Number of kinds (the `work` label's values).
+    pub const KINDS: usize = 2;
+    /// Every kind, in label order.
+    pub const ALL: [Maintenance; Maintenance::KINDS] = [Maintenance::Sweep, Maintenance::CapBuild];
+
+    /// The `work` label value.
+    pub fn label(self) -> &'static str {
+        match self {
+            Maintenance::Sweep => "sweep",
+            Maintenance::CapBuild => "cap_build",
+        }
+    }
 }
 
 impl CoreMetrics {
@@ -254,6 +287,7 @@ impl CoreMetrics {
         self.sweeps += other.sweeps;
         self.sweep_slices += other.sweep_slices;
         self.sweep_last_duration = self.sweep_last_duration.max(other.sweep_last_duration);
+        self.sweep_last_started = self.sweep_last_started.max(other.sweep_last_started);
         self.sweep_last_max_slice = self.sweep_last_max_slice.max(other.sweep_last_max_slice);
         self.sweep_last_max_slice_cpu = self
             .sweep_last_max_slice_cpu
@@ -267,6 +301,10 @@ impl CoreMetrics {
         self.cap_build_last_max_slice_cpu = self
             .cap_build_last_max_slice_cpu
             .max(other.cap_build_last_max_slice_cpu);
+        for kind in 0..Maintenance::KINDS {
+            self.maintenance_slice[kind].merge(&other.maintenance_slice[kind]);
+            self.maintenance_slice_cpu[kind].merge(&other.maintenance_slice_cpu[kind]);
+        }
         self.inline += other.inline;
         self.hopped += other.hopped;
         self.core_entries += other.core_entries;
@@ -369,13 +407,32 @@ pub fn record_limit_hit(limit: &'static str) {
 
 /// One completed TTL sweep pass of `slices` slices: its wall time (first slice to last), its
 /// longest slice, and the most thread CPU time one slice took.
-pub fn record_sweep(slices: u64, duration: Duration, max_slice: Duration, max_slice_cpu: Duration) {
+pub fn record_sweep(
+    started: SystemTime,
+    slices: u64,
+    duration: Duration,
+    max_slice: Duration,
+    max_slice_cpu: Duration,
+) {
+    let started = started.duration_since(UNIX_EPOCH).unwrap_or_default();
     with_store(|m| {
         m.sweeps += 1;
+        m.sweep_last_started = started.as_secs_f64();
         m.sweep_slices += slices;
         m.sweep_last_duration = duration.as_secs_f64();
         m.sweep_last_max_slice = max_slice.as_secs_f64();
         m.sweep_last_max_slice_cpu = max_slice_cpu.as_secs_f64();
+    });
+}
+
+/// One maintenance slice of `kind` that took `wall` (and `cpu` of thread CPU time, when the
+/// clock is available).
+pub fn record_maintenance_slice(kind: Maintenance, wall: Duration, cpu: Option<Duration>) {
+    with_store(|m| {
+        m.maintenance_slice[kind as usize].observe(wall.as_secs_f64());
+        if let Some(cpu) = cpu {
+            m.maintenance_slice_cpu[kind as usize].observe(cpu.as_secs_f64());
+        }
     });
 }
 

@@ -28,6 +28,7 @@ use crate::limits::{
     CAP_PREBUILD_POLL, EXECUTOR_START_TIMEOUT, IO_MEMORY_BYTES, LISTEN_BACKLOG, MAX_SHARDS,
     SWEEP_SLICE_PAUSE,
 };
+use crate::metrics::Maintenance;
 use crate::shard::{self, CoreState};
 use crate::sys::clock::thread_cpu_time;
 
@@ -315,7 +316,7 @@ async fn wait_sweep_may_run(budget: &mut Duration) {
 async fn sweep_pass(interval: Duration) -> bool {
     let mut wait_budget = interval;
     wait_sweep_may_run(&mut wait_budget).await;
-    let started = Instant::now();
+    let (started, started_wall) = (Instant::now(), std::time::SystemTime::now());
     shard::with_core(|st| st.sweep_begin());
     let (mut slices, mut longest, mut longest_cpu) = (0u64, Duration::ZERO, Duration::ZERO);
     loop {
@@ -326,7 +327,7 @@ async fn sweep_pass(interval: Duration) -> bool {
             }
             wait_sweep_may_run(&mut wait_budget).await;
         }
-        let done = timed_slice(&mut longest, &mut longest_cpu, || {
+        let done = timed_slice(Maintenance::Sweep, &mut longest, &mut longest_cpu, || {
             shard::with_core(|st| st.sweep_slice())
         });
         slices += 1;
@@ -334,7 +335,8 @@ async fn sweep_pass(interval: Duration) -> bool {
             break;
         }
     }
-    crate::metrics::record_sweep(slices, started.elapsed(), longest, longest_cpu);
+    let wall = started.elapsed();
+    crate::metrics::record_sweep(started_wall, slices, wall, longest, longest_cpu);
     true
 }
 
@@ -363,9 +365,12 @@ async fn cap_prebuild_loop() {
                     return;
                 }
             }
-            let step = timed_slice(&mut longest, &mut longest_cpu, || {
-                shard::with_core(|st| st.cap_build_slice())
-            });
+            let step = timed_slice(
+                Maintenance::CapBuild,
+                &mut longest,
+                &mut longest_cpu,
+                || shard::with_core(|st| st.cap_build_slice()),
+            );
             slices += 1;
             if !step.in_progress {
                 if step.finished {
@@ -392,19 +397,24 @@ async fn sleep_unless_shutdown(d: Duration) -> bool {
     .await
 }
 
-/// Runs one maintenance slice, keeping the longest wall and thread-CPU time of the pass's
-/// slices.
+/// Runs one maintenance slice of `kind`: records its wall and thread-CPU time, and keeps the
+/// pass's longest of each.
 fn timed_slice<T>(
+    kind: Maintenance,
     longest: &mut Duration,
     longest_cpu: &mut Duration,
     slice: impl FnOnce() -> T,
 ) -> T {
     let (t, cpu) = (Instant::now(), thread_cpu_time());
     let out = slice();
-    *longest = (*longest).max(t.elapsed());
-    if let (Some(a), Some(b)) = (cpu, thread_cpu_time()) {
-        *longest_cpu = (*longest_cpu).max(b.saturating_sub(a));
-    }
+    let wall = t.elapsed();
+    let cpu = match (cpu, thread_cpu_time()) {
+        (Some(a), Some(b)) => Some(b.saturating_sub(a)),
+        _ => None,
+    };
+    *longest = (*longest).max(wall);
+    *longest_cpu = (*longest_cpu).max(cpu.unwrap_or_default());
+    crate::metrics::record_maintenance_slice(kind, wall, cpu);
     out
 }
 

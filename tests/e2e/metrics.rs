@@ -352,3 +352,60 @@ async fn eviction_counters(shards: usize) {
 }
 
 shards_1_and_2!(eviction_counters);
+
+/// Every TTL sweep slice is timed per core (wall and CPU histograms, `work="sweep"`), and the
+/// last pass's start is a recent Unix time: together the window lookups may have queued in.
+async fn maintenance_slices_are_timed(shards: usize) {
+    let before = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64();
+    let srv = Server::start(shards, &["--sweep-interval-ms", "20"]);
+    let count = |text: &str, family: &str, core: usize| {
+        metric_value(
+            text,
+            &format!("{family}_count{{core=\"{core}\",work=\"sweep\"}}"),
+        )
+        .unwrap_or(0.0)
+    };
+    let every_core_swept = || {
+        let text = metrics_text(&srv);
+        (0..shards).all(|core| {
+            count(&text, "inferencecache_core_maintenance_slice_seconds", core) >= 2.0
+                && count(
+                    &text,
+                    "inferencecache_core_maintenance_slice_cpu_seconds",
+                    core,
+                ) >= 2.0
+        })
+    };
+    assert!(
+        wait_until(Duration::from_secs(30), every_core_swept),
+        "{}",
+        metrics_text(&srv)
+    );
+    let text = metrics_text(&srv);
+    parse(&text);
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64();
+    for core in 0..shards {
+        let wall = "inferencecache_core_maintenance_slice_seconds";
+        let inf = metric_value(
+            &text,
+            &format!("{wall}_bucket{{core=\"{core}\",work=\"sweep\",le=\"+Inf\"}}"),
+        );
+        assert_eq!(inf, Some(count(&text, wall, core)), "+Inf bucket = count");
+        let started = metric_value(
+            &text,
+            &format!("inferencecache_core_sweep_last_started_seconds{{core=\"{core}\"}}"),
+        )
+        .unwrap();
+        assert!(
+            before <= started && started <= now,
+            "{before} <= {started} <= {now}"
+        );
+    }
+}
+shards_1_and_2!(maintenance_slices_are_timed);
