@@ -20,6 +20,8 @@
 # apart may be missed), and perf/sweep_attribution.py's line-up of the lookups over 1 ms
 # (loadgen --slow-log) with the passes' windows, plus the slice histograms
 # (inferencecache_core_maintenance_slice_seconds / _cpu_seconds) over the whole run.
+# PROBE_CPUS=1 runs loadgen and the scraper on CPU 1 only (taskset), off CPU 0 where the
+# server's core 0 is pinned, so the probe's own processes do not time-slice the core thread.
 # Needs: cargo build --release -p inference-cache -p loadgen --bins --examples
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -78,12 +80,14 @@ for variant in ${VARIANTS:-after nosweep}; do
   E0=$(entries)
   LOAD0=$(cut -d' ' -f1 /proc/loadavg)
   # Scrape the sweep gauges every second while the probe runs (bounded: SECS + 30 scrapes).
+  PIN=(${PROBE_CPUS:+taskset -c "$PROBE_CPUS"})
   ( for _ in $(seq 1 $((SECS + 30))); do
       curl -s "http://127.0.0.1:$H/metrics" | grep -E '^inferencecache_core_sweep' | tr '\n' ' ' || true
       echo; sleep 1
     done ) >"$OUT/scrape-$variant.txt" 2>/dev/null &
   SCRAPER=$!
-  "$LG" --threads 1 run --addr "http://127.0.0.1:$G" --workload chat --seed 7 --population 2000 \
+  if [ -n "${PROBE_CPUS:-}" ]; then taskset -pc "$PROBE_CPUS" "$SCRAPER" >/dev/null; fi
+  "${PIN[@]}" "$LG" --threads 1 run --addr "http://127.0.0.1:$G" --workload chat --seed 7 --population 2000 \
     --replicas 8 --tenants 4 --no-preload --no-producers --rate 1000 --duration "$SECS" --quiet \
     --slow-log "$OUT/slow-$variant.txt" --slow-ms 1 --json "$OUT/lg-$variant.json" >/dev/null
   kill "$SCRAPER" 2>/dev/null || true; wait "$SCRAPER" 2>/dev/null || true

@@ -139,10 +139,11 @@ pub const SWEEP_SLICE_PAUSE: Duration = Duration::from_micros(20);
 
 // ---- Cap candidates built ahead of need (docs/ARCHITECTURE.md §3, index eviction docs) -----
 
-/// How often each core checks whether to build its next global-cap candidate heap ahead of
-/// need (only with `--index-max-entries` set, near the cap, and the live heap missing or half
-/// used): a build started this late still has half a heap's evictions to finish in.
-pub const CAP_PREBUILD_POLL: Duration = Duration::from_millis(10);
+/// How often each core checks, unprompted, whether to build its next global-cap candidate heap
+/// ahead of need (only with `--index-max-entries` set, near the cap, and the live heap missing
+/// or half used). The operations that can make one wanted (ingests, evictions, policy
+/// changes) wake the check at once; this poll is a safety net, long so an idle core sleeps.
+pub const CAP_PREBUILD_POLL: Duration = Duration::from_secs(1);
 /// Core time one slice of a cap candidate build may take before the core returns to serving
 /// (a lookup queued behind it waits at most about this long); slices are
 /// [`SWEEP_SLICE_PAUSE`] apart, like the sweep's.

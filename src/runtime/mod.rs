@@ -341,8 +341,8 @@ async fn sweep_pass(interval: Duration) -> bool {
 }
 
 /// Builds this core's next global-cap candidate heap ahead of need (index eviction docs), so
-/// no ingest pays for the O(entries) build: every `CAP_PREBUILD_POLL` checks whether one is
-/// wanted, then runs it in slices of at most `CAP_BUILD_SLICE_BUDGET` /
+/// no ingest pays for the O(entries) build: waits until one is wanted (the core's ingests,
+/// evictions and policy changes wake it; `CAP_PREBUILD_POLL` is only a safety net), then runs it in slices of at most `CAP_BUILD_SLICE_BUDGET` /
 /// `CAP_BUILD_SLICE_MAX_ENTRIES`, `SWEEP_SLICE_PAUSE` apart (a lookup waits behind at most about
 /// one slice). A build changes nothing observable, so unlike a sweep slice it may run between
 /// an ingest and its cross-core evictions. Records each build completed here (not one an
@@ -350,7 +350,7 @@ async fn sweep_pass(interval: Duration) -> bool {
 /// thread CPU). Ends at shutdown.
 async fn cap_prebuild_loop() {
     loop {
-        let go_on = sleep_unless_shutdown(CAP_PREBUILD_POLL).await;
+        let go_on = cap_prebuild_wanted_or_shutdown().await;
         if !go_on {
             return;
         }
@@ -380,6 +380,23 @@ async fn cap_prebuild_loop() {
             }
         }
     }
+}
+
+/// Waits until this core wants a cap candidate build ahead of need (woken by the operation
+/// that made it so), or `CAP_PREBUILD_POLL` passed (a safety net); false at shutdown.
+async fn cap_prebuild_wanted_or_shutdown() -> bool {
+    let wanted = std::future::poll_fn(|cx| shard::with_core(|st| st.poll_cap_prebuild_wanted(cx)));
+    futures_lite::future::or(
+        async {
+            futures_lite::future::or(wanted, glommio::timer::sleep(CAP_PREBUILD_POLL)).await;
+            true
+        },
+        async {
+            shutdown_requested().await;
+            false
+        },
+    )
+    .await
 }
 
 /// Sleeps `d` on this core's timer; false when shutdown was requested first.

@@ -3,6 +3,7 @@
 
 use std::cell::{Cell, RefCell};
 use std::sync::Arc;
+use std::task::{Context, Poll, Waker};
 use std::time::Instant;
 
 use inferencecache_index::index::{
@@ -88,6 +89,9 @@ pub struct CoreState {
     pub index: Index,
     /// Whether `index_string_table_full` was already logged on this core.
     warned_string_table_full: bool,
+    /// The waiting cap prebuild loop (runtime), woken when an operation may have made a
+    /// build ahead of need wanted, so an idle core need not poll for it.
+    cap_prebuild_waker: Option<Waker>,
 }
 
 thread_local! {
@@ -128,6 +132,7 @@ impl CoreState {
             policy: Arc::new(PolicyStore::empty()),
             index,
             warned_string_table_full: false,
+            cap_prebuild_waker: None,
         }
     }
 
@@ -144,6 +149,7 @@ impl CoreState {
     pub fn set_policy(&mut self, policy: Arc<PolicyStore>) {
         self.policy = policy;
         self.index.rules_changed();
+        self.nudge_cap_prebuild();
     }
 
     /// Applies one ReportCacheState message; `Err` when it was refused whole (nothing of it
@@ -153,6 +159,7 @@ impl CoreState {
         self.ingested += 1;
         let out = self.index.ingest(update, unix_now_ns(), &*self.policy);
         metrics::record_cap_builds_sync(self.index.take_cap_sync_builds());
+        self.nudge_cap_prebuild();
         if out.rejected_string_table_full {
             if !self.warned_string_table_full {
                 // Logged once per core: every later refusal has the same cause; the metric
@@ -200,6 +207,7 @@ impl CoreState {
     pub fn cap_candidates(&mut self, k: usize) -> Vec<CapVictim> {
         let c = self.index.cap_candidates(k, &*self.policy);
         metrics::record_cap_builds_sync(self.index.take_cap_sync_builds());
+        self.nudge_cap_prebuild();
         c
     }
 
@@ -209,6 +217,7 @@ impl CoreState {
         let c = self.index.evict_cap_victims(victims, unix_now_ns());
         record_evictions(c, "cap");
         self.publish_gauge();
+        self.nudge_cap_prebuild();
         c.total()
     }
 
@@ -230,6 +239,7 @@ impl CoreState {
             metrics::record_timestamp_clamped();
         }
         self.publish_gauge();
+        self.nudge_cap_prebuild();
     }
 
     /// Begins a TTL sweep pass (§6) at the current time; [`Self::sweep_slice`] runs it.
@@ -275,6 +285,28 @@ impl CoreState {
         self.index.cap_prebuild_step(budget)
     }
 
+    /// `Ready` when a cap candidate build ahead of need is wanted; otherwise registers `cx`'s
+    /// waker, which the next operation that may want one wakes.
+    pub fn poll_cap_prebuild_wanted(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+        if self.index.cap_prebuild_wanted() {
+            self.cap_prebuild_waker = None;
+            return Poll::Ready(());
+        }
+        self.cap_prebuild_waker = Some(cx.waker().clone());
+        Poll::Pending
+    }
+
+    /// Wakes the waiting cap prebuild loop if a build ahead of need is wanted now (a few
+    /// comparisons; the loop itself runs later, between requests).
+    fn nudge_cap_prebuild(&mut self) {
+        if self.cap_prebuild_waker.is_some()
+            && self.index.cap_prebuild_wanted()
+            && let Some(w) = self.cap_prebuild_waker.take()
+        {
+            w.wake();
+        }
+    }
+
     /// At start (before serving): builds the cap candidates in one go when a build ahead of need
     /// is wanted (a restored index near the cap), so the first ingests find them ready.
     pub fn build_cap_candidates_at_start(&mut self) {
@@ -315,5 +347,60 @@ fn record_evictions(c: EvictionCounts, reason: &'static str) {
     }
     if c.lfu > 0 {
         metrics::record_index_evictions("lfu", reason, c.lfu);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::task::Wake;
+
+    struct CountingWaker(AtomicUsize);
+
+    impl Wake for CountingWaker {
+        fn wake(self: Arc<Self>) {
+            self.0.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+
+    fn update(keys: std::ops::Range<u32>) -> pb::CacheStateUpdate {
+        pb::CacheStateUpdate {
+            replica_id: "r".into(),
+            tenant_id: "t".into(),
+            model_id: "m".into(),
+            hash_scheme: "vllm".into(),
+            timestamp_us: unix_now_ns() / 1000,
+            prefixes: keys
+                .map(|k| pb::PrefixEntry {
+                    prefix_hash: k.to_be_bytes().to_vec(),
+                    token_count: 16,
+                    ..Default::default()
+                })
+                .collect(),
+            ..Default::default()
+        }
+    }
+
+    /// An idle core sleeps until an ingest brings the index near the cap, and that ingest
+    /// wakes the prebuild loop at once (not at the next safety-net poll).
+    #[test]
+    fn an_ingest_near_the_cap_wakes_the_prebuild_loop() {
+        let mut st = CoreState::new(
+            0,
+            IndexConfig {
+                max_entries: 16,
+                ..Default::default()
+            },
+        );
+        let counter = Arc::new(CountingWaker(AtomicUsize::new(0)));
+        let waker = Waker::from(counter.clone());
+        let mut cx = Context::from_waker(&waker);
+        assert!(st.poll_cap_prebuild_wanted(&mut cx).is_pending(), "empty");
+        st.ingest(&update(0..4)).unwrap();
+        assert_eq!(counter.0.load(Ordering::SeqCst), 0, "far from the cap");
+        st.ingest(&update(4..14)).unwrap();
+        assert_eq!(counter.0.load(Ordering::SeqCst), 1, "near the cap");
+        assert!(st.poll_cap_prebuild_wanted(&mut cx).is_ready());
     }
 }
