@@ -229,6 +229,7 @@ impl CoreState {
             .evict_quota_victims(tenant, victims, unix_now_ns());
         metrics::record_tenant_evictions(tenant, n);
         self.publish_gauge();
+        self.nudge_cap_prebuild();
         n
     }
 
@@ -258,6 +259,7 @@ impl CoreState {
         };
         let step = self.index.sweep_step(&*self.policy, budget);
         self.publish_gauge();
+        self.nudge_cap_prebuild();
         match step.finished {
             Some(out) => {
                 record_evictions(out.ttl_evicted, "ttl");
