@@ -7,6 +7,8 @@
 #
 # Usage: perf/shard_aware.sh [requests-per-run] [rounds]
 #        CONC=8 VARIANTS="n2 n2-sdk" perf/shard_aware.sh 20000 3
+#        LG_THREADS=1 gives loadgen one thread (default 0: one per CPU); LOOKUP_CLIENT=tonic
+#        sends lookups through tonic's channel instead of the SDK's lean client (default lean)
 # Needs: cargo build --release -p loadgen -p inference-cache --bins
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -54,7 +56,7 @@ for round in $(seq "$ROUNDS"); do
     "$LG" preload "${COMMON[@]}" >/dev/null 2>&1
     read -r i0 h0 < <(routed)
     c0=$(cpu_ticks "$PID")
-    "$LG" run "${COMMON[@]}" "${SDK[@]}" --no-preload --no-producers --concurrency "$CONC" \
+    "$LG" --threads "${LG_THREADS:-0}" run "${COMMON[@]}" "${SDK[@]}" --lookup-client "${LOOKUP_CLIENT:-lean}" --no-preload --no-producers --concurrency "$CONC" \
       --requests "$REQ" --quiet --json "$OUT/$v-$round.json" >/dev/null
     c1=$(cpu_ticks "$PID")
     read -r i1 h1 < <(routed)
