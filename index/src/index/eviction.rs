@@ -252,6 +252,10 @@ pub(crate) struct QuotaState {
 /// * Reorder phase (`threshold` set): `sel` is turned into a min-heap in place (bottom-up, a few
 ///   subtrees per slice), then `late` is pushed into it; a mutation adds its snapshot to `late`
 ///   when it is `<=` the threshold.
+/// * Prune (end of the reorder phase): stale snapshots are popped off the top of `sel` until the
+///   top is live. The live heap evicts the smallest entries while the build runs, and those are
+///   the build's smallest snapshots: without this, the first pop after the install dropped them
+///   all on the ingest path (≈ 100K snapshots, 60–240 ms at 10M entries).
 ///
 /// So when `late` is empty, every entry whose current key is `<=` the threshold is in `sel`
 /// under that key: the candidate-heap invariant, as after a one-step build.
@@ -652,6 +656,9 @@ impl Index {
                 work += 1;
             }
         }
+        if !cut {
+            cut = self.cap_prune_stale(&mut b, &mut work, &mut spent);
+        }
         if cut {
             self.cap.next = Some(b);
             return (work, false);
@@ -662,6 +669,30 @@ impl Index {
         self.cap.built = b.k;
         self.cap.active = true;
         (work, true)
+    }
+
+    /// Prune phase of a build (see [`CapBuild`]): pops stale snapshots off the top of the
+    /// reordered selection until the top is live or `spent` says stop (returns true then).
+    /// Dropping a stale snapshot keeps the heap invariant, as a pop would.
+    fn cap_prune_stale(
+        &mut self,
+        b: &mut CapBuild,
+        work: &mut usize,
+        spent: &mut impl FnMut(usize) -> bool,
+    ) -> bool {
+        while let Some(&top) = b.sel.peek() {
+            if self.cap_cand(top.key, top.replica, None) == Some(top) {
+                return false;
+            }
+            if spent(*work) {
+                return true;
+            }
+            let cat = &self.cat;
+            b.sel.pop(&|x, y| cap_cmp(cat, x, y) == Ordering::Less);
+            self.release_key(top.key);
+            *work += 1;
+        }
+        false
     }
 
     /// Builds the cap heap now, on the path that needs a victim: finishes the build in progress
@@ -746,6 +777,12 @@ impl Index {
         std::mem::take(&mut self.cap_sync_builds)
     }
 
+    /// The most stale snapshots one cap pop dropped on the path that needed a victim since the
+    /// last call (each costs a table probe and a heap pop on that path).
+    pub fn take_cap_max_stale_pops(&mut self) -> u64 {
+        std::mem::take(&mut self.cap_max_stale_pops)
+    }
+
     /// Test aid: panics unless the cap-heap invariant holds: every non-reserved entry whose
     /// current sort key is `<=` the threshold (all of them without one) is in the live heap
     /// under that key, and likewise for a build in its reorder phase (`sel` and `late`). O(n log n).
@@ -789,6 +826,7 @@ impl Index {
     /// Pops the minimum live cap candidate: `(key, replica)`.
     fn cap_pop(&mut self, need: usize) -> Option<(KeyId, u32)> {
         let mut rebuilt = false;
+        let mut stale = 0u64;
         if !self.cap.active {
             rebuilt = self.cap_build(need);
         }
@@ -811,6 +849,8 @@ impl Index {
             if current == Some(c) {
                 return Some((c.key, c.replica));
             }
+            stale += 1;
+            self.cap_max_stale_pops = self.cap_max_stale_pops.max(stale);
         }
     }
     /// Re-resolves every tenant's eviction algorithm; drops the cap heap if any changed.
