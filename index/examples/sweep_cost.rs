@@ -44,7 +44,10 @@ impl TenantRules for Ttl {
     }
 }
 
-fn build(n: usize, old_stamp: bool) -> Index {
+/// An index of `n` entries, and the longest single ingest that filled it (its key table grows
+/// on the way).
+fn build(n: usize, old_stamp: bool) -> (Index, Duration) {
+    let mut longest = Duration::ZERO;
     let mut ix = Index::new(IndexConfig {
         max_entries: 0,
         ..IndexConfig::default()
@@ -71,9 +74,11 @@ fn build(n: usize, old_stamp: bool) -> Index {
             }],
             ..Default::default()
         };
+        let t = Instant::now();
         ix.ingest(&u, NOW - MIN, &Ttl);
+        longest = longest.max(t.elapsed());
     }
-    ix
+    (ix, longest)
 }
 
 fn one_call(ix: &mut Index, label: &str) {
@@ -128,11 +133,12 @@ fn main() {
         .map(|s| s.parse().expect("N"))
         .unwrap_or(10_000_000);
     let t = Instant::now();
-    let mut ix = build(n, false);
+    let (mut ix, longest) = build(n, false);
     println!(
-        "built {} entries in {:.1} s",
+        "built {} entries in {:.1} s, longest ingest {:.3} ms",
         ix.entry_count(),
-        t.elapsed().as_secs_f64()
+        t.elapsed().as_secs_f64(),
+        longest.as_secs_f64() * 1e3
     );
     one_call(&mut ix, "nothing expiring");
     sliced(&mut ix, "nothing expiring");
@@ -182,6 +188,7 @@ fn main() {
     let t = Instant::now();
     let (mut slices, mut longest, mut builds, mut longest_ingest) =
         (0u64, Duration::ZERO, 0u64, Duration::ZERO);
+    ix.take_cap_max_stale_pops();
     let chains = ix.entry_count() as usize / BLOCKS;
     for c in 0..chains / 2 {
         let u = CacheStateUpdate {
@@ -218,17 +225,18 @@ fn main() {
         builds += step.finished as u64;
     }
     println!(
-        "steady eviction, {} ingests at the cap: {:.1} s, {builds} builds ahead in {slices} slices, longest slice {:.3} ms, longest ingest {:.3} ms, {} built in one go",
+        "steady eviction, {} ingests at the cap: {:.1} s, {builds} builds ahead in {slices} slices, longest slice {:.3} ms, longest ingest {:.3} ms, {} built in one go, at most {} stale snapshots in one pop",
         chains / 2,
         t.elapsed().as_secs_f64(),
         longest.as_secs_f64() * 1e3,
         longest_ingest.as_secs_f64() * 1e3,
-        ix.take_cap_sync_builds()
+        ix.take_cap_sync_builds(),
+        ix.take_cap_max_stale_pops()
     );
     drop(ix);
-    let mut ix = build(n, true);
+    let (mut ix, _) = build(n, true);
     sliced(&mut ix, "half expiring");
     drop(ix);
-    let mut ix = build(n, true);
+    let (mut ix, _) = build(n, true);
     one_call(&mut ix, "half expiring");
 }

@@ -63,6 +63,8 @@ const SCAN_AMORTISATION: usize = 32;
 /// snapshot is 32 bytes, so a heap of them is ≈ 2 bytes per entry, and two are allocated while
 /// a build runs (the live heap and the selection, reordered into the next heap in place):
 /// ≈ 4 bytes per entry at the peak (≈ 40 MB at 10M entries), against ≈ 2 for the one-go build.
+/// The retired heap's buffer is kept for the next build ([`CapState::spare`]), so that peak is
+/// held while the cap keeps evicting.
 const PREBUILD_AMORTISATION: usize = 16;
 /// The next cap build ahead of need starts once the live heap holds at most
 /// `1 / PREBUILD_LOW_WATER` of the candidates it was built with (stale snapshots included), so
@@ -230,6 +232,10 @@ pub(crate) struct CapState {
     /// back: released a slice at the time ([`Index::cap_prebuild_step`]), since reading and
     /// freeing a heap of `entries / 16` snapshots takes ≈ 20 ms at 10M entries.
     retired: Vec<CapCand>,
+    /// The emptied buffer of the last retired heap, kept for the next build's selection: freeing
+    /// or shrinking it unmapped ≈ 20 MB of touched pages at 10M entries (1–5 ms in one slice
+    /// with the system allocator), and the next build faulted them in again.
+    spare: Vec<CapCand>,
 }
 
 /// One tenant's quota candidate heap.
@@ -279,6 +285,9 @@ pub(crate) struct CapBuild {
     late: Vec<CapCand>,
 }
 
+/// A spare selection buffer is reused for a build that needs at most this many times less.
+const SPARE_SLACK: usize = 2;
+
 /// [`CapBuild::bits`]: not looked up yet in this slice.
 const KS_UNKNOWN: u8 = 0xff;
 /// [`CapBuild::bits`]: no candidate in this keyspace (reserved tenant, or no keys).
@@ -316,12 +325,17 @@ impl CapBuild {
     /// live heap, which mutations may grow to `2 k + min_candidates` before it is dropped: that
     /// capacity is reserved now (address space; pages are touched only as used), so no push
     /// ever copies the heap to grow it (≈ 10 ms per copy at 10M entries, on a slice or ingest).
-    fn new(k: usize, key_count: usize, min_candidates: usize) -> CapBuild {
+    /// `spare` is an empty buffer to reuse when its capacity fits (within [`SPARE_SLACK`]).
+    fn new(k: usize, key_count: usize, min_candidates: usize, spare: Vec<CapCand>) -> CapBuild {
         let k = k.max(1);
+        let want = 2 * k + min_candidates + 1;
+        let mut v = spare;
+        v.clear();
+        if v.capacity() < want || v.capacity() > want * SPARE_SLACK {
+            v = Vec::with_capacity(want);
+        }
         CapBuild {
-            sel: Heap {
-                v: Vec::with_capacity(2 * k + min_candidates + 1),
-            },
+            sel: Heap { v },
             k,
             dropped: false,
             cursor: key_count as u32,
@@ -458,8 +472,8 @@ impl Index {
         self.cap.built = 0;
     }
 
-    /// Gives back the blob references of up to `max` retired snapshots (and the memory they
-    /// took). Returns how many were handled.
+    /// Gives back the blob references of up to `max` retired snapshots; the emptied buffer
+    /// becomes the spare (never shrunk or freed here). Returns how many were handled.
     fn cap_release_retired(&mut self, max: usize) -> usize {
         let r = &mut self.cap.retired;
         let n = r.len().min(max);
@@ -469,9 +483,7 @@ impl Index {
             }
         }
         if r.is_empty() {
-            *r = Vec::new();
-        } else if r.len() < r.capacity() / 2 {
-            r.shrink_to(r.len());
+            self.cap.spare = std::mem::take(r);
         }
         n
     }
@@ -538,10 +550,12 @@ impl Index {
         if let Some(b) = self.cap.next.take() {
             b.release_all(&mut self.cat);
         }
+        let spare = std::mem::take(&mut self.cap.spare);
         self.cap.next = Some(CapBuild::new(
             k,
             self.store.key_count(),
             self.min_candidates,
+            spare,
         ));
     }
 
