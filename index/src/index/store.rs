@@ -252,7 +252,8 @@ pub(crate) struct Store {
     #[cfg(test)]
     probes: std::cell::Cell<u64>,
     /// Slab positions by key, in [`SEGMENTS`] tables chosen by [`Store::segment`].
-    table: Box<[HashTable<u32>]>,
+    /// A fixed-size array: the masked segment number needs no bounds check on a probe.
+    table: Box<[HashTable<u32>; SEGMENTS]>,
     hasher: DefaultHashBuilder,
     entries: usize,
     /// Slab positions `0..visited` were visited by the sliced scan in progress (the TTL sweep);
@@ -274,10 +275,19 @@ impl Store {
             wide_holders: 0,
             #[cfg(test)]
             probes: std::cell::Cell::new(0),
-            table: (0..SEGMENTS).map(|_| HashTable::new()).collect(),
+            table: Self::empty_tables(),
             hasher: DefaultHashBuilder::default(),
             entries: 0,
             visited: 0,
+        }
+    }
+
+    /// [`SEGMENTS`] empty tables, built on the heap (no allocation per table until used).
+    fn empty_tables() -> Box<[HashTable<u32>; SEGMENTS]> {
+        let v: Vec<HashTable<u32>> = (0..SEGMENTS).map(|_| HashTable::new()).collect();
+        match v.into_boxed_slice().try_into() {
+            Ok(a) => a,
+            Err(_) => unreachable!("exactly SEGMENTS tables"),
         }
     }
 
