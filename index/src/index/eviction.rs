@@ -606,7 +606,6 @@ impl Index {
         let mut b = self.cap.next.take().expect("cap build in progress");
         let mut work = 0usize;
         let mut meter = budget.meter();
-        let mut spent = |work: usize| meter.spent(work);
         if b.threshold.is_none() {
             // Scan phase. Records only move down: clamp the cursor to the slab.
             b.cursor = b.cursor.min(self.store.key_count() as u32);
@@ -626,7 +625,7 @@ impl Index {
                 b.cursor = 0;
             }
             while b.cursor > 0 {
-                if spent(work) {
+                if meter.spent(work) {
                     cut = true;
                     break;
                 }
@@ -656,7 +655,7 @@ impl Index {
             let cat = &self.cat;
             let less = |a: &CapCand, b: &CapCand| cap_cmp(cat, a, b) == Ordering::Less;
             while b.heapify > 0 || !b.late.is_empty() {
-                if spent(work) {
+                if meter.spent_each(work) {
                     cut = true;
                     break;
                 }
@@ -671,7 +670,7 @@ impl Index {
             }
         }
         if !cut {
-            cut = self.cap_prune_stale(&mut b, &mut work, &mut spent);
+            cut = self.cap_prune_stale(&mut b, &mut work, &mut meter);
         }
         if cut {
             self.cap.next = Some(b);
@@ -686,19 +685,19 @@ impl Index {
     }
 
     /// Prune phase of a build (see [`CapBuild`]): pops stale snapshots off the top of the
-    /// reordered selection until the top is live or `spent` says stop (returns true then).
+    /// reordered selection until the top is live or the budget is spent (returns true then).
     /// Dropping a stale snapshot keeps the heap invariant, as a pop would.
     fn cap_prune_stale(
         &mut self,
         b: &mut CapBuild,
         work: &mut usize,
-        spent: &mut impl FnMut(usize) -> bool,
+        meter: &mut BudgetMeter,
     ) -> bool {
         while let Some(&top) = b.sel.peek() {
             if self.cap_cand(top.key, top.replica, None) == Some(top) {
                 return false;
             }
-            if spent(*work) {
+            if meter.spent_each(*work) {
                 return true;
             }
             let cat = &self.cat;
@@ -1248,6 +1247,18 @@ impl BudgetMeter {
     /// A clock read per this many checks (keys, models, reorder steps) is cheap next to the
     /// work between.
     const CLOCK_EVERY: usize = 64;
+
+    /// [`BudgetMeter::spent`] for steps of microseconds each (sifts through a heap of up to
+    /// `entries / 16` snapshots, a table probe): reads the clock at every check, so a slice
+    /// overruns its deadline by at most one step, not [`BudgetMeter::CLOCK_EVERY`] of them.
+    pub(crate) fn spent_each(&mut self, work: usize) -> bool {
+        if work > 0 && work >= self.budget.max_entries {
+            return true;
+        }
+        self.budget
+            .deadline
+            .is_some_and(|d| std::time::Instant::now() >= d)
+    }
 
     /// Whether the slice, having done `work` entries, must stop.
     pub(crate) fn spent(&mut self, work: usize) -> bool {
