@@ -866,7 +866,11 @@ mod tests {
     fn an_insert_moves_at_most_one_segment_of_keys() {
         let mut s = Store::new();
         let n = 150_000u64;
-        let key = |i: u64| KeyId { ks: 3, h: i };
+        // Hash-like key words, as block hashes are.
+        let key = |i: u64| KeyId {
+            ks: 3,
+            h: i.wrapping_mul(0x9E37_79B9_7F4A_7C15),
+        };
         let mut worst = 0;
         for i in 0..n {
             worst = worst.max(insert_moved(&mut s, key(i)));
@@ -876,8 +880,9 @@ mod tests {
             assert!(s.remove_holder(p, 1).unwrap().1);
             worst = worst.max(insert_moved(&mut s, key(n + i)));
         }
-        // n / SEGMENTS ≈ 37 keys per segment; a single table moved all 150,000.
-        let bound = 2 * n as usize / SEGMENTS;
+        // n / SEGMENTS ≈ 37 keys per segment (the fullest of 4096 usually holds 50–70; the
+        // hasher's seed is random per process); a single table moved all 150,000.
+        let bound = 4 * n as usize / SEGMENTS;
         let largest = s.table.iter().map(HashTable::len).max().unwrap_or(0);
         assert!(largest <= bound, "largest segment {largest} keys");
         assert!(worst <= bound.min(1_000), "one insert moved {worst} keys");
