@@ -322,7 +322,8 @@ fn builds_in_slices_evict_exactly_like_builds_in_one_go() {
         }
     }
     // Both paths ran: builds completed in slices, and builds an ingest had to finish itself.
-    assert!(total_prebuilt > 1000, "{total_prebuilt}");
+    // (Pruning stale snapshots before the install adds slices to some builds: 998 here.)
+    assert!(total_prebuilt > 900, "{total_prebuilt}");
     assert!(total_fallback > 100, "{total_fallback}");
     // ... and slices took most builds off the ingests (4 sliced runs per one-go run).
     assert!(
@@ -384,4 +385,36 @@ fn no_build_far_below_the_cap() {
         assert_eq!(s.entries, 0);
         assert!(!s.started && !s.in_progress);
     }
+}
+
+/// Steady eviction at the cap (each ingest adds 8 keys and evicts 8), one slice after each
+/// ingest: the live heap evicts the smallest entries while the next build runs, and those are
+/// the build's smallest snapshots. The build drops them before it goes live, so no pop on an
+/// ingest meets that backlog (it met every entry evicted during the build before).
+#[test]
+fn a_new_heap_goes_live_without_the_entries_evicted_while_it_was_built() {
+    let rules = Rules::default();
+    let cap = 4000u64;
+    let mut ix = index_with(HOUR, cap);
+    ix.set_min_candidates(8);
+    let now = T0 + 10 * SEC;
+    let (mut prebuilt, mut sync, mut worst) = (0, 0, 0);
+    for i in 0..3000u64 {
+        let keys = (0..8u64)
+            .map(|b| legacy(&(i << 8 | b).to_be_bytes(), 16))
+            .collect();
+        let u = upd(&format!("t{}", i % 3), "m0", "vllm", "r0", keys);
+        ix.ingest(&at(u, T0 + i as i64 * SEC), now, &rules);
+        sync += ix.take_cap_sync_builds();
+        worst = worst.max(ix.take_cap_max_stale_pops());
+        let s = ix.cap_prebuild_step(SweepBudget {
+            max_entries: 512,
+            deadline: None,
+        });
+        prebuilt += s.finished as usize;
+    }
+    assert_eq!(ix.entry_count(), cap);
+    assert!(prebuilt > 5, "{prebuilt}");
+    assert_eq!(sync, 0, "no build ran on an ingest");
+    assert!(worst <= 8, "a pop dropped {worst} stale snapshots");
 }

@@ -63,6 +63,8 @@ const SCAN_AMORTISATION: usize = 32;
 /// snapshot is 32 bytes, so a heap of them is ≈ 2 bytes per entry, and two are allocated while
 /// a build runs (the live heap and the selection, reordered into the next heap in place):
 /// ≈ 4 bytes per entry at the peak (≈ 40 MB at 10M entries), against ≈ 2 for the one-go build.
+/// The retired heap's buffer is kept for the next build ([`CapState::spare`]), so that peak is
+/// held while the cap keeps evicting.
 const PREBUILD_AMORTISATION: usize = 16;
 /// The next cap build ahead of need starts once the live heap holds at most
 /// `1 / PREBUILD_LOW_WATER` of the candidates it was built with (stale snapshots included), so
@@ -230,6 +232,10 @@ pub(crate) struct CapState {
     /// back: released a slice at the time ([`Index::cap_prebuild_step`]), since reading and
     /// freeing a heap of `entries / 16` snapshots takes ≈ 20 ms at 10M entries.
     retired: Vec<CapCand>,
+    /// The emptied buffer of the last retired heap, kept for the next build's selection: freeing
+    /// or shrinking it unmapped ≈ 20 MB of touched pages at 10M entries (1–5 ms in one slice
+    /// with the system allocator), and the next build faulted them in again.
+    spare: Vec<CapCand>,
 }
 
 /// One tenant's quota candidate heap.
@@ -252,6 +258,10 @@ pub(crate) struct QuotaState {
 /// * Reorder phase (`threshold` set): `sel` is turned into a min-heap in place (bottom-up, a few
 ///   subtrees per slice), then `late` is pushed into it; a mutation adds its snapshot to `late`
 ///   when it is `<=` the threshold.
+/// * Prune (end of the reorder phase): stale snapshots are popped off the top of `sel` until the
+///   top is live. The live heap evicts the smallest entries while the build runs, and those are
+///   the build's smallest snapshots: without this, the first pop after the install dropped them
+///   all on the ingest path (≈ 100K snapshots, 60–240 ms at 10M entries).
 ///
 /// So when `late` is empty, every entry whose current key is `<=` the threshold is in `sel`
 /// under that key: the candidate-heap invariant, as after a one-step build.
@@ -274,6 +284,9 @@ pub(crate) struct CapBuild {
     /// min-heap.
     late: Vec<CapCand>,
 }
+
+/// A spare selection buffer is reused for a build that needs at most this many times less.
+const SPARE_SLACK: usize = 2;
 
 /// [`CapBuild::bits`]: not looked up yet in this slice.
 const KS_UNKNOWN: u8 = 0xff;
@@ -312,12 +325,17 @@ impl CapBuild {
     /// live heap, which mutations may grow to `2 k + min_candidates` before it is dropped: that
     /// capacity is reserved now (address space; pages are touched only as used), so no push
     /// ever copies the heap to grow it (≈ 10 ms per copy at 10M entries, on a slice or ingest).
-    fn new(k: usize, key_count: usize, min_candidates: usize) -> CapBuild {
+    /// `spare` is an empty buffer to reuse when its capacity fits (within [`SPARE_SLACK`]).
+    fn new(k: usize, key_count: usize, min_candidates: usize, spare: Vec<CapCand>) -> CapBuild {
         let k = k.max(1);
+        let want = 2 * k + min_candidates + 1;
+        let mut v = spare;
+        v.clear();
+        if v.capacity() < want || v.capacity() > want * SPARE_SLACK {
+            v = Vec::with_capacity(want);
+        }
         CapBuild {
-            sel: Heap {
-                v: Vec::with_capacity(2 * k + min_candidates + 1),
-            },
+            sel: Heap { v },
             k,
             dropped: false,
             cursor: key_count as u32,
@@ -454,8 +472,8 @@ impl Index {
         self.cap.built = 0;
     }
 
-    /// Gives back the blob references of up to `max` retired snapshots (and the memory they
-    /// took). Returns how many were handled.
+    /// Gives back the blob references of up to `max` retired snapshots; the emptied buffer
+    /// becomes the spare (never shrunk or freed here). Returns how many were handled.
     fn cap_release_retired(&mut self, max: usize) -> usize {
         let r = &mut self.cap.retired;
         let n = r.len().min(max);
@@ -465,9 +483,7 @@ impl Index {
             }
         }
         if r.is_empty() {
-            *r = Vec::new();
-        } else if r.len() < r.capacity() / 2 {
-            r.shrink_to(r.len());
+            self.cap.spare = std::mem::take(r);
         }
         n
     }
@@ -534,10 +550,12 @@ impl Index {
         if let Some(b) = self.cap.next.take() {
             b.release_all(&mut self.cat);
         }
+        let spare = std::mem::take(&mut self.cap.spare);
         self.cap.next = Some(CapBuild::new(
             k,
             self.store.key_count(),
             self.min_candidates,
+            spare,
         ));
     }
 
@@ -588,7 +606,6 @@ impl Index {
         let mut b = self.cap.next.take().expect("cap build in progress");
         let mut work = 0usize;
         let mut meter = budget.meter();
-        let mut spent = |work: usize| meter.spent(work);
         if b.threshold.is_none() {
             // Scan phase. Records only move down: clamp the cursor to the slab.
             b.cursor = b.cursor.min(self.store.key_count() as u32);
@@ -608,7 +625,7 @@ impl Index {
                 b.cursor = 0;
             }
             while b.cursor > 0 {
-                if spent(work) {
+                if meter.spent(work) {
                     cut = true;
                     break;
                 }
@@ -638,7 +655,7 @@ impl Index {
             let cat = &self.cat;
             let less = |a: &CapCand, b: &CapCand| cap_cmp(cat, a, b) == Ordering::Less;
             while b.heapify > 0 || !b.late.is_empty() {
-                if spent(work) {
+                if meter.spent_each(work) {
                     cut = true;
                     break;
                 }
@@ -652,6 +669,9 @@ impl Index {
                 work += 1;
             }
         }
+        if !cut {
+            cut = self.cap_prune_stale(&mut b, &mut work, &mut meter);
+        }
         if cut {
             self.cap.next = Some(b);
             return (work, false);
@@ -662,6 +682,30 @@ impl Index {
         self.cap.built = b.k;
         self.cap.active = true;
         (work, true)
+    }
+
+    /// Prune phase of a build (see [`CapBuild`]): pops stale snapshots off the top of the
+    /// reordered selection until the top is live or the budget is spent (returns true then).
+    /// Dropping a stale snapshot keeps the heap invariant, as a pop would.
+    fn cap_prune_stale(
+        &mut self,
+        b: &mut CapBuild,
+        work: &mut usize,
+        meter: &mut BudgetMeter,
+    ) -> bool {
+        while let Some(&top) = b.sel.peek() {
+            if self.cap_cand(top.key, top.replica, None) == Some(top) {
+                return false;
+            }
+            if meter.spent_each(*work) {
+                return true;
+            }
+            let cat = &self.cat;
+            b.sel.pop(&|x, y| cap_cmp(cat, x, y) == Ordering::Less);
+            self.release_key(top.key);
+            *work += 1;
+        }
+        false
     }
 
     /// Builds the cap heap now, on the path that needs a victim: finishes the build in progress
@@ -746,6 +790,12 @@ impl Index {
         std::mem::take(&mut self.cap_sync_builds)
     }
 
+    /// The most stale snapshots one cap pop dropped on the path that needed a victim since the
+    /// last call (each costs a table probe and a heap pop on that path).
+    pub fn take_cap_max_stale_pops(&mut self) -> u64 {
+        std::mem::take(&mut self.cap_max_stale_pops)
+    }
+
     /// Test aid: panics unless the cap-heap invariant holds: every non-reserved entry whose
     /// current sort key is `<=` the threshold (all of them without one) is in the live heap
     /// under that key, and likewise for a build in its reorder phase (`sel` and `late`). O(n log n).
@@ -789,6 +839,7 @@ impl Index {
     /// Pops the minimum live cap candidate: `(key, replica)`.
     fn cap_pop(&mut self, need: usize) -> Option<(KeyId, u32)> {
         let mut rebuilt = false;
+        let mut stale = 0u64;
         if !self.cap.active {
             rebuilt = self.cap_build(need);
         }
@@ -811,6 +862,8 @@ impl Index {
             if current == Some(c) {
                 return Some((c.key, c.replica));
             }
+            stale += 1;
+            self.cap_max_stale_pops = self.cap_max_stale_pops.max(stale);
         }
     }
     /// Re-resolves every tenant's eviction algorithm; drops the cap heap if any changed.
@@ -1194,6 +1247,18 @@ impl BudgetMeter {
     /// A clock read per this many checks (keys, models, reorder steps) is cheap next to the
     /// work between.
     const CLOCK_EVERY: usize = 64;
+
+    /// [`BudgetMeter::spent`] for steps of microseconds each (sifts through a heap of up to
+    /// `entries / 16` snapshots, a table probe): reads the clock at every check, so a slice
+    /// overruns its deadline by at most one step, not [`BudgetMeter::CLOCK_EVERY`] of them.
+    pub(crate) fn spent_each(&mut self, work: usize) -> bool {
+        if work > 0 && work >= self.budget.max_entries {
+            return true;
+        }
+        self.budget
+            .deadline
+            .is_some_and(|d| std::time::Instant::now() >= d)
+    }
 
     /// Whether the slice, having done `work` entries, must stop.
     pub(crate) fn spent(&mut self, work: usize) -> bool {

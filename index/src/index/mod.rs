@@ -408,6 +408,9 @@ pub struct Index {
     /// Cap candidate builds run in one go on a path that needed a victim, not yet taken by
     /// [`Index::take_cap_sync_builds`].
     cap_sync_builds: u64,
+    /// Most stale snapshots one cap pop dropped on a path that needed a victim, not yet taken
+    /// by [`Index::take_cap_max_stale_pops`].
+    cap_max_stale_pops: u64,
 }
 
 impl Default for Index {
@@ -447,6 +450,7 @@ impl Index {
             removal_sink: None,
             sweep_pass: None,
             cap_sync_builds: 0,
+            cap_max_stale_pops: 0,
         }
     }
 
