@@ -5,6 +5,26 @@
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
+/// mimalloc's `mi_option_purge_delay` (mimalloc.h's `mi_option_e`, v3).
+const MI_OPTION_PURGE_DELAY: libmimalloc_sys::mi_option_t = 15;
+
+/// The environment variable mimalloc reads for the same option; when an operator sets it, it
+/// wins.
+const PURGE_DELAY_ENV: &str = "MIMALLOC_PURGE_DELAY";
+
 fn main() {
+    keep_freed_memory();
     std::process::exit(inference_cache::run());
+}
+
+/// Freed memory stays with the allocator for reuse instead of being purged (madvise) back to
+/// the OS: a TTL pass that frees millions of entries otherwise makes the core thread purge
+/// gigabytes while it serves, and lookups stalled for up to tens of ms behind that kernel work.
+/// The high-water mark this keeps is bounded by the entry cap (`--index-max-entries`).
+fn keep_freed_memory() {
+    if std::env::var_os(PURGE_DELAY_ENV).is_none() {
+        // SAFETY: sets a process-wide allocator option (an integer) by its documented id; mimalloc
+        // allows changing options at any time, and -1 is its documented "never purge" value.
+        unsafe { libmimalloc_sys::mi_option_set(MI_OPTION_PURGE_DELAY, -1) };
+    }
 }
