@@ -21,8 +21,8 @@
 # (loadgen --slow-log) with the passes' windows, plus the slice histograms
 # (inferencecache_core_maintenance_slice_seconds / _cpu_seconds) over the whole run.
 # SCRAPE_S=5 scrapes every 5 s instead of every second. PROBE_CPUS=1 runs loadgen and the
-# scraper on CPU 1 only (taskset), off CPU 0 where the server's core 0 is pinned, and the
-# server's non-core threads on CPU 0: neither side's helpers time-slice the other's threads.
+# scraper on CPU 1 only (taskset), off CPU 0 where the server's core 0 is pinned, so the
+# probe's own processes do not time-slice the core thread.
 # Needs: cargo build --release -p inference-cache -p loadgen --bins --examples
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -56,13 +56,6 @@ start() { # binary state_dir sweep_interval_ms
   echo "server not ready" >&2; exit 1
 }
 stop() { kill -TERM "$PID"; wait "$PID" || true; PID=; }
-# With PROBE_CPUS: the server's threads other than its cores (admin runtime, blocking pool) go
-# to CPU 0 with core 0, so a scrape's rendering competes with the server, not with the probe.
-pin_server_helpers() {
-  for task in /proc/"$PID"/task/*; do
-    case "$(cat "$task/comm")" in core-*) ;; *) taskset -pc 0 "${task##*/}" >/dev/null ;; esac
-  done
-}
 entries() { curl -s "http://127.0.0.1:$H/metrics" | awk '/^inferencecache_core_index_entries\{/ {print $2}'; }
 
 # 1. Fill once and snapshot (the final snapshot at SIGTERM).
@@ -89,7 +82,6 @@ for variant in ${VARIANTS:-after nosweep}; do
   LOAD0=$(cut -d' ' -f1 /proc/loadavg)
   # Scrape the sweep gauges every second while the probe runs (bounded: SECS + 30 scrapes).
   PIN=(${PROBE_CPUS:+taskset -c "$PROBE_CPUS"})
-  if [ -n "${PROBE_CPUS:-}" ]; then pin_server_helpers; fi
   ( for _ in $(seq 1 $((SECS + 30))); do
       curl -s "http://127.0.0.1:$H/metrics" | grep -E '^inferencecache_core_sweep' | tr '\n' ' ' || true
       echo; sleep "${SCRAPE_S:-1}"
