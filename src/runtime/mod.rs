@@ -342,7 +342,8 @@ async fn sweep_pass(interval: Duration) -> bool {
 
 /// Builds this core's next global-cap candidate heap ahead of need (index eviction docs), so
 /// no ingest pays for the O(entries) build: waits until one is wanted (the core's ingests,
-/// evictions and policy changes wake it; `CAP_PREBUILD_POLL` is only a safety net), then runs it in slices of at most `CAP_BUILD_SLICE_BUDGET` /
+/// events, evictions, policy changes and sweep slices wake it; `CAP_PREBUILD_POLL` is only a
+/// safety net), then runs it in slices of at most `CAP_BUILD_SLICE_BUDGET` /
 /// `CAP_BUILD_SLICE_MAX_ENTRIES`, `SWEEP_SLICE_PAUSE` apart (a lookup waits behind at most about
 /// one slice). A build changes nothing observable, so unlike a sweep slice it may run between
 /// an ingest and its cross-core evictions. Records each build completed here (not one an
