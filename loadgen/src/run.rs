@@ -276,12 +276,18 @@ impl LookupMaker {
 
     /// The connection ticket `t`'s `LookupRoute` for `(tenant, model)` goes over.
     fn via(&self, t: Ticket, tenant: &str, model: &str) -> LookupVia {
-        let round_robin = |n: usize| (t.index % n as u64) as usize;
         match (&self.shard_aware, self.lean.is_empty()) {
             (Some(sdk), false) => LookupVia::Lean(sdk.lookup_connection_for(tenant, model).clone()),
-            (Some(sdk), true) => LookupVia::Tonic(sdk.client_for(tenant, model)),
-            (None, false) => LookupVia::Lean(self.lean[round_robin(self.lean.len())].clone()),
-            (None, true) => LookupVia::Tonic(self.clients[round_robin(self.clients.len())].clone()),
+            (None, false) => LookupVia::Lean(self.lean[round_robin(t, self.lean.len())].clone()),
+            (_, true) => self.tonic_via(t, tenant, model),
+        }
+    }
+
+    /// Ticket `t`'s tonic client: the owning core's with the SDK, else round-robin.
+    fn tonic_via(&self, t: Ticket, tenant: &str, model: &str) -> LookupVia {
+        match &self.shard_aware {
+            Some(sdk) => LookupVia::Tonic(sdk.client_for(tenant, model)),
+            None => LookupVia::Tonic(self.clients[round_robin(t, self.clients.len())].clone()),
         }
     }
 
@@ -291,12 +297,10 @@ impl LookupMaker {
         let spec = self.wgen.next_request();
         let req = gateway::lookup_request(&spec, &self.names, &self.scheme, bs, self.input);
         let pd = (self.input == LookupInput::Pd).then(|| self.pd_topology.clone());
-        let via = match (&pd, &self.shard_aware) {
-            (None, _) => self.via(t, &req.tenant_id, &req.model_id),
-            (Some(_), Some(sdk)) => LookupVia::Tonic(sdk.client_for(&req.tenant_id, &req.model_id)),
-            (Some(_), None) => LookupVia::Tonic(
-                self.clients[(t.index % self.clients.len() as u64) as usize].clone(),
-            ),
+        // LookupPDRoute has no lean path.
+        let via = match pd {
+            None => self.via(t, &req.tenant_id, &req.model_id),
+            Some(_) => self.tonic_via(t, &req.tenant_id, &req.model_id),
         };
         let (rec, producers) = (self.rec.clone(), self.producers.clone());
         let prompt_tokens = (spec.n_blocks as u64) * bs as u64;
@@ -317,6 +321,11 @@ impl LookupMaker {
             }
         }
     }
+}
+
+/// Ticket `t`'s slot among `n` connections.
+fn round_robin(t: Ticket, n: usize) -> usize {
+    (t.index % n as u64) as usize
 }
 
 /// Prints one line per second on stderr: cumulative counts and this second's rate and
