@@ -41,14 +41,22 @@ def passes_from_scrape(path):
 
 
 def slow_lookups(path):
-    """(due_s, latency_s, failed) per lookup over the threshold."""
+    """(due_s, latency_s, failed, start_lag_s) per lookup over the threshold; the start lag (the
+    client's own lateness before the call began) is 0 in logs of older loadgens."""
     out = []
     for line in open(path):
         if line.startswith("#"):
             continue
-        due_us, lat_us, outcome = line.split()
-        out.append((int(due_us) / 1e6, int(lat_us) / 1e6, outcome == "failed"))
+        due_us, lat_us, outcome, *lag = line.split()
+        lag_s = int(lag[0]) / 1e6 if lag else 0.0
+        out.append((int(due_us) / 1e6, int(lat_us) / 1e6, outcome == "failed", lag_s))
     return out
+
+
+def after_start(slow, threshold_s=1e-3):
+    """The slow lookups still over `threshold_s` once the client's start lag is taken off: the
+    ones that could have waited on the server (or on the way back)."""
+    return [x for x in slow if x[1] - x[3] > threshold_s]
 
 
 def slice_histograms(path):
@@ -82,11 +90,14 @@ def main():
     print(f"          lookups over 1 ms: {len(slow)} in all; {len(during)} during a pass "
           f"({in_pass_s:.1f} s of passes: {len(during) / max(in_pass_s, 1e-9):.2f}/s), "
           f"{len(slow) - len(during)} outside ({out_s:.1f} s: {(len(slow) - len(during)) / out_s:.2f}/s)")
+    d1, o1 = after_start(during), after_start([x for x in slow if x not in during])
+    print(f"          over 1 ms after the client's start lag: {len(d1)} during a pass "
+          f"({len(d1) / max(in_pass_s, 1e-9):.2f}/s), {len(o1)} outside ({len(o1) / out_s:.2f}/s)")
     if during:
         worst = sorted(during, key=lambda x: -x[1])[:5]
-        print("          slowest during a pass: " +
-              ", ".join(f"{lat * 1e3:.2f} ms" + (" (failed)" if failed else "")
-                        for _, lat, failed in worst))
+        print("          slowest during a pass (start lag): " +
+              ", ".join(f"{lat * 1e3:.2f} ms ({lag * 1e3:.2f})" + (" (failed)" if failed else "")
+                        for _, lat, failed, lag in worst))
     for (fam, work), buckets in sorted(slice_histograms(f"{out_dir}/slices-{v}.txt").items()):
         total = buckets[-1][1]
         if total == 0:

@@ -111,9 +111,10 @@ pub async fn lookup(
     from: Instant,
     rec: &Recorder,
 ) -> Option<LookupRouteResponse> {
+    let started = Instant::now();
     match via.call(req, timeout).await {
         Ok(resp) => {
-            rec.record_ok(Rpc::LookupRoute, from);
+            rec.record_lookup_ok(from, started);
             rec.record_lookup(LookupOutcome {
                 reason: &resp.reason_code,
                 scores: resp.replica_scores.len(),
@@ -124,7 +125,7 @@ pub async fn lookup(
         }
         Err(st) => {
             rec.record_error(Rpc::LookupRoute, st.code());
-            rec.note_failed_lookup(from);
+            rec.note_failed_lookup(from, started);
             None
         }
     }
@@ -151,11 +152,12 @@ pub async fn lookup_pd(
     from: Instant,
     rec: &Recorder,
 ) -> Option<LookupPdRouteResponse> {
+    let started = Instant::now();
     let mut request = tonic::Request::new(req);
     request.set_timeout(timeout);
     match tokio::time::timeout(timeout, client.lookup_pd_route(request)).await {
         Ok(Ok(resp)) => {
-            rec.record_ok(Rpc::LookupRoute, from);
+            rec.record_lookup_ok(from, started);
             let resp = resp.into_inner();
             rec.record_lookup(LookupOutcome {
                 reason: &resp.reason_code,

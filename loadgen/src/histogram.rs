@@ -191,11 +191,11 @@ impl Recorder {
         self.slow.as_ref()
     }
 
-    /// Notes a lookup due at `from` that ends now in the slow log (if any); for failures,
-    /// whose latency is not otherwise recorded.
-    pub fn note_failed_lookup(&self, from: Instant) {
+    /// Notes a lookup due at `from`, begun at `started`, that ends now in the slow log (if
+    /// any); for failures, whose latency is not otherwise recorded.
+    pub fn note_failed_lookup(&self, from: Instant, started: Instant) {
         if let Some(log) = &self.slow {
-            log.note(from.into_std(), from.elapsed(), true);
+            log.note(from.into_std(), started.into_std(), from.elapsed(), true);
         }
     }
 
@@ -207,8 +207,15 @@ impl Recorder {
     pub fn record_ok(&self, rpc: Rpc, from: Instant) -> Duration {
         let lat = from.elapsed();
         self.record_ok_latency(rpc, lat);
-        if let (Rpc::LookupRoute, Some(log)) = (rpc, &self.slow) {
-            log.note(from.into_std(), lat, false);
+        lat
+    }
+
+    /// [`Recorder::record_ok`] for a lookup due at `from` and begun at `started`, which also
+    /// goes to the slow log (if any).
+    pub fn record_lookup_ok(&self, from: Instant, started: Instant) -> Duration {
+        let lat = self.record_ok(Rpc::LookupRoute, from);
+        if let Some(log) = &self.slow {
+            log.note(from.into_std(), started.into_std(), lat, false);
         }
         lat
     }

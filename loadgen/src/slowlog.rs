@@ -17,6 +17,10 @@ pub struct SlowLookup {
     pub due_unix_us: u64,
     /// From due to answered (or failed), µs.
     pub latency_us: u64,
+    /// From due to when the client began the call, µs: the generator's own lateness (its
+    /// dispatcher or runtime thread descheduled), which is part of `latency_us` but happened
+    /// before the request left.
+    pub start_lag_us: u64,
     /// Whether it failed (timeout or error status).
     pub failed: bool,
 }
@@ -40,8 +44,9 @@ impl SlowLog {
         }
     }
 
-    /// Notes a lookup due at `due` that ended `latency` later, if that is over the threshold.
-    pub fn note(&self, due: Instant, latency: Duration, failed: bool) {
+    /// Notes a lookup due at `due`, begun at `started`, that ended `latency` after `due`, if that
+    /// is over the threshold.
+    pub fn note(&self, due: Instant, started: Instant, latency: Duration, failed: bool) {
         if latency <= self.threshold {
             return;
         }
@@ -55,6 +60,7 @@ impl SlowLog {
         let entry = SlowLookup {
             due_unix_us,
             latency_us: latency.as_micros() as u64,
+            start_lag_us: started.saturating_duration_since(due).as_micros() as u64,
             failed,
         };
         let mut kept = self.kept.lock().unwrap_or_else(|e| e.into_inner());
@@ -70,7 +76,8 @@ impl SlowLog {
         self.kept.lock().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
-    /// Writes the log: a header line, then `due_unix_us latency_us ok|failed` per lookup.
+    /// Writes the log: a header line, then `due_unix_us latency_us ok|failed start_lag_us` per
+    /// lookup.
     pub fn write(&self, path: &Path) -> std::io::Result<()> {
         let (entries, dropped) = self.entries();
         let mut out = std::io::BufWriter::new(std::fs::File::create(path)?);
@@ -81,7 +88,11 @@ impl SlowLog {
         )?;
         for e in entries {
             let outcome = if e.failed { "failed" } else { "ok" };
-            writeln!(out, "{} {} {outcome}", e.due_unix_us, e.latency_us)?;
+            writeln!(
+                out,
+                "{} {} {outcome} {}",
+                e.due_unix_us, e.latency_us, e.start_lag_us
+            )?;
         }
         out.flush()
     }
@@ -96,12 +107,18 @@ mod tests {
         let log = SlowLog::new(Duration::from_millis(1));
         let due = Instant::now();
         let before = SystemTime::now().duration_since(UNIX_EPOCH).unwrap();
-        log.note(due, Duration::from_micros(1_000), false);
-        log.note(due, Duration::from_micros(1_500), true);
+        log.note(due, due, Duration::from_micros(1_000), false);
+        log.note(
+            due,
+            due + Duration::from_micros(700),
+            Duration::from_micros(1_500),
+            true,
+        );
         let (kept, dropped) = log.entries();
         assert_eq!(dropped, 0);
         assert_eq!(kept.len(), 1, "exactly the threshold is not slow");
         assert_eq!(kept[0].latency_us, 1_500);
+        assert_eq!(kept[0].start_lag_us, 700);
         assert!(kept[0].failed);
         let skew = kept[0].due_unix_us.abs_diff(before.as_micros() as u64);
         assert!(
@@ -115,7 +132,7 @@ mod tests {
         let log = SlowLog::new(Duration::ZERO);
         let due = Instant::now();
         for _ in 0..SLOW_LOG_MAX_ENTRIES + 3 {
-            log.note(due, Duration::from_micros(5), false);
+            log.note(due, due, Duration::from_micros(5), false);
         }
         let (kept, dropped) = log.entries();
         assert_eq!((kept.len(), dropped), (SLOW_LOG_MAX_ENTRIES, 3));
