@@ -1144,12 +1144,11 @@ impl Index {
             })
         };
         let mut meter = budget.meter();
-        let mut spent = |step: &SweepStep| meter.spent(step.entries);
         if pass.stats_from.is_none() {
             let mut stale: Vec<u32> = Vec::new();
             let mut pos = self.store.visited();
             while (pos as usize) < self.store.key_count() {
-                if spent(&step) {
+                if meter.spent(step.entries) {
                     step.cut_short = true;
                     break;
                 }
@@ -1164,6 +1163,7 @@ impl Index {
                     }
                 }
                 let before = self.store.key_count();
+                meter.charge_removals(stale.len());
                 for r in &stale {
                     self.report_removal(key, *r, RemovalReason::Ttl, algo, now);
                     self.remove_entry(key, *r);
@@ -1187,7 +1187,7 @@ impl Index {
                     m += 1;
                     continue; // freed records included
                 }
-                if spent(&step) {
+                if meter.spent(step.entries) {
                     step.cut_short = true;
                     break;
                 }
@@ -1237,16 +1237,22 @@ pub struct SweepBudget {
 }
 
 /// Tells a slice when its [`SweepBudget`] is used up: its entries, or its time, read once per
-/// [`BudgetMeter::CLOCK_EVERY`] checks.
+/// [`BudgetMeter::CLOCK_EVERY`] checks (a removed entry counts as
+/// [`BudgetMeter::CHECKS_PER_REMOVAL`] of them).
 pub(crate) struct BudgetMeter {
     budget: SweepBudget,
-    checks: usize,
+    /// Checks since the clock was last read.
+    owed: usize,
 }
 
 impl BudgetMeter {
     /// A clock read per this many checks (keys, models, reorder steps) is cheap next to the
     /// work between.
     const CLOCK_EVERY: usize = 64;
+    /// A removal relinks the key table and updates the aggregates (several random accesses
+    /// into a table of millions of keys): 64 keys' worth of them overran a 0.5 ms slice by
+    /// 0.5 ms at 10M entries (perf/RESULTS.md), so the clock is read every 8 removals.
+    const CHECKS_PER_REMOVAL: usize = Self::CLOCK_EVERY / 8;
 
     /// [`BudgetMeter::spent`] for steps of microseconds each (sifts through a heap of up to
     /// `entries / 16` snapshots, a table probe): reads the clock at every check, so a slice
@@ -1265,12 +1271,21 @@ impl BudgetMeter {
         if work > 0 && work >= self.budget.max_entries {
             return true;
         }
-        self.checks += 1;
-        self.checks.is_multiple_of(Self::CLOCK_EVERY)
-            && self
-                .budget
-                .deadline
-                .is_some_and(|d| std::time::Instant::now() >= d)
+        self.owed += 1;
+        if self.owed < Self::CLOCK_EVERY {
+            return false;
+        }
+        self.owed = 0;
+        self.budget
+            .deadline
+            .is_some_and(|d| std::time::Instant::now() >= d)
+    }
+
+    /// Counts `removed` entries towards the next clock read.
+    pub(crate) fn charge_removals(&mut self, removed: usize) {
+        self.owed = self
+            .owed
+            .saturating_add(removed.saturating_mul(Self::CHECKS_PER_REMOVAL));
     }
 }
 
@@ -1279,7 +1294,7 @@ impl SweepBudget {
     pub(crate) fn meter(self) -> BudgetMeter {
         BudgetMeter {
             budget: self,
-            checks: 0,
+            owed: 0,
         }
     }
 
