@@ -128,8 +128,10 @@ pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
 // ---- TTL sweep (docs/BEHAVIOUR.md §6, docs/ARCHITECTURE.md §1) -----------------------------
 
 /// Core time one TTL sweep slice may take before the core returns to serving; a lookup queued
-/// behind the sweep waits at most about this long (plus one key's removals).
-pub const SWEEP_SLICE_BUDGET: Duration = Duration::from_micros(500);
+/// behind the sweep waits at most about this long (plus one key's removals). A quarter of the
+/// 1 ms bound on that wait: the trace of the 10M-entry probe showed a few requests waiting
+/// across two slices, and slices stretched by the kernel (perf/RESULTS.md).
+pub const SWEEP_SLICE_BUDGET: Duration = Duration::from_micros(250);
 /// Storage entries (plus stats rows) one sweep slice examines at most; a slice stops at
 /// whichever of this and the time budget comes first.
 pub const SWEEP_SLICE_MAX_ENTRIES: usize = 16_384;
@@ -147,7 +149,7 @@ pub const CAP_PREBUILD_POLL: Duration = Duration::from_secs(1);
 /// Core time one slice of a cap candidate build may take before the core returns to serving
 /// (a lookup queued behind it waits at most about this long); slices are
 /// [`SWEEP_SLICE_PAUSE`] apart, like the sweep's.
-pub const CAP_BUILD_SLICE_BUDGET: Duration = Duration::from_micros(500);
+pub const CAP_BUILD_SLICE_BUDGET: Duration = Duration::from_micros(250);
 /// Storage entries (plus candidate reorder steps) one cap build slice handles at
 /// most; a slice stops at whichever of this and the time budget comes first.
 pub const CAP_BUILD_SLICE_MAX_ENTRIES: usize = 16_384;
