@@ -9,6 +9,11 @@
 #        CONC=8 VARIANTS="n2 n2-sdk" perf/shard_aware.sh 20000 3
 #        LG_THREADS=1 gives loadgen one thread (default 0: one per CPU); LOOKUP_CLIENT=tonic
 #        sends lookups through tonic's channel instead of the SDK's lean client (default lean)
+#        SERVER_CPUS=0 LG_CPUS=1 pin the server and loadgen to those CPUs (taskset; the server's
+#        cores are placed on the CPUs it is allowed, so --shards 2 then shares CPU 0): the
+#        server's CPU per request without the load generator competing for its CPUs;
+#        RATE=20000 paces the calls (loadgen --rate, open loop, instead of CONC in flight) so
+#        every variant serves the same load
 # Needs: cargo build --release -p loadgen -p inference-cache --bins
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -22,6 +27,8 @@ free_port() { python3 -c "import socket; s=socket.socket(); s.bind(('127.0.0.1',
 PORT=$(free_port); SAPORT=$(free_port); HTTP=$(free_port)
 TICK=$(getconf CLK_TCK)
 OUT=$(mktemp -d)
+trap '[ -n "${PID:-}" ] && kill "$PID" 2>/dev/null || true' EXIT
+if [ -n "${RATE:-}" ]; then LOAD=(--rate "$RATE"); else LOAD=(--concurrency "$CONC"); fi
 
 cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
 # "inline hopped" summed over cores.
@@ -34,7 +41,7 @@ routed() {
 
 start() {
   local shards=$1; shift
-  "$SRV" --insecure-disable-auth --log-level error --shards "$shards" \
+  ${SERVER_CPUS:+taskset -c "$SERVER_CPUS"} "$SRV" --insecure-disable-auth --log-level error --shards "$shards" \
     --grpc-bind-address "127.0.0.1:$PORT" --shard-aware-grpc-bind-address "127.0.0.1:$SAPORT" \
     --http-bind-address "127.0.0.1:$HTTP" --snapshot-bind-address 127.0.0.1:0 "$@" &
   PID=$!
@@ -56,7 +63,7 @@ for round in $(seq "$ROUNDS"); do
     "$LG" preload "${COMMON[@]}" >/dev/null 2>&1
     read -r i0 h0 < <(routed)
     c0=$(cpu_ticks "$PID")
-    "$LG" --threads "${LG_THREADS:-0}" run "${COMMON[@]}" "${SDK[@]}" --lookup-client "${LOOKUP_CLIENT:-lean}" --no-preload --no-producers --concurrency "$CONC" \
+    ${LG_CPUS:+taskset -c "$LG_CPUS"} "$LG" --threads "${LG_THREADS:-0}" run "${COMMON[@]}" "${SDK[@]}" --lookup-client "${LOOKUP_CLIENT:-lean}" --no-preload --no-producers "${LOAD[@]}" \
       --requests "$REQ" --quiet --json "$OUT/$v-$round.json" >/dev/null
     c1=$(cpu_ticks "$PID")
     read -r i1 h1 < <(routed)

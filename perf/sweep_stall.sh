@@ -23,6 +23,11 @@
 # SCRAPE_S=5 scrapes every 5 s instead of every second. PROBE_CPUS=1 runs loadgen and the
 # scraper on CPU 1 only (taskset), off CPU 0 where the server's core 0 is pinned, so the
 # probe's own processes do not time-slice the core thread.
+# TRACE=1 (root, perf) also traces the "after" variant's whole probe: uprobes on the core's sweep
+# slice and on the inline LookupRoute handler (set on a copy of the server binary, removed at
+# exit), writev calls of over 40 bytes (loadgen's send requests) and the core thread's context
+# switches; then
+# perf/sweep_trace.py bounds, per slow lookup, how long it waited behind the sweep on the server.
 # Needs: cargo build --release -p inference-cache -p loadgen --bins --examples
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -36,7 +41,13 @@ LG=$T/loadgen
 SNAP=$(mktemp -d)
 RUN=$(mktemp -d)
 OUT=$(mktemp -d)
-trap 'rm -rf "$SNAP" "$RUN"; [ -n "${PID:-}" ] && kill -TERM "$PID" 2>/dev/null || true' EXIT
+TRACE_DIR=$(mktemp -d)
+cleanup() {
+  [ -n "${PID:-}" ] && kill -TERM "$PID" 2>/dev/null
+  [ -n "${TRACE:-}" ] && perf probe -q -d 'icprobe:*' 2>/dev/null
+  rm -rf "$SNAP" "$RUN" "$TRACE_DIR"
+}
+trap cleanup EXIT
 port() { python3 -c "import socket; s=socket.socket(); s.bind(('127.0.0.1',0)); print(s.getsockname()[1])"; }
 G=$(port); H=$(port); A=$(port)
 now_s() { date +%s; }
@@ -58,6 +69,38 @@ start() { # binary state_dir sweep_interval_ms
 stop() { kill -TERM "$PID"; wait "$PID" || true; PID=; }
 entries() { curl -s "http://127.0.0.1:$H/metrics" | awk '/^inferencecache_core_index_entries\{/ {print $2}'; }
 
+# File offset of the one text symbol whose mangled name contains $2 in binary $1 (for uprobes).
+symbol_offset() {
+  python3 - "$1" "$2" <<'PY'
+import re, subprocess, sys
+binary, name = sys.argv[1:]
+nm = subprocess.run(["nm", binary], capture_output=True, text=True, check=True).stdout
+addrs = [int(l.split()[0], 16) for l in nm.splitlines() if name in l and l.split()[1] in "tT"]
+if len(addrs) != 1:
+    sys.exit(f"{name}: {len(addrs)} text symbols (inlined or renamed?)")
+segs = subprocess.run(["readelf", "-lW", binary], capture_output=True, text=True, check=True).stdout
+for m in re.finditer(r"LOAD\s+(0x[0-9a-f]+)\s+(0x[0-9a-f]+)\s+\S+\s+(0x[0-9a-f]+)", segs):
+    off, vaddr, size = (int(x, 16) for x in m.groups())
+    if vaddr <= addrs[0] < vaddr + size:
+        print(hex(addrs[0] - vaddr + off))
+        break
+else:
+    sys.exit(f"{name}: not in a LOAD segment")
+PY
+}
+# Sets the uprobes on a copy of the server (a rebuild cannot move them) and prints its path.
+trace_setup() {
+  local bin=$TRACE_DIR/inference-cache-server sweep lookup
+  cp "$SRV" "$bin"
+  sweep=$(symbol_offset "$bin" CoreState11sweep_slice)
+  lookup=$(symbol_offset "$bin" receive16lookup_route_now)
+  perf probe -q -d 'icprobe:*' 2>/dev/null || true
+  perf probe -q -x "$bin" -a "icprobe:sweep_in=$sweep" -a "icprobe:sweep_out=$sweep%return" \
+    -a "icprobe:lookup=$lookup" >&2
+  echo "$bin"
+}
+[ -n "${TRACE:-}" ] && TRACE_BIN=$(trace_setup)
+
 # 1. Fill once and snapshot (the final snapshot at SIGTERM).
 start "$SRV" "$SNAP" 3600000
 "$FILL" --addr "http://127.0.0.1:$G" --entries "$N" --timestamp-us "$((STAMP_S * 1000000))" 2>&1 | tail -1
@@ -67,7 +110,7 @@ stop
 for variant in ${VARIANTS:-after nosweep}; do
   case $variant in
   before) BIN=$BEFORE; SWEEP=10000 ;;
-  after) BIN=$SRV; SWEEP=10000 ;;
+  after) BIN=${TRACE_BIN:-$SRV}; SWEEP=10000 ;;
   nosweep) BIN=$SRV; SWEEP=3600000 ;;
   esac
   rm -rf "${RUN:?}"/*; cp -r "$SNAP"/. "$RUN"/
@@ -88,13 +131,33 @@ for variant in ${VARIANTS:-after nosweep}; do
     done ) >"$OUT/scrape-$variant.txt" 2>/dev/null &
   SCRAPER=$!
   if [ -n "${PROBE_CPUS:-}" ]; then taskset -pc "$PROBE_CPUS" "$SCRAPER" >/dev/null; fi
+  if [ -n "${TRACE:-}" ] && [ "$variant" = after ]; then
+    CORE_TID=$(grep -l '^core-0' /proc/"$PID"/task/*/comm | head -1 | cut -d/ -f5)
+    "${PIN[@]}" perf record -q -k mono -e icprobe:sweep_in -e icprobe:sweep_out__return \
+      -e icprobe:lookup -e syscalls:sys_exit_writev --filter "ret > 40" \
+      -e sched:sched_switch --filter "prev_pid == $CORE_TID || next_pid == $CORE_TID" -a \
+      -o "$OUT/trace.data" 2>/dev/null &
+    TRACER=$!
+  fi
   "${PIN[@]}" "$LG" --threads 1 run --addr "http://127.0.0.1:$G" --workload chat --seed 7 --population 2000 \
     --replicas 8 --tenants 4 --no-preload --no-producers --rate 1000 --duration "$SECS" --quiet \
-    --slow-log "$OUT/slow-$variant.txt" --slow-ms 1 --json "$OUT/lg-$variant.json" >/dev/null
+    --slow-log "$OUT/slow-$variant.txt" --slow-ms 1 --json "$OUT/lg-$variant.json" >/dev/null &
+  LGPID=$!
+  sleep 1; ls "/proc/$LGPID/task" >"$OUT/loadgen-tids" 2>/dev/null || true
+  wait "$LGPID"
   kill "$SCRAPER" 2>/dev/null || true; wait "$SCRAPER" 2>/dev/null || true
+  if [ -n "${TRACER:-}" ]; then
+    kill -INT "$TRACER"; wait "$TRACER" 2>/dev/null || true; TRACER=
+    python3 -c "import time; print(time.time() - time.clock_gettime(time.CLOCK_MONOTONIC))" >"$OUT/mono_offset"
+    perf script -i "$OUT/trace.data" -F tid,time,event,trace --ns 2>/dev/null >"$OUT/trace.txt"
+  fi
   E1=$(entries)
   curl -s "http://127.0.0.1:$H/metrics" | grep -E '^inferencecache_core_maintenance_slice' >"$OUT/slices-$variant.txt" || true
   LOAD1=$(cut -d' ' -f1 /proc/loadavg)
   stop
   python3 perf/sweep_attribution.py "$OUT" "$variant" "$E0" "$E1" "$LOAD0" "$LOAD1"
+  if [ -s "$OUT/trace.txt" ] && [ "$variant" = after ]; then
+    python3 perf/sweep_trace.py "$OUT/trace.txt" "$OUT/slow-$variant.txt" "$(cat "$OUT/mono_offset")" \
+      "$CORE_TID" "$OUT/loadgen-tids"
+  fi
 done
