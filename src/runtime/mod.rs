@@ -321,7 +321,7 @@ async fn sweep_pass(interval: Duration) -> bool {
     let (mut slices, mut longest, mut longest_cpu) = (0u64, Duration::ZERO, Duration::ZERO);
     loop {
         if slices > 0 {
-            let go_on = pause_between_slices().await;
+            let go_on = sleep_unless_shutdown(SWEEP_SLICE_PAUSE).await;
             if !go_on {
                 return false;
             }
@@ -361,7 +361,7 @@ async fn cap_prebuild_loop() {
         let (mut slices, mut longest, mut longest_cpu) = (0u64, Duration::ZERO, Duration::ZERO);
         loop {
             if slices > 0 {
-                let go_on = pause_between_slices().await;
+                let go_on = sleep_unless_shutdown(SWEEP_SLICE_PAUSE).await;
                 if !go_on {
                     return;
                 }
@@ -398,17 +398,6 @@ async fn cap_prebuild_wanted_or_shutdown() -> bool {
         },
     )
     .await
-}
-
-/// The pause between two maintenance slices: `SWEEP_SLICE_PAUSE` on the core's timer, so the
-/// core polls its sockets, then one yield. The executor wakes expired timers before the tasks
-/// whose I/O completed in the same poll, so without the yield the next slice would run ahead of
-/// a request that arrived during the pause (perf/RESULTS.md, the sweep trace); after it, those
-/// tasks run first. False when shutdown was requested.
-async fn pause_between_slices() -> bool {
-    let go_on = sleep_unless_shutdown(SWEEP_SLICE_PAUSE).await;
-    futures_lite::future::yield_now().await;
-    go_on
 }
 
 /// Sleeps `d` on this core's timer; false when shutdown was requested first.
