@@ -24,7 +24,8 @@
 # scraper on CPU 1 only (taskset), off CPU 0 where the server's core 0 is pinned, so the
 # probe's own processes do not time-slice the core thread.
 # TRACE=1 (root, perf) also traces the "after" variant's whole probe: uprobes on the core's sweep
-# slice and on the inline LookupRoute handler (set on a copy of the server binary, removed at
+# slice, on the probe point that reports each slice's thread-CPU time and on the inline
+# LookupRoute handler (set on a copy of the server binary, removed at
 # exit), writev calls of over 40 bytes (loadgen's send requests) and the core thread's context
 # switches; then
 # perf/sweep_trace.py bounds, per slow lookup, how long it waited behind the sweep on the server.
@@ -94,9 +95,11 @@ trace_setup() {
   cp "$SRV" "$bin"
   sweep=$(symbol_offset "$bin" CoreState11sweep_slice)
   lookup=$(symbol_offset "$bin" receive16lookup_route_now)
+  done_at=$(symbol_offset "$bin" inferencecache_maintenance_slice_done)
   perf probe -q -d 'icprobe:*' 2>/dev/null || true
   perf probe -q -x "$bin" -a "icprobe:sweep_in=$sweep" -a "icprobe:sweep_out=$sweep%return" \
-    -a "icprobe:lookup=$lookup" >&2
+    -a "icprobe:lookup=$lookup" \
+    -a "icprobe:slice_done=$done_at kind=%di:u32 wall=%si:u64 cpu=%dx:u64" >&2
   echo "$bin"
 }
 [ -n "${TRACE:-}" ] && TRACE_BIN=$(trace_setup)
@@ -134,7 +137,7 @@ for variant in ${VARIANTS:-after nosweep}; do
   if [ -n "${TRACE:-}" ] && [ "$variant" = after ]; then
     CORE_TID=$(grep -l '^core-0' /proc/"$PID"/task/*/comm | head -1 | cut -d/ -f5)
     "${PIN[@]}" perf record -q -k mono -e icprobe:sweep_in -e icprobe:sweep_out__return \
-      -e icprobe:lookup -e syscalls:sys_exit_writev --filter "ret > 40" \
+      -e icprobe:lookup -e icprobe:slice_done -e syscalls:sys_exit_writev --filter "ret > 40" \
       -e sched:sched_switch --filter "prev_pid == $CORE_TID || next_pid == $CORE_TID" -a \
       -o "$OUT/trace.data" 2>/dev/null &
     TRACER=$!

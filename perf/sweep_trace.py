@@ -6,6 +6,9 @@ Usage: sweep_trace.py EVENTS SLOW_LOG MONO_OFFSET CORE_TID CLIENT_TIDS
 perf/sweep_stall.sh with TRACE=1 records, on the clock CLOCK_MONOTONIC, for the whole probe:
   * icprobe:sweep_in / icprobe:sweep_out  uprobes on the entry and return of the core's sweep
                                           slice (CoreState::sweep_slice);
+  * icprobe:slice_done                    a uprobe on inferencecache_maintenance_slice_done,
+                                          which the core calls after each slice with its kind
+                                          and its wall and thread-CPU nanoseconds;
   * icprobe:lookup                        a uprobe on the inline LookupRoute handler
                                           (lookup::receive::lookup_route_now);
   * syscalls:sys_exit_writev, ret > 40    every writev of a request's size; the client's
@@ -22,7 +25,10 @@ is handled at the next lookup-handler entry at the earliest (requests queued bef
 handled first, back to back). Only the sweep slices that ran between the two can have made it
 wait (one core: nothing else runs while a slice does), and of those only the time the core
 thread was on its CPU: while it is preempted (a kernel worker, another process) the request
-would wait without a sweep too. That on-CPU slice time, per client writev, is the most a
+would wait without a sweep too. The guest cannot see the host descheduling its vCPU inside a
+slice (no context switch), but the slice's thread-CPU time excludes it: each slice counts in
+proportion to the CPU time its thread was charged (thread CPU / wall; without those reports,
+its time on CPU by the context switches). That slice time, per client writev, is the most a
 request waited behind the sweep; its maximum over the whole probe is the issue's number.
 
 The slow lookups (loadgen --slow-log, over 1 ms end to end) are then split: how many are within
@@ -32,6 +38,7 @@ The slow lookups (loadgen --slow-log, over 1 ms end to end) are then split: how 
 segment back from the socket, so that time marks the end of such a wait, not its start.)
 """
 import bisect
+import re
 import sys
 
 
@@ -39,6 +46,7 @@ def read_events(path, core_tid, client_tids):
     """(slices [(start, end)], the core thread's off-CPU intervals, handler entries, client
     writevs), times in seconds (mono)."""
     slices, off_cpu, handlers, arrivals, opened, left = [], [], [], [], None, None
+    charged = []  # (wall_ns, cpu_ns) per sweep slice, in order
     for line in open(path):
         parts = line.split()
         if len(parts) < 3:
@@ -62,23 +70,35 @@ def read_events(path, core_tid, client_tids):
             opened = None
         elif event.startswith("icprobe:lookup"):
             handlers.append(t)
-    return slices, off_cpu, handlers, arrivals
+        elif event.startswith("icprobe:slice_done"):
+            m = re.search(r"kind=(\d+) wall=(\d+) cpu=(\d+)", line)
+            if m and m.group(1) == "0":
+                charged.append((int(m.group(2)), int(m.group(3))))
+    scaled = len(charged) == len(slices)
+    if scaled:
+        slices = [(s, e, min(cpu / wall, 1.0) if wall > 0 else 1.0)
+                  for (s, e), (wall, cpu) in zip(slices, charged)]
+    else:
+        print(f"   (slice CPU reports: {len(charged)} for {len(slices)} slices; using switches)")
+        slices = [(s, e, 1.0) for s, e in slices]
+    return slices, off_cpu, handlers, arrivals, scaled
 
 
 def on_cpu(slices, off_cpu):
-    """The parts of `slices` during which the core thread was on its CPU."""
+    """The parts of `slices` during which the core thread was on its CPU, each with its slice's
+    charged share (thread CPU / wall)."""
     out, j = [], 0
-    for s, e in slices:
+    for s, e, share in slices:
         while j < len(off_cpu) and off_cpu[j][1] <= s:
             j += 1
         cur, k = s, j
         while k < len(off_cpu) and off_cpu[k][0] < e:
             if off_cpu[k][0] > cur:
-                out.append((cur, off_cpu[k][0]))
+                out.append((cur, off_cpu[k][0], share))
             cur = max(cur, off_cpu[k][1])
             k += 1
         if cur < e:
-            out.append((cur, e))
+            out.append((cur, e, share))
     return out
 
 
@@ -94,12 +114,13 @@ def read_slow(path, mono_offset):
 
 
 def overlap(a, b, intervals, starts):
-    """Total length of `intervals` (sorted, disjoint) inside [a, b]."""
+    """Total length of `intervals` (sorted, disjoint; (start, end, share)) inside [a, b], each
+    part weighted by its share."""
     i = max(bisect.bisect_right(starts, a) - 1, 0)
     total = 0.0
     while i < len(intervals) and intervals[i][0] < b:
-        s, e = intervals[i]
-        total += max(0.0, min(b, e) - max(a, s))
+        s, e, share = intervals[i]
+        total += max(0.0, min(b, e) - max(a, s)) * share
         i += 1
     return total
 
@@ -107,16 +128,17 @@ def overlap(a, b, intervals, starts):
 def main():
     events, slow_log, mono_offset, core_tid, client_tids = sys.argv[1:6]
     client = {int(t) for t in open(client_tids).read().split()}
-    slices, off_cpu, handlers, arrivals = read_events(events, int(core_tid), client)
+    slices, off_cpu, handlers, arrivals, scaled = read_events(events, int(core_tid), client)
     if not slices or not handlers or not arrivals:
         sys.exit(f"sweep_trace: missing events (slices {len(slices)}, lookups {len(handlers)}, "
                  f"client writevs {len(arrivals)}): were the probes set?")
-    working = on_cpu(slices, off_cpu)
-    starts = [s for s, _ in working]
-    longest = max(e - s for s, e in slices)
-    busiest = max(overlap(s, e, working, starts) for s, e in slices)
+    working = slices if scaled else on_cpu(slices, off_cpu)
+    starts = [s for s, _, _ in working]
+    longest = max(e - s for s, e, _ in slices)
+    busiest = max(overlap(s, e, working, starts) for s, e, _ in slices)
     print(f"   traced: {len(slices)} sweep slices (longest {longest * 1e3:.3f} ms wall, "
-          f"{busiest * 1e3:.3f} ms on CPU; core off its CPU {len(off_cpu)} times), "
+          f"{busiest * 1e3:.3f} ms of it charged to the thread; core off its CPU "
+          f"{len(off_cpu)} times), "
           f"{len(arrivals)} client writevs, {len(handlers)} lookups handled")
     waits, behind = [], []
     for w in arrivals:
@@ -128,7 +150,7 @@ def main():
     behind.sort(reverse=True)
     print(f"   client writev -> next handler entry: max {max(waits) * 1e3:.3f} ms, "
           f"{sum(1 for x in waits if x > 1e-3)} over 1 ms")
-    print(f"   sweep-slice time on CPU in between (the most a request waited behind the sweep): "
+    print(f"   sweep-slice time charged in between (the most a request waited behind the sweep): "
           f"max {behind[0] * 1e3:.3f} ms, {sum(1 for b in behind if b > 1e-3)} over 1 ms, "
           f"{sum(1 for b in behind if b > 0.5e-3)} over 0.5 ms, "
           f"{sum(1 for b in behind if b > 0)} with any")

@@ -433,7 +433,20 @@ fn timed_slice<T>(
     *longest = (*longest).max(wall);
     *longest_cpu = (*longest_cpu).max(cpu.unwrap_or_default());
     crate::metrics::record_maintenance_slice(kind, wall, cpu);
+    let nanos = |d: Duration| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
+    inferencecache_maintenance_slice_done(kind as u32, nanos(wall), cpu.map_or(u64::MAX, nanos));
     out
+}
+
+/// A probe point for `perf/sweep_stall.sh TRACE=1`: a uprobe here reads the slice's kind, wall
+/// and thread-CPU nanoseconds (`u64::MAX`: unknown) from the first three argument registers
+/// (`extern "C"`), so a trace can tell the host descheduling the vCPU inside a slice (wall time
+/// the thread was not charged) from the slice's own work. Out of line and unmangled so the
+/// probe can find it; it does nothing, once per slice.
+#[unsafe(no_mangle)]
+#[inline(never)]
+pub extern "C" fn inferencecache_maintenance_slice_done(kind: u32, wall_ns: u64, cpu_ns: u64) {
+    std::hint::black_box((kind, wall_ns, cpu_ns));
 }
 
 /// Applies `sys::test_hooks::sweep_fault` to this core (tests of the fault paths only).
