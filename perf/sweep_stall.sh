@@ -28,7 +28,8 @@
 # LookupRoute handler (set on a copy of the server binary, removed at
 # exit), writev calls of over 40 bytes (loadgen's send requests) and the core thread's context
 # switches; then
-# perf/sweep_trace.py bounds, per slow lookup, how long it waited behind the sweep on the server.
+# perf/sweep_trace.py takes, at every request arrival, the sweep work the core did before it next
+# handled a lookup.
 # Needs: cargo build --release -p inference-cache -p loadgen --bins --examples
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -28,8 +28,10 @@ thread was on its CPU: while it is preempted (a kernel worker, another process) 
 would wait without a sweep too. The guest cannot see the host descheduling its vCPU inside a
 slice (no context switch), but the slice's thread-CPU time excludes it: each slice counts in
 proportion to the CPU time its thread was charged (thread CPU / wall; without those reports,
-its time on CPU by the context switches). That slice time, per client writev, is the most a
-request waited behind the sweep; its maximum over the whole probe is the issue's number.
+its time on CPU by the context switches). That slice time, per client writev, is how much sweep
+work the core did while a request that had arrived waited to be picked up. It is the request's
+own wait unless the core handled other requests first and ran a slice between them and it; the
+trace cannot tie a writev to its own request, so that case is not covered.
 
 The slow lookups (loadgen --slow-log, over 1 ms end to end) are then split: how many are within
 1 ms once the client's own start lag (due -> the call began) is taken off.
@@ -150,7 +152,7 @@ def main():
     behind.sort(reverse=True)
     print(f"   client writev -> next handler entry: max {max(waits) * 1e3:.3f} ms, "
           f"{sum(1 for x in waits if x > 1e-3)} over 1 ms")
-    print(f"   sweep-slice time charged in between (the most a request waited behind the sweep): "
+    print(f"   sweep-slice time charged in between (sweep work while a request waited to be picked up): "
           f"max {behind[0] * 1e3:.3f} ms, {sum(1 for b in behind if b > 1e-3)} over 1 ms, "
           f"{sum(1 for b in behind if b > 0.5e-3)} over 0.5 ms, "
           f"{sum(1 for b in behind if b > 0)} with any")
