@@ -25,11 +25,9 @@
 # probe's own processes do not time-slice the core thread.
 # TRACE=1 (root, perf) also traces the "after" variant's whole probe: uprobes on the core's sweep
 # slice, on the probe point that reports each slice's thread-CPU time and on the inline
-# LookupRoute handler (set on a copy of the server binary, removed at
-# exit), writev calls of over 40 bytes (loadgen's send requests) and the core thread's context
-# switches; then
-# perf/sweep_trace.py takes, at every request arrival, the sweep work the core did before it next
-# handled a lookup.
+# LookupRoute handler (set on a copy of the server binary, removed at exit), writev calls of over
+# 40 bytes (loadgen's requests) and the core thread's context switches; then perf/sweep_trace.py
+# takes, at every request arrival, the sweep work the core did before it next handled a lookup.
 # Needs: cargo build --release -p inference-cache -p loadgen --bins --examples
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -92,7 +90,7 @@ PY
 }
 # Sets the uprobes on a copy of the server (a rebuild cannot move them) and prints its path.
 trace_setup() {
-  local bin=$TRACE_DIR/inference-cache-server sweep lookup
+  local bin=$TRACE_DIR/inference-cache-server sweep lookup done_at
   cp "$SRV" "$bin"
   sweep=$(symbol_offset "$bin" CoreState11sweep_slice)
   lookup=$(symbol_offset "$bin" receive16lookup_route_now)
@@ -147,7 +145,7 @@ for variant in ${VARIANTS:-after nosweep}; do
     --replicas 8 --tenants 4 --no-preload --no-producers --rate 1000 --duration "$SECS" --quiet \
     --slow-log "$OUT/slow-$variant.txt" --slow-ms 1 --json "$OUT/lg-$variant.json" >/dev/null &
   LGPID=$!
-  sleep 1; ls "/proc/$LGPID/task" >"$OUT/loadgen-tids" 2>/dev/null || true
+  sleep 1; ls "/proc/$LGPID/task" >"$OUT/loadgen-tids-$variant" 2>/dev/null || true
   wait "$LGPID"
   kill "$SCRAPER" 2>/dev/null || true; wait "$SCRAPER" 2>/dev/null || true
   if [ -n "${TRACER:-}" ]; then
@@ -162,6 +160,6 @@ for variant in ${VARIANTS:-after nosweep}; do
   python3 perf/sweep_attribution.py "$OUT" "$variant" "$E0" "$E1" "$LOAD0" "$LOAD1"
   if [ -s "$OUT/trace.txt" ] && [ "$variant" = after ]; then
     python3 perf/sweep_trace.py "$OUT/trace.txt" "$OUT/slow-$variant.txt" "$(cat "$OUT/mono_offset")" \
-      "$CORE_TID" "$OUT/loadgen-tids"
+      "$CORE_TID" "$OUT/loadgen-tids-$variant"
   fi
 done

@@ -43,6 +43,8 @@ import bisect
 import re
 import sys
 
+from sweep_attribution import slow_lookups
+
 
 def read_events(path, core_tid, client_tids):
     """(slices [(start, end)], the core thread's off-CPU intervals, handler entries, client
@@ -106,13 +108,7 @@ def on_cpu(slices, off_cpu):
 
 def read_slow(path, mono_offset):
     """(due, latency, start_lag) per slow lookup, due on the monotonic clock."""
-    out = []
-    for line in open(path):
-        if line.startswith("#"):
-            continue
-        due_us, lat_us, _outcome, lag_us = line.split()[:4]
-        out.append((int(due_us) / 1e6 - mono_offset, int(lat_us) / 1e6, int(lag_us) / 1e6))
-    return out
+    return [(due - mono_offset, lat, lag) for due, lat, _failed, lag in slow_lookups(path)]
 
 
 def overlap(a, b, intervals, starts):
