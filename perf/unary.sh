@@ -7,7 +7,8 @@
 #        PREV=<another build of inference-cache-server> perf/unary.sh ...  adds that build with
 #        --shards 1 as variant "prev-n1" (before/after comparisons in one run);
 #        VARIANTS="prev-n1 n1" picks the variants to run; "n1-spin" is --shards 1 with
-#        --busy-poll-us ${SPIN_US:-1000} (spin before parking, for dedicated cores);
+#        --busy-poll-us ${SPIN_US:-1000} (spin before parking, for dedicated cores), "n1-spinN"
+#        the same with --busy-poll-us N;
 #        LG_CPUS=1 runs loadgen on CPU 1 only (off the CPU the server's core 0 is pinned to);
 #        LOOKUP_CLIENT=tonic sends through tonic's channel instead of the SDK's lean client
 #        (default lean); LG_THREADS=N gives loadgen N threads (default 1; 0 = one per CPU)
@@ -31,6 +32,7 @@ start() {
     baseline) "$BASE" "127.0.0.1:$PORT" 2>/dev/null & ;;
     n1) "$SRV" --insecure-disable-auth --log-level error --shards 1 --grpc-bind-address "127.0.0.1:$PORT" --http-bind-address 127.0.0.1:0 --snapshot-bind-address 127.0.0.1:0 & ;;
     n1-spin) "$SRV" --insecure-disable-auth --log-level error --shards 1 --busy-poll-us "${SPIN_US:-1000}" --grpc-bind-address "127.0.0.1:$PORT" --http-bind-address 127.0.0.1:0 --snapshot-bind-address 127.0.0.1:0 & ;;
+    n1-spin[0-9]*) "$SRV" --insecure-disable-auth --log-level error --shards 1 --busy-poll-us "${1#n1-spin}" --grpc-bind-address "127.0.0.1:$PORT" --http-bind-address 127.0.0.1:0 --snapshot-bind-address 127.0.0.1:0 & ;;
     n2) "$SRV" --insecure-disable-auth --log-level error --shards 2 --grpc-bind-address "127.0.0.1:$PORT" --http-bind-address 127.0.0.1:0 --snapshot-bind-address 127.0.0.1:0 & ;;
     prev-n1) "$PREV" --insecure-disable-auth --log-level error --shards 1 --grpc-bind-address "127.0.0.1:$PORT" --http-bind-address 127.0.0.1:0 --snapshot-bind-address 127.0.0.1:0 & ;;
   esac

@@ -102,14 +102,12 @@ fn validate(cli: &Cli) -> Result<Settings, StartupError> {
     cli::validate_auth(cli).map_err(StartupError::usage)?;
     cli::validate_tls(cli).map_err(StartupError::usage)?;
     cli::validate_snapshots(cli).map_err(StartupError::usage)?;
-    let cpus = std::thread::available_parallelism()
-        .map(|n| n.get())
-        .unwrap_or(1);
+    let cpus = available_cpus();
     let shards = cli::shards(cli, cpus).map_err(StartupError::usage)?;
     if !cli.nats_url.is_empty() {
         nats::parse_urls(&cli.nats_url).map_err(StartupError::usage)?;
     }
-    cli::busy_poll(cli).map_err(StartupError::usage)?;
+    cli::busy_poll(cli, shards, cpus).map_err(StartupError::usage)?;
     logging::init(json, level);
     Ok(Settings {
         shards,
@@ -361,7 +359,7 @@ fn runtime_config(
         shards,
         listen_addr: resolve(&cli.grpc_bind_address)?,
         shard_aware_addr: optional_addr(&cli.shard_aware_grpc_bind_address)?,
-        busy_poll: cli::busy_poll(cli).map_err(StartupError::usage)?,
+        busy_poll: cli::busy_poll(cli, shards, available_cpus()).map_err(StartupError::usage)?,
         init: Arc::new(move |core| {
             let mut slots = slots.lock().unwrap_or_else(|e| e.into_inner());
             let state = slots[core].take().expect("one prepared state per core");
@@ -419,4 +417,11 @@ impl Server {
         tracing::info!("graceful_shutdown_done");
         0
     }
+}
+
+/// CPUs this process may use (affinity and cgroup quota), at least 1.
+fn available_cpus() -> usize {
+    std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1)
 }
