@@ -20,6 +20,11 @@
 # Prints p50/p99/p99.9/max of each, the cap evictions, the load average, and (this tree's
 # server) the cap-build counters: builds ahead of need, their slices, builds an ingest ran or
 # finished in one go (the fallback), the last build's longest slice (wall / thread CPU).
+# TRACE=1 (root, perf) also traces the "after" variant's whole probe as perf/sweep_stall.sh does
+# (perf/trace_lib.sh; loadgen then runs on one thread with one connection for lookups and one
+# for its producers): perf/sweep_trace.py pairs each lookup with its handling and takes the
+# cap-build work the core did while that lookup's request waited. PROBE_CPUS=1 runs loadgen on
+# CPU 1 only (off core 0's CPU).
 # Needs: cargo build --release -p inference-cache -p loadgen --bins --examples
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -34,7 +39,13 @@ LG=$T/loadgen
 SNAP=$(mktemp -d)
 RUN=$(mktemp -d)
 OUT=$(mktemp -d)
-trap 'rm -rf "$SNAP" "$RUN"; [ -n "${PID:-}" ] && kill -TERM "$PID" 2>/dev/null || true' EXIT
+TRACE_DIR=$(mktemp -d)
+cleanup() {
+  [ -n "${PID:-}" ] && kill -TERM "$PID" 2>/dev/null
+  [ -n "${TRACE:-}" ] && perf probe -q -d 'icprobe:*' 2>/dev/null
+  rm -rf "$SNAP" "$RUN" "$TRACE_DIR"
+}
+trap cleanup EXIT
 port() { python3 -c "import socket; s=socket.socket(); s.bind(('127.0.0.1',0)); print(s.getsockname()[1])"; }
 G=$(port); H=$(port); A=$(port)
 now_s() { date +%s; }
@@ -55,6 +66,9 @@ start() { # binary state_dir cap
 stop() { kill -TERM "$PID"; wait "$PID" || true; PID=; }
 metric() { curl -s "http://127.0.0.1:$H/metrics" | awk -v n="$1" 'index($0, n) == 1 {s += $2} END {print s + 0}'; }
 
+. perf/trace_lib.sh
+[ -n "${TRACE:-}" ] && TRACE_BIN=$(trace_setup)
+
 # 1. Fill once and snapshot (the final snapshot at SIGTERM).
 start "$SRV" "$SNAP" 0
 "$FILL" --addr "http://127.0.0.1:$G" --entries "$N" --timestamp-us "$((STAMP_S * 1000000))" 2>&1 | tail -1
@@ -64,7 +78,7 @@ stop
 for variant in $VARIANTS; do
   case $variant in
   before) BIN=$BEFORE; CAP=$N ;;
-  after) BIN=$SRV; CAP=$N ;;
+  after) BIN=${TRACE_BIN:-$SRV}; CAP=$N ;;
   nocap) BIN=$SRV; CAP=0 ;;
   *) echo "unknown variant $variant" >&2; exit 2 ;;
   esac
@@ -72,9 +86,20 @@ for variant in $VARIANTS; do
   start "$BIN" "$RUN" "$CAP"
   E0=$(metric 'inferencecache_core_index_entries{')
   LOAD0=$(cut -d' ' -f1 /proc/loadavg)
-  "$LG" run --addr "http://127.0.0.1:$G" --workload chat --seed 7 --population 2000 --replicas 8 \
-    --tenants 4 --no-preload --rate 1000 --duration "$SECS" --quiet \
-    --json "$OUT/lg-$variant.json" >/dev/null
+  PIN=(${PROBE_CPUS:+taskset -c "$PROBE_CPUS"})
+  LGBIN=$LG; TRACED=()
+  if [ -n "${TRACE:-}" ] && [ "$variant" = after ]; then
+    trace_start "$PID" "${PIN[@]}"
+    LGBIN=$TRACE_DIR/loadgen; TRACED=(--threads 1)
+  fi
+  "${PIN[@]}" "$LGBIN" "${TRACED[@]}" run --addr "http://127.0.0.1:$G" ${TRACER:+--connections 1} \
+    --workload chat --seed 7 --population 2000 --replicas 8 --tenants 4 --no-preload --rate 1000 \
+    --duration "$SECS" --quiet --slow-log "$OUT/slow-$variant.txt" --slow-ms 1 \
+    --json "$OUT/lg-$variant.json" >/dev/null &
+  LGPID=$!
+  sleep 1; ls "/proc/$LGPID/task" >"$OUT/loadgen-tids-$variant" 2>/dev/null || true
+  wait "$LGPID"
+  if [ -n "${TRACER:-}" ]; then trace_stop; fi
   E1=$(metric 'inferencecache_core_index_entries{')
   LOAD1=$(cut -d' ' -f1 /proc/loadavg)
   EV=$(metric 'inferencecache_index_evictions_total{')
@@ -89,4 +114,8 @@ print(f"{v:>8}: lookups={r['count']} errors={r['errors']} p50={r['p50_ms']:.3f}m
 if v != "before":
     print(f"          {builds}")
 PY
+  if [ -s "$OUT/trace.txt" ] && [ "$variant" = after ]; then
+    python3 perf/sweep_trace.py "$OUT/trace.txt" "$OUT/slow-$variant.txt" "$(cat "$OUT/mono_offset")" \
+      "$CORE_TID" "$OUT/loadgen-tids-$variant"
+  fi
 done

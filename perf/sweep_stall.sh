@@ -7,7 +7,8 @@
 # (--state-dir), then for each variant restores that snapshot into a fresh `--shards 1` server
 # with `--sweep-interval-ms 10000`, pushes a policy giving tenants t0..t3 (half the entries) a
 # TTL that expires them 40 s later, and runs a paced 1,000 req/s LookupRoute probe for <seconds>
-# (default 130; loadgen open loop, no producers). Variants (VARIANTS, default "after nosweep"),
+# (default 130; loadgen open loop, no producers; loadgen first preloads its own chat prompts,
+# so the probe's lookups find prefixes in the 10M-entry index). Variants (VARIANTS, default "after nosweep"),
 # one after the other (never two servers at once):
 #   before   the binary given as the third argument (default /tmp/sweep-before-server: a
 #            pre-change build, e.g. the one-call sweep)
@@ -24,10 +25,12 @@
 # scraper on CPU 1 only (taskset), off CPU 0 where the server's core 0 is pinned, so the
 # probe's own processes do not time-slice the core thread.
 # TRACE=1 (root, perf) also traces the "after" variant's whole probe: uprobes on the core's sweep
-# slice, on the probe point that reports each slice's thread-CPU time and on the inline
-# LookupRoute handler (set on a copy of the server binary, removed at exit), writev calls of over
-# 40 bytes (loadgen's requests) and the core thread's context switches; then perf/sweep_trace.py
-# takes, at every request arrival, the sweep work the core did before it next handled a lookup.
+# slice, on the probe point that reports each slice's thread-CPU time, on the LookupRoute
+# handler (set on a copy of the server binary) and on loadgen's probe point at each call's start
+# (on a copy of loadgen; all removed at exit), writev calls of over 40 bytes (loadgen's
+# requests) and the core thread's context switches. The probe then uses one connection, so the
+# server handles calls in the order they start; perf/sweep_trace.py pairs each call with its
+# handling and takes the sweep work the core did while that call's request waited.
 # Needs: cargo build --release -p inference-cache -p loadgen --bins --examples
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -69,38 +72,7 @@ start() { # binary state_dir sweep_interval_ms
 stop() { kill -TERM "$PID"; wait "$PID" || true; PID=; }
 entries() { curl -s "http://127.0.0.1:$H/metrics" | awk '/^inferencecache_core_index_entries\{/ {print $2}'; }
 
-# File offset of the one text symbol whose mangled name contains $2 in binary $1 (for uprobes).
-symbol_offset() {
-  python3 - "$1" "$2" <<'PY'
-import re, subprocess, sys
-binary, name = sys.argv[1:]
-nm = subprocess.run(["nm", binary], capture_output=True, text=True, check=True).stdout
-addrs = [int(l.split()[0], 16) for l in nm.splitlines() if name in l and l.split()[1] in "tT"]
-if len(addrs) != 1:
-    sys.exit(f"{name}: {len(addrs)} text symbols (inlined or renamed?)")
-segs = subprocess.run(["readelf", "-lW", binary], capture_output=True, text=True, check=True).stdout
-for m in re.finditer(r"LOAD\s+(0x[0-9a-f]+)\s+(0x[0-9a-f]+)\s+\S+\s+(0x[0-9a-f]+)", segs):
-    off, vaddr, size = (int(x, 16) for x in m.groups())
-    if vaddr <= addrs[0] < vaddr + size:
-        print(hex(addrs[0] - vaddr + off))
-        break
-else:
-    sys.exit(f"{name}: not in a LOAD segment")
-PY
-}
-# Sets the uprobes on a copy of the server (a rebuild cannot move them) and prints its path.
-trace_setup() {
-  local bin=$TRACE_DIR/inference-cache-server sweep lookup done_at
-  cp "$SRV" "$bin"
-  sweep=$(symbol_offset "$bin" CoreState11sweep_slice)
-  lookup=$(symbol_offset "$bin" receive16lookup_route_now)
-  done_at=$(symbol_offset "$bin" inferencecache_maintenance_slice_done)
-  perf probe -q -d 'icprobe:*' 2>/dev/null || true
-  perf probe -q -x "$bin" -a "icprobe:sweep_in=$sweep" -a "icprobe:sweep_out=$sweep%return" \
-    -a "icprobe:lookup=$lookup" \
-    -a "icprobe:slice_done=$done_at kind=%di:u32 wall=%si:u64 cpu=%dx:u64" >&2
-  echo "$bin"
-}
+. perf/trace_lib.sh
 [ -n "${TRACE:-}" ] && TRACE_BIN=$(trace_setup)
 
 # 1. Fill once and snapshot (the final snapshot at SIGTERM).
@@ -133,26 +105,17 @@ for variant in ${VARIANTS:-after nosweep}; do
     done ) >"$OUT/scrape-$variant.txt" 2>/dev/null &
   SCRAPER=$!
   if [ -n "${PROBE_CPUS:-}" ]; then taskset -pc "$PROBE_CPUS" "$SCRAPER" >/dev/null; fi
-  if [ -n "${TRACE:-}" ] && [ "$variant" = after ]; then
-    CORE_TID=$(grep -l '^core-0' /proc/"$PID"/task/*/comm | head -1 | cut -d/ -f5)
-    "${PIN[@]}" perf record -q -k mono -e icprobe:sweep_in -e icprobe:sweep_out__return \
-      -e icprobe:lookup -e icprobe:slice_done -e syscalls:sys_exit_writev --filter "ret > 40" \
-      -e sched:sched_switch --filter "prev_pid == $CORE_TID || next_pid == $CORE_TID" -a \
-      -o "$OUT/trace.data" 2>/dev/null &
-    TRACER=$!
-  fi
-  "${PIN[@]}" "$LG" --threads 1 run --addr "http://127.0.0.1:$G" --workload chat --seed 7 --population 2000 \
-    --replicas 8 --tenants 4 --no-preload --no-producers --rate 1000 --duration "$SECS" --quiet \
+  if [ -n "${TRACE:-}" ] && [ "$variant" = after ]; then trace_start "$PID" "${PIN[@]}"; fi
+  LGBIN=$LG; CONNS=()
+  if [ -n "${TRACER:-}" ]; then LGBIN=$TRACE_DIR/loadgen; CONNS=(--connections 1); fi
+  "${PIN[@]}" "$LGBIN" --threads 1 run --addr "http://127.0.0.1:$G" "${CONNS[@]}" --workload chat --seed 7 \
+    --population 2000 --replicas 8 --tenants 4 --no-producers --rate 1000 --duration "$SECS" --quiet \
     --slow-log "$OUT/slow-$variant.txt" --slow-ms 1 --json "$OUT/lg-$variant.json" >/dev/null &
   LGPID=$!
   sleep 1; ls "/proc/$LGPID/task" >"$OUT/loadgen-tids-$variant" 2>/dev/null || true
   wait "$LGPID"
   kill "$SCRAPER" 2>/dev/null || true; wait "$SCRAPER" 2>/dev/null || true
-  if [ -n "${TRACER:-}" ]; then
-    kill -INT "$TRACER"; wait "$TRACER" 2>/dev/null || true; TRACER=
-    python3 -c "import time; print(time.time() - time.clock_gettime(time.CLOCK_MONOTONIC))" >"$OUT/mono_offset"
-    perf script -i "$OUT/trace.data" -F tid,time,event,trace --ns 2>/dev/null >"$OUT/trace.txt"
-  fi
+  if [ -n "${TRACER:-}" ]; then trace_stop; fi
   E1=$(entries)
   curl -s "http://127.0.0.1:$H/metrics" | grep -E '^inferencecache_core_maintenance_slice' >"$OUT/slices-$variant.txt" || true
   LOAD1=$(cut -d' ' -f1 /proc/loadavg)

@@ -9,8 +9,11 @@ perf/sweep_stall.sh with TRACE=1 records, on the clock CLOCK_MONOTONIC, for the 
   * icprobe:slice_done                    a uprobe on inferencecache_maintenance_slice_done,
                                           which the core calls after each slice with its kind
                                           and its wall and thread-CPU nanoseconds;
-  * icprobe:lookup                        a uprobe on the inline LookupRoute handler
-                                          (lookup::receive::lookup_route_now);
+  * icprobe:lookup                        a uprobe on the LookupRoute handler
+                                          (lookup::receive::lookup_route_now, which both
+                                          front ends call first);
+  * icprobe:lg_start                      a uprobe on loadgen's gateway::lookup_started_probe,
+                                          called as each call begins;
   * syscalls:sys_exit_writev, ret > 40    every writev of a request's size; the client's
                                           (CLIENT_TIDS, loadgen's threads) are its requests
                                           leaving (the lean client sends a call's HEADERS and
@@ -30,8 +33,15 @@ slice (no context switch), but the slice's thread-CPU time excludes it: each sli
 proportion to the CPU time its thread was charged (thread CPU / wall; without those reports,
 its time on CPU by the context switches). That slice time, per client writev, is how much sweep
 work the core did while a request that had arrived waited to be picked up. It is the request's
-own wait unless the core handled other requests first and ran a slice between them and it; the
-trace cannot tie a writev to its own request, so that case is not covered.
+own wait unless the core handled other requests first and ran a slice between them and it.
+
+Per lookup: over one connection (the probe's setting under TRACE) the server handles calls in
+the order they start, so the n-th call start is the n-th handler entry. Each call's request
+leaves in the first client writev at or after its start (the lean client sends a call's frames
+in one writev, sometimes with the call before it). The sweep work charged between that writev
+and the call's handler entry is how long that very call waited behind the sweep. The pairing is
+checked: the counts must match and no handler entry may come before its call's start (an
+off-by-one pairing puts about half of them there at 1,000 req/s).
 
 The slow lookups (loadgen --slow-log, over 1 ms end to end) are then split: how many are within
 1 ms once the client's own start lag (due -> the call began) is taken off.
@@ -47,10 +57,13 @@ from sweep_attribution import slow_lookups
 
 
 def read_events(path, core_tid, client_tids):
-    """(slices [(start, end)], the core thread's off-CPU intervals, handler entries, client
-    writevs), times in seconds (mono)."""
+    """(sweep slices [(start, end, charged share)], the core thread's off-CPU intervals, handler
+    entries, client writevs, loadgen call starts, cap-build slices, whether the sweep slices'
+    shares come from their reports), times in seconds (mono)."""
     slices, off_cpu, handlers, arrivals, opened, left = [], [], [], [], None, None
+    calls = []  # loadgen call starts, in order
     charged = []  # (wall_ns, cpu_ns) per sweep slice, in order
+    cap = []  # cap-build slices (start, end, thread CPU / wall), from their reports alone
     for line in open(path):
         parts = line.split()
         if len(parts) < 3:
@@ -65,6 +78,9 @@ def read_events(path, core_tid, client_tids):
         elif event.startswith("syscalls:sys_exit_writev"):
             if tid in client_tids:
                 arrivals.append(t)
+        elif event.startswith("icprobe:lg_start"):
+            if not calls or calls[-1] != t:  # perf very rarely records a hit twice, same ns
+                calls.append(t)
         elif tid != core_tid:
             continue
         elif event.startswith("icprobe:sweep_in"):
@@ -73,11 +89,15 @@ def read_events(path, core_tid, client_tids):
             slices.append((opened, t))
             opened = None
         elif event.startswith("icprobe:lookup"):
-            handlers.append(t)
+            if not handlers or handlers[-1] != t:
+                handlers.append(t)
         elif event.startswith("icprobe:slice_done"):
             m = re.search(r"kind=(\d+) wall=(\d+) cpu=(\d+)", line)
             if m and m.group(1) == "0":
                 charged.append((int(m.group(2)), int(m.group(3))))
+            elif m and m.group(1) == "1":
+                wall, cpu = int(m.group(2)), int(m.group(3))
+                cap.append((t - wall / 1e9, t, min(cpu / wall, 1.0) if wall > 0 else 1.0))
     scaled = len(charged) == len(slices)
     if scaled:
         slices = [(s, e, min(cpu / wall, 1.0) if wall > 0 else 1.0)
@@ -85,7 +105,7 @@ def read_events(path, core_tid, client_tids):
     else:
         print(f"   (slice CPU reports: {len(charged)} for {len(slices)} slices; using switches)")
         slices = [(s, e, 1.0) for s, e in slices]
-    return slices, off_cpu, handlers, arrivals, scaled
+    return slices, off_cpu, handlers, arrivals, calls, cap, scaled
 
 
 def on_cpu(slices, off_cpu):
@@ -123,21 +143,65 @@ def overlap(a, b, intervals, starts):
     return total
 
 
-def main():
-    events, slow_log, mono_offset, core_tid, client_tids = sys.argv[1:6]
-    client = {int(t) for t in open(client_tids).read().split()}
-    slices, off_cpu, handlers, arrivals, scaled = read_events(events, int(core_tid), client)
-    if not slices or not handlers or not arrivals:
-        sys.exit(f"sweep_trace: missing events (slices {len(slices)}, lookups {len(handlers)}, "
-                 f"client writevs {len(arrivals)}): were the probes set?")
-    working = slices if scaled else on_cpu(slices, off_cpu)
-    starts = [s for s, _, _ in working]
-    longest = max(e - s for s, e, _ in slices)
-    busiest = max(overlap(s, e, working, starts) for s, e, _ in slices)
-    print(f"   traced: {len(slices)} sweep slices (longest {longest * 1e3:.3f} ms wall, "
-          f"{busiest * 1e3:.3f} ms of it charged to the thread; core off its CPU "
-          f"{len(off_cpu)} times), "
-          f"{len(arrivals)} client writevs, {len(handlers)} lookups handled")
+def per_lookup(calls, arrivals, handlers, working, starts, off_cpu, cap):
+    """Pairs the n-th call start with the n-th handler entry (one connection: FIFO) and prints
+    the sweep work charged while each call's request waited at the server, and for the waits
+    over 1 ms what else the core was doing (off its CPU: parked and not yet woken, or
+    preempted)."""
+    if not calls:
+        print("   per lookup: no call starts traced (loadgen's probe point not set?)")
+        return
+    if len(handlers) > len(calls):
+        # Tracing began while the first calls were in flight; both lists are complete at the
+        # end (loadgen exits before the trace stops), so pair from there.
+        print(f"   per lookup: {len(handlers) - len(calls)} handler entries before the first "
+              f"traced call start left out")
+        handlers = handlers[len(handlers) - len(calls):]
+    elif len(calls) > len(handlers):
+        print(f"   per lookup: {len(calls)} call starts but {len(handlers)} handler entries: "
+              f"cannot pair them")
+        return
+    away = [(s, e, 1.0) for s, e in off_cpu]
+    away_starts = [s for s, _, _ in away]
+    cap_starts = [s for s, _, _ in cap]
+    early, waits, behind, long_waits, behind_cap = 0, [], [], [], []
+    for start, handled in zip(calls, handlers):
+        if handled < start:
+            early += 1
+            continue
+        k = bisect.bisect_left(arrivals, start)
+        sent = arrivals[k] if k < len(arrivals) and arrivals[k] <= handled else start
+        waits.append(handled - sent)
+        behind.append(overlap(sent, handled, working, starts))
+        behind_cap.append(overlap(sent, handled, cap, cap_starts))
+        if handled - sent > 1e-3:
+            long_waits.append((behind[-1] + behind_cap[-1],
+                               overlap(sent, handled, away, away_starts) / (handled - sent)))
+    waits.sort()
+    worst = sorted(behind, reverse=True)
+    print(f"   per lookup ({len(calls)} calls paired with their handling, {early} handled before "
+          f"they started): request sent -> handled p50 {waits[len(waits) // 2] * 1e6:.0f} us, "
+          f"max {waits[-1] * 1e3:.3f} ms")
+    print(f"   sweep work charged while a lookup's own request waited: max {worst[0] * 1e3:.3f} ms, "
+          f"{sum(1 for b in worst if b > 1e-3)} lookups over 1 ms, "
+          f"{sum(1 for b in worst if b > 0.5e-3)} over 0.5 ms, {sum(1 for b in worst if b > 0)} with any")
+    if cap:
+        both = sorted((a + b for a, b in zip(behind, behind_cap)), reverse=True)
+        print(f"   cap-build work ({len(cap)} slices, longest {max(e - s for s, e, _ in cap) * 1e3:.3f} ms "
+              f"wall) charged while a lookup's own request waited: max {max(behind_cap) * 1e3:.3f} ms, "
+              f"{sum(1 for b in behind_cap if b > 1e-3)} over 1 ms; sweep and cap builds together: "
+              f"max {both[0] * 1e3:.3f} ms, {sum(1 for b in both if b > 1e-3)} over 1 ms")
+    if long_waits:
+        shares = sorted(share for _, share in long_waits)
+        print(f"   the {len(long_waits)} lookups that waited over 1 ms at the server: "
+              f"{sum(1 for b, _ in long_waits if b > 0)} with any maintenance work in the wait (at most "
+              f"{max(b for b, _ in long_waits) * 1e3:.3f} ms); the core thread was off its CPU for "
+              f"a median {shares[len(shares) // 2]:.0%} of the wait")
+
+
+def per_arrival(arrivals, handlers, working, starts):
+    """Without loadgen's call starts (older traces): at every client writev, the sweep work the
+    core did before it next handled a lookup (not tied to the writev's own request)."""
     waits, behind = [], []
     for w in arrivals:
         k = bisect.bisect_left(handlers, w)
@@ -152,6 +216,32 @@ def main():
           f"max {behind[0] * 1e3:.3f} ms, {sum(1 for b in behind if b > 1e-3)} over 1 ms, "
           f"{sum(1 for b in behind if b > 0.5e-3)} over 0.5 ms, "
           f"{sum(1 for b in behind if b > 0)} with any")
+
+
+def main():
+    events, slow_log, mono_offset, core_tid, client_tids = sys.argv[1:6]
+    client = {int(t) for t in open(client_tids).read().split()}
+    slices, off_cpu, handlers, arrivals, calls, cap, scaled = read_events(events, int(core_tid),
+                                                                         client)
+    if not (slices or cap) or not handlers or not arrivals:
+        sys.exit(f"sweep_trace: missing events (sweep slices {len(slices)}, cap-build slices "
+                 f"{len(cap)}, lookups {len(handlers)}, client writevs {len(arrivals)}): were the "
+                 f"probes set?")
+    working = slices if scaled else on_cpu(slices, off_cpu)
+    starts = [s for s, _, _ in working]
+    if slices:
+        longest = max(e - s for s, e, _ in slices)
+        busiest = max(overlap(s, e, working, starts) for s, e, _ in slices)
+        print(f"   traced: {len(slices)} sweep slices (longest {longest * 1e3:.3f} ms wall, "
+              f"{busiest * 1e3:.3f} ms of it charged to the thread)")
+    print(f"   traced: core off its CPU {len(off_cpu)} times, {len(arrivals)} client writevs, "
+          f"{len(calls)} call starts, {len(handlers)} lookups handled")
+    if calls:
+        # The preload's ingest writevs come before the first lookup.
+        arrivals = arrivals[bisect.bisect_left(arrivals, calls[0]):]
+        per_lookup(calls, arrivals, handlers, working, starts, off_cpu, cap)
+    else:
+        per_arrival(arrivals, handlers, working, starts)
     slow = read_slow(slow_log, float(mono_offset))
     in_client = sum(1 for _, lat, lag in slow if lat - lag <= 1e-3)
     print(f"   slow lookups (> 1 ms end to end): {len(slow)}; {in_client} of them within 1 ms "

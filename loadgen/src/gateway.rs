@@ -112,6 +112,7 @@ pub async fn lookup(
     rec: &Recorder,
 ) -> Option<LookupRouteResponse> {
     let started = Instant::now();
+    lookup_started_probe(timeout.as_micros() as u64);
     match via.call(req, timeout).await {
         Ok(resp) => {
             rec.record_lookup_ok(from, started);
@@ -129,6 +130,15 @@ pub async fn lookup(
             None
         }
     }
+}
+
+/// A probe point for `perf/sweep_stall.sh TRACE=1`: called as each LookupRoute call begins, so a
+/// uprobe here marks calls in the order they leave (over one connection the server handles them
+/// in that order, which pairs each call with its handling). Out of line so the probe finds one
+/// symbol; it does nothing (the opaque argument keeps the call from being optimised away).
+#[inline(never)]
+pub fn lookup_started_probe(timeout_us: u64) {
+    std::hint::black_box(timeout_us);
 }
 
 /// The `LookupPDRoute` request for an exact lookup request against `topology`.

@@ -55,7 +55,9 @@ pub async fn lookup_route(
 /// [`lookup_route`]). A call that must wait is handed back untouched, before any side effect,
 /// for [`lookup_route`] to answer.
 // The request goes back by value: boxing it would allocate on every call that must wait.
+// Out of line so both front ends' calls reach one symbol (perf/sweep_stall.sh's uprobe).
 #[allow(clippy::result_large_err)]
+#[inline(never)]
 pub fn lookup_route_now(
     cfg: &LookupConfig,
     req: pb::LookupRouteRequest,
