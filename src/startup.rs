@@ -208,6 +208,7 @@ fn index_config(cli: &Cli, shards: usize) -> IndexConfig {
         max_holders_per_key: cli.index_max_holders_per_key,
         // Several cores pick quota and cap victims across cores (runtime::evict).
         cross_core_eviction: shards > 1,
+        gradual_buffer_hook: Some(crate::sys::memory::no_huge_pages),
         ..Default::default()
     }
 }

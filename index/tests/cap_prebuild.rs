@@ -418,3 +418,93 @@ fn a_new_heap_goes_live_without_the_entries_evicted_while_it_was_built() {
     assert_eq!(sync, 0, "no build ran on an ingest");
     assert!(worst <= 8, "a pop dropped {worst} stale snapshots");
 }
+
+thread_local! {
+    static FRESH_BUFFERS: std::cell::RefCell<Vec<(usize, usize)>> =
+        const { std::cell::RefCell::new(Vec::new()) };
+}
+
+fn note_fresh_buffer(addr: usize, len: usize) {
+    FRESH_BUFFERS.with(|b| b.borrow_mut().push((addr, len)));
+}
+
+/// Each build ahead of need that cannot reuse the spare selection buffer allocates one, and
+/// the server's hook sees its range before the first write (to keep huge pages off it); a
+/// build that reuses the spare allocates nothing and calls nothing.
+#[test]
+fn a_fresh_selection_buffer_goes_to_the_hook_and_a_reused_one_does_not() {
+    let rules = Rules::default();
+    let cap = 4000u64;
+    let mut ix = Index::new(inferencecache_index::index::IndexConfig {
+        default_ttl_ns: HOUR,
+        max_entries: cap,
+        gradual_buffer_hook: Some(note_fresh_buffer),
+        ..Default::default()
+    });
+    ix.set_min_candidates(8);
+    let now = T0 + 10 * SEC;
+    let mut prebuilt = 0;
+    for i in 0..3000u64 {
+        let keys = (0..8u64)
+            .map(|b| legacy(&(i << 8 | b).to_be_bytes(), 16))
+            .collect();
+        let u = upd(&format!("t{}", i % 3), "m0", "vllm", "r0", keys);
+        ix.ingest(&at(u, T0 + i as i64 * SEC), now, &rules);
+        let s = ix.cap_prebuild_step(SweepBudget {
+            max_entries: 512,
+            deadline: None,
+        });
+        prebuilt += s.finished as usize;
+    }
+    let fresh = FRESH_BUFFERS.with(|b| b.borrow().clone());
+    assert!(prebuilt > 5, "{prebuilt}");
+    assert!(!fresh.is_empty(), "no fresh buffer reached the hook");
+    assert!(
+        fresh.iter().all(|&(addr, len)| addr != 0 && len > 0),
+        "{fresh:?}"
+    );
+    assert!(
+        fresh.len() < prebuilt,
+        "{} fresh buffers for {prebuilt} builds: the spare was never reused",
+        fresh.len()
+    );
+}
+
+/// Buffers reserved before serving cover the builds ahead of need that follow: none of them
+/// allocates a selection buffer of its own (the allocator's first write into a fresh block is a
+/// page fault the hook cannot keep off huge pages). The two reserved buffers alternate: the
+/// first build takes the spare, and the reserved live heap it replaces becomes the next spare.
+#[test]
+fn reserved_buffers_leave_no_build_a_fresh_allocation() {
+    let rules = Rules::default();
+    let cap = 4000u64;
+    let mut ix = Index::new(inferencecache_index::index::IndexConfig {
+        default_ttl_ns: HOUR,
+        max_entries: cap,
+        gradual_buffer_hook: Some(note_fresh_buffer),
+        ..Default::default()
+    });
+    ix.set_min_candidates(8);
+    ix.reserve_cap_buffers(1);
+    let reserved = FRESH_BUFFERS.with(|b| b.borrow().len());
+    assert_eq!(reserved, 2, "a spare and the live heap's buffer");
+    let now = T0 + 10 * SEC;
+    let (mut prebuilt, mut sync) = (0, 0);
+    for i in 0..3000u64 {
+        let keys = (0..8u64)
+            .map(|b| legacy(&(i << 8 | b).to_be_bytes(), 16))
+            .collect();
+        let u = upd(&format!("t{}", i % 3), "m0", "vllm", "r0", keys);
+        ix.ingest(&at(u, T0 + i as i64 * SEC), now, &rules);
+        sync += ix.take_cap_sync_builds();
+        let s = ix.cap_prebuild_step(SweepBudget {
+            max_entries: 512,
+            deadline: None,
+        });
+        prebuilt += s.finished as usize;
+    }
+    assert!(prebuilt > 5, "{prebuilt}");
+    assert_eq!(sync, 0);
+    let fresh = FRESH_BUFFERS.with(|b| b.borrow().len()) - reserved;
+    assert_eq!(fresh, 0, "{fresh} builds of {prebuilt} allocated a buffer");
+}

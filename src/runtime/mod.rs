@@ -185,6 +185,8 @@ fn install_core(core: usize, cfg: &RuntimeConfig) {
     // A restored index already at the cap would evict on its first ingests, before a build
     // ahead of need could finish: build its candidates now, before the core serves anything.
     shard::with_core(|st| st.build_cap_candidates_at_start());
+    // And the buffers builds ahead of need take, so none allocates one while serving.
+    shard::with_core(|st| st.reserve_cap_buffers(cfg.shards));
     crate::metrics::register_core_thread();
     (cfg.on_core_start)();
 }

@@ -309,6 +309,12 @@ impl CoreState {
         }
     }
 
+    /// At start (before serving), after [`Self::build_cap_candidates_at_start`]: allocates the
+    /// buffers builds ahead of need use, for this core's share of the cap over `shards` cores.
+    pub fn reserve_cap_buffers(&mut self, shards: usize) {
+        self.index.reserve_cap_buffers(shards);
+    }
+
     /// At start (before serving): builds the cap candidates in one go when a build ahead of need
     /// is wanted (a restored index near the cap), so the first ingests find them ready.
     pub fn build_cap_candidates_at_start(&mut self) {

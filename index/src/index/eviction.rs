@@ -288,6 +288,25 @@ pub(crate) struct CapBuild {
 /// A spare selection buffer is reused for a build that needs at most this many times less.
 const SPARE_SLACK: usize = 2;
 
+/// Snapshots a selection of `k` needs room for: the live heap it becomes may grow to
+/// `2 k + min_candidates` before it is dropped (see [`CapBuild::new`]).
+fn selection_capacity(k: usize, min_candidates: usize) -> usize {
+    2 * k.max(1) + min_candidates + 1
+}
+
+/// An empty buffer for `capacity` snapshots, whose range goes to `hook` before its first write
+/// ([`IndexConfig::gradual_buffer_hook`](super::IndexConfig::gradual_buffer_hook)).
+fn fresh_buffer(capacity: usize, hook: Option<fn(usize, usize)>) -> Vec<CapCand> {
+    let v = Vec::with_capacity(capacity);
+    if let Some(hook) = hook {
+        hook(
+            v.as_ptr() as usize,
+            v.capacity() * std::mem::size_of::<CapCand>(),
+        );
+    }
+    v
+}
+
 /// [`CapBuild::bits`]: not looked up yet in this slice.
 const KS_UNKNOWN: u8 = 0xff;
 /// [`CapBuild::bits`]: no candidate in this keyspace (reserved tenant, or no keys).
@@ -326,13 +345,20 @@ impl CapBuild {
     /// capacity is reserved now (address space; pages are touched only as used), so no push
     /// ever copies the heap to grow it (≈ 10 ms per copy at 10M entries, on a slice or ingest).
     /// `spare` is an empty buffer to reuse when its capacity fits (within [`SPARE_SLACK`]).
-    fn new(k: usize, key_count: usize, min_candidates: usize, spare: Vec<CapCand>) -> CapBuild {
+    /// A fresh buffer's range goes to `fresh_hook` before its first write.
+    fn new(
+        k: usize,
+        key_count: usize,
+        min_candidates: usize,
+        spare: Vec<CapCand>,
+        fresh_hook: Option<fn(usize, usize)>,
+    ) -> CapBuild {
         let k = k.max(1);
-        let want = 2 * k + min_candidates + 1;
+        let want = selection_capacity(k, min_candidates);
         let mut v = spare;
         v.clear();
         if v.capacity() < want || v.capacity() > want * SPARE_SLACK {
-            v = Vec::with_capacity(want);
+            v = fresh_buffer(want, fresh_hook);
         }
         CapBuild {
             sel: Heap { v },
@@ -467,9 +493,39 @@ impl Index {
         }
         let mut v = std::mem::take(&mut self.cap.heap.v);
         v.extend(self.cap.threshold.take());
-        self.cap.retired = v;
+        if v.is_empty() {
+            // Nothing to give back (a heap reserved before any build): a spare at once.
+            if v.capacity() > self.cap.spare.capacity() {
+                self.cap.spare = v;
+            }
+        } else {
+            self.cap.retired = v;
+        }
         self.cap.active = false;
         self.cap.built = 0;
+    }
+
+    /// Allocates, before the core serves, the two selection buffers builds ahead of need
+    /// alternate between (the spare, and the live heap's when it has none), sized for this
+    /// core's entries or its share of the cap over `shards` cores, whichever is larger: address
+    /// space only, each range given to the hook. A build that allocated one while serving took
+    /// a page fault the hook cannot prevent, the allocator's own first write into the block
+    /// (≈ 25 ms in one slice on this project's VM with huge pages). Without a cap, nothing.
+    pub fn reserve_cap_buffers(&mut self, shards: usize) {
+        if self.cfg.max_entries == 0 {
+            return;
+        }
+        let share = usize::try_from(self.cfg.max_entries).unwrap_or(usize::MAX) / shards.max(1);
+        let entries = share.max(self.store.entry_count());
+        let k = self.min_candidates.max(entries / PREBUILD_AMORTISATION);
+        let want = selection_capacity(k, self.min_candidates);
+        let hook = self.cfg.gradual_buffer_hook;
+        if self.cap.spare.capacity() < want {
+            self.cap.spare = fresh_buffer(want, hook);
+        }
+        if self.cap.heap.v.capacity() == 0 {
+            self.cap.heap.v = fresh_buffer(want, hook);
+        }
     }
 
     /// Gives back the blob references of up to `max` retired snapshots; the emptied buffer
@@ -556,6 +612,7 @@ impl Index {
             self.store.key_count(),
             self.min_candidates,
             spare,
+            self.cfg.gradual_buffer_hook,
         ));
     }
 

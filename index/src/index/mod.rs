@@ -119,6 +119,13 @@ pub struct IndexConfig {
     /// victims are the globally first ones in the reference's order (docs/BEHAVIOUR.md §7.1,
     /// §7.2). False (one core): ingest evicts from this core's entries, which are all of them.
     pub cross_core_eviction: bool,
+    /// Called with the address and byte length of each large buffer the index allocates to
+    /// fill a little at a time over many maintenance slices (a cap candidate selection, up to
+    /// `entries / 8` snapshots), before anything is written to it. The server keeps transparent
+    /// huge pages off that range: the allocator asks for them, and each 2 MiB first-touch fault
+    /// (≈ 20 ms on this project's VM, perf/RESULTS.md) would land whole in one slice, where 4 KiB
+    /// faults spread over many. `None`: nothing is called.
+    pub gradual_buffer_hook: Option<fn(usize, usize)>,
 }
 
 impl Default for IndexConfig {
@@ -137,6 +144,7 @@ impl Default for IndexConfig {
             max_stats_rows_per_model: DEFAULT_MAX_STATS_ROWS_PER_MODEL,
             max_stats_rows: DEFAULT_MAX_STATS_ROWS,
             cross_core_eviction: false,
+            gradual_buffer_hook: None,
         }
     }
 }
