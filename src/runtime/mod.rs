@@ -34,7 +34,7 @@ use crate::sys::clock::thread_cpu_time;
 
 pub use shutdown::{
     all_drained, hold_cores_after_drain, release_cores, request_shutdown, shutdown_requested,
-    shutting_down,
+    shutting_down, wait_for_shutdown_until,
 };
 
 /// Serves one connection on the core it was dealt to, until it closes.

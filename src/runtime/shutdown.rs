@@ -49,6 +49,25 @@ pub fn shutting_down() -> bool {
     SHUTTING_DOWN.load(Ordering::SeqCst)
 }
 
+/// Blocks the calling thread (never a core's) until shutdown is requested or `deadline`
+/// passes; true if shutdown was requested. For threads that sleep between periodic work (the
+/// snapshot writer): they wake once per period, not every few milliseconds to look at the flag.
+pub fn wait_for_shutdown_until(deadline: Instant) -> bool {
+    use event_listener::Listener;
+    loop {
+        if shutting_down() {
+            return true;
+        }
+        let listener = SHUTDOWN.listen();
+        if shutting_down() {
+            return true;
+        }
+        if listener.wait_deadline(deadline).is_none() {
+            return shutting_down();
+        }
+    }
+}
+
 /// Resolves once shutdown is requested.
 pub async fn shutdown_requested() {
     loop {

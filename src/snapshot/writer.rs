@@ -336,11 +336,7 @@ pub fn start_writer(
 
 fn run(ctx: Ctx, interval: Duration, mut generation: u64) {
     loop {
-        let due = Instant::now() + interval;
-        while !runtime::shutting_down() && Instant::now() < due {
-            std::thread::sleep((due - Instant::now()).min(Duration::from_millis(20)));
-        }
-        if runtime::shutting_down() {
+        if runtime::wait_for_shutdown_until(Instant::now() + interval) {
             break;
         }
         if ctx.write_logged(generation, None) {

@@ -649,3 +649,47 @@ async fn restart_at_scale(n: usize) {
 async fn restart_at_1m_entries() {
     restart_at_scale(1_000_000).await
 }
+
+/// Voluntary context switches of the thread named `name` in process `pid` so far.
+fn thread_switches(pid: u32, name: &str) -> u64 {
+    for task in std::fs::read_dir(format!("/proc/{pid}/task")).unwrap() {
+        let task = task.unwrap().path();
+        let comm = std::fs::read_to_string(task.join("comm")).unwrap_or_default();
+        if comm.trim() != name {
+            continue;
+        }
+        let status = std::fs::read_to_string(task.join("status")).unwrap();
+        let line = status
+            .lines()
+            .find(|l| l.starts_with("voluntary_ctxt_switches:"))
+            .unwrap();
+        return line.split_whitespace().nth(1).unwrap().parse().unwrap();
+    }
+    panic!("no thread named {name}");
+}
+
+/// Between snapshots the snapshot thread sleeps until the next one or shutdown: it used to wake
+/// every 20 ms to look at the shutdown flag (50 wake-ups a second, on a CPU a serving core may
+/// share), and SIGTERM must still wake it at once for the final snapshot.
+#[test]
+fn the_snapshot_thread_sleeps_until_its_next_snapshot_or_shutdown() {
+    let dir = scratch_dir("restart-snapshot-sleeps");
+    let srv = start(1, &state_flags(&dir), None);
+    let pid = srv.child.id();
+    let before = thread_switches(pid, "snapshot");
+    std::thread::sleep(Duration::from_secs(1));
+    let woke = thread_switches(pid, "snapshot") - before;
+    assert!(woke <= 2, "the snapshot thread woke {woke} times in 1 s");
+    let asked = Instant::now();
+    stop(srv);
+    assert!(
+        asked.elapsed() < Duration::from_secs(10),
+        "SIGTERM took {:?}",
+        asked.elapsed()
+    );
+    assert!(
+        !core_files(&dir).is_empty(),
+        "the final snapshot was written"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
