@@ -30,21 +30,30 @@ pub struct Decoder {
     max_allowed: usize,
     name_scratch: Vec<u8>,
     value_scratch: Vec<u8>,
-    /// The last Huffman value decoded: `(encoded, decoded)`. Clients send some values as
-    /// literals on every request (nghttp2 never indexes `:path`), so a repeat is a compare.
-    memo: (Vec<u8>, Vec<u8>),
+    /// The last Huffman values decoded: `(encoded, decoded)`. Clients send some values as
+    /// literals on every request (nghttp2 never indexes `:path` or `content-length`), so a
+    /// repeat is a compare.
+    memo: [(Vec<u8>, Vec<u8>); MEMO_SLOTS],
+    /// The slot the next new value replaces (round robin).
+    memo_next: usize,
+    /// Huffman strings decoded (not served from the memo), for the memo's tests.
+    #[cfg(test)]
+    huffman_decodes: usize,
 }
 
 /// Longest encoded Huffman value kept in the memo.
 const MEMO_MAX_BYTES: usize = 256;
+/// Values the memo keeps: enough for the handful a client repeats unindexed in one block
+/// (one slot thrashed between nghttp2's `:path` and `content-length`).
+const MEMO_SLOTS: usize = 4;
 
 /// Where a string literal's bytes are: in the block, or decoded into a scratch buffer.
 enum Str {
     Raw(usize, usize),
     Name,
     Value,
-    /// The memo's decoded value.
-    Memo,
+    /// A memo slot's decoded value.
+    Memo(usize),
 }
 
 impl Decoder {
@@ -56,7 +65,10 @@ impl Decoder {
             max_allowed: max_table_bytes,
             name_scratch: Vec::new(),
             value_scratch: Vec::new(),
-            memo: (Vec::new(), Vec::new()),
+            memo: Default::default(),
+            memo_next: 0,
+            #[cfg(test)]
+            huffman_decodes: 0,
         }
     }
 
@@ -137,7 +149,7 @@ impl Decoder {
             Str::Raw(start, end) => &block[start..end],
             Str::Name => &self.name_scratch,
             Str::Value => &self.value_scratch,
-            Str::Memo => &self.memo.1,
+            Str::Memo(slot) => &self.memo[slot].1,
         }
     }
 
@@ -154,8 +166,8 @@ impl Decoder {
             return Ok(Str::Raw(start, end));
         }
         let value = matches!(into, Str::Value);
-        if value && self.memo.0 == raw {
-            return Ok(Str::Memo);
+        if value && let Some(slot) = self.memo.iter().position(|(enc, _)| enc == raw) {
+            return Ok(Str::Memo(slot));
         }
         let out = match into {
             Str::Name => &mut self.name_scratch,
@@ -163,11 +175,17 @@ impl Decoder {
         };
         out.clear();
         huffman_decode(raw, out)?;
+        #[cfg(test)]
+        {
+            self.huffman_decodes += 1;
+        }
         if value && raw.len() <= MEMO_MAX_BYTES {
-            self.memo.0.clear();
-            self.memo.0.extend_from_slice(raw);
-            self.memo.1.clear();
-            self.memo.1.extend_from_slice(&self.value_scratch);
+            let (enc, dec) = &mut self.memo[self.memo_next];
+            self.memo_next = (self.memo_next + 1) % MEMO_SLOTS;
+            enc.clear();
+            enc.extend_from_slice(raw);
+            dec.clear();
+            dec.extend_from_slice(&self.value_scratch);
         }
         Ok(into)
     }
@@ -491,6 +509,45 @@ mod tests {
         let mut d = Decoder::new(4096);
         for path in ["/a.B/Call", "/a.B/Call", "/a.B/Cell", "/a.B/Call"] {
             assert_eq!(decode_all(&mut d, &block(path)), pairs(&[(":path", path)]));
+        }
+    }
+
+    #[test]
+    fn values_repeated_in_every_block_are_decoded_once() {
+        // nghttp2 sends `:path` (static 4) and `content-length` (static 28) as Huffman literals
+        // without indexing in every request: both must stay in the memo, and values beyond its
+        // slots must still decode correctly.
+        // The name index as a 4-bit-prefix integer: 4 fits, 28 is 15 + 13.
+        let literal = |index: &[u8], value: &str| {
+            let enc = huffman_encode(value.as_bytes());
+            let mut b = index.to_vec();
+            b.push(0x80 | enc.len() as u8);
+            b.extend(enc);
+            b
+        };
+        let block =
+            |path: &str, len: &str| [literal(&[0x04], path), literal(&[0x0f, 0x0d], len)].concat();
+        let mut d = Decoder::new(4096);
+        for _ in 0..10 {
+            let got = decode_all(&mut d, &block("/a.B/Call", "178"));
+            assert_eq!(
+                got,
+                pairs(&[(":path", "/a.B/Call"), ("content-length", "178")])
+            );
+        }
+        assert_eq!(d.huffman_decodes, 2, "one decode per distinct value");
+        let paths: Vec<String> = (0..3 * MEMO_SLOTS)
+            .map(|i| format!("/a.B/Call{i}"))
+            .collect();
+        for round in 0..2 {
+            for p in &paths {
+                let got = decode_all(&mut d, &block(p, "178"));
+                assert_eq!(
+                    got,
+                    pairs(&[(":path", p.as_str()), ("content-length", "178")]),
+                    "{round}"
+                );
+            }
         }
     }
 
