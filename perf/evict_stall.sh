@@ -32,45 +32,14 @@ N=${1:-10000000}
 SECS=${2:-100}
 BEFORE=${3:-/tmp/evict-before-server}
 VARIANTS=${4:-before after nocap}
-T=${CARGO_TARGET_DIR:-target}/release
-SRV=$T/inference-cache-server
-FILL=$T/examples/fill
-LG=$T/loadgen
-SNAP=$(mktemp -d)
-RUN=$(mktemp -d)
-OUT=$(mktemp -d)
-TRACE_DIR=$(mktemp -d)
-cleanup() {
-  [ -n "${PID:-}" ] && kill -TERM "$PID" 2>/dev/null
-  [ -n "${TRACE:-}" ] && perf probe -q -d 'icprobe:*' 2>/dev/null
-  rm -rf "$SNAP" "$RUN" "$TRACE_DIR"
-}
-trap cleanup EXIT
-port() { python3 -c "import socket; s=socket.socket(); s.bind(('127.0.0.1',0)); print(s.getsockname()[1])"; }
-G=$(port); H=$(port); A=$(port)
-now_s() { date +%s; }
-STAMP_S=$(( $(now_s) - 300 ))
-
-start() { # binary state_dir cap
-  "$1" --insecure-disable-auth --log-level info --log-format text --shards 1 \
-    --grpc-bind-address "127.0.0.1:$G" --http-bind-address "127.0.0.1:$H" \
-    --snapshot-bind-address "127.0.0.1:$A" --index-max-entries "$3" \
-    --state-dir "$2" --snapshot-interval-ms 3600000 --sweep-interval-ms 3600000 2>>"$OUT/server.log" &
-  PID=$!
-  for _ in $(seq 1 1200); do # at most 120 s
-    [ "$(curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:$H/readyz")" = 200 ] && return 0
-    sleep 0.1
-  done
-  echo "server not ready" >&2; exit 1
-}
-stop() { kill -TERM "$PID"; wait "$PID" || true; PID=; }
+. perf/stall_lib.sh
 metric() { curl -s "http://127.0.0.1:$H/metrics" | awk -v n="$1" 'index($0, n) == 1 {s += $2} END {print s + 0}'; }
 
 . perf/trace_lib.sh
 [ -n "${TRACE:-}" ] && TRACE_BIN=$(trace_setup)
 
 # 1. Fill once and snapshot (the final snapshot at SIGTERM).
-start "$SRV" "$SNAP" 0
+start "$SRV" "$SNAP" 0 3600000
 "$FILL" --addr "http://127.0.0.1:$G" --entries "$N" --timestamp-us "$((STAMP_S * 1000000))" 2>&1 | tail -1
 echo "filled: $(metric 'inferencecache_core_index_entries{') entries"
 stop
@@ -83,7 +52,7 @@ for variant in $VARIANTS; do
   *) echo "unknown variant $variant" >&2; exit 2 ;;
   esac
   rm -rf "${RUN:?}"/*; cp -r "$SNAP"/. "$RUN"/
-  start "$BIN" "$RUN" "$CAP"
+  start "$BIN" "$RUN" "$CAP" 3600000
   E0=$(metric 'inferencecache_core_index_entries{')
   LOAD0=$(cut -d' ' -f1 /proc/loadavg)
   PIN=(${PROBE_CPUS:+taskset -c "$PROBE_CPUS"})

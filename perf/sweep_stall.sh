@@ -37,46 +37,14 @@ cd "$(dirname "$0")/.."
 N=${1:-10000000}
 SECS=${2:-130}
 BEFORE=${3:-/tmp/sweep-before-server}
-T=${CARGO_TARGET_DIR:-target}/release
-SRV=$T/inference-cache-server
-FILL=$T/examples/fill
-LG=$T/loadgen
-SNAP=$(mktemp -d)
-RUN=$(mktemp -d)
-OUT=$(mktemp -d)
-TRACE_DIR=$(mktemp -d)
-cleanup() {
-  [ -n "${PID:-}" ] && kill -TERM "$PID" 2>/dev/null
-  [ -n "${TRACE:-}" ] && perf probe -q -d 'icprobe:*' 2>/dev/null
-  rm -rf "$SNAP" "$RUN" "$TRACE_DIR"
-}
-trap cleanup EXIT
-port() { python3 -c "import socket; s=socket.socket(); s.bind(('127.0.0.1',0)); print(s.getsockname()[1])"; }
-G=$(port); H=$(port); A=$(port)
-now_s() { date +%s; }
-# Every entry's stamp: 5 minutes ago (well inside the default 30 min TTL for the whole script).
-STAMP_S=$(( $(now_s) - 300 ))
-
-start() { # binary state_dir sweep_interval_ms
-  "$1" --insecure-disable-auth --log-level info --log-format text --shards 1 \
-    --grpc-bind-address "127.0.0.1:$G" --http-bind-address "127.0.0.1:$H" \
-    --snapshot-bind-address "127.0.0.1:$A" --index-max-entries 0 \
-    --state-dir "$2" --snapshot-interval-ms 3600000 --sweep-interval-ms "$3" 2>>"$OUT/server.log" &
-  PID=$!
-  for _ in $(seq 1 1200); do # at most 120 s
-    [ "$(curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:$H/readyz")" = 200 ] && return 0
-    sleep 0.1
-  done
-  echo "server not ready" >&2; exit 1
-}
-stop() { kill -TERM "$PID"; wait "$PID" || true; PID=; }
+. perf/stall_lib.sh
 entries() { curl -s "http://127.0.0.1:$H/metrics" | awk '/^inferencecache_core_index_entries\{/ {print $2}'; }
 
 . perf/trace_lib.sh
 [ -n "${TRACE:-}" ] && TRACE_BIN=$(trace_setup)
 
 # 1. Fill once and snapshot (the final snapshot at SIGTERM).
-start "$SRV" "$SNAP" 3600000
+start "$SRV" "$SNAP" 0 3600000
 "$FILL" --addr "http://127.0.0.1:$G" --entries "$N" --timestamp-us "$((STAMP_S * 1000000))" 2>&1 | tail -1
 echo "filled: $(entries) entries"
 stop
@@ -88,7 +56,7 @@ for variant in ${VARIANTS:-after nosweep}; do
   nosweep) BIN=$SRV; SWEEP=3600000 ;;
   esac
   rm -rf "${RUN:?}"/*; cp -r "$SNAP"/. "$RUN"/
-  start "$BIN" "$RUN" "$SWEEP"
+  start "$BIN" "$RUN" 0 "$SWEEP"
   # Tenants t0..t3 expire 40 s from now (TTL = their age then).
   TTL_NS=$(( ($(now_s) + 40 - STAMP_S) * 1000000000 ))
   POL=""

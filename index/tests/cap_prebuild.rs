@@ -428,13 +428,8 @@ fn note_fresh_buffer(addr: usize, len: usize) {
     FRESH_BUFFERS.with(|b| b.borrow_mut().push((addr, len)));
 }
 
-/// Each build ahead of need that cannot reuse the spare selection buffer allocates one, and
-/// the server's hook sees its range before the first write (to keep huge pages off it); a
-/// build that reuses the spare allocates nothing and calls nothing.
-#[test]
-fn a_fresh_selection_buffer_goes_to_the_hook_and_a_reused_one_does_not() {
-    let rules = Rules::default();
-    let cap = 4000u64;
+/// An index capped at `cap` whose fresh selection buffers go to [`note_fresh_buffer`].
+fn index_with_buffer_hook(cap: u64) -> Index {
     let mut ix = Index::new(inferencecache_index::index::IndexConfig {
         default_ttl_ns: HOUR,
         max_entries: cap,
@@ -442,20 +437,38 @@ fn a_fresh_selection_buffer_goes_to_the_hook_and_a_reused_one_does_not() {
         ..Default::default()
     });
     ix.set_min_candidates(8);
+    ix
+}
+
+/// Ingests 3,000 updates of 8 keys, one cap build step after each: `(builds finished ahead
+/// of need, builds done synchronously at ingest)`.
+fn fill_building_ahead(ix: &mut Index) -> (usize, u64) {
+    let rules = Rules::default();
     let now = T0 + 10 * SEC;
-    let mut prebuilt = 0;
+    let (mut prebuilt, mut sync) = (0, 0);
     for i in 0..3000u64 {
         let keys = (0..8u64)
             .map(|b| legacy(&(i << 8 | b).to_be_bytes(), 16))
             .collect();
         let u = upd(&format!("t{}", i % 3), "m0", "vllm", "r0", keys);
         ix.ingest(&at(u, T0 + i as i64 * SEC), now, &rules);
+        sync += ix.take_cap_sync_builds();
         let s = ix.cap_prebuild_step(SweepBudget {
             max_entries: 512,
             deadline: None,
         });
         prebuilt += s.finished as usize;
     }
+    (prebuilt, sync)
+}
+
+/// Each build ahead of need that cannot reuse the spare selection buffer allocates one, and
+/// the server's hook sees its range before the first write (to keep huge pages off it); a
+/// build that reuses the spare allocates nothing and calls nothing.
+#[test]
+fn a_fresh_selection_buffer_goes_to_the_hook_and_a_reused_one_does_not() {
+    let mut ix = index_with_buffer_hook(4000);
+    let (prebuilt, _) = fill_building_ahead(&mut ix);
     let fresh = FRESH_BUFFERS.with(|b| b.borrow().clone());
     assert!(prebuilt > 5, "{prebuilt}");
     assert!(!fresh.is_empty(), "no fresh buffer reached the hook");
@@ -476,33 +489,11 @@ fn a_fresh_selection_buffer_goes_to_the_hook_and_a_reused_one_does_not() {
 /// first build takes the spare, and the reserved live heap it replaces becomes the next spare.
 #[test]
 fn reserved_buffers_leave_no_build_a_fresh_allocation() {
-    let rules = Rules::default();
-    let cap = 4000u64;
-    let mut ix = Index::new(inferencecache_index::index::IndexConfig {
-        default_ttl_ns: HOUR,
-        max_entries: cap,
-        gradual_buffer_hook: Some(note_fresh_buffer),
-        ..Default::default()
-    });
-    ix.set_min_candidates(8);
+    let mut ix = index_with_buffer_hook(4000);
     ix.reserve_cap_buffers(1);
     let reserved = FRESH_BUFFERS.with(|b| b.borrow().len());
     assert_eq!(reserved, 2, "a spare and the live heap's buffer");
-    let now = T0 + 10 * SEC;
-    let (mut prebuilt, mut sync) = (0, 0);
-    for i in 0..3000u64 {
-        let keys = (0..8u64)
-            .map(|b| legacy(&(i << 8 | b).to_be_bytes(), 16))
-            .collect();
-        let u = upd(&format!("t{}", i % 3), "m0", "vllm", "r0", keys);
-        ix.ingest(&at(u, T0 + i as i64 * SEC), now, &rules);
-        sync += ix.take_cap_sync_builds();
-        let s = ix.cap_prebuild_step(SweepBudget {
-            max_entries: 512,
-            deadline: None,
-        });
-        prebuilt += s.finished as usize;
-    }
+    let (prebuilt, sync) = fill_building_ahead(&mut ix);
     assert!(prebuilt > 5, "{prebuilt}");
     assert_eq!(sync, 0);
     let fresh = FRESH_BUFFERS.with(|b| b.borrow().len()) - reserved;
