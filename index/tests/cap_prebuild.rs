@@ -393,26 +393,13 @@ fn no_build_far_below_the_cap() {
 /// ingest meets that backlog (it met every entry evicted during the build before).
 #[test]
 fn a_new_heap_goes_live_without_the_entries_evicted_while_it_was_built() {
-    let rules = Rules::default();
     let cap = 4000u64;
     let mut ix = index_with(HOUR, cap);
     ix.set_min_candidates(8);
-    let now = T0 + 10 * SEC;
-    let (mut prebuilt, mut sync, mut worst) = (0, 0, 0);
-    for i in 0..3000u64 {
-        let keys = (0..8u64)
-            .map(|b| legacy(&(i << 8 | b).to_be_bytes(), 16))
-            .collect();
-        let u = upd(&format!("t{}", i % 3), "m0", "vllm", "r0", keys);
-        ix.ingest(&at(u, T0 + i as i64 * SEC), now, &rules);
-        sync += ix.take_cap_sync_builds();
-        worst = worst.max(ix.take_cap_max_stale_pops());
-        let s = ix.cap_prebuild_step(SweepBudget {
-            max_entries: 512,
-            deadline: None,
-        });
-        prebuilt += s.finished as usize;
-    }
+    let mut worst = 0;
+    let (prebuilt, sync) = fill_building_ahead(&mut ix, |ix| {
+        worst = worst.max(ix.take_cap_max_stale_pops())
+    });
     assert_eq!(ix.entry_count(), cap);
     assert!(prebuilt > 5, "{prebuilt}");
     assert_eq!(sync, 0, "no build ran on an ingest");
@@ -440,9 +427,9 @@ fn index_with_buffer_hook(cap: u64) -> Index {
     ix
 }
 
-/// Ingests 3,000 updates of 8 keys, one cap build step after each: `(builds finished ahead
-/// of need, builds done synchronously at ingest)`.
-fn fill_building_ahead(ix: &mut Index) -> (usize, u64) {
+/// Ingests 3,000 updates of 8 keys, calling `after_ingest` after each and then taking one cap
+/// build step: `(builds finished ahead of need, builds done synchronously at ingest)`.
+fn fill_building_ahead(ix: &mut Index, mut after_ingest: impl FnMut(&mut Index)) -> (usize, u64) {
     let rules = Rules::default();
     let now = T0 + 10 * SEC;
     let (mut prebuilt, mut sync) = (0, 0);
@@ -453,6 +440,7 @@ fn fill_building_ahead(ix: &mut Index) -> (usize, u64) {
         let u = upd(&format!("t{}", i % 3), "m0", "vllm", "r0", keys);
         ix.ingest(&at(u, T0 + i as i64 * SEC), now, &rules);
         sync += ix.take_cap_sync_builds();
+        after_ingest(ix);
         let s = ix.cap_prebuild_step(SweepBudget {
             max_entries: 512,
             deadline: None,
@@ -468,7 +456,7 @@ fn fill_building_ahead(ix: &mut Index) -> (usize, u64) {
 #[test]
 fn a_fresh_selection_buffer_goes_to_the_hook_and_a_reused_one_does_not() {
     let mut ix = index_with_buffer_hook(4000);
-    let (prebuilt, _) = fill_building_ahead(&mut ix);
+    let (prebuilt, _) = fill_building_ahead(&mut ix, |_| {});
     let fresh = FRESH_BUFFERS.with(|b| b.borrow().clone());
     assert!(prebuilt > 5, "{prebuilt}");
     assert!(!fresh.is_empty(), "no fresh buffer reached the hook");
@@ -493,7 +481,7 @@ fn reserved_buffers_leave_no_build_a_fresh_allocation() {
     ix.reserve_cap_buffers(1);
     let reserved = FRESH_BUFFERS.with(|b| b.borrow().len());
     assert_eq!(reserved, 2, "a spare and the live heap's buffer");
-    let (prebuilt, sync) = fill_building_ahead(&mut ix);
+    let (prebuilt, sync) = fill_building_ahead(&mut ix, |_| {});
     assert!(prebuilt > 5, "{prebuilt}");
     assert_eq!(sync, 0);
     let fresh = FRESH_BUFFERS.with(|b| b.borrow().len()) - reserved;
