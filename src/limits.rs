@@ -91,6 +91,9 @@ pub const LISTEN_BACKLOG: i32 = 1024;
 pub const MAX_CONCURRENT_STREAMS: u32 = 1024;
 /// gRPC's 4 MiB default receive limit, as in the reference (grpc-go defaults).
 pub const MAX_MESSAGE_BYTES: usize = 4 * 1024 * 1024;
+/// Entries each of a core's inline LookupRoute decode buffers keeps between requests (block
+/// hashes, token counts, token ids); a longer request's extra capacity is released after it.
+pub const INLINE_DECODE_KEEP_ENTRIES: usize = 4096;
 /// Bytes of incomplete request messages one gRPC connection may hold (a message is handed to
 /// tonic only once whole); beyond it the stream fails with RESOURCE_EXHAUSTED.
 pub const MAX_HELD_MESSAGE_BYTES_PER_CONNECTION: usize = 4 * (MAX_MESSAGE_BYTES + 5);

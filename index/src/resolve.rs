@@ -10,9 +10,10 @@
 use std::borrow::Cow;
 use std::time::Duration;
 
-use inferencecache_proto::v1alpha1::LookupRouteRequest;
+use inferencecache_proto::v1alpha1::{LookupRouteRequest, Slo};
 
 use crate::fingerprint;
+use crate::index::BlockHashes;
 
 pub use crate::policy::{
     DEFAULT_AFFINITY_ROUTING, DEFAULT_ENABLE_CHAIN_MATCHING, DEFAULT_ENABLE_TENANT_HOT,
@@ -35,6 +36,53 @@ pub const MAX_PROMPT_TEXT_BYTES: usize = 1 << 20;
 /// Concurrent `prompt_text` tokenizations; the acquire is non-blocking and a saturated pool
 /// fails open, so tokenizer load can never queue lookups.
 pub const MAX_CONCURRENT_TOKENIZE: usize = 64;
+
+/// A LookupRoute request as resolution and the lookup read it, every field borrowed: from a
+/// decoded [`LookupRouteRequest`] (`From`), or straight from the received bytes by the server's
+/// inline path, which then allocates nothing per block hash.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LookupRouteView<'a> {
+    /// `model_id`.
+    pub model_id: &'a str,
+    /// `tenant_id`.
+    pub tenant_id: &'a str,
+    /// `prefix_hash`.
+    pub prefix_hash: &'a [u8],
+    /// `prefix_token_count`.
+    pub prefix_token_count: i32,
+    /// `hash_scheme`.
+    pub hash_scheme: &'a str,
+    /// `slo`.
+    pub slo: Option<Slo>,
+    /// `block_hashes`.
+    pub block_hashes: BlockHashes<'a>,
+    /// `block_token_counts`.
+    pub block_token_counts: &'a [i32],
+    /// `token_ids`.
+    pub token_ids: &'a [u32],
+    /// `prompt_text`.
+    pub prompt_text: &'a str,
+    /// `adapter_id`.
+    pub adapter_id: &'a str,
+}
+
+impl<'a> From<&'a LookupRouteRequest> for LookupRouteView<'a> {
+    fn from(r: &'a LookupRouteRequest) -> Self {
+        LookupRouteView {
+            model_id: &r.model_id,
+            tenant_id: &r.tenant_id,
+            prefix_hash: &r.prefix_hash,
+            prefix_token_count: r.prefix_token_count,
+            hash_scheme: &r.hash_scheme,
+            slo: r.slo,
+            block_hashes: BlockHashes::Bytes(&r.block_hashes),
+            block_token_counts: &r.block_token_counts,
+            token_ids: &r.token_ids,
+            prompt_text: &r.prompt_text,
+            adapter_id: &r.adapter_id,
+        }
+    }
+}
 
 /// Why resolution gave up; every cause answers `NO_HINT` (fail open). Kept for logs/debugging.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -70,7 +118,7 @@ pub enum ResolvedChain<'a> {
     /// The request's own `block_hashes` / `block_token_counts` (equal, non-zero length).
     Wire {
         /// Opaque wire hashes.
-        hashes: &'a [bytes::Bytes],
+        hashes: BlockHashes<'a>,
         /// Per-block token counts, same length as `hashes`.
         counts: &'a [i32],
     },
@@ -102,7 +150,7 @@ impl ResolvedChain<'_> {
     pub fn hash(&self, i: usize) -> &[u8] {
         match self {
             ResolvedChain::None => panic!("block {i} of an empty chain"),
-            ResolvedChain::Wire { hashes, .. } => &hashes[i],
+            ResolvedChain::Wire { hashes, .. } => hashes.get(i),
             ResolvedChain::Derived { hashes, .. } => &hashes[i],
         }
     }
@@ -254,7 +302,7 @@ impl Resolution<'_> {
 /// `token_ids`, then `prompt_text`, then the empty exact key. With chain matching off a
 /// `prefix_hash` wins outright and any chain fields are dropped.
 pub fn resolve_inputs<'a>(
-    req: &'a LookupRouteRequest,
+    req: &LookupRouteView<'a>,
     enable_chain_matching: bool,
     engine_block_size: i32,
 ) -> Resolution<'a> {
@@ -277,7 +325,7 @@ pub fn resolve_inputs<'a>(
             return Resolution::fail_open(FailOpenCause::PromptTooLarge);
         }
         return Resolution::Tokenize {
-            prompt_text: &req.prompt_text,
+            prompt_text: req.prompt_text,
         };
     }
 
@@ -288,10 +336,10 @@ pub fn resolve_inputs<'a>(
 }
 
 /// The request's own exact key (`prefix_hash`, possibly empty) and no chain.
-fn wire_exact(req: &LookupRouteRequest, chain_ignored: bool) -> ResolvedInputs<'_> {
+fn wire_exact<'a>(req: &LookupRouteView<'a>, chain_ignored: bool) -> ResolvedInputs<'a> {
     ResolvedInputs {
         chain: ResolvedChain::None,
-        exact_hash: ExactHash::Wire(&req.prefix_hash),
+        exact_hash: ExactHash::Wire(req.prefix_hash),
         exact_tokens: req.prefix_token_count,
         chain_ignored,
         echo: Vec::new(),
@@ -300,8 +348,8 @@ fn wire_exact(req: &LookupRouteRequest, chain_ignored: bool) -> ResolvedInputs<'
 
 /// The explicit wire fingerprint with chain matching on: the chain (if any) plus the exact key;
 /// chain arrays of different lengths fail open.
-fn resolve_wire_chain(req: &LookupRouteRequest) -> Resolution<'_> {
-    let (bh, btc) = (&req.block_hashes, &req.block_token_counts);
+fn resolve_wire_chain<'a>(req: &LookupRouteView<'a>) -> Resolution<'a> {
+    let (bh, btc) = (req.block_hashes, req.block_token_counts);
     if bh.len() != btc.len() {
         return Resolution::fail_open(FailOpenCause::MalformedChain);
     }
@@ -320,16 +368,16 @@ fn resolve_wire_chain(req: &LookupRouteRequest) -> Resolution<'_> {
 }
 
 /// `token_ids` fingerprinted here: over-long input and input shorter than one block fail open.
-fn resolve_token_ids(
-    req: &LookupRouteRequest,
+fn resolve_token_ids<'a>(
+    req: &LookupRouteView<'a>,
     enable_chain_matching: bool,
     engine_block_size: i32,
     chain_ignored: bool,
-) -> Resolution<'_> {
+) -> Resolution<'a> {
     if req.token_ids.len() > MAX_LOOKUP_TOKENS {
         return Resolution::fail_open(FailOpenCause::TooManyTokens);
     }
-    match derive(&req.token_ids, enable_chain_matching, engine_block_size) {
+    match derive(req.token_ids, enable_chain_matching, engine_block_size) {
         Some((chain, exact_hash, exact_tokens)) => Resolution::Resolved(ResolvedInputs {
             chain,
             exact_hash,
@@ -404,7 +452,7 @@ fn derive(
 
 /// §10.2 step 3: whether `prompt_text` is the effective input, i.e. whether the default 5 s
 /// tokenize deadline applies when nothing else bounds the call.
-pub fn will_tokenize(req: &LookupRouteRequest, enable_chain_matching: bool) -> bool {
+pub fn will_tokenize(req: &LookupRouteView<'_>, enable_chain_matching: bool) -> bool {
     !req.prompt_text.is_empty()
         && (!enable_chain_matching
             || (req.block_hashes.is_empty() && req.block_token_counts.is_empty()))
@@ -414,7 +462,7 @@ pub fn will_tokenize(req: &LookupRouteRequest, enable_chain_matching: bool) -> b
 
 /// §10.2 step 5: the only thing that satisfies `requireChain` — a non-empty, balanced wire
 /// chain. `token_ids` / `prompt_text` never do.
-pub fn has_valid_wire_chain(req: &LookupRouteRequest) -> bool {
+pub fn has_valid_wire_chain(req: &LookupRouteView<'_>) -> bool {
     !req.block_hashes.is_empty() && req.block_hashes.len() == req.block_token_counts.len()
 }
 
@@ -431,7 +479,7 @@ pub fn effective_prefix_tokens(chain_counts: &[i32], exact_tokens: i32) -> i64 {
 /// §10.7 eligibility on the **raw** request: tenant, model and scheme set, and the chain arrays
 /// both empty or of equal length (a malformed chain never gets an affinity pick, even when chain
 /// matching off ignored it).
-pub fn affinity_eligible(req: &LookupRouteRequest) -> bool {
+pub fn affinity_eligible(req: &LookupRouteView<'_>) -> bool {
     !req.tenant_id.is_empty()
         && !req.model_id.is_empty()
         && !req.hash_scheme.is_empty()

@@ -89,7 +89,7 @@ fn valid_event() -> &'static [u8] {
 
 /// The LookupRoute owner path: resolve the request, then ask the index.
 fn lookup(ix: &mut Index, req: &pb::LookupRouteRequest, rules: &PolicyStore) {
-    let resolution = resolve::resolve_inputs(req, true, 16);
+    let resolution = resolve::resolve_inputs(&req.into(), true, 16);
     let Resolution::Resolved(inputs) = resolution else {
         return;
     };

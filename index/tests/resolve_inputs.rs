@@ -2,12 +2,30 @@
 //! C114, C116, C118, C120, C130, C136, C137).
 
 use inferencecache_index::fingerprint;
+use inferencecache_index::index::BlockHashes;
 use inferencecache_index::resolve::{
-    DEFAULT_ENGINE_BLOCK_SIZE, ExactHash, FailOpenCause, MAX_LOOKUP_TOKENS, MAX_PROMPT_TEXT_BYTES,
-    Resolution, ResolvedChain, ResolvedInputs, affinity_eligible, effective_prefix_tokens,
-    has_valid_wire_chain, resolve_inputs, resolve_tokenized, will_tokenize,
+    self, DEFAULT_ENGINE_BLOCK_SIZE, ExactHash, FailOpenCause, MAX_LOOKUP_TOKENS,
+    MAX_PROMPT_TEXT_BYTES, Resolution, ResolvedChain, ResolvedInputs, effective_prefix_tokens,
+    resolve_tokenized,
 };
 use inferencecache_proto::v1alpha1::LookupRouteRequest;
+
+// The request-side rules on a decoded request, viewed as the server's general path views it.
+fn resolve_inputs(r: &LookupRouteRequest, chain_on: bool, block_size: i32) -> Resolution<'_> {
+    resolve::resolve_inputs(&r.into(), chain_on, block_size)
+}
+
+fn affinity_eligible(r: &LookupRouteRequest) -> bool {
+    resolve::affinity_eligible(&r.into())
+}
+
+fn has_valid_wire_chain(r: &LookupRouteRequest) -> bool {
+    resolve::has_valid_wire_chain(&r.into())
+}
+
+fn will_tokenize(r: &LookupRouteRequest, chain_on: bool) -> bool {
+    resolve::will_tokenize(&r.into(), chain_on)
+}
 
 const BS: i32 = DEFAULT_ENGINE_BLOCK_SIZE;
 
@@ -158,6 +176,9 @@ fn explicit_fingerprint_borrows_from_request() {
     let x = resolved(resolve_inputs(&r, true, BS));
     match &x.chain {
         ResolvedChain::Wire { hashes, counts } => {
+            let BlockHashes::Bytes(hashes) = hashes else {
+                panic!("{hashes:?}")
+            };
             assert!(std::ptr::eq(hashes.as_ptr(), r.block_hashes.as_ptr()));
             assert!(std::ptr::eq(counts.as_ptr(), r.block_token_counts.as_ptr()));
         }

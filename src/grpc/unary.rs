@@ -22,6 +22,7 @@ use bytes::{BufMut, Bytes, BytesMut};
 use inferencecache_proto::v1alpha1 as pb;
 use prost::Message;
 
+use super::lookup_wire::{self, DecodeScratch};
 use crate::http2::HeaderList;
 use crate::limits::MAX_MESSAGE_BYTES;
 use crate::lookup::{LookupConfig, lookup_route_now};
@@ -41,6 +42,8 @@ pub(super) const GRPC_OK_TRAILERS: &[u8] = b"\x00\x0bgrpc-status\x010";
 thread_local! {
     /// This core's lookup configuration (installed with the services).
     static LOOKUP_CONFIG: RefCell<Option<Arc<LookupConfig>>> = const { RefCell::new(None) };
+    /// This core's reused decode buffers.
+    static DECODE_SCRATCH: RefCell<DecodeScratch> = RefCell::new(DecodeScratch::default());
 }
 
 /// Installs this core's lookup configuration (with the tonic services).
@@ -67,24 +70,12 @@ pub(super) fn is_plain_lookup(head: &HeaderList) -> bool {
 /// into `out`; `Err` when the call must go to the general path (nothing recorded, nothing
 /// written).
 pub(super) fn answer(head: &HeaderList, received: Bytes, out: &mut BytesMut) -> Result<(), ()> {
-    if whole_message(&received).is_none() {
-        return Err(());
-    }
-    // Decoding from `Bytes` makes the block hashes slices of `received`, not copies.
-    let req = pb::LookupRouteRequest::decode(received.slice(HEADER_BYTES..)).map_err(|_| ())?;
-    // Handler entry, as on the general path: the message is in (`lookup_latency_us` and the
-    // caller's deadline count from here).
-    let start = Instant::now();
-    let deadline = head
-        .get(b"grpc-timeout")
-        .and_then(|v| std::str::from_utf8(v).ok())
-        .and_then(super::deadline::parse_grpc_timeout)
-        .and_then(|timeout| start.checked_add(timeout));
-    let resp = LOOKUP_CONFIG.with_borrow(|cfg| {
-        let cfg = cfg.as_ref().expect("lookup config installed on this core");
-        // Must wait (tokenizer or another core): the general path runs it again from the
-        // bytes; nothing was recorded for it yet.
-        lookup_route_now(cfg, req, start, deadline).ok()
+    let message = whole_message(&received).ok_or(())?;
+    let resp = DECODE_SCRATCH.with_borrow_mut(|scratch| {
+        let mut slices = Vec::new();
+        let resp = answer_message(head, message, scratch, &mut slices);
+        scratch.trim();
+        resp
     });
     let resp = resp.ok_or(())?;
     let len = resp.encoded_len();
@@ -93,6 +84,31 @@ pub(super) fn answer(head: &HeaderList, received: Bytes, out: &mut BytesMut) -> 
     out.put_u32(len as u32);
     resp.encode(out).expect("reserved the encoded length");
     Ok(())
+}
+
+/// Decodes `message` into a view (`None`: the general path decodes it with prost) and answers
+/// it if that needs no waiting.
+fn answer_message<'a>(
+    head: &HeaderList,
+    message: &'a [u8],
+    scratch: &'a mut DecodeScratch,
+    slices: &'a mut Vec<&'a [u8]>,
+) -> Option<pb::LookupRouteResponse> {
+    let req = lookup_wire::decode(message, scratch, slices)?;
+    // Handler entry, as on the general path: the message is in (`lookup_latency_us` and the
+    // caller's deadline count from here).
+    let start = Instant::now();
+    let deadline = head
+        .get(b"grpc-timeout")
+        .and_then(|v| std::str::from_utf8(v).ok())
+        .and_then(super::deadline::parse_grpc_timeout)
+        .and_then(|timeout| start.checked_add(timeout));
+    LOOKUP_CONFIG.with_borrow(|cfg| {
+        let cfg = cfg.as_ref().expect("lookup config installed on this core");
+        // Must wait (tokenizer or another core): the general path runs it again from the
+        // bytes; nothing was recorded for it yet.
+        lookup_route_now(cfg, &req, start, deadline)
+    })
 }
 
 /// The message of a body that is exactly one uncompressed gRPC message within the size limit.

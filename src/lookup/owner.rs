@@ -6,7 +6,9 @@ use std::time::Instant;
 
 use inferencecache_index::index::{BlockHashes, LookupQuery, Strategy};
 use inferencecache_index::policy::ResolvedPolicy;
-use inferencecache_index::resolve::{self, Resolution, ResolvedChain, ResolvedInputs};
+use inferencecache_index::resolve::{
+    self, LookupRouteView, Resolution, ResolvedChain, ResolvedInputs,
+};
 use inferencecache_proto::v1alpha1 as pb;
 
 use super::{Answer, OwnerCall, expired, reason, response};
@@ -19,10 +21,10 @@ fn bare(reason: &str, start: Instant, echo: Vec<u32>) -> pb::LookupRouteResponse
     response(reason, start, Vec::new(), echo, String::new())
 }
 
-/// Runs steps 6–13 for a call routed to this core.
+/// Runs steps 6–13 for a call that crossed the hop to this core.
 pub(super) fn answer(st: &mut CoreState, call: OwnerCall) -> Answer {
     let OwnerCall {
-        mut req,
+        req,
         model,
         tokenized,
         policy,
@@ -30,44 +32,85 @@ pub(super) fn answer(st: &mut CoreState, call: OwnerCall) -> Answer {
         deadline,
         block_size,
     } = call;
+    let ask = Ask {
+        model: &model,
+        tokenized,
+        policy: &policy,
+        start,
+        deadline,
+        block_size,
+    };
+    let resp = answer_view(st, &LookupRouteView::from(&req), ask);
+    (resp, model)
+}
+
+/// A call's inputs on the owner core besides the request itself.
+pub(super) struct Ask<'a> {
+    /// The request's model id (the request's own `model_id` is not read).
+    pub model: &'a str,
+    /// Tokens produced by the server's tokenizer for `prompt_text`, when that path ran.
+    pub tokenized: Option<Vec<u32>>,
+    /// The tenant's resolved policy (one snapshot for the whole call).
+    pub policy: &'a ResolvedPolicy,
+    /// Handler entry time.
+    pub start: Instant,
+    /// The effective deadline, if any.
+    pub deadline: Option<Instant>,
+    /// Engine block size for token-derived fingerprints.
+    pub block_size: i32,
+}
+
+/// Runs steps 6–13 on this core, the owner, over a borrowed request.
+pub(super) fn answer_view(
+    st: &mut CoreState,
+    req: &LookupRouteView<'_>,
+    ask: Ask<'_>,
+) -> pb::LookupRouteResponse {
+    let Ask {
+        model,
+        tokenized,
+        policy,
+        start,
+        deadline,
+        block_size,
+    } = ask;
     // Echoed in every scored answer; the resolver never reads it.
-    let adapter = std::mem::take(&mut req.adapter_id);
+    let adapter = req.adapter_id.to_string();
     let chain_on = policy.enable_chain_matching;
     // 6. Resolve inputs (wire fingerprints are borrowed from the request).
     let resolution = match tokenized {
         Some(tokens) => resolve::resolve_tokenized(tokens, chain_on, block_size),
-        None => resolve::resolve_inputs(&req, chain_on, block_size),
+        None => resolve::resolve_inputs(req, chain_on, block_size),
     };
     let inputs = match resolved_or_fail_open(resolution, start, deadline) {
         Ok(inputs) => inputs,
-        Err(early) => return (early, model),
+        Err(early) => return early,
     };
     // 9. minimumPrefixTokens: a pre-gate only when affinity is off, else a downgrade.
     let min_prefix = i64::from(policy.minimum_prefix_tokens);
     let below_min = min_prefix > 0 && inputs.effective_prefix_tokens() < min_prefix;
     if below_min && !policy.affinity_routing {
-        return (bare(reason::NO_HINT, start, inputs.echo.clone()), model);
+        return bare(reason::NO_HINT, start, inputs.echo.clone());
     }
     // 10–11. The index call.
     let lookup_start = Instant::now();
-    let found = query_index(st, &req, &model, &adapter, &inputs, &policy);
+    let found = query_index(st, req, model, &adapter, &inputs, policy);
     // The lookup ran concurrently with the deadline in the reference: a result that arrives
     // after the deadline, or a lookup slower than the budget, is a TIMEOUT (never credited).
     let budget_blown = policy
         .lookup_budget()
         .is_some_and(|b| lookup_start.elapsed() > b);
     if expired(deadline) || budget_blown {
-        return (bare(reason::TIMEOUT, start, inputs.echo.clone()), model);
+        return bare(reason::TIMEOUT, start, inputs.echo.clone());
     }
     // 12. Strategy gate and the result-side floors.
-    let strategy = gate_strategy(&found, &policy, below_min);
+    let strategy = gate_strategy(&found, policy, below_min);
     let scored = Scored {
         strategy,
         scores: found.scores,
         adapter,
     };
-    let resp = finish(st, &req, &model, &inputs, &policy, scored, start);
-    (resp, model)
+    finish(st, req, model, &inputs, policy, scored, start)
 }
 
 /// Step 7–8: the deadline after resolution wins over a fail-open answer (TIMEOUT, echoing any
@@ -106,7 +149,7 @@ struct Found {
 /// stage 1's input: the matched-tokens floor keeps replicas with matched ≥ floor.
 fn query_index(
     st: &mut CoreState,
-    req: &pb::LookupRouteRequest,
+    req: &LookupRouteView<'_>,
     model: &str,
     adapter: &str,
     inputs: &ResolvedInputs<'_>,
@@ -115,7 +158,7 @@ fn query_index(
     let derived_counts: Vec<i32>;
     let (block_hashes, block_token_counts): (BlockHashes<'_>, &[i32]) = match &inputs.chain {
         ResolvedChain::None => (BlockHashes::default(), &[]),
-        ResolvedChain::Wire { hashes, counts } => ((*hashes).into(), counts),
+        ResolvedChain::Wire { hashes, counts } => (*hashes, counts),
         ResolvedChain::Derived { hashes, block_size } => {
             derived_counts = vec![*block_size; hashes.len()];
             (hashes.as_slice().into(), &derived_counts)
@@ -123,9 +166,9 @@ fn query_index(
     };
     let slo = req.slo.unwrap_or_default();
     let query = LookupQuery {
-        tenant: &req.tenant_id,
+        tenant: req.tenant_id,
         model,
-        hash_scheme: &req.hash_scheme,
+        hash_scheme: req.hash_scheme,
         adapter,
         prefix_hash: inputs.exact_hash.as_bytes(),
         token_count: inputs.exact_tokens,
@@ -200,7 +243,7 @@ struct Scored {
 /// replicas delivered; only PREFIX_MATCH and TENANT_HOT carry scores.
 fn finish(
     st: &mut CoreState,
-    req: &pb::LookupRouteRequest,
+    req: &LookupRouteView<'_>,
     model: &str,
     inputs: &ResolvedInputs<'_>,
     policy: &ResolvedPolicy,
@@ -236,7 +279,7 @@ fn finish(
 /// The affinity pick (§10.7): eligible when the raw request is well formed and a seed exists.
 fn affinity_pick(
     st: &CoreState,
-    req: &pb::LookupRouteRequest,
+    req: &LookupRouteView<'_>,
     model: &str,
     inputs: &ResolvedInputs<'_>,
 ) -> Option<pb::ReplicaScore> {
@@ -250,7 +293,7 @@ fn affinity_pick(
     let seed = inputs.affinity_seed()?;
     let pick = st
         .index
-        .affinity_hint(&req.tenant_id, model, &req.hash_scheme, &seed)?;
+        .affinity_hint(req.tenant_id, model, req.hash_scheme, &seed)?;
     Some(pb::ReplicaScore {
         replica_id: pick.to_string(),
         ..Default::default()
@@ -287,10 +330,10 @@ pub fn rank_pool(
     q: &PoolQuery<'_>,
     in_pool: impl Fn(&str) -> bool,
 ) -> (Strategy, Vec<pb::ReplicaScore>, Vec<String>) {
-    let req = pb::LookupRouteRequest {
-        tenant_id: q.tenant.to_string(),
-        hash_scheme: q.hash_scheme.to_string(),
-        prefix_hash: q.prefix_hash.to_vec(),
+    let req = LookupRouteView {
+        tenant_id: q.tenant,
+        hash_scheme: q.hash_scheme,
+        prefix_hash: q.prefix_hash,
         prefix_token_count: q.prefix_token_count,
         ..Default::default()
     };

@@ -5,9 +5,10 @@ use std::time::{Duration, Instant};
 
 use inferencecache_index::PROBE_TENANT;
 use inferencecache_index::policy::ResolvedPolicy;
-use inferencecache_index::resolve::{self, DEFAULT_TOKENIZE_TIMEOUT};
+use inferencecache_index::resolve::{self, DEFAULT_TOKENIZE_TIMEOUT, LookupRouteView};
 use inferencecache_proto::v1alpha1 as pb;
 
+use super::owner::Ask;
 use super::{Answer, LookupConfig, OwnerCall, envelope, expired, reason};
 use crate::limits::MAX_ID_BYTES;
 use crate::runtime::mailbox::{self, HopError};
@@ -41,10 +42,9 @@ pub async fn lookup_route(
     start: Instant,
     caller_deadline: Option<Instant>,
 ) -> pb::LookupRouteResponse {
-    let req = match lookup_route_now(cfg, req, start, caller_deadline) {
-        Ok(answered) => return answered,
-        Err(must_wait) => must_wait,
-    };
+    if let Some(answered) = lookup_route_now(cfg, &(&req).into(), start, caller_deadline) {
+        return answered;
+    }
     let (resp, model) = lookup_route_inner(cfg, req, start, caller_deadline).await;
     record(&resp, &model, start);
     resp
@@ -52,61 +52,54 @@ pub async fn lookup_route(
 
 /// Answers a LookupRoute without waiting when nothing in it has to: the owner is this core and
 /// no prompt needs the tokenizer (the gRPC front end's inline path, and the first step of
-/// [`lookup_route`]). A call that must wait is handed back untouched, before any side effect,
-/// for [`lookup_route`] to answer.
-// The request goes back by value: boxing it would allocate on every call that must wait.
+/// [`lookup_route`]). `None` when the call must wait, before any side effect: the caller then
+/// answers it with [`lookup_route`].
 // Out of line so both front ends' calls reach one symbol (perf/sweep_stall.sh's uprobe).
-#[allow(clippy::result_large_err)]
 #[inline(never)]
 pub fn lookup_route_now(
     cfg: &LookupConfig,
-    req: pb::LookupRouteRequest,
+    req: &LookupRouteView<'_>,
     start: Instant,
     caller_deadline: Option<Instant>,
-) -> Result<pb::LookupRouteResponse, pb::LookupRouteRequest> {
-    if let Some(early) = early_answer(&req, start) {
-        return Ok(early);
+) -> Option<pb::LookupRouteResponse> {
+    if let Some(early) = early_answer(req, start) {
+        return Some(early);
     }
-    let policy = with_core(|st| st.policy.resolve(&req.tenant_id));
-    let deadline = effective_deadline(&req, &policy, start, caller_deadline);
-    let local = shard::current_core() == Some(owner(&req.tenant_id, &req.model_id));
+    let policy = with_core(|st| st.policy.resolve(req.tenant_id));
+    let deadline = effective_deadline(req, &policy, start, caller_deadline);
+    let local = shard::current_core() == Some(owner(req.tenant_id, req.model_id));
     let tokenizes = matches!(
-        resolve::resolve_inputs(&req, policy.enable_chain_matching, cfg.engine_block_size),
+        resolve::resolve_inputs(req, policy.enable_chain_matching, cfg.engine_block_size),
         resolve::Resolution::Tokenize { .. }
     );
-    let gated = gates(&req, &policy, start, deadline);
+    let gated = gates(req, &policy, start, deadline);
     if gated.is_none() && (!local || tokenizes) {
-        return Err(req);
+        return None;
     }
-    let mut req = req;
-    let model = std::mem::take(&mut req.model_id);
     let resp = match gated {
         Some(refusal) => refusal,
         None => {
             crate::metrics::record_hop(true);
-            let call = OwnerCall {
-                req,
-                model,
+            let ask = Ask {
+                model: req.model_id,
                 tokenized: None,
-                policy,
+                policy: &policy,
                 start,
                 deadline,
                 block_size: cfg.engine_block_size,
             };
-            let (resp, model) = with_core(|st| super::owner::answer(st, call));
-            record(&resp, &model, start);
-            return Ok(resp);
+            with_core(|st| super::owner::answer_view(st, req, ask))
         }
     };
-    record(&resp, &model, start);
-    Ok(resp)
+    record(&resp, req.model_id, start);
+    Some(resp)
 }
 
 /// Step 1 (the probe tenant, latency 0) and names too long to match: answered before anything
 /// else, without touching the index.
-fn early_answer(req: &pb::LookupRouteRequest, start: Instant) -> Option<pb::LookupRouteResponse> {
+fn early_answer(req: &LookupRouteView<'_>, start: Instant) -> Option<pb::LookupRouteResponse> {
     if req.tenant_id == PROBE_TENANT {
-        crate::metrics::record_lookup(&req.model_id, reason::NO_HINT, false, Duration::ZERO);
+        crate::metrics::record_lookup(req.model_id, reason::NO_HINT, false, Duration::ZERO);
         let mut r = envelope(reason::NO_HINT, start, Vec::new());
         r.lookup_latency_us = 0;
         return Some(r);
@@ -118,7 +111,7 @@ fn early_answer(req: &pb::LookupRouteRequest, start: Instant) -> Option<pb::Look
         &req.adapter_id,
     ];
     if ids.iter().any(|id| id.len() > MAX_ID_BYTES) {
-        crate::metrics::record_lookup(&req.model_id, reason::NO_HINT, false, start.elapsed());
+        crate::metrics::record_lookup(req.model_id, reason::NO_HINT, false, start.elapsed());
         return Some(envelope(reason::NO_HINT, start, Vec::new()));
     }
     None
@@ -142,9 +135,9 @@ async fn lookup_route_inner(
     caller_deadline: Option<Instant>,
 ) -> Answer {
     let policy = with_core(|st| st.policy.resolve(&req.tenant_id));
-    let deadline = effective_deadline(&req, &policy, start, caller_deadline);
+    let deadline = effective_deadline(&(&req).into(), &policy, start, caller_deadline);
     let model = std::mem::take(&mut req.model_id);
-    if let Some(refusal) = gates(&req, &policy, start, deadline) {
+    if let Some(refusal) = gates(&(&req).into(), &policy, start, deadline) {
         return (refusal, model);
     }
     let tokenized = match tokenize_prompt(cfg, &mut req, &model, &policy, start, deadline).await {
@@ -166,7 +159,7 @@ async fn lookup_route_inner(
 /// Steps 2–3: min(caller deadline, now + lookupTimeoutMs), else the default tokenize deadline
 /// when the call will tokenize.
 fn effective_deadline(
-    req: &pb::LookupRouteRequest,
+    req: &LookupRouteView<'_>,
     policy: &ResolvedPolicy,
     start: Instant,
     caller_deadline: Option<Instant>,
@@ -184,7 +177,7 @@ fn effective_deadline(
 
 /// Steps 4–5: an already expired deadline, then the requireChain gate.
 fn gates(
-    req: &pb::LookupRouteRequest,
+    req: &LookupRouteView<'_>,
     policy: &ResolvedPolicy,
     start: Instant,
     deadline: Option<Instant>,
@@ -210,7 +203,7 @@ async fn tokenize_prompt(
 ) -> Result<Option<Vec<u32>>, pb::LookupRouteResponse> {
     let chain_on = policy.enable_chain_matching;
     if !matches!(
-        resolve::resolve_inputs(req, chain_on, cfg.engine_block_size),
+        resolve::resolve_inputs(&(&*req).into(), chain_on, cfg.engine_block_size),
         resolve::Resolution::Tokenize { .. }
     ) {
         return Ok(None);

@@ -115,7 +115,18 @@ pub enum BlockHashes<'a> {
     Bytes(&'a [bytes::Bytes]),
     /// Fixed 8-byte (big-endian u64) hashes.
     Fixed(&'a [[u8; 8]]),
+    /// Borrowed slices (hashes of other lengths decoded straight from the wire).
+    Slices(&'a [&'a [u8]]),
 }
+
+/// Equal when they hold the same hashes in the same order, however each side holds them.
+impl PartialEq for BlockHashes<'_> {
+    fn eq(&self, other: &Self) -> bool {
+        self.len() == other.len() && (0..self.len()).all(|i| self.get(i) == other.get(i))
+    }
+}
+
+impl Eq for BlockHashes<'_> {}
 
 impl Default for BlockHashes<'_> {
     fn default() -> Self {
@@ -131,6 +142,7 @@ impl<'a> BlockHashes<'a> {
             Self::Vecs(h) => h.len(),
             Self::Bytes(h) => h.len(),
             Self::Fixed(h) => h.len(),
+            Self::Slices(h) => h.len(),
         }
     }
 
@@ -147,6 +159,7 @@ impl<'a> BlockHashes<'a> {
             Self::Vecs(h) => &h[i],
             Self::Bytes(h) => &h[i],
             Self::Fixed(h) => &h[i],
+            Self::Slices(h) => h[i],
         }
     }
 }
@@ -495,6 +508,7 @@ impl Index {
             BlockHashes::Vecs(h) => self.walk_blocks(h, q.block_token_counts, ks, now, ttl),
             BlockHashes::Bytes(h) => self.walk_blocks(h, q.block_token_counts, ks, now, ttl),
             BlockHashes::Fixed(h) => self.walk_blocks(h, q.block_token_counts, ks, now, ttl),
+            BlockHashes::Slices(h) => self.walk_blocks(h, q.block_token_counts, ks, now, ttl),
         }
     }
 
