@@ -21,6 +21,8 @@ TARGETS=(
   "kvevent-subscriber|--test fuzz_decode|fuzz_batch_payloads"
   "kvevent-subscriber|--test fuzz_decode|fuzz_multipart_frames"
   "inference-cache|--bin inference-cache-server|admin::probe::tests::fuzz_probe_body"
+  "inference-cache|--lib|grpc::lookup_wire::tests::damaged_messages_decode_as_prost_does_or_not_at_all"
+  "inference-cache|--lib|grpc::lookup_wire::tests::arbitrary_bytes_decode_as_prost_does_or_not_at_all"
 )
 
 # Prints the path of the release test executable cargo builds for `package selector`.
