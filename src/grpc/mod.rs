@@ -1,4 +1,4 @@
-//! The gRPC front of each core: serves a connection dealt to the core (TLS, HTTP/2 via h2),
+//! The gRPC front of each core: serves a connection dealt to the core (TLS, HTTP/2 via `http2`),
 //! dispatches each request by path to the InferenceCache service, health or reflection, and maps
 //! statuses the way grpc-go clients expect.
 
