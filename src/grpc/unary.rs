@@ -51,19 +51,27 @@ pub(super) fn install(cfg: Arc<LookupConfig>) {
     LOOKUP_CONFIG.with_borrow_mut(|c| *c = Some(cfg));
 }
 
-/// Whether a request is a plain LookupRoute (uncompressed gRPC over POST).
+/// Whether a request is a plain LookupRoute (uncompressed gRPC over POST). A repeated
+/// `content-type` or `grpc-encoding` is left to the general path (which reads the first).
 pub(super) fn is_plain_lookup(head: &HeaderList) -> bool {
-    let (mut post, mut path, mut grpc, mut identity) = (false, false, false, true);
+    let (mut post, mut path) = (false, false);
+    let (mut content_types, mut grpc, mut encodings, mut identity) = (0, false, 0, true);
     for (name, value) in head.iter() {
         match name {
             b":method" => post = value == b"POST",
             b":path" => path = value == LOOKUP_ROUTE_PATH,
-            b"content-type" => grpc = value == b"application/grpc",
-            b"grpc-encoding" => identity = value == b"identity",
+            b"content-type" => {
+                content_types += 1;
+                grpc = value == b"application/grpc";
+            }
+            b"grpc-encoding" => {
+                encodings += 1;
+                identity = value == b"identity";
+            }
             _ => {}
         }
     }
-    post && path && grpc && identity
+    post && path && grpc && identity && content_types == 1 && encodings <= 1
 }
 
 /// Answers a plain LookupRoute whose body is `received`, writing the length-prefixed answer

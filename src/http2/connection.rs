@@ -765,7 +765,8 @@ impl<S: AsyncRead + AsyncWrite + Unpin, H: Service> Connection<S, H> {
             return Err(ConnError(Reason::PROTOCOL_ERROR));
         };
         // Padding is consumed at once; the data when it is read.
-        self.recv_unreleased += payload.len() - (end - start);
+        let padding = payload.len() - (end - start);
+        self.recv_unreleased += padding;
         let data = payload.slice(start..end);
         let end_stream = head.has(flag::END_STREAM);
         match self.streams.get_mut(&head.stream) {
@@ -816,7 +817,24 @@ impl<S: AsyncRead + AsyncWrite + Unpin, H: Service> Connection<S, H> {
                 }
             }
         }
+        self.return_stream_padding(head.stream, padding, end_stream);
         Ok(())
+    }
+
+    /// Padding counts against the stream's window but is never read, so it goes back to the
+    /// peer at once (RFC 9113 §6.1), as it does for the connection; otherwise a stream of
+    /// padded frames stalls for good.
+    fn return_stream_padding(&mut self, id: u32, padding: usize, end_stream: bool) {
+        if padding == 0 || end_stream {
+            return;
+        }
+        let window = match self.streams.get_mut(&id) {
+            Some(Stream::Inline { recv_window, .. }) => recv_window,
+            Some(Stream::General(g)) if !g.flow.recv_closed => &mut g.flow.recv_window,
+            _ => return,
+        };
+        *window += padding as i64;
+        frame::put_window_update(&mut self.out, id, padding as u32);
     }
 
     /// DATA on an inline candidate: answered now when it is the whole body; anything else

@@ -94,6 +94,9 @@ pub enum Decoded {
 pub struct Decoder {
     hpack: super::hpack::Decoder,
     max_list_bytes: usize,
+    /// The last `(:scheme, :authority)` pair that parsed as a URI: clients send the same pair
+    /// on every request, so a repeat is a compare.
+    uri_memo: Option<(Vec<u8>, Vec<u8>)>,
 }
 
 /// An HPACK decoding failure: a connection error of type COMPRESSION_ERROR.
@@ -113,6 +116,7 @@ impl Decoder {
         Decoder {
             hpack: super::hpack::Decoder::new(DECODER_TABLE_BYTES),
             max_list_bytes,
+            uri_memo: None,
         }
     }
 
@@ -148,14 +152,45 @@ impl Decoder {
                 arena.put_slice(value);
             })
             .map_err(|_| CompressionError)?;
-        let list = arena.split().freeze();
+        let list = HeaderList {
+            buf: arena.split().freeze(),
+        };
         Ok(if check.size > max {
             Decoded::TooLarge
-        } else if check.malformed || (!trailers && (check.seen_pseudo & REQUIRED) != REQUIRED) {
+        } else if check.malformed
+            || (!trailers && (check.seen_pseudo & REQUIRED) != REQUIRED)
+            || (!trailers && !self.uri_parses(&list))
+        {
             Decoded::Malformed
         } else {
-            Decoded::List(HeaderList { buf: list })
+            Decoded::List(list)
         })
+    }
+
+    /// Whether the request's `:scheme` and `:authority` parse as [`HeaderList::to_request`]
+    /// parses them. Checked here, for every request, so that a request the general path could
+    /// not convert is malformed on the inline path too (one answer for the same bytes).
+    fn uri_parses(&mut self, list: &HeaderList) -> bool {
+        // Without `:authority` the request's URI is its path alone (as in `to_request`).
+        let Some(authority) = list.get(b":authority") else {
+            return true;
+        };
+        let scheme = list.get(b":scheme").unwrap_or_default();
+        if let Some((s, a)) = &self.uri_memo
+            && s == scheme
+            && a == authority
+        {
+            return true;
+        }
+        let uri = http::Uri::builder()
+            .scheme(scheme)
+            .authority(authority)
+            .path_and_query("/")
+            .build();
+        if uri.is_ok() {
+            self.uri_memo = Some((scheme.to_vec(), authority.to_vec()));
+        }
+        uri.is_ok()
     }
 }
 
@@ -172,7 +207,9 @@ impl ListCheck {
         if name.len() > usize::from(u16::MAX) || value.len() > usize::from(u16::MAX) {
             return false;
         }
-        if value.iter().any(|b| matches!(b, 0 | b'\r' | b'\n')) {
+        // NUL, CR and LF are malformed (§8.2.1); like grpc-go and the `http` crate, so is any
+        // other control character but HTAB.
+        if value.iter().any(|&b| (b < 0x20 && b != b'\t') || b == 0x7f) {
             return false;
         }
         if let Some(pseudo) = name.strip_prefix(b":") {

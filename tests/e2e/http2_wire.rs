@@ -515,6 +515,149 @@ async fn message_then_empty_end_frame(shards: usize) {
 }
 shards_1_and_2!(message_then_empty_end_frame);
 
+/// Sends a LookupRoute with `fields` on `stream`, inline (message and end in one write) or
+/// split (the end 50 ms later, so the general path answers), and returns what became of it.
+async fn lookup_with_fields(
+    c: &mut FrameConn,
+    stream: u32,
+    fields: &[(&str, &str)],
+    split: bool,
+) -> Failure {
+    let mut w = headers(stream, &header_block(fields), false);
+    w.extend_from_slice(&data(stream, &lookup_body(), !split));
+    let _ = c.write(&w).await;
+    if split {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let _ = c.write(&data(stream, &[], true)).await;
+    }
+    c.failure(stream).await
+}
+
+/// A request the general path cannot take (a control character in a value, an authority or a
+/// scheme that does not parse) is refused the same way on the inline path: a stream error
+/// PROTOCOL_ERROR whatever the framing, never an answer (RFC 9113 §8.2.1, §8.1.1; grpc-go
+/// refuses the same). Found by an abuse run: the inline path answered them with success.
+async fn a_malformed_field_is_refused_in_every_framing(shards: usize) {
+    let mut srv = Server::start(shards, &[]);
+    let mut c = FrameConn::handshake(srv.grpc_port).await;
+    let mut stream = 1;
+    for (name, value) in [
+        ("x-a", "a\u{1}b"),
+        ("x-a", "a\u{7f}b"),
+        ("grpc-timeout", "1S\u{1}"),
+        (":authority", "a b"),
+        (":authority", "[zz"),
+        (":scheme", "h t"),
+    ] {
+        let mut fields: Vec<(&str, &str)> = grpc_request_fields(LOOKUP_PATH)
+            .into_iter()
+            .filter(|(n, _)| *n != name)
+            .collect();
+        fields.push((name, value));
+        for split in [false, true] {
+            let f = lookup_with_fields(&mut c, stream, &fields, split).await;
+            assert!(
+                matches!(f, Failure::Reset(code::PROTOCOL_ERROR)),
+                "{name}: {value:?}, split {split}: {f:?}"
+            );
+            stream += 2;
+        }
+    }
+    send_lookup(&mut c, stream).await;
+    lookup_answer(&c.reply(stream).await, "same connection");
+    assert_answers_within(&mut srv, Duration::from_secs(5), "after malformed fields").await;
+}
+shards_1_and_2!(a_malformed_field_is_refused_in_every_framing);
+
+/// A repeated `grpc-encoding` or `content-type` gets the general path's answer in every
+/// framing (the inline path used to read the last value, tonic reads the first).
+async fn repeated_grpc_fields_get_one_answer_in_every_framing(shards: usize) {
+    let srv = Server::start(shards, &[]);
+    let mut c = FrameConn::handshake(srv.grpc_port).await;
+    let mut stream = 1;
+    for extra in [
+        [("grpc-encoding", "gzip"), ("grpc-encoding", "identity")],
+        [
+            ("content-type", "application/json"),
+            ("content-type", "application/grpc"),
+        ],
+    ] {
+        let mut fields: Vec<(&str, &str)> = grpc_request_fields(LOOKUP_PATH)
+            .into_iter()
+            .filter(|(n, _)| *n != extra[0].0)
+            .collect();
+        fields.extend(extra);
+        let inline = lookup_with_fields(&mut c, stream, &fields, false).await;
+        let general = lookup_with_fields(&mut c, stream + 2, &fields, true).await;
+        stream += 4;
+        assert_eq!(
+            format!("{inline:?}"),
+            format!("{general:?}"),
+            "{extra:?}: inline {inline:?}, general {general:?}"
+        );
+    }
+}
+shards_1_and_2!(repeated_grpc_fields_get_one_answer_in_every_framing);
+
+/// A body sent in padded DATA frames, 100 bytes of data and 255 of padding each, within the
+/// server's windows: the padding comes back to the stream's window as well as the
+/// connection's (RFC 9113 §6.1), so the 1.4 MiB of padding in this body never stalls it. Found
+/// by an abuse run: the stream's window never got its padding back and stalled for good.
+async fn padded_body_past_the_stream_window_completes(shards: usize) {
+    let srv = Server::start(shards, &[]);
+    let mut c = FrameConn::handshake(srv.grpc_port).await;
+    c.drain(Duration::from_millis(200), 64).await;
+    let update = pb::CacheStateUpdate {
+        replica_id: "r-pad".into(),
+        model_id: "m-pad".into(),
+        tenant_id: "t-pad".into(),
+        hash_scheme: "vllm".into(),
+        prefixes: (0..5_000u32)
+            .map(|i| pb::PrefixEntry {
+                prefix_hash: i.to_be_bytes().repeat(25),
+                token_count: 16,
+                ..Default::default()
+            })
+            .collect(),
+        ..Default::default()
+    };
+    let body = grpc_message(&update.encode_to_vec()).to_vec();
+    let (chunk, pad) = (100usize, 255u8);
+    let frame_flow = 1 + chunk + pad as usize;
+    assert!(
+        body.len() / chunk * pad as usize > 1 << 20,
+        "padding must exceed the stream window"
+    );
+    c.send(&headers(1, &grpc_request_block(REPORT_PATH), false))
+        .await;
+    let mut off = 0;
+    for _ in 0..100_000 {
+        if off == body.len() {
+            break;
+        }
+        let room = c.conn_send_window.min(c.stream_send_window(1));
+        if room < frame_flow as i64 {
+            let ev = c.next_within(Duration::from_secs(3)).await;
+            assert!(
+                ev.is_some(),
+                "stalled at {off} of {} bytes: no window came back",
+                body.len()
+            );
+            continue;
+        }
+        let n = chunk.min(body.len() - off);
+        let end = off + n == body.len();
+        c.send(&padded_data(1, &body[off..off + n], pad, end)).await;
+        c.count_sent(1, 1 + n + pad as usize);
+        off += n;
+    }
+    assert_eq!(off, body.len());
+    let reply = c.reply(1).await;
+    let msg = reply.expect_one_message("padded body");
+    pb::Ack::decode(&msg[..]).expect("an Ack");
+}
+shards_1_and_2!(padded_body_past_the_stream_window_completes);
+
 /// Every request body the server takes from the connection window comes back, whatever became
 /// of the stream: answered inline, a message then an empty end frame, split, trailed, reset by
 /// the client after its message, or reset while the server waits for the end. 3,000 streams of
