@@ -119,6 +119,11 @@ pub const HTTP2_WRITE_BUFFER_BYTES: usize = 256 * 1024;
 /// Streams a connection remembers having reset, so the peer's late frames on them are ignored
 /// rather than treated as protocol errors.
 pub const HTTP2_RECENT_RESETS: usize = 64;
+/// Response body bytes one gRPC connection may hold queued on its streams (answers waiting for
+/// the peer's flow-control window); past it the connection refuses new streams with
+/// REFUSED_STREAM until they drain, so a peer that never reads cannot make the server hold
+/// answer after answer (`inferencecache_limit_hits_total{limit="http2_queued_response_bytes"}`).
+pub const HTTP2_MAX_QUEUED_RESPONSE_BYTES: usize = 16 * 1024 * 1024;
 /// Response bytes h2 buffers per stream before asking the handler to wait (hyper's default).
 pub const HTTP2_MAX_SEND_BUFFER_BYTES: usize = 400 * 1024;
 /// Longest a client may take to send the HTTP/2 preface after connecting (or after the TLS

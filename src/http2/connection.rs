@@ -17,6 +17,7 @@ use std::collections::{HashMap, VecDeque};
 use std::future::{Future, poll_fn};
 use std::hash::{BuildHasherDefault, Hasher};
 use std::pin::{Pin, pin};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
@@ -27,8 +28,9 @@ use futures_lite::{AsyncRead, AsyncWrite};
 use crate::limits::{
     DRAIN_TIMEOUT, HTTP2_CONNECTION_WINDOW_BYTES, HTTP2_KEEPALIVE_INTERVAL,
     HTTP2_KEEPALIVE_TIMEOUT, HTTP2_MAX_HEADER_BLOCK_BYTES, HTTP2_MAX_HEADER_LIST_BYTES,
-    HTTP2_MAX_SEND_BUFFER_BYTES, HTTP2_PREFACE_TIMEOUT, HTTP2_RECENT_RESETS,
-    HTTP2_STREAM_WINDOW_BYTES, HTTP2_WRITE_BUFFER_BYTES, MAX_CONCURRENT_STREAMS,
+    HTTP2_MAX_QUEUED_RESPONSE_BYTES, HTTP2_MAX_SEND_BUFFER_BYTES, HTTP2_PREFACE_TIMEOUT,
+    HTTP2_RECENT_RESETS, HTTP2_STREAM_WINDOW_BYTES, HTTP2_WRITE_BUFFER_BYTES,
+    MAX_CONCURRENT_STREAMS,
 };
 
 use super::frame::{self, FrameHeader, Reason, flag, kind, setting};
@@ -191,6 +193,8 @@ struct Connection<S, H> {
     /// Connection-level bytes consumed and not yet returned with a WINDOW_UPDATE.
     recv_unreleased: usize,
     wakeups: Arc<Mutex<Wakeups>>,
+    /// Response body bytes queued on this connection's streams (shared with their links).
+    queued: Arc<AtomicUsize>,
     visit: Vec<u32>,
     blocked: Vec<u32>,
     /// Inline candidates holding their message until the end of the read batch.
@@ -244,6 +248,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin, H: Service> Connection<S, H> {
             recv_window: i64::from(HTTP2_CONNECTION_WINDOW_BYTES).max(frame::DEFAULT_WINDOW),
             recv_unreleased: 0,
             wakeups: Arc::default(),
+            queued: Arc::default(),
             visit: Vec::new(),
             blocked: Vec::new(),
             holding: Vec::new(),
@@ -267,6 +272,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin, H: Service> Connection<S, H> {
                 Err(Closed) => return Poll::Ready(()),
             };
             progressed |= self.visit_streams();
+            progressed |= self.visit_streams_waiting_for_room();
             self.release_connection_window();
             match self.flush(cx) {
                 Ok(p) => progressed |= p,
@@ -697,6 +703,13 @@ impl<S: AsyncRead + AsyncWrite + Unpin, H: Service> Connection<S, H> {
             self.reset_stream(id, Reason::REFUSED_STREAM);
             return Ok(());
         }
+        // A peer that does not read its answers gets no new ones: past the bound, new streams
+        // are refused (retryable, and a gateway fails open) until the queued answers drain.
+        if self.queued.load(Ordering::Relaxed) >= HTTP2_MAX_QUEUED_RESPONSE_BYTES {
+            crate::metrics::record_limit_hit("http2_queued_response_bytes");
+            self.reset_stream(id, Reason::REFUSED_STREAM);
+            return Ok(());
+        }
         if !end_stream && self.service.is_inline(&list) {
             let recv_window = i64::from(HTTP2_STREAM_WINDOW_BYTES);
             self.streams.insert(
@@ -914,6 +927,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin, H: Service> Connection<S, H> {
                 end: false,
             });
             s.queued_bytes = self.answer.len();
+            self.queued.fetch_add(self.answer.len(), Ordering::Relaxed);
             s.outgoing.push_back(Outgoing::Data {
                 bytes: self.answer.split().freeze(),
                 end: false,
@@ -932,6 +946,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin, H: Service> Connection<S, H> {
             id,
             shared: Arc::new(Mutex::new(Shared::default())),
             wakeups: self.wakeups.clone(),
+            queued: self.queued.clone(),
         }
     }
 
@@ -1105,6 +1120,7 @@ fn return_read_window(id: u32, flow: &mut Flow, s: &mut Shared, out: &mut BytesM
 struct SendState<'a> {
     out: &'a mut BytesMut,
     connection_window: &'a mut i64,
+    queued: &'a AtomicUsize,
     max_frame: usize,
 }
 
@@ -1134,6 +1150,7 @@ impl SendState<'_> {
                     *self.connection_window -= n as i64;
                     flow.send_window -= n as i64;
                     s.queued_bytes -= n;
+                    self.queued.fetch_sub(n, Ordering::Relaxed);
                     if !last {
                         continue;
                     }
@@ -1158,6 +1175,7 @@ fn end_shared(link: &StreamLink, reason: Reason) {
     let mut s = link.lock();
     s.reset.get_or_insert(reason);
     s.outgoing.clear();
+    link.queued.fetch_sub(s.queued_bytes, Ordering::Relaxed);
     s.queued_bytes = 0;
     if let Some(waker) = s.recv_waker.take() {
         waker.wake();
@@ -1213,6 +1231,24 @@ impl<S: AsyncRead + AsyncWrite + Unpin, H: Service> Connection<S, H> {
         progressed
     }
 
+    /// Once the queued answers are below their bound, the streams whose task waited for room
+    /// are visited (which wakes them) next round. Returns whether there were any.
+    fn visit_streams_waiting_for_room(&mut self) -> bool {
+        if !self.has_general_streams()
+            || self.queued.load(Ordering::Relaxed) >= HTTP2_MAX_QUEUED_RESPONSE_BYTES
+        {
+            return false;
+        }
+        let mut w = self.wakeups.lock().unwrap_or_else(|e| e.into_inner());
+        let any = !w.waiting_for_room.is_empty();
+        for id in w.waiting_for_room.drain(..) {
+            if !self.visit.contains(&id) {
+                self.visit.push(id);
+            }
+        }
+        any
+    }
+
     /// Moves one stream's returned window and queued output to the wire. Returns whether
     /// anything was written.
     fn visit_stream(&mut self, id: u32) -> bool {
@@ -1227,6 +1263,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin, H: Service> Connection<S, H> {
         let mut send = SendState {
             out: &mut self.out,
             connection_window: &mut self.send_window,
+            queued: &self.queued,
             max_frame: self.peer_max_frame,
         };
         let ended = send.write_queued(id, &mut g.flow, s);

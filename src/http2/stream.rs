@@ -8,6 +8,7 @@
 
 use std::collections::VecDeque;
 use std::future::poll_fn;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Context, Poll, Waker};
 
@@ -15,6 +16,7 @@ use bytes::{Bytes, BytesMut};
 use http::HeaderMap;
 
 use super::frame::Reason;
+use crate::limits::HTTP2_MAX_QUEUED_RESPONSE_BYTES;
 
 /// One queued piece of a response, in the order it goes on the wire.
 pub(super) enum Outgoing {
@@ -59,6 +61,9 @@ pub(super) struct Wakeups {
     /// Streams with something new for the connection (queued output, released window).
     pub streams: Vec<u32>,
     pub connection: Option<Waker>,
+    /// Streams whose task waits because the connection's queued answers reached
+    /// [`HTTP2_MAX_QUEUED_RESPONSE_BYTES`]; visited (and so woken) once they are below it.
+    pub waiting_for_room: Vec<u32>,
 }
 
 /// The handle a stream's halves use to reach their connection.
@@ -67,11 +72,26 @@ pub(super) struct StreamLink {
     pub id: u32,
     pub shared: Arc<Mutex<Shared>>,
     pub wakeups: Arc<Mutex<Wakeups>>,
+    /// Response body bytes queued on all of the connection's streams (the connection stops
+    /// taking new requests past [`HTTP2_MAX_QUEUED_RESPONSE_BYTES`]).
+    pub queued: Arc<AtomicUsize>,
 }
 
 impl StreamLink {
     pub(super) fn lock(&self) -> MutexGuard<'_, Shared> {
         self.shared.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Whether the connection's queued answers are at their bound; if so the stream is put on
+    /// the list the connection visits once they are below it. Checked under the list's lock,
+    /// which the connection takes after it lowers the count, so no wake-up is lost.
+    fn wait_for_room(&self) -> bool {
+        let mut w = self.wakeups.lock().unwrap_or_else(|e| e.into_inner());
+        let full = self.queued.load(Ordering::Relaxed) >= HTTP2_MAX_QUEUED_RESPONSE_BYTES;
+        if full && !w.waiting_for_room.contains(&self.id) {
+            w.waiting_for_room.push(self.id);
+        }
+        full
     }
 
     /// Puts the stream on the connection's list and wakes the connection (once per visit).
@@ -199,6 +219,7 @@ impl Responder {
         }
         if let Outgoing::Data { bytes, .. } = &out {
             s.queued_bytes += bytes.len();
+            self.link.queued.fetch_add(bytes.len(), Ordering::Relaxed);
         }
         s.send_ended = end;
         s.outgoing.push_back(out);
@@ -211,14 +232,15 @@ impl Responder {
         self.push(Outgoing::Headers { block, end }, end)
     }
 
-    /// Queues body bytes once fewer than the per-stream bound are queued.
+    /// Queues body bytes once fewer than the per-stream bound are queued and the connection
+    /// as a whole holds fewer than [`HTTP2_MAX_QUEUED_RESPONSE_BYTES`].
     pub async fn send_data(&self, bytes: Bytes, end: bool) -> Result<(), StreamError> {
         poll_fn(|cx| {
             let mut s = self.link.lock();
             if let Some(reason) = s.reset {
                 return Poll::Ready(Err(StreamError(reason)));
             }
-            if s.queued_bytes < self.max_queued {
+            if s.queued_bytes < self.max_queued && !self.link.wait_for_room() {
                 return Poll::Ready(Ok(()));
             }
             s.send_waker = Some(cx.waker().clone());

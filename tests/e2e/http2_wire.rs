@@ -324,6 +324,156 @@ async fn preload_replicas(srv: &Server, count: usize, id_len: usize) {
     assert!(report(&mut c, updates).await.accepted);
 }
 
+/// A peer that never opens its windows (SETTINGS_INITIAL_WINDOW_SIZE 0) and sends 120
+/// LookupRoutes whose answers are ~600 KB each: the server does not hold 70 MB of answers for
+/// it. Past 16 MiB queued, new streams are refused (REFUSED_STREAM, counted in
+/// `inferencecache_limit_hits_total{limit="http2_queued_response_bytes"}`) and the general
+/// path's handlers wait for room; once the peer opens its windows every stream it was not
+/// refused completes (no handler waits for room forever). Found by an abuse run: one such
+/// connection held over 1 GB.
+async fn a_peer_that_never_reads_gets_no_answer_after_answer(shards: usize) {
+    const STREAMS: u32 = 120;
+    const HOLDERS: usize = 600;
+    let mut srv = Server::start(shards, &[]);
+    // 600 replicas with 1,000-byte ids holding one prefix: a ~600 KB answer.
+    let mut cl = srv.client().await;
+    let updates = (0..HOLDERS)
+        .map(|i| {
+            let id = format!("r{i:05}{}", "x".repeat(994));
+            let mut u = legacy_update(&id, "t-big", "m-big", "vllm", b"big", 128);
+            u.stats = stats(0.5, 0.25);
+            u
+        })
+        .collect();
+    assert!(report(&mut cl, updates).await.accepted);
+    // As many replicas without it: a prefix every replica holds routes nowhere in particular.
+    let others = (0..400)
+        .map(|i| {
+            let mut u = legacy_update(&format!("o{i:05}"), "t-big", "m-big", "vllm", b"other", 128);
+            u.stats = stats(0.5, 0.25);
+            u
+        })
+        .collect();
+    let ack = report(&mut cl, others).await;
+    assert!(ack.accepted, "{ack:?}");
+    let lookup_req = exact_lookup("t-big", "m-big", "vllm", b"big", 128);
+    let mut answer = lookup(&mut cl, lookup_req.clone()).await;
+    for _ in 0..50 {
+        if answer.replica_scores.len() == 1024 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        answer = lookup(&mut cl, lookup_req.clone()).await;
+    }
+    assert_eq!(
+        answer.replica_scores.len(),
+        HOLDERS,
+        "{}",
+        answer.reason_code
+    );
+    assert!(answer.encoded_len() > 500 << 10, "{}", answer.encoded_len());
+    let req = grpc_message(&lookup_req.encode_to_vec());
+    let mut c = FrameConn::start(srv.grpc_port, &[(setting::INITIAL_WINDOW_SIZE, 0)]).await;
+    c.auto_window = false;
+    c.drain(Duration::from_millis(200), 64).await;
+    let answered_inline = |srv: &Server| {
+        let series = "inferencecache_grpc_inline_lookups_total{outcome=\"answered\"}";
+        metric_value(&metrics_text(srv), series).unwrap_or(0.0)
+    };
+    let inline_before = answered_inline(&srv);
+    let before = rss_bytes(srv.child.id());
+    let ids: Vec<u32> = (0..STREAMS).map(|i| 2 * i + 1).collect();
+    let mut w = Vec::new();
+    for &id in &ids {
+        w.extend_from_slice(&headers(id, &grpc_request_block(LOOKUP_PATH), false));
+        w.extend_from_slice(&data(id, &req, true));
+    }
+    c.send(&w).await;
+    let mut refused = Vec::new();
+    for _ in 0..10_000 {
+        match c.next_within(Duration::from_secs(2)).await {
+            Some(Event::RstStream {
+                stream,
+                code: code::REFUSED_STREAM,
+            }) => refused.push(stream),
+            Some(ev @ (Event::RstStream { .. } | Event::GoAway { .. } | Event::Closed)) => {
+                panic!("{ev:?}")
+            }
+            Some(_) => {}
+            None => break,
+        }
+    }
+    let grown = rss_bytes(srv.child.id()).saturating_sub(before);
+    let inline = answered_inline(&srv) - inline_before;
+    // With two cores the partition may be the other core's: then every call takes the
+    // general path, whose handlers each hold their encoded answer while they wait for room
+    // (bounded by the streams a connection may open, not by this limit), and only liveness
+    // is checked below.
+    if shards == 1 || inline > 0.0 {
+        assert!(
+            grown < 64 << 20,
+            "{} MiB more for {STREAMS} unread answers",
+            grown >> 20
+        );
+        // Inline answers: the streams past the bound are refused as they arrive.
+        assert!(
+            refused.len() as u32 >= STREAMS - 40,
+            "{} refused",
+            refused.len()
+        );
+        let hits = metric_value(
+            &metrics_text(&srv),
+            "inferencecache_limit_hits_total{limit=\"http2_queued_response_bytes\"}",
+        );
+        assert!(hits.unwrap_or(0.0) >= 1.0, "{hits:?}");
+    }
+    // Open the windows: every stream not refused gets its whole answer.
+    c.auto_window = true;
+    let mut open = settings(&[(setting::INITIAL_WINDOW_SIZE, 1 << 30)]);
+    open.extend_from_slice(&window_update(0, 1 << 30));
+    c.send(&open).await;
+    // Their HEADERS may have come already: collect the bodies up to each END_STREAM.
+    let mut bodies: HashMap<u32, Vec<u8>> = ids
+        .into_iter()
+        .filter(|id| !refused.contains(id))
+        .map(|id| (id, Vec::new()))
+        .collect();
+    let mut open_streams = bodies.len();
+    for _ in 0..1_000_000 {
+        if open_streams == 0 {
+            break;
+        }
+        match c.next_within(Duration::from_secs(10)).await {
+            Some(Event::Data {
+                stream,
+                payload,
+                end_stream,
+                ..
+            }) => {
+                bodies
+                    .get_mut(&stream)
+                    .expect("a stream of ours")
+                    .extend_from_slice(&payload);
+                open_streams -= usize::from(end_stream);
+            }
+            Some(Event::Headers {
+                end_stream: true, ..
+            }) => open_streams -= 1,
+            Some(ev @ (Event::RstStream { .. } | Event::GoAway { .. } | Event::Closed)) => {
+                panic!("{ev:?}")
+            }
+            Some(_) => {}
+            None => panic!("{open_streams} streams never completed once the windows opened"),
+        }
+    }
+    for (id, body) in bodies {
+        let r = pb::LookupRouteResponse::decode(&body[5..]).expect("an answer");
+        assert_eq!(r.replica_scores.len(), HOLDERS, "stream {id}");
+    }
+    assert_answers_within(&mut srv, Duration::from_secs(5), "after the unread answers").await;
+}
+shards_1_and_2!(a_peer_that_never_reads_gets_no_answer_after_answer);
+
 /// SETTINGS_INITIAL_WINDOW_SIZE 10: a LookupRoute answer larger than that arrives 10 bytes at a
 /// time as the client sends stream WINDOW_UPDATEs, never past the window, and completes.
 async fn server_respects_the_stream_window(shards: usize) {
