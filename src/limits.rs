@@ -119,6 +119,14 @@ pub const HTTP2_WRITE_BUFFER_BYTES: usize = 256 * 1024;
 /// Streams a connection remembers having reset, so the peer's late frames on them are ignored
 /// rather than treated as protocol errors.
 pub const HTTP2_RECENT_RESETS: usize = 64;
+/// Decoded request-head bytes of the streams open on one core's gRPC connections: streams that
+/// send a head and then nothing (up to 16 KiB each, a few bytes on the wire with HPACK) cannot
+/// pin more than this; past it new streams are refused with REFUSED_STREAM
+/// (`inferencecache_limit_hits_total{limit="http2_header_bytes_per_core"}`). A general-path
+/// stream's head costs about twice its decoded size in memory (the `http` request built from
+/// it), so this bounds such heads to roughly 70 MB per core. Typical heads are a few hundred
+/// bytes: tens of thousands of concurrent calls per core fit.
+pub const HTTP2_MAX_HEADER_BYTES_PER_CORE: usize = 32 * 1024 * 1024;
 /// Response body bytes one gRPC connection may hold queued on its streams (answers waiting for
 /// the peer's flow-control window); past it the connection refuses new streams with
 /// REFUSED_STREAM until they drain, so a peer that never reads cannot make the server hold

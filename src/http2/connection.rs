@@ -27,10 +27,10 @@ use futures_lite::{AsyncRead, AsyncWrite};
 
 use crate::limits::{
     DRAIN_TIMEOUT, HTTP2_CONNECTION_WINDOW_BYTES, HTTP2_KEEPALIVE_INTERVAL,
-    HTTP2_KEEPALIVE_TIMEOUT, HTTP2_MAX_HEADER_BLOCK_BYTES, HTTP2_MAX_HEADER_LIST_BYTES,
-    HTTP2_MAX_QUEUED_RESPONSE_BYTES, HTTP2_MAX_SEND_BUFFER_BYTES, HTTP2_PREFACE_TIMEOUT,
-    HTTP2_RECENT_RESETS, HTTP2_STREAM_WINDOW_BYTES, HTTP2_WRITE_BUFFER_BYTES,
-    MAX_CONCURRENT_STREAMS,
+    HTTP2_KEEPALIVE_TIMEOUT, HTTP2_MAX_HEADER_BLOCK_BYTES, HTTP2_MAX_HEADER_BYTES_PER_CORE,
+    HTTP2_MAX_HEADER_LIST_BYTES, HTTP2_MAX_QUEUED_RESPONSE_BYTES, HTTP2_MAX_SEND_BUFFER_BYTES,
+    HTTP2_PREFACE_TIMEOUT, HTTP2_RECENT_RESETS, HTTP2_STREAM_WINDOW_BYTES,
+    HTTP2_WRITE_BUFFER_BYTES, MAX_CONCURRENT_STREAMS,
 };
 
 use super::frame::{self, FrameHeader, Reason, flag, kind, setting};
@@ -102,6 +102,8 @@ enum Stream {
     /// An inline candidate whose body has not arrived.
     Inline {
         head: HeaderList,
+        /// The head's share of the core's header budget, held while the stream is open.
+        charge: HeaderCharge,
         recv_window: i64,
         send_window: i64,
         /// The message, when it came in a DATA frame of its own and the end of the stream is
@@ -116,6 +118,35 @@ enum Stream {
 struct General {
     link: StreamLink,
     flow: Flow,
+    /// The request head's share of the core's header budget, held while the stream is open.
+    _charge: HeaderCharge,
+}
+
+thread_local! {
+    /// Decoded request-head bytes of the streams open on this core's connections.
+    static CORE_HEADER_BYTES: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
+/// A stream's request head counted in [`CORE_HEADER_BYTES`] until the stream leaves its
+/// connection's table (however it leaves: the count goes back on drop).
+struct HeaderCharge(usize);
+
+impl HeaderCharge {
+    /// Counts `bytes`, or `None` when the core is at [`HTTP2_MAX_HEADER_BYTES_PER_CORE`].
+    fn take(bytes: usize) -> Option<HeaderCharge> {
+        let held = CORE_HEADER_BYTES.get();
+        if held + bytes > HTTP2_MAX_HEADER_BYTES_PER_CORE {
+            return None;
+        }
+        CORE_HEADER_BYTES.set(held + bytes);
+        Some(HeaderCharge(bytes))
+    }
+}
+
+impl Drop for HeaderCharge {
+    fn drop(&mut self) {
+        CORE_HEADER_BYTES.set(CORE_HEADER_BYTES.get() - self.0);
+    }
 }
 
 /// A general stream's flow-control state, kept by the connection.
@@ -710,12 +741,20 @@ impl<S: AsyncRead + AsyncWrite + Unpin, H: Service> Connection<S, H> {
             self.reset_stream(id, Reason::REFUSED_STREAM);
             return Ok(());
         }
+        // Streams that send a head and then nothing hold it: the heads of a core's open streams
+        // are bounded together, past which new streams are refused.
+        let Some(charge) = HeaderCharge::take(list.byte_len()) else {
+            crate::metrics::record_limit_hit("http2_header_bytes_per_core");
+            self.reset_stream(id, Reason::REFUSED_STREAM);
+            return Ok(());
+        };
         if !end_stream && self.service.is_inline(&list) {
             let recv_window = i64::from(HTTP2_STREAM_WINDOW_BYTES);
             self.streams.insert(
                 id,
                 Stream::Inline {
                     head: list,
+                    charge,
                     recv_window,
                     send_window: self.peer_initial_window,
                     held: None,
@@ -724,7 +763,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin, H: Service> Connection<S, H> {
             return Ok(());
         }
         let send_window = self.peer_initial_window;
-        self.start_general(id, list, Bytes::new(), end_stream, send_window);
+        self.start_general(id, list, Bytes::new(), end_stream, send_window, charge);
         Ok(())
     }
 
@@ -864,7 +903,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin, H: Service> Connection<S, H> {
             self.holding.push(id);
             return;
         }
-        let (head, send_window, held) = self.take_inline(id);
+        let (head, send_window, held, charge) = self.take_inline(id);
         let data = match held {
             None => data,
             Some(held) if data.is_empty() => held,
@@ -877,7 +916,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin, H: Service> Connection<S, H> {
         };
         let len = data.len();
         if !end_stream {
-            self.start_general(id, head, data, false, send_window);
+            self.start_general(id, head, data, false, send_window, charge);
             return;
         }
         self.answer.clear();
@@ -887,15 +926,15 @@ impl<S: AsyncRead + AsyncWrite + Unpin, H: Service> Connection<S, H> {
         {
             Ok(()) => {
                 self.recv_unreleased += len;
-                self.write_inline_answer(id, send_window);
+                self.write_inline_answer(id, send_window, charge);
             }
-            Err(()) => self.start_general(id, head, data, true, send_window),
+            Err(()) => self.start_general(id, head, data, true, send_window, charge),
         }
     }
 
     /// Writes an inline answer now when the windows allow, else queues it like a general
     /// stream's response.
-    fn write_inline_answer(&mut self, id: u32, send_window: i64) {
+    fn write_inline_answer(&mut self, id: u32, send_window: i64, charge: HeaderCharge) {
         let len = self.answer.len() as i64;
         if len <= self.send_window && len <= send_window && self.answer.len() <= self.peer_max_frame
         {
@@ -937,7 +976,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin, H: Service> Connection<S, H> {
                 end: true,
             });
         }
-        self.insert_general(id, link, true, send_window);
+        self.insert_general(id, link, true, send_window, charge);
         self.visit.push(id);
     }
 
@@ -950,7 +989,14 @@ impl<S: AsyncRead + AsyncWrite + Unpin, H: Service> Connection<S, H> {
         }
     }
 
-    fn insert_general(&mut self, id: u32, link: StreamLink, recv_closed: bool, send_window: i64) {
+    fn insert_general(
+        &mut self,
+        id: u32,
+        link: StreamLink,
+        recv_closed: bool,
+        send_window: i64,
+        charge: HeaderCharge,
+    ) {
         self.streams.insert(
             id,
             Stream::General(General {
@@ -962,6 +1008,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin, H: Service> Connection<S, H> {
                     recv_closed,
                     blocked: false,
                 },
+                _charge: charge,
             }),
         );
     }
@@ -974,6 +1021,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin, H: Service> Connection<S, H> {
         received: Bytes,
         end_stream: bool,
         send_window: i64,
+        charge: HeaderCharge,
     ) {
         let Some(builder) = head.to_request() else {
             self.recv_unreleased += received.len();
@@ -995,7 +1043,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin, H: Service> Connection<S, H> {
             HTTP2_MAX_SEND_BUFFER_BYTES,
             self.tasks.clone(),
         );
-        self.insert_general(id, link, end_stream, send_window);
+        self.insert_general(id, link, end_stream, send_window, charge);
         if let Some(Stream::General(g)) = self.streams.get_mut(&id) {
             g.flow.recv_window -= received.len() as i64;
         }
@@ -1061,9 +1109,10 @@ impl<S: AsyncRead + AsyncWrite + Unpin, H: Service> Connection<S, H> {
     }
 
     /// Takes an inline candidate out of the table: its head, send window and held message.
-    fn take_inline(&mut self, id: u32) -> (HeaderList, i64, Option<Bytes>) {
+    fn take_inline(&mut self, id: u32) -> (HeaderList, i64, Option<Bytes>, HeaderCharge) {
         let Some(Stream::Inline {
             head,
+            charge,
             send_window,
             held,
             ..
@@ -1071,13 +1120,20 @@ impl<S: AsyncRead + AsyncWrite + Unpin, H: Service> Connection<S, H> {
         else {
             unreachable!("stream {id} is an inline candidate")
         };
-        (head, send_window, held)
+        (head, send_window, held, charge)
     }
 
     /// Moves an inline candidate to the general path, with the message it holds if any.
     fn inline_to_general(&mut self, id: u32) {
-        let (head, send_window, held) = self.take_inline(id);
-        self.start_general(id, head, held.unwrap_or_default(), false, send_window);
+        let (head, send_window, held, charge) = self.take_inline(id);
+        self.start_general(
+            id,
+            head,
+            held.unwrap_or_default(),
+            false,
+            send_window,
+            charge,
+        );
     }
 
     /// Remembers a stream this server ended early, so the peer's late frames are tolerated.

@@ -38,6 +38,11 @@ impl HeaderList {
         })
     }
 
+    /// Bytes the list occupies.
+    pub fn byte_len(&self) -> usize {
+        self.buf.len()
+    }
+
     /// The value of the first header named `name`.
     pub fn get(&self, name: &[u8]) -> Option<&[u8]> {
         self.iter().find(|(n, _)| *n == name).map(|(_, v)| v)

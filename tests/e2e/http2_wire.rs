@@ -324,6 +324,74 @@ async fn preload_replicas(srv: &Server, count: usize, id_len: usize) {
     assert!(report(&mut c, updates).await.accepted);
 }
 
+/// Streams that send a request head and nothing else, each head ~12 KB decoded from a few bytes
+/// (one 4 KB header put in the HPACK table once and referenced three times per request): 10,000
+/// of them per core would hold ~120 MB (more in memory). The heads of a core's open streams
+/// are bounded together (32 MiB decoded): past it new streams are refused (REFUSED_STREAM,
+/// `limit="http2_header_bytes_per_core"`), and once the peers go the core serves again. Found
+/// by an abuse run: 40 such connections held 740 MB.
+async fn header_only_streams_are_bounded_per_core(shards: usize) {
+    const STREAMS: u32 = 1000;
+    let mut srv = Server::start(shards, &[]);
+    let conns = 10 * shards;
+    let before = rss_bytes(srv.child.id());
+    let big = "v".repeat(4000);
+    let mut first = grpc_request_block(STATE_PATH);
+    // Literal with incremental indexing, new name (RFC 7541 §6.2.1): dynamic entry 62.
+    first.push(0x40);
+    first.push(5);
+    first.extend_from_slice(b"x-big");
+    first.extend_from_slice(&[0x7f, 0xa1, 0x1e]); // 4000 = 127 + 33 + 30 × 128
+    first.extend_from_slice(big.as_bytes());
+    first.extend_from_slice(&[0xbe, 0xbe]);
+    let mut next = grpc_request_block(STATE_PATH);
+    next.extend_from_slice(&[0xbe, 0xbe, 0xbe]);
+    let mut open = Vec::new();
+    for _ in 0..conns {
+        let mut c = FrameConn::handshake(srv.grpc_port).await;
+        let mut w = headers(1, &first, false);
+        for i in 1..STREAMS {
+            w.extend_from_slice(&headers(2 * i + 1, &next, false));
+        }
+        c.send(&w).await;
+        open.push(c);
+    }
+    let mut refused = 0;
+    for c in &mut open {
+        for _ in 0..(2 * STREAMS) {
+            match c.next_within(Duration::from_millis(500)).await {
+                Some(Event::RstStream {
+                    code: code::REFUSED_STREAM,
+                    ..
+                }) => refused += 1,
+                Some(ev @ (Event::RstStream { .. } | Event::GoAway { .. } | Event::Closed)) => {
+                    panic!("{ev:?}")
+                }
+                Some(_) => {}
+                None => break,
+            }
+        }
+    }
+    let grown = rss_bytes(srv.child.id()).saturating_sub(before);
+    let held = conns as u64 * STREAMS as u64 * 12_000;
+    assert!(refused > 0, "none of {conns} × {STREAMS} heads refused");
+    assert!(
+        grown < shards as u64 * (100 << 20),
+        "{} MiB more for {} MB of heads",
+        grown >> 20,
+        held >> 20
+    );
+    let hits = metric_value(
+        &metrics_text(&srv),
+        "inferencecache_limit_hits_total{limit=\"http2_header_bytes_per_core\"}",
+    );
+    assert!(hits.unwrap_or(0.0) >= 1.0, "{hits:?}");
+    drop(open);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_answers_within(&mut srv, Duration::from_secs(5), "after the heads went").await;
+}
+shards_1_and_2!(header_only_streams_are_bounded_per_core);
+
 /// A peer that never opens its windows (SETTINGS_INITIAL_WINDOW_SIZE 0) and sends 120
 /// LookupRoutes whose answers are ~600 KB each: the server does not hold 70 MB of answers for
 /// it. Past 16 MiB queued, new streams are refused (REFUSED_STREAM, counted in
