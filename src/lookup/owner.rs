@@ -23,25 +23,16 @@ fn bare(reason: &str, start: Instant, echo: Vec<u32>) -> pb::LookupRouteResponse
 
 /// Runs steps 6–13 for a call that crossed the hop to this core.
 pub(super) fn answer(st: &mut CoreState, call: OwnerCall) -> Answer {
-    let OwnerCall {
-        req,
-        model,
-        tokenized,
-        policy,
-        start,
-        deadline,
-        block_size,
-    } = call;
     let ask = Ask {
-        model: &model,
-        tokenized,
-        policy: &policy,
-        start,
-        deadline,
-        block_size,
+        model: &call.model,
+        tokenized: call.tokenized,
+        policy: &call.policy,
+        start: call.start,
+        deadline: call.deadline,
+        block_size: call.block_size,
     };
-    let resp = answer_view(st, &LookupRouteView::from(&req), ask);
-    (resp, model)
+    let resp = answer_view(st, &LookupRouteView::from(&call.req), ask);
+    (resp, call.model)
 }
 
 /// A call's inputs on the owner core besides the request itself.
