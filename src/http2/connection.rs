@@ -1206,7 +1206,8 @@ impl SendState<'_> {
                     *self.connection_window -= n as i64;
                     flow.send_window -= n as i64;
                     s.queued_bytes -= n;
-                    self.queued.fetch_sub(n, Ordering::Relaxed);
+                    let before = self.queued.fetch_sub(n, Ordering::Relaxed);
+                    debug_assert!(before >= n, "queued answer bytes went below zero");
                     if !last {
                         continue;
                     }
@@ -1231,7 +1232,11 @@ fn end_shared(link: &StreamLink, reason: Reason) {
     let mut s = link.lock();
     s.reset.get_or_insert(reason);
     s.outgoing.clear();
-    link.queued.fetch_sub(s.queued_bytes, Ordering::Relaxed);
+    let before = link.queued.fetch_sub(s.queued_bytes, Ordering::Relaxed);
+    debug_assert!(
+        before >= s.queued_bytes,
+        "queued answer bytes went below zero"
+    );
     s.queued_bytes = 0;
     if let Some(waker) = s.recv_waker.take() {
         waker.wake();
