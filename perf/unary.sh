@@ -11,7 +11,9 @@
 #        the same with --busy-poll-us N;
 #        LG_CPUS=1 runs loadgen on CPU 1 only (off the CPU the server's core 0 is pinned to);
 #        LOOKUP_CLIENT=tonic sends through tonic's channel instead of the SDK's lean client
-#        (default lean); LG_THREADS=N gives loadgen N threads (default 1; 0 = one per CPU)
+#        (default lean); LG_THREADS=N gives loadgen N threads (default 1; 0 = one per CPU);
+#        LG_BUSY_POLL=1 runs loadgen with --busy-poll (its thread polls instead of sleeping
+#        between answers, so the client's own wake-up leaves every sample)
 # Needs: cargo build --release -p loadgen -p inference-cache --bins --examples
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -48,7 +50,7 @@ for round in $(seq "$ROUNDS"); do
     start "$v"
     "$LG" preload "${COMMON[@]}" >/dev/null 2>&1
     c0=$(cpu_ticks "$PID")
-    ${LG_CPUS:+taskset -c "$LG_CPUS"} "$LG" run "${COMMON[@]}" --threads "${LG_THREADS:-1}" --lookup-client "${LOOKUP_CLIENT:-lean}" --no-preload --no-producers --concurrency 1 --requests "$REQ" --quiet --json "$OUT/$v-$round.json" >/dev/null
+    ${LG_CPUS:+taskset -c "$LG_CPUS"} "$LG" run "${COMMON[@]}" --threads "${LG_THREADS:-1}" --lookup-client "${LOOKUP_CLIENT:-lean}" ${LG_BUSY_POLL:+--busy-poll} --no-preload --no-producers --concurrency 1 --requests "$REQ" --quiet --json "$OUT/$v-$round.json" >/dev/null
     c1=$(cpu_ticks "$PID")
     kill "$PID"; wait "$PID" 2>/dev/null || true
     python3 - "$OUT/$v-$round.json" "$v" "$round" "$c0" "$c1" "$TICK" "$REQ" <<'PY'

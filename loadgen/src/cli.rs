@@ -260,6 +260,12 @@ pub struct MeasureArgs {
     /// Report format on stdout.
     #[arg(long, value_enum, default_value_t = OutputFormat::Table)]
     pub output: OutputFormat,
+    /// Keep a client thread polling its sockets during the measurement instead of sleeping
+    /// until an answer arrives. Each sleep and wake-up adds tens of microseconds to every
+    /// sample on a VM, the same for any server, which hides the server's own share of a
+    /// call. Costs a whole CPU; for latency at low concurrency, best with `--threads 1`.
+    #[arg(long)]
+    pub busy_poll: bool,
 }
 
 impl MeasureArgs {

@@ -35,7 +35,8 @@ pub struct Ticket {
     /// Position in the request sequence (0-based, dense).
     pub index: u64,
     /// Intended send time. Open loop: the schedule's due time (measure latency from here).
-    /// Closed loop: the actual send time.
+    /// Closed loop: when the driver asked for the request; the caller restarts the clock when
+    /// it sends the request it built.
     pub intended: Instant,
 }
 

@@ -158,6 +158,20 @@ pub struct WindowConfig {
     /// `--lookup-client lean`: the lean connections LookupRoute calls go over (round-robin, or
     /// the shard-aware client's own when `shard_aware` is set). Empty: tonic's clients.
     pub lean: Vec<LookupConnection>,
+    /// `--busy-poll`: a task keeps the runtime polling its sockets while the window runs.
+    pub busy_poll: bool,
+}
+
+/// A task that only yields, for as long as the window runs (it is aborted at the window's end).
+/// A yielded task is ready again at once, so the worker running it never parks in
+/// `epoll_wait`: it polls the sockets without a timeout between turns, and an answer is read
+/// without a wake-up.
+fn spawn_busy_poll() -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async {
+        loop {
+            tokio::task::yield_now().await;
+        }
+    })
 }
 
 /// Runs one window of lookups and returns its report. With `producers`, every looked-up prompt
@@ -184,6 +198,7 @@ pub async fn run_window(
     let mut maker = LookupMaker::new(clients, wgen, cfg, &rec, &producers);
     let mut make = move |t: Ticket| maker.make(t);
     let progress = cfg.progress.then(|| spawn_progress(rec.clone(), cfg.load));
+    let busy_poll = cfg.busy_poll.then(spawn_busy_poll);
     let drain = cfg.rpc_timeout + Duration::from_secs(1);
     let stats: DriveStats = match cfg.load {
         Load::Open(rate) => {
@@ -198,6 +213,9 @@ pub async fn run_window(
     };
     if let Some(p) = progress {
         p.abort();
+    }
+    if let Some(b) = busy_poll {
+        b.abort();
     }
     let ingest = match &producers {
         Some(p) => Some(p.sync(Arc::new(Recorder::new(&[]))).await),
@@ -247,6 +265,8 @@ struct LookupMaker {
     timeout: Duration,
     shard_aware: Option<ShardAwareClient>,
     lean: Arc<Vec<LookupConnection>>,
+    /// Where each call's clock starts ([`clock_start`]).
+    load: Load,
 }
 
 impl LookupMaker {
@@ -270,6 +290,7 @@ impl LookupMaker {
             timeout: cfg.rpc_timeout,
             shard_aware: cfg.shard_aware.clone(),
             lean: Arc::new(cfg.lean.clone()),
+            load: cfg.load,
             wgen,
         }
     }
@@ -305,7 +326,12 @@ impl LookupMaker {
         let (rec, producers) = (self.rec.clone(), self.producers.clone());
         let prompt_tokens = (spec.n_blocks as u64) * bs as u64;
         let timeout = self.timeout;
+        let load = self.load;
         async move {
+            let t = Ticket {
+                intended: clock_start(load, t),
+                ..t
+            };
             match (pd, via) {
                 (Some(topology), LookupVia::Tonic(client)) => {
                     let req = gateway::pd_request(req, &topology);
@@ -320,6 +346,17 @@ impl LookupMaker {
                 p.try_store(spec.replica, spec.store_op());
             }
         }
+    }
+}
+
+/// When the latency of ticket `t`'s call starts, read as the call is sent. Open loop: the
+/// ticket's due time (a late send is charged to the call). Closed loop: now, after the request
+/// was generated; latency there is service time, and hashing a prompt's blocks is the client's
+/// work, not the server's.
+fn clock_start(load: Load, t: Ticket) -> Instant {
+    match load {
+        Load::Open(_) => t.intended,
+        Load::Closed(_) => Instant::now(),
     }
 }
 
@@ -489,6 +526,7 @@ pub async fn cmd_run(a: RunArgs) -> Result<Report, Error> {
         progress: !a.measure.quiet,
         shard_aware: s.shard_aware.clone(),
         lean: s.lean.clone(),
+        busy_poll: a.measure.busy_poll,
         slow_log: match &a.measure.slow_log {
             Some(path) => Some((path.clone(), a.measure.slow_threshold()?)),
             None => None,
@@ -599,6 +637,7 @@ fn capacity_step_config(a: &CapacityArgs, s: &Setup, rate: f64) -> WindowConfig 
         progress: !a.measure.quiet,
         shard_aware: s.shard_aware.clone(),
         lean: s.lean.clone(),
+        busy_poll: a.measure.busy_poll,
         slow_log: None,
     }
 }
@@ -675,4 +714,21 @@ pub async fn cmd_preload(a: PreloadArgs) -> Result<IngestStats, Error> {
         return Err(Error::StreamsFailed(stats.stream_errors));
     }
     Ok(stats)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn closed_loop_latency_starts_at_send_and_open_loop_at_the_due_time() {
+        let due = Instant::now() - Duration::from_millis(50);
+        let t = Ticket {
+            index: 0,
+            intended: due,
+        };
+        assert_eq!(clock_start(Load::Open(100.0), t), due);
+        // Time spent generating the request (here 50 ms) is not the server's.
+        assert!(clock_start(Load::Closed(1), t) >= due + Duration::from_millis(50));
+    }
 }

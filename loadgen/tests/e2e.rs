@@ -453,6 +453,68 @@ fn loadgen_runs_against_an_in_test_server() {
     assert_eq!(p["preload"]["stream_errors"], 0);
 }
 
+/// `--busy-poll` keeps the client's thread polling instead of sleeping until each answer:
+/// measured as the voluntary context switches of a one-in-flight run, with and without it.
+#[test]
+fn busy_poll_keeps_the_client_from_sleeping_between_answers() {
+    let (addr, _double) = start_double();
+    let sleeping = switches_during_lone_calls(addr, &[]);
+    let polling = switches_during_lone_calls(addr, &["--busy-poll"]);
+    eprintln!("voluntary switches in 1.5 s: {sleeping} sleeping, {polling} polling");
+    assert!(
+        sleeping > 300,
+        "without --busy-poll each answer should wake the client: {sleeping} switches"
+    );
+    assert!(
+        polling * 10 < sleeping,
+        "--busy-poll should not sleep per answer: {polling} against {sleeping} switches"
+    );
+}
+
+/// Starts a 2 s closed-loop run with one call in flight on one client thread and returns its
+/// voluntary context switches after 1.5 s (the run then ends on its own, or is killed).
+fn switches_during_lone_calls(addr: SocketAddr, extra: &[&str]) -> u64 {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_loadgen"))
+        .args(["run", "--addr", &format!("http://{addr}"), "--threads", "1"])
+        .args(["--concurrency", "1", "--duration", "2", "--no-preload"])
+        .args(["--no-producers", "--quiet", "--population", "64"])
+        .args(extra)
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(1500));
+    let switches = voluntary_switches(child.id());
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        if Instant::now() > deadline {
+            child.kill().unwrap();
+            panic!("loadgen {extra:?} did not finish in 30 s");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(status.success(), "loadgen {extra:?} failed: {status}");
+    switches
+}
+
+/// The voluntary context switches of all of `pid`'s threads so far (Linux `/proc`).
+fn voluntary_switches(pid: u32) -> u64 {
+    let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).unwrap();
+    let mut total = 0;
+    for task in tasks {
+        let status = std::fs::read_to_string(task.unwrap().path().join("status")).unwrap();
+        let line = status
+            .lines()
+            .find_map(|l| l.strip_prefix("voluntary_ctxt_switches:"))
+            .unwrap();
+        total += line.trim().parse::<u64>().unwrap();
+    }
+    total
+}
+
 /// Manual check of loadgen's own headroom (run with `--release -- --ignored --nocapture`):
 /// a high open-loop rate against the trivial double, 3 s, printing the table.
 #[test]
