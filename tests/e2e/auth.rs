@@ -201,7 +201,7 @@ fn counter(text: &str, endpoint: &str, result: &str) -> f64 {
     .unwrap_or(0.0)
 }
 
-fn tokenreview_server(shards: usize, name: &str) -> (Server, Arc<StandIn>, std::path::PathBuf) {
+fn tokenreview_server(shards: usize, name: &str) -> (ScratchDir, Server, Arc<StandIn>) {
     let dir = scratch_dir(name);
     let state = Arc::new(StandIn::default());
     state.add("ctrl-token", SA, &[CTRL_AUD]);
@@ -235,11 +235,11 @@ fn tokenreview_server(shards: usize, name: &str) -> (Server, Arc<StandIn>, std::
             ..Default::default()
         },
     );
-    (srv, state, dir)
+    (dir, srv, state)
 }
 
 fn c147_tokenreview(shards: usize) {
-    let (srv, state, dir) = tokenreview_server(shards, &format!("auth-tr-{shards}"));
+    let (dir, srv, state) = tokenreview_server(shards, &format!("auth-tr-{shards}"));
     let p = srv.admin_port;
 
     // Without a bearer token: 401 everywhere, and no review is made.
@@ -498,7 +498,7 @@ fn startup_failures() {
 /// and at most a bounded number of reviews run at once (the rest answer 503 at once instead of
 /// flooding the API server).
 fn tokenreview_audiences_and_concurrency(shards: usize) {
-    let (srv, state, _dir) = tokenreview_server(shards, &format!("auth-tr-hard-{shards}"));
+    let (_dir, srv, state) = tokenreview_server(shards, &format!("auth-tr-hard-{shards}"));
     let p = srv.admin_port;
     state.omit_audiences.store(true, Ordering::SeqCst);
     let r = snapshot(p, Some("ctrl-token"));

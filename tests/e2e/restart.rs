@@ -203,7 +203,6 @@ async fn restart_keeps_answers(from: usize, to: usize) {
     assert!(restored > 0.0, "restored entries metric: {restored}");
     drop(c);
     stop(srv);
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -295,7 +294,6 @@ async fn restart_keeps_the_eviction_order() {
     );
     stop(a);
     stop(b);
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// The largest core file of the snapshot in `dir`.
@@ -313,7 +311,7 @@ fn core_files(dir: &Path) -> Vec<PathBuf> {
 }
 
 /// Writes a snapshot of the workload into a fresh directory and returns it.
-async fn snapshot_dir(name: &str) -> PathBuf {
+async fn snapshot_dir(name: &str) -> ScratchDir {
     let dir = scratch_dir(name);
     let srv = start(1, &state_flags(&dir), None);
     let mut c = srv.client().await;
@@ -362,7 +360,6 @@ async fn damaged_snapshot_starts_empty(damage: impl FnOnce(&Path), reason: &str)
     );
     drop(c);
     stop(srv);
-    let _ = std::fs::remove_dir_all(&dir);
     let _ = std::fs::remove_file(&log);
 }
 
@@ -430,7 +427,6 @@ async fn missing_snapshot_starts_empty_and_no_state_dir_writes_nothing() {
         "no snapshot series without --state-dir"
     );
     stop(srv);
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// `/readyz` answers 503 while the restore runs (held open by a test hook), then 200.
@@ -479,7 +475,6 @@ fn readyz_is_503_until_the_restore_finished() {
         assert!(total_prefixes(&mut c, "t0", "m0").await > 0, "restored");
     });
     stop(srv);
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// Periodic snapshots (no SIGTERM): a SIGKILLed server restarts from the last periodic one.
@@ -519,7 +514,6 @@ async fn periodic_snapshot_survives_a_kill() {
     assert_same(&before, &after, &lookups);
     drop(c);
     stop(srv);
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// Ingests `n` entries (64-block chains over 8 tenants × 8 models × 4 replicas), SIGTERM,
@@ -639,7 +633,6 @@ async fn restart_at_scale(n: usize) {
     }
     drop(c);
     stop(srv);
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// The check: 1,000,000 entries, SIGTERM, restart, a 1,000-lookup sample and every
@@ -691,5 +684,4 @@ fn the_snapshot_thread_sleeps_until_its_next_snapshot_or_shutdown() {
         !core_files(&dir).is_empty(),
         "the final snapshot was written"
     );
-    let _ = std::fs::remove_dir_all(&dir);
 }

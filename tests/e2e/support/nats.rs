@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use async_nats::jetstream;
 
-use super::{free_port, scratch_dir, wait_until};
+use super::{ScratchDir, free_port, scratch_dir, wait_until};
 
 /// Whether `nats-server` is on PATH; the event log scenarios skip (with a message) without it.
 pub fn nats_server_available() -> bool {
@@ -28,7 +28,7 @@ pub fn skip_without_nats(scenario: &str) -> bool {
 pub struct NatsServer {
     child: Child,
     pub port: u16,
-    pub store: std::path::PathBuf,
+    pub store: ScratchDir,
 }
 
 impl NatsServer {
@@ -42,7 +42,7 @@ impl NatsServer {
         let store = scratch_dir("nats-store");
         let child = Command::new("nats-server")
             .args(["-js", "-a", "127.0.0.1", "-p", &port.to_string(), "-sd"])
-            .arg(&store)
+            .arg(store.as_os_str())
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
@@ -70,7 +70,6 @@ impl Drop for NatsServer {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
-        let _ = std::fs::remove_dir_all(&self.store);
     }
 }
 

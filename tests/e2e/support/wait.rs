@@ -29,12 +29,37 @@ pub fn unique_temp_path(prefix: &str) -> std::path::PathBuf {
     ))
 }
 
-/// A fresh, empty scratch directory unique to this call (`name` for readability).
-pub fn scratch_dir(name: &str) -> std::path::PathBuf {
+/// A fresh, empty scratch directory unique to this call (`name` for readability), removed with
+/// everything in it when the returned guard drops, so a passing or failing test leaves no keys,
+/// tokens or snapshots behind.
+pub fn scratch_dir(name: &str) -> ScratchDir {
     let d = unique_temp_path(&format!("ic-test-{name}"));
     let _ = std::fs::remove_dir_all(&d);
     std::fs::create_dir_all(&d).unwrap();
-    d
+    ScratchDir(d)
+}
+
+/// A test's scratch directory; see [`scratch_dir`]. Declare it before the servers that write
+/// into it, so they are dropped (stopped) first.
+pub struct ScratchDir(std::path::PathBuf);
+
+impl std::ops::Deref for ScratchDir {
+    type Target = std::path::Path;
+    fn deref(&self) -> &std::path::Path {
+        &self.0
+    }
+}
+
+impl AsRef<std::path::Path> for ScratchDir {
+    fn as_ref(&self) -> &std::path::Path {
+        &self.0
+    }
+}
+
+impl Drop for ScratchDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
 }
 
 /// Polls the async condition `f` every 20 ms until it returns true; panics with `what` after
