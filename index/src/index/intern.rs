@@ -9,6 +9,7 @@
 //! Blobs are reclaimed when their last reference (a key or an eviction candidate) goes away.
 
 use hashbrown::{DefaultHashBuilder, HashTable};
+use std::cell::Cell;
 use std::hash::BuildHasher;
 
 /// Upper bound on interned strings per core; replica ids must fit 24 bits (see `Holder`).
@@ -58,6 +59,20 @@ impl Strings {
         self.table
             .find(h, |&id| &*self.names[id as usize] == s)
             .copied()
+    }
+
+    /// Id of `s`, trying `hint` first: the id the same role (a query's tenant, its model...)
+    /// resolved to last time. Most queries repeat their names, and a checked slot costs one
+    /// comparison instead of a hash and a probe. A freed or reused slot fails the check, so a
+    /// stale hint only costs that comparison.
+    pub fn get_hinted(&self, s: &str, hint: &Cell<u32>) -> Option<u32> {
+        let h = hint.get() as usize;
+        if h < self.names.len() && self.live[h] && *self.names[h] == *s {
+            return Some(h as u32);
+        }
+        let id = self.get(s)?;
+        hint.set(id);
+        Some(id)
     }
 
     /// How many more distinct strings fit.
@@ -279,5 +294,36 @@ mod tests {
         assert_eq!(s.name(c), "cc");
         assert_eq!(s.get("bbb"), Some(b));
         assert_eq!(s.slots(), 2);
+    }
+
+    #[test]
+    fn a_hint_is_used_only_while_its_slot_holds_the_same_live_name() {
+        let mut s = Strings::new(8, 100);
+        let a = s.intern("tenant-a");
+        let b = s.intern("tenant-b");
+        let hint = Cell::new(u32::MAX);
+        assert_eq!(s.get_hinted("tenant-a", &hint), Some(a));
+        assert_eq!(hint.get(), a, "a resolved name becomes the hint");
+        assert_eq!(
+            s.get_hinted("tenant-b", &hint),
+            Some(b),
+            "another name misses the hint"
+        );
+        assert_eq!(hint.get(), b);
+        assert_eq!(s.get_hinted("nobody", &hint), None);
+        assert_eq!(hint.get(), b, "an unknown name leaves the hint");
+        // The hinted slot is freed: its name is gone, and the empty string a freed slot holds
+        // is not a live name either.
+        s.free(b);
+        assert_eq!(s.get_hinted("tenant-b", &hint), None);
+        assert_eq!(s.get_hinted("", &hint), None);
+        // The slot is reused for another name: the hint now only matches that name.
+        let c = s.intern("tenant-c");
+        assert_eq!(c, b, "the freed id is reused");
+        assert_eq!(s.get_hinted("tenant-b", &hint), None);
+        assert_eq!(s.get_hinted("tenant-c", &hint), Some(c));
+        // A hint past the table's slots is ignored.
+        hint.set(1_000);
+        assert_eq!(s.get_hinted("tenant-a", &hint), Some(a));
     }
 }

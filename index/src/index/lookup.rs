@@ -667,7 +667,7 @@ impl Index {
         if q.tenant.is_empty() || q.model.is_empty() || q.hash_scheme.is_empty() {
             return self.view();
         }
-        self.last.tenant = self.cat.strings.get(q.tenant);
+        self.last.tenant = self.cat.find_tenant(q.tenant);
         let chain = !q.block_hashes.is_empty() || !q.block_token_counts.is_empty();
         if chain {
             if q.block_hashes.len() != q.block_token_counts.len() {
@@ -709,7 +709,7 @@ impl Index {
         if q.hash_scheme.is_empty() {
             return self.view();
         }
-        self.last.tenant = self.cat.strings.get(q.tenant);
+        self.last.tenant = self.cat.find_tenant(q.tenant);
         if !q.block_hashes.is_empty() || !q.block_token_counts.is_empty() {
             if q.block_hashes.len() != q.block_token_counts.len() {
                 return self.view();

@@ -47,6 +47,7 @@ use inferencecache_proto::v1alpha1::{
     CacheEvent, CacheStateUpdate, PrefixEntry, ReplicaStats, cache_event,
 };
 use intern::{Blobs, Strings};
+use std::cell::Cell;
 use std::sync::Arc;
 use store::{BLOB_FLAG, Holder, HolderUpsert, KeyId, Store};
 
@@ -303,6 +304,27 @@ pub(crate) struct Catalog {
     scope_free: Vec<u32>,
     keyspace_free: Vec<u32>,
     model_free: Vec<u32>,
+    /// The string ids the lookups' names resolved to last ([`Strings::get_hinted`]).
+    hints: NameHints,
+}
+
+/// Per role, the string id a lookup's name resolved to last (`u32::MAX`: none yet).
+struct NameHints {
+    tenant: Cell<u32>,
+    model: Cell<u32>,
+    scheme: Cell<u32>,
+    adapter: Cell<u32>,
+}
+
+impl Default for NameHints {
+    fn default() -> Self {
+        NameHints {
+            tenant: Cell::new(u32::MAX),
+            model: Cell::new(u32::MAX),
+            scheme: Cell::new(u32::MAX),
+            adapter: Cell::new(u32::MAX),
+        }
+    }
 }
 
 impl Catalog {
@@ -342,21 +364,25 @@ impl Catalog {
     }
     /// Existing scope id for strings (no allocation, no interning).
     pub fn find_scope(&self, tenant: &str, model: &str, scheme: &str) -> Option<u32> {
-        let t = self.strings.get(tenant)?;
-        let m = self.strings.get(model)?;
-        let s = self.strings.get(scheme)?;
+        let t = self.find_tenant(tenant)?;
+        let m = self.strings.get_hinted(model, &self.hints.model)?;
+        let s = self.strings.get_hinted(scheme, &self.hints.scheme)?;
         self.scope_ids.get(&(t, m, s)).copied()
     }
     /// Existing model-scope id for strings.
     pub fn find_model(&self, tenant: &str, model: &str) -> Option<u32> {
-        let t = self.strings.get(tenant)?;
-        let m = self.strings.get(model)?;
+        let t = self.find_tenant(tenant)?;
+        let m = self.strings.get_hinted(model, &self.hints.model)?;
         self.model_ids.get(&(t, m)).copied()
     }
     /// Existing keyspace id of a scope and adapter string.
     pub fn find_keyspace(&self, scope: u32, adapter: &str) -> Option<u32> {
-        let a = self.strings.get(adapter)?;
+        let a = self.strings.get_hinted(adapter, &self.hints.adapter)?;
         self.keyspace_ids.get(&(scope, a)).copied()
+    }
+    /// String id of a tenant name, if interned.
+    pub fn find_tenant(&self, tenant: &str) -> Option<u32> {
+        self.strings.get_hinted(tenant, &self.hints.tenant)
     }
 }
 
