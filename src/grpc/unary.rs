@@ -91,6 +91,7 @@ pub(super) fn answer(head: &HeaderList, received: Bytes, out: &mut BytesMut) -> 
     out.put_u8(0);
     out.put_u32(len as u32);
     resp.encode(out).expect("reserved the encoded length");
+    crate::lookup::recycle(resp);
     Ok(())
 }
 

@@ -11,7 +11,9 @@ use inferencecache_index::resolve::{
 };
 use inferencecache_proto::v1alpha1 as pb;
 
-use super::{Answer, OwnerCall, expired, reason, response};
+use super::{
+    Answer, OwnerCall, ScoreOf, expired, reason, response, set_score, spare_scores, spare_text,
+};
 use crate::limits::MAX_SCORES_PER_ANSWER;
 use crate::shard::CoreState;
 use crate::sys::clock::unix_now_ns;
@@ -66,7 +68,7 @@ pub(super) fn answer_view(
         block_size,
     } = ask;
     // Echoed in every scored answer; the resolver never reads it.
-    let adapter = req.adapter_id.to_string();
+    let adapter = spare_text(|s| &mut s.adapter_id, req.adapter_id);
     let chain_on = policy.enable_chain_matching;
     // 6. Resolve inputs (wire fingerprints are borrowed from the request).
     let resolution = match tokenized {
@@ -173,19 +175,25 @@ fn query_index(
     let prefix = view.strategy == Strategy::PrefixMatch;
     // The index's order is the final order (§9.6): the first MAX_SCORES_PER_ANSWER that pass
     // the floor are the top-ranked ones.
-    let scores = view
+    let kept = view
         .scores
         .iter()
         .filter(|s| !prefix || floor <= 0 || s.matched_tokens >= floor)
-        .take(MAX_SCORES_PER_ANSWER)
-        .map(|s| pb::ReplicaScore {
-            replica_id: view.replica_id(s).to_string(),
+        .take(MAX_SCORES_PER_ANSWER);
+    let mut scores = spare_scores();
+    let mut n = 0;
+    for s in kept {
+        let score = ScoreOf {
+            replica: view.replica_id(s),
             score: s.score,
             matched_tokens: s.matched_tokens,
             estimated_cache_hit_prob: s.estimated_cache_hit_prob,
             tier: s.tier,
-        })
-        .collect();
+        };
+        set_score(&mut scores, n, score);
+        n += 1;
+    }
+    scores.truncate(n);
     Found {
         strategy: view.strategy,
         scores,
@@ -252,7 +260,13 @@ fn finish(
             if policy.affinity_routing
                 && let Some(pick) = affinity_pick(st, req, model, inputs)
             {
-                return response(reason::AFFINITY_HINT, start, vec![pick], echo, adapter);
+                let pick = ScoreOf {
+                    replica: pick,
+                    ..Default::default()
+                };
+                set_score(&mut scores, 0, pick);
+                scores.truncate(1);
+                return response(reason::AFFINITY_HINT, start, scores, echo, adapter);
             }
             scores.clear();
         }
@@ -268,12 +282,12 @@ fn finish(
 }
 
 /// The affinity pick (§10.7): eligible when the raw request is well formed and a seed exists.
-fn affinity_pick(
-    st: &CoreState,
+fn affinity_pick<'a>(
+    st: &'a CoreState,
     req: &LookupRouteView<'_>,
     model: &str,
     inputs: &ResolvedInputs<'_>,
-) -> Option<pb::ReplicaScore> {
+) -> Option<&'a str> {
     let eligible = !req.tenant_id.is_empty()
         && !model.is_empty()
         && !req.hash_scheme.is_empty()
@@ -282,13 +296,8 @@ fn affinity_pick(
         return None;
     }
     let seed = inputs.affinity_seed()?;
-    let pick = st
-        .index
-        .affinity_hint(req.tenant_id, model, req.hash_scheme, &seed)?;
-    Some(pb::ReplicaScore {
-        replica_id: pick.to_string(),
-        ..Default::default()
-    })
+    st.index
+        .affinity_hint(req.tenant_id, model, req.hash_scheme, &seed)
 }
 
 /// What [`rank_pool`] is asked: an exact-prefix request (LookupPDRoute's inputs) and the pool
