@@ -40,9 +40,10 @@ pub const MAX_ID_BYTES: usize = 1024;
 /// §9.6 order). Never reached with the default holder and stats-row bounds (see below).
 pub const MAX_SCORES_PER_ANSWER: usize = 1024;
 
-/// Score slots (each with its replica-id buffer, at most [`MAX_ID_BYTES`]) a core keeps from its
-/// last inline LookupRoute answer for the next one, so answers of up to this many scores
-/// allocate nothing: at most 64 KiB per core.
+/// Replica-id buffers (of at most [`MAX_ID_BYTES`] each), and room in one score list, that a
+/// core keeps from its encoded inline LookupRoute answers for its next ones
+/// (`lookup::recycle`), so answers of up to this many scores allocate nothing: at most 64 KiB
+/// per core.
 pub const LOOKUP_SPARE_SCORES: usize = 64;
 
 // ---- Cores and partitions -------------------------------------------------------------------

@@ -55,6 +55,28 @@ const COUNTED: usize = 200;
 #[test]
 fn inline_lookup_route_allocates_nothing_per_request_once_warm() {
     let (ex, mut client) = frontend_harness::setup();
+    // A prefix match, then a chain nobody holds (the affinity pick).
+    let prefix = counted_run(&ex, &mut client);
+    assert_eq!(last_reason(&client), "PREFIX_MATCH");
+    client.set_body(frontend_harness::lookup_body_for(
+        frontend_harness::UNHELD_CHAIN,
+    ));
+    let affinity = counted_run(&ex, &mut client);
+    assert_eq!(last_reason(&client), "AFFINITY_HINT");
+    eprintln!(
+        "allocations in {COUNTED} requests: {prefix} prefix matches, {affinity} affinity picks"
+    );
+    // The executor's own timers allocate now and then; a per-request allocation would be 200.
+    for (what, n) in [("prefix match", prefix), ("affinity", affinity)] {
+        assert!(
+            n < COUNTED as u64 / 10,
+            "{what}: {n} allocations in {COUNTED} requests through the inline path"
+        );
+    }
+}
+
+/// Serves [`WARM_UP`] requests, then returns the allocations of [`COUNTED`] more.
+fn counted_run(ex: &glommio::LocalExecutor, client: &mut frontend_harness::Client) -> u64 {
     let mut serve = |n: usize| {
         ex.run(async {
             for _ in 0..n {
@@ -66,11 +88,13 @@ fn inline_lookup_route_allocates_nothing_per_request_once_warm() {
     serve(WARM_UP);
     let before = ALLOCATIONS.with(Cell::get);
     serve(COUNTED);
-    let allocations = ALLOCATIONS.with(Cell::get) - before;
-    eprintln!("{allocations} allocations in {COUNTED} requests");
-    // The executor's own timers allocate now and then; a per-request allocation would be 200.
-    assert!(
-        allocations < COUNTED as u64 / 10,
-        "{allocations} allocations in {COUNTED} requests through the inline path"
-    );
+    ALLOCATIONS.with(Cell::get) - before
+}
+
+/// The reason code of the last answer the client read.
+fn last_reason(client: &frontend_harness::Client) -> String {
+    use prost::Message;
+    let resp = inferencecache_proto::v1alpha1::LookupRouteResponse::decode(&client.last_data[5..])
+        .expect("an answer decodes");
+    resp.reason_code
 }

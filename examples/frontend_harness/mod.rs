@@ -31,6 +31,8 @@ pub const BLOCKS: usize = 32;
 pub const REPLICAS: usize = 4;
 /// Other chains in the index, held by other replicas (so the index is not trivially small).
 pub const OTHER_CHAINS: u64 = 256;
+/// A chain no replica holds.
+pub const UNHELD_CHAIN: u64 = 1 << 40;
 pub const TENANT: &str = "t";
 pub const MODEL: &str = "m";
 pub const SCHEME: &str = "vllm-sha256-v1";
@@ -86,11 +88,17 @@ fn preload_updates() -> Vec<pb::CacheStateUpdate> {
 
 /// The gRPC-framed LookupRouteRequest for chain 0.
 fn lookup_body() -> Vec<u8> {
+    lookup_body_for(0)
+}
+
+/// The gRPC-framed LookupRouteRequest for chain `chain` (one no replica holds, such as
+/// [`UNHELD_CHAIN`], is answered by affinity).
+pub fn lookup_body_for(chain: u64) -> Vec<u8> {
     let req = pb::LookupRouteRequest {
         model_id: MODEL.to_string(),
         tenant_id: TENANT.to_string(),
         hash_scheme: SCHEME.to_string(),
-        block_hashes: (0..BLOCKS).map(|j| block_hash(0, j).into()).collect(),
+        block_hashes: (0..BLOCKS).map(|j| block_hash(chain, j).into()).collect(),
         block_token_counts: vec![16; BLOCKS],
         ..Default::default()
     };
@@ -225,6 +233,11 @@ impl Client {
         let mut ack = Vec::new();
         frame(&mut ack, SETTINGS, ACK, 0, &[]);
         self.io.write_all(&ack).await.expect("write settings ack");
+    }
+
+    /// Sends `body` (a gRPC-framed LookupRouteRequest) from now on.
+    pub fn set_body(&mut self, body: Vec<u8>) {
+        self.body = body;
     }
 
     /// Writes `n` requests (each on a fresh stream) in one write.

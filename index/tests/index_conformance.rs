@@ -1923,6 +1923,11 @@ fn c128_affinity_primitive() {
         Some("r-sglang")
     );
     assert_eq!(ix.affinity_hint("t", "m", "unknown", b"any-seed"), None);
+    assert_eq!(
+        ix.affinity_hint_fed("t", "m", "vllm", |_| false),
+        None,
+        "no seed, no pick"
+    );
 
     // 8 replicas × 1000 seeds from a fixed generator: roughly uniform.
     let ids: Vec<String> = (1..=8).map(|i| format!("r-{i}")).collect();
@@ -1958,6 +1963,14 @@ fn c128_affinity_primitive() {
         let pa = a.affinity_hint("tenantA", "modelX", "vllm", &seed).unwrap();
         let pb = b.affinity_hint("tenantA", "modelX", "vllm", &seed).unwrap();
         assert_eq!(pa, pb);
+        // The streamed seed (in uneven parts) picks what the whole seed picks.
+        let fed = a.affinity_hint_fed("tenantA", "modelX", "vllm", |sink| {
+            sink(&seed[..3]);
+            sink(&seed[3..20]);
+            sink(&seed[20..]);
+            true
+        });
+        assert_eq!(fed, Some(pa));
         let d = Sha256::digest(seed);
         let want = u64::from_be_bytes(d[..8].try_into().unwrap()) % 8;
         let mut sorted = ids.clone();

@@ -9,17 +9,16 @@
 
 mod owner;
 mod receive;
+mod spare;
 
-use std::cell::RefCell;
 use std::time::Instant;
 
 use inferencecache_index::policy::ResolvedPolicy;
 use inferencecache_proto::v1alpha1 as pb;
 
-use crate::limits::{LOOKUP_SPARE_SCORES, MAX_ID_BYTES};
-
 pub use owner::{PoolQuery, rank_pool};
 pub use receive::{deadline_race, lookup_route, lookup_route_now};
+pub use spare::recycle;
 
 /// Process-wide, immutable configuration of the lookup path.
 #[derive(Debug, Clone)]
@@ -77,78 +76,11 @@ fn response(
 ) -> pb::LookupRouteResponse {
     pb::LookupRouteResponse {
         replica_scores: scores,
-        reason_code: spare_text(|s| &mut s.reason_code, reason),
+        reason_code: spare::reason(reason),
         lookup_latency_us: elapsed_us(start),
         token_ids,
         adapter_id,
     }
-}
-
-thread_local! {
-    /// This core's last inline answer, once encoded: its score slots and strings are reused
-    /// by the next answer ([`recycle`]).
-    static SPARE: RefCell<pb::LookupRouteResponse> = RefCell::default();
-}
-
-/// Hands an encoded answer back to this core, so the next answer built here reuses its score
-/// slots, replica ids, reason code and adapter instead of allocating them. The inline path
-/// does this after encoding; answers sent by the general path belong to the transport. What is
-/// kept is bounded: [`LOOKUP_SPARE_SCORES`] slots, strings of at most [`MAX_ID_BYTES`].
-pub fn recycle(mut resp: pb::LookupRouteResponse) {
-    resp.replica_scores.truncate(LOOKUP_SPARE_SCORES);
-    resp.replica_scores
-        .retain(|s| s.replica_id.capacity() <= MAX_ID_BYTES);
-    resp.token_ids = Vec::new();
-    for text in [&mut resp.reason_code, &mut resp.adapter_id] {
-        if text.capacity() > MAX_ID_BYTES {
-            *text = String::new();
-        }
-    }
-    SPARE.with_borrow_mut(|spare| *spare = resp);
-}
-
-/// The spare score slots (their contents are stale: [`set_score`] overwrites each one used).
-fn spare_scores() -> Vec<pb::ReplicaScore> {
-    SPARE.with_borrow_mut(|spare| std::mem::take(&mut spare.replica_scores))
-}
-
-/// `text` in the spare answer's string `field`, reusing its buffer.
-fn spare_text(field: fn(&mut pb::LookupRouteResponse) -> &mut String, text: &str) -> String {
-    let mut out = SPARE.with_borrow_mut(|spare| std::mem::take(field(spare)));
-    out.clear();
-    out.push_str(text);
-    out
-}
-
-/// Writes score `i` of an answer into `scores` (slot `i` if it exists, reusing its replica-id
-/// buffer; else a new slot); slots past the last one written are cut by the caller.
-fn set_score(scores: &mut Vec<pb::ReplicaScore>, i: usize, score: ScoreOf<'_>) {
-    debug_assert!(i <= scores.len(), "scores are written in order");
-    if i == scores.len() {
-        scores.push(pb::ReplicaScore::default());
-    }
-    let slot = &mut scores[i];
-    let mut replica_id = std::mem::take(&mut slot.replica_id);
-    replica_id.clear();
-    replica_id.push_str(score.replica);
-    // Every field is named: a field added to the message cannot keep a stale value.
-    *slot = pb::ReplicaScore {
-        replica_id,
-        score: score.score,
-        matched_tokens: score.matched_tokens,
-        estimated_cache_hit_prob: score.estimated_cache_hit_prob,
-        tier: score.tier,
-    };
-}
-
-/// One score of an answer, borrowed from the index.
-#[derive(Default)]
-struct ScoreOf<'a> {
-    replica: &'a str,
-    score: f32,
-    matched_tokens: i32,
-    estimated_cache_hit_prob: f32,
-    tier: i32,
 }
 
 /// An envelope with no scores and no adapter.

@@ -11,9 +11,8 @@ use inferencecache_index::resolve::{
 };
 use inferencecache_proto::v1alpha1 as pb;
 
-use super::{
-    Answer, OwnerCall, ScoreOf, expired, reason, response, set_score, spare_scores, spare_text,
-};
+use super::spare::{self, ScoreOf};
+use super::{Answer, OwnerCall, expired, reason, response};
 use crate::limits::MAX_SCORES_PER_ANSWER;
 use crate::shard::CoreState;
 use crate::sys::clock::unix_now_ns;
@@ -68,7 +67,7 @@ pub(super) fn answer_view(
         block_size,
     } = ask;
     // Echoed in every scored answer; the resolver never reads it.
-    let adapter = spare_text(|s| &mut s.adapter_id, req.adapter_id);
+    let adapter = spare::adapter(req.adapter_id);
     let chain_on = policy.enable_chain_matching;
     // 6. Resolve inputs (wire fingerprints are borrowed from the request).
     let resolution = match tokenized {
@@ -180,8 +179,7 @@ fn query_index(
         .iter()
         .filter(|s| !prefix || floor <= 0 || s.matched_tokens >= floor)
         .take(MAX_SCORES_PER_ANSWER);
-    let mut scores = spare_scores();
-    let mut n = 0;
+    let mut scores = spare::scores();
     for s in kept {
         let score = ScoreOf {
             replica: view.replica_id(s),
@@ -190,10 +188,8 @@ fn query_index(
             estimated_cache_hit_prob: s.estimated_cache_hit_prob,
             tier: s.tier,
         };
-        set_score(&mut scores, n, score);
-        n += 1;
+        spare::push_score(&mut scores, score);
     }
-    scores.truncate(n);
     Found {
         strategy: view.strategy,
         scores,
@@ -264,11 +260,11 @@ fn finish(
                     replica: pick,
                     ..Default::default()
                 };
-                set_score(&mut scores, 0, pick);
-                scores.truncate(1);
+                spare::clear(&mut scores);
+                spare::push_score(&mut scores, pick);
                 return response(reason::AFFINITY_HINT, start, scores, echo, adapter);
             }
-            scores.clear();
+            spare::clear(&mut scores);
         }
         Strategy::PrefixMatch => {
             let delivered = &scores;
@@ -276,7 +272,7 @@ fn finish(
                 .credit_lfu(|r| delivered.iter().any(|s| s.replica_id == r), &*st.policy);
         }
         Strategy::TenantHot => {}
-        _ => scores.clear(),
+        _ => spare::clear(&mut scores),
     }
     response(strategy.reason_code(), start, scores, echo, adapter)
 }
@@ -295,9 +291,10 @@ fn affinity_pick<'a>(
     if !eligible {
         return None;
     }
-    let seed = inputs.affinity_seed()?;
     st.index
-        .affinity_hint(req.tenant_id, model, req.hash_scheme, &seed)
+        .affinity_hint_fed(req.tenant_id, model, req.hash_scheme, |sink| {
+            inputs.feed_affinity_seed(sink)
+        })
 }
 
 /// What [`rank_pool`] is asked: an exact-prefix request (LookupPDRoute's inputs) and the pool

@@ -807,7 +807,23 @@ impl Index {
         scheme: &str,
         seed: &[u8],
     ) -> Option<&str> {
-        if seed.is_empty() || scheme.is_empty() {
+        self.affinity_hint_fed(tenant, model, scheme, |sink| {
+            sink(seed);
+            !seed.is_empty()
+        })
+    }
+
+    /// [`Index::affinity_hint`] with the seed streamed into the digest, so no seed buffer is
+    /// built: `feed` passes each part of the seed to its sink and returns whether there was
+    /// any (none: no pick), as `ResolvedInputs::feed_affinity_seed` does.
+    pub fn affinity_hint_fed(
+        &self,
+        tenant: &str,
+        model: &str,
+        scheme: &str,
+        feed: impl FnOnce(&mut dyn FnMut(&[u8])) -> bool,
+    ) -> Option<&str> {
+        if scheme.is_empty() {
             return None;
         }
         let scope = self.cat.find_scope(tenant, model, scheme)?;
@@ -815,7 +831,11 @@ impl Index {
         if sorted.is_empty() {
             return None;
         }
-        let digest = Sha256::digest(seed);
+        let mut hasher = Sha256::new();
+        if !feed(&mut |part| hasher.update(part)) {
+            return None;
+        }
+        let digest = hasher.finalize();
         let mut b = [0u8; 8];
         b.copy_from_slice(&digest[..8]);
         let idx = u64::from_be_bytes(b) % sorted.len() as u64;
