@@ -59,6 +59,13 @@ pub const MAX_SHARDS: usize = 64;
 /// median but not the tail; perf/RESULTS.md). The price is spin time while requests keep
 /// coming: at 1,000 req/s a core uses about 28% of its CPU instead of 9%.
 pub const DEFAULT_BUSY_POLL: Duration = Duration::from_micros(200);
+/// Quiet connections one core watches while it spins (`runtime::watch`): each slice peeks at
+/// every one of them with a `recv` call, so the list stays short; further quiet connections are
+/// polled through io_uring as when the core does not spin.
+pub const SPIN_WATCH_MAX_CONNECTIONS: usize = 64;
+/// Longest stretch a spinning core's watcher peeks before it lets the reactor turn: what timers,
+/// hops and unwatched connections may wait behind it.
+pub const SPIN_WATCH_SLICE: Duration = Duration::from_micros(20);
 /// Longest `--busy-poll-us` spin: past a millisecond a parked core's wake-up no longer matters.
 pub const MAX_BUSY_POLL: Duration = Duration::from_millis(1);
 /// Default `--shards` on machines with more than two CPUs is one per CPU, at most this many.

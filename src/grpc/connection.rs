@@ -11,6 +11,7 @@ use bytes::{Bytes, BytesMut};
 use glommio::net::TcpStream;
 
 use crate::http2::{self, HeaderList, RecvHalf, Responder};
+use crate::runtime::watch::WatchedStream;
 
 use super::body::{ConnectionHeld, RequestBody};
 use super::tls;
@@ -20,6 +21,7 @@ use super::unary;
 pub fn serve_connection(stream: TcpStream) -> Pin<Box<dyn Future<Output = ()>>> {
     Box::pin(async move {
         let _ = stream.set_nodelay(true);
+        let stream = WatchedStream::new(stream);
         match tls::acceptor() {
             None => serve_http2(stream).await,
             Some(acceptor) => {

@@ -361,6 +361,21 @@ fn operator_families<'a>(scrape: &'a Scrape, fams: &mut Vec<Family<'a>>) {
             }),
         ));
     }
+    let (woken, released) = (
+        scrape.total.spin_watch_woken,
+        scrape.total.spin_watch_released,
+    );
+    if woken + released > 0 {
+        fams.push((
+            "inferencecache_spin_watch_connections",
+            "Quiet connections a spinning core watched instead of polling them through io_uring: woken when their bytes arrived, or released to io_uring when the core stopped spinning.",
+            MetricType::Counter,
+            Box::new(move |e| {
+                counter(e, &[("outcome", "woken")], woken)?;
+                counter(e, &[("outcome", "released")], released)
+            }),
+        ));
+    }
     let clamped = scrape.total.timestamps_clamped;
     if clamped > 0 {
         fams.push((

@@ -140,6 +140,10 @@ pub struct CoreMetrics {
     pub inline_lookups_answered: u64,
     /// Plain LookupRoutes the inline path handed to the general path.
     pub inline_lookups_handed_on: u64,
+    /// Watched quiet connections the spinning core woke when their bytes arrived.
+    pub spin_watch_woken: u64,
+    /// Watched quiet connections handed back to glommio's poll when the core stopped spinning.
+    pub spin_watch_released: u64,
     /// Requests answered on the core that received them.
     pub inline: u64,
     /// Requests that hopped to the owner core.
@@ -284,6 +288,8 @@ impl CoreMetrics {
         }
         self.inline_lookups_answered += other.inline_lookups_answered;
         self.inline_lookups_handed_on += other.inline_lookups_handed_on;
+        self.spin_watch_woken += other.spin_watch_woken;
+        self.spin_watch_released += other.spin_watch_released;
         self.sweeps += other.sweeps;
         self.sweep_slices += other.sweep_slices;
         self.sweep_last_duration = self.sweep_last_duration.max(other.sweep_last_duration);
@@ -468,6 +474,15 @@ pub fn record_inline_lookup(answered: bool) {
         } else {
             m.inline_lookups_handed_on += 1
         }
+    });
+}
+
+/// Watched quiet connections (`runtime::watch`): `woken` when their bytes arrived while the
+/// core spun, `released` to glommio's poll when it stopped spinning.
+pub fn record_spin_watch(woken: u64, released: u64) {
+    with_store(|m| {
+        m.spin_watch_woken += woken;
+        m.spin_watch_released += released;
     });
 }
 

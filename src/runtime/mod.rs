@@ -12,6 +12,7 @@ pub mod health;
 pub mod io;
 pub mod mailbox;
 mod shutdown;
+pub mod watch;
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -251,6 +252,7 @@ async fn run_core(
     ready: std::sync::mpsc::Sender<Ready>,
 ) {
     install_core(core, &cfg);
+    watch::install(cfg.busy_poll);
     glommio::spawn_local(mailbox::drain_loop(core)).detach();
     glommio::spawn_local(health::heartbeat_loop(core)).detach();
     glommio::spawn_local(sweep_loop(cfg.sweep_interval)).detach();

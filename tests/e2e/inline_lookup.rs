@@ -230,3 +230,36 @@ async fn pipelined_lookups_are_each_answered(shards: usize) {
     }
 }
 shards_1_and_2!(pipelined_lookups_are_each_answered);
+
+/// While a core spins (`--busy-poll-us`), its quiet connections are watched instead of polled
+/// through io_uring (src/runtime/watch.rs): calls one after another on one connection are
+/// noticed by the watch, a connection quiet for longer than the spin is handed back to io_uring
+/// and still answered, and every answer is the same as without the watch.
+async fn quiet_connections_are_watched_while_the_core_spins(shards: usize) {
+    let srv = Server::start(shards, &["--busy-poll-us", "1000"]);
+    ingest_chains(&srv).await;
+    let mut c = srv.client().await;
+    let ask = |model: &str| chain_lookup("t", model, "vllm", &HASHES, &COUNTS);
+    for round in 0..3 {
+        for i in 0..40 {
+            let r = c.lookup_route(ask(MODELS[i % MODELS.len()])).await;
+            let r = r.expect("answered").into_inner();
+            assert_eq!(r.reason_code, "PREFIX_MATCH", "round {round} call {i}");
+            assert_eq!(r.replica_scores[0].replica_id, "r0");
+        }
+        // Longer than the spin: the core releases the connection to io_uring and parks.
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let text = metrics_text(&srv);
+    let count = |outcome: &str| {
+        let series =
+            format!("inferencecache_spin_watch_connections_total{{outcome=\"{outcome}\"}}");
+        metric_value(&text, &series).unwrap_or(0.0)
+    };
+    assert!(count("woken") >= 1.0, "no call noticed by the watch");
+    assert!(
+        count("released") >= 1.0,
+        "no connection released after the spin"
+    );
+}
+shards_1_and_2!(quiet_connections_are_watched_while_the_core_spins);
