@@ -57,7 +57,8 @@ pub const MAX_SHARDS: usize = 64;
 /// Default `--busy-poll-us` on cores with a CPU each: long enough to catch a client's next call
 /// after an answer over loopback at the 99th percentile (one call in flight, 100 µs caught the
 /// median but not the tail; perf/RESULTS.md). The price is spin time while requests keep
-/// coming: at 1,000 req/s a core uses about 28% of its CPU instead of 9%.
+/// coming: at 1,000 req/s a core uses about a third of its CPU instead of 9% (33–34% with the
+/// watcher, 28–29% before it).
 pub const DEFAULT_BUSY_POLL: Duration = Duration::from_micros(200);
 /// Quiet connections one core watches while it spins (`runtime::watch`): each slice peeks at
 /// every one of them with a `recv` call, so the list stays short; further quiet connections are
@@ -65,7 +66,11 @@ pub const DEFAULT_BUSY_POLL: Duration = Duration::from_micros(200);
 pub const SPIN_WATCH_MAX_CONNECTIONS: usize = 64;
 /// Longest stretch a spinning core's watcher peeks before it lets the reactor turn: what timers,
 /// hops and unwatched connections may wait behind it.
-pub const SPIN_WATCH_SLICE: Duration = Duration::from_micros(20);
+pub const SPIN_WATCH_SLICE: Duration = Duration::from_micros(5);
+/// glommio's own spin before parking on a core that spins (`--busy-poll-us`): the core's spin
+/// is its watcher's, which waits a microsecond timer between slices; this bridges those waits so
+/// the core does not park in them, and is all the core spins after the watcher stops.
+pub const GLOMMIO_SPIN_UNDER_WATCH: Duration = Duration::from_micros(20);
 /// Longest `--busy-poll-us` spin: past a millisecond a parked core's wake-up no longer matters.
 pub const MAX_BUSY_POLL: Duration = Duration::from_millis(1);
 /// Default `--shards` on machines with more than two CPUs is one per CPU, at most this many.

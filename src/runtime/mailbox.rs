@@ -114,6 +114,7 @@ pub async fn drain_loop(core: usize) {
         }
         if done > 0 {
             inbox.hopped_in.fetch_add(done as u64, Ordering::Relaxed);
+            super::watch::note_activity();
             futures_lite::future::yield_now().await;
             continue;
         }

@@ -26,8 +26,8 @@ use glommio::net::{TcpListener, TcpStream};
 use glommio::{LocalExecutorBuilder, Placement};
 
 use crate::limits::{
-    CAP_PREBUILD_POLL, EXECUTOR_START_TIMEOUT, IO_MEMORY_BYTES, LISTEN_BACKLOG, MAX_SHARDS,
-    SWEEP_SLICE_PAUSE,
+    CAP_PREBUILD_POLL, EXECUTOR_START_TIMEOUT, GLOMMIO_SPIN_UNDER_WATCH, IO_MEMORY_BYTES,
+    LISTEN_BACKLOG, MAX_SHARDS, SWEEP_SLICE_PAUSE,
 };
 use crate::metrics::Maintenance;
 use crate::shard::{self, CoreState};
@@ -151,7 +151,9 @@ pub fn start(cfg: RuntimeConfig) -> Result<Runtime, StartError> {
             .name(&format!("core-{core}"))
             .io_memory(IO_MEMORY_BYTES);
         if let Some(spin) = cfg.busy_poll {
-            builder = builder.spin_before_park(spin);
+            // The core's spin is its watcher's (`watch`); glommio's own only bridges the
+            // watcher's reactor turns, so they never park the core.
+            builder = builder.spin_before_park(spin.min(GLOMMIO_SPIN_UNDER_WATCH));
         }
         let handle = builder
             .spawn(move || run_core(core, cfg, own_listeners, ready))

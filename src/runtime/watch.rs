@@ -154,8 +154,10 @@ struct Watch {
     budget: Option<Duration>,
     entries: Vec<Entry>,
     next_token: u64,
-    /// The watcher task, while it waits for a first entry.
+    /// The watcher task, while the core does not spin.
     watcher: Option<Waker>,
+    /// Whether the core spins: from its last activity until the budget has passed.
+    spinning: bool,
     /// When bytes last arrived on a watched connection or one was added.
     last_activity: Instant,
 }
@@ -166,6 +168,7 @@ thread_local! {
         entries: Vec::new(),
         next_token: 0,
         watcher: None,
+        spinning: false,
         last_activity: Instant::now(),
     });
 }
@@ -188,11 +191,17 @@ impl Watch {
             fd,
             waker: waker.clone(),
         });
+        self.activity();
+        Some(token)
+    }
+
+    /// The core did something: it spins (again) for the budget from now.
+    fn activity(&mut self) {
         self.last_activity = Instant::now();
+        self.spinning = true;
         if let Some(w) = self.watcher.take() {
             w.wake();
         }
-        Some(token)
     }
 
     /// Points `token`'s entry at `waker`; false if the watcher has removed it.
@@ -231,11 +240,22 @@ impl Watch {
 
     /// Hands every entry back to glommio's poll: the core stops spinning.
     fn release_all(&mut self) {
+        self.spinning = false;
         crate::metrics::record_spin_watch(0, self.entries.len() as u64);
         for e in self.entries.drain(..) {
             e.waker.wake();
         }
     }
+}
+
+/// Work other than a connection's (a hop run on this core): the core spins for the budget from
+/// now, so a next hop soon after is noticed without a wake-up. No-op when the core does not spin.
+pub fn note_activity() {
+    WATCH.with_borrow_mut(|w| {
+        if w.budget.is_some() {
+            w.activity();
+        }
+    });
 }
 
 /// Sets this core's spin budget (`--busy-poll-us`; `None`: no watching) and, if it spins,
@@ -247,14 +267,14 @@ pub fn install(budget: Option<Duration>) {
     }
 }
 
-/// The core's watcher: while connections are watched, peeks at them in slices of at most
-/// [`SPIN_WATCH_SLICE`], letting the reactor turn between slices, until bytes stop arriving
-/// for the budget; then hands them back and waits for the next.
+/// The core's watcher, and its spin: from the core's last activity until the budget has passed,
+/// peeks at the watched connections in slices of at most [`SPIN_WATCH_SLICE`] and lets the
+/// reactor turn between slices; then hands them back and waits for the next activity.
 async fn watcher() {
     // Reused, so a turn allocates nothing.
     let mut turn = glommio::timer::Timer::new(REACTOR_TURN);
     loop {
-        FirstEntry.await;
+        Spinning.await;
         let (woke, idle_for) = WATCH.with_borrow_mut(spin_slice);
         if woke == 0 {
             let budget = WATCH.with_borrow(|w| w.budget.unwrap_or_default());
@@ -289,18 +309,18 @@ fn spin_slice(w: &mut Watch) -> (usize, Duration) {
     }
 }
 
-/// Ready once the watch list has an entry.
-struct FirstEntry;
+/// Ready while the core spins.
+struct Spinning;
 
-impl Future for FirstEntry {
+impl Future for Spinning {
     type Output = ();
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
         WATCH.with_borrow_mut(|w| {
-            if w.entries.is_empty() {
+            if w.spinning {
+                Poll::Ready(())
+            } else {
                 w.watcher = Some(cx.waker().clone());
                 Poll::Pending
-            } else {
-                Poll::Ready(())
             }
         })
     }
@@ -434,6 +454,19 @@ mod tests {
             for r in readers {
                 assert_eq!(r.await, 1, "every connection reads, watched or not");
             }
+        });
+    }
+
+    #[test]
+    fn other_work_keeps_the_core_spinning_for_the_budget() {
+        on_core(Duration::from_millis(30), || async {
+            let spinning = || WATCH.with_borrow(|w| w.spinning);
+            settle().await;
+            assert!(!spinning(), "an idle core does not spin");
+            note_activity();
+            assert!(spinning(), "a hop run here starts the spin");
+            glommio::timer::sleep(Duration::from_millis(100)).await;
+            assert!(!spinning(), "and the budget ends it");
         });
     }
 
