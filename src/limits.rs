@@ -65,7 +65,8 @@ pub const DEFAULT_BUSY_POLL: Duration = Duration::from_micros(200);
 /// polled through io_uring as when the core does not spin.
 pub const SPIN_WATCH_MAX_CONNECTIONS: usize = 64;
 /// Longest stretch a spinning core's watcher peeks before it lets the reactor turn: what timers,
-/// hops and unwatched connections may wait behind it.
+/// hops and unwatched connections may wait behind it (the clock is read every few peeks, each a
+/// `recv` call, so a slice overruns by at most those).
 pub const SPIN_WATCH_SLICE: Duration = Duration::from_micros(5);
 /// glommio's own spin before parking on a core that spins (`--busy-poll-us`): the core's spin
 /// is its watcher's, which waits a microsecond timer between slices; this bridges those waits so

@@ -33,10 +33,22 @@ use crate::limits::{SPIN_WATCH_MAX_CONNECTIONS, SPIN_WATCH_SLICE};
 pub struct WatchedStream {
     inner: TcpStream,
     fd: RawFd,
-    /// This stream's entry in the core's watch list, while it has one or had one that the
-    /// watcher removed without bytes having arrived (the core stopped spinning): then reads
-    /// that would block go to glommio's poll until bytes arrive.
-    token: Option<u64>,
+    /// Whether this core watches at all (it spins); if not, reads are glommio's alone.
+    watching: bool,
+    /// What a read that would block waits on.
+    wait: ReadWait,
+}
+
+/// What a [`WatchedStream`]'s blocked read waits on until bytes arrive.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum ReadWait {
+    /// Nothing yet: the next blocked read asks for a place in the watch list.
+    Nothing,
+    /// Its entry (token) in the core's watch list.
+    Watched(u64),
+    /// glommio's io_uring poll: the list was full, or the watcher handed the entry back
+    /// when the core stopped spinning.
+    Glommio,
 }
 
 impl WatchedStream {
@@ -46,33 +58,37 @@ impl WatchedStream {
         Self {
             inner,
             fd,
-            token: None,
+            watching: WATCH.with_borrow(|w| w.budget.is_some()),
+            wait: ReadWait::Nothing,
         }
     }
 
-    /// Registers (or refreshes) this stream's watch; whether it is watched.
+    /// Registers (or refreshes) this stream's watch; whether it is watched. Once refused or
+    /// handed back, it is not asked again until bytes arrive.
     fn watch(&mut self, waker: &Waker) -> bool {
-        WATCH.with_borrow_mut(|w| match self.token {
-            Some(token) => w.refresh(token, waker),
-            None => {
-                self.token = w.add(self.fd, waker);
-                self.token.is_some()
-            }
-        })
+        self.wait = WATCH.with_borrow_mut(|w| match self.wait {
+            ReadWait::Nothing => w
+                .add(self.fd, waker)
+                .map_or(ReadWait::Glommio, ReadWait::Watched),
+            ReadWait::Watched(token) if w.refresh(token, waker) => ReadWait::Watched(token),
+            _ => ReadWait::Glommio,
+        });
+        matches!(self.wait, ReadWait::Watched(_))
     }
 
-    /// Drops this stream's watch, if any: bytes arrived (or the socket failed or closed).
-    fn unwatch(&mut self) {
-        if let Some(token) = self.token.take() {
+    /// Bytes arrived (or the socket failed or closed): drops the watch, if any.
+    fn arrived(&mut self) {
+        if let ReadWait::Watched(token) = self.wait {
             WATCH.with_borrow_mut(|w| w.remove(token));
         }
+        self.wait = ReadWait::Nothing;
     }
 }
 
 impl Drop for WatchedStream {
     fn drop(&mut self) {
         // The fd is about to be closed and may be reused: no entry may outlive it.
-        self.unwatch();
+        self.arrived();
     }
 }
 
@@ -82,19 +98,25 @@ impl AsyncRead for WatchedStream {
         cx: &mut Context<'_>,
         buf: &mut [u8],
     ) -> Poll<io::Result<usize>> {
+        if !self.watching {
+            return Pin::new(&mut self.inner).poll_read(cx, buf);
+        }
         match recv(self.fd, buf, 0) {
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
             done => {
-                self.unwatch();
+                self.arrived();
                 return Poll::Ready(done);
             }
         }
         if self.watch(cx.waker()) {
             return Poll::Pending;
         }
-        // Not watched (the core does not spin, its list is full, or it stopped spinning):
         // glommio's own poll, which also retries the read once.
-        Pin::new(&mut self.inner).poll_read(cx, buf)
+        let read = Pin::new(&mut self.inner).poll_read(cx, buf);
+        if read.is_ready() {
+            self.arrived();
+        }
+        read
     }
 }
 
@@ -160,6 +182,9 @@ struct Watch {
     spinning: bool,
     /// When bytes last arrived on a watched connection or one was added.
     last_activity: Instant,
+    /// Where the next pass starts, so a pass cut short by its deadline does not always
+    /// favour the first entries.
+    cursor: usize,
 }
 
 thread_local! {
@@ -170,6 +195,7 @@ thread_local! {
         watcher: None,
         spinning: false,
         last_activity: Instant::now(),
+        cursor: 0,
     });
 }
 
@@ -219,19 +245,25 @@ impl Watch {
         self.entries.retain(|e| e.token != token);
     }
 
-    /// Peeks at every entry once, waking (and removing) those with something to read; how
-    /// many it woke.
-    fn pass(&mut self) -> usize {
-        let before = self.entries.len();
-        self.entries.retain(|e| {
-            if readable(e.fd) {
-                e.waker.wake_by_ref();
-                false
-            } else {
-                true
+    /// Peeks at the entries, each at most once, from where the last pass stopped, until
+    /// `deadline` (checked every [`PEEKS_PER_CLOCK_READ`] peeks), waking (and removing) those
+    /// with something to read; how many it woke.
+    fn pass(&mut self, deadline: Instant) -> usize {
+        let mut woke = 0;
+        for peeked in 1..=self.entries.len() {
+            if self.cursor >= self.entries.len() {
+                self.cursor = 0;
             }
-        });
-        let woke = before - self.entries.len();
+            if readable(self.entries[self.cursor].fd) {
+                self.entries.swap_remove(self.cursor).waker.wake();
+                woke += 1;
+            } else {
+                self.cursor += 1;
+            }
+            if peeked % PEEKS_PER_CLOCK_READ == 0 && Instant::now() >= deadline {
+                break;
+            }
+        }
         if woke > 0 {
             crate::metrics::record_spin_watch(woke as u64, 0);
         }
@@ -271,7 +303,7 @@ pub fn install(budget: Option<Duration>) {
 /// peeks at the watched connections in slices of at most [`SPIN_WATCH_SLICE`] and lets the
 /// reactor turn between slices; then hands them back and waits for the next activity.
 async fn watcher() {
-    // Reused, so a turn allocates nothing.
+    // One timer for all turns, registered once.
     let mut turn = glommio::timer::Timer::new(REACTOR_TURN);
     loop {
         Spinning.await;
@@ -284,26 +316,50 @@ async fn watcher() {
             }
         }
         // A reactor turn: glommio's completions, timers, and the connections just woken.
-        turn.reset(REACTOR_TURN);
-        (&mut turn).await;
+        reactor_turn(&mut turn).await;
     }
 }
 
 /// The timer the watcher waits on between slices: expired by the next reactor turn.
 const REACTOR_TURN: Duration = Duration::from_micros(1);
 
+/// Peeks between two clock reads in a pass: a `recv` costs far more than a clock read, but a
+/// pass of a few peeks needs none.
+const PEEKS_PER_CLOCK_READ: usize = 4;
+
+/// Waits on `turn` reset to [`REACTOR_TURN`], so the task yields to the reactor: a timer already
+/// due when first polled (the thread was descheduled in between) is reset and polled again, a
+/// few times at most.
+async fn reactor_turn(turn: &mut glommio::timer::Timer) {
+    let mut armed = false;
+    std::future::poll_fn(|cx| {
+        if armed {
+            return Pin::new(&mut *turn).poll(cx).map(drop);
+        }
+        for _ in 0..4 {
+            turn.reset(REACTOR_TURN);
+            if Pin::new(&mut *turn).poll(cx).is_pending() {
+                armed = true;
+                return Poll::Pending;
+            }
+        }
+        Poll::Ready(())
+    })
+    .await
+}
+
 /// Peeks until something is woken or the slice ends; how many were woken, and for how long
 /// nothing had arrived at the end.
 fn spin_slice(w: &mut Watch) -> (usize, Duration) {
-    let start = Instant::now();
+    let deadline = Instant::now() + SPIN_WATCH_SLICE;
     loop {
-        let woke = w.pass();
+        let woke = w.pass(deadline);
         let now = Instant::now();
         if woke > 0 {
             w.last_activity = now;
             return (woke, Duration::ZERO);
         }
-        if w.entries.is_empty() || now - start >= SPIN_WATCH_SLICE {
+        if w.entries.is_empty() || now >= deadline {
             return (0, now - w.last_activity);
         }
     }
@@ -373,6 +429,15 @@ mod tests {
         glommio::timer::sleep(Duration::from_millis(2)).await;
     }
 
+    /// `task`'s output; fails the test (instead of hanging it) after 5 s, as a lost wake-up would.
+    async fn within<T>(task: impl Future<Output = T>) -> T {
+        futures_lite::future::or(task, async {
+            glommio::timer::sleep(Duration::from_secs(5)).await;
+            panic!("not woken within 5 s");
+        })
+        .await
+    }
+
     /// Waits (at most 2 s) until `watched()` is `n`.
     async fn until_watched(n: usize) {
         for _ in 0..2000 {
@@ -397,7 +462,7 @@ mod tests {
             until_watched(1).await;
             let before = woken();
             peer.write_all(b"hello").unwrap();
-            assert_eq!(reader.await, b"hello");
+            assert_eq!(within(reader).await, b"hello");
             assert_eq!(watched(), 0);
             assert_eq!(woken() - before, 1, "the watch woke the reader");
         });
@@ -424,7 +489,7 @@ mod tests {
             until_watched(1).await;
             assert_eq!(woken(), before, "noticed by glommio's poll, not the watch");
             peer.write_all(b"next").unwrap();
-            let (first, second) = reader.await;
+            let (first, second) = within(reader).await;
             assert_eq!((&first[..], &second[..]), (&b"late"[..], &b"next"[..]));
         });
     }
@@ -452,7 +517,7 @@ mod tests {
                 p.write_all(b"x").unwrap();
             }
             for r in readers {
-                assert_eq!(r.await, 1, "every connection reads, watched or not");
+                assert_eq!(within(r).await, 1, "every connection reads, watched or not");
             }
         });
     }
@@ -481,17 +546,16 @@ mod tests {
             });
             until_watched(1).await;
             drop(peer);
-            assert_eq!(reader.await, 0, "the peer's close is read");
+            assert_eq!(within(reader).await, 0, "the peer's close is read");
             assert_eq!(watched(), 0);
 
             let (mut ours, _peer) = pair(&listener).await;
-            let reader = glommio::spawn_local(async move {
-                let mut buf = [0u8; 4];
-                let _ = ours.read(&mut buf).await;
-            });
-            until_watched(1).await;
-            drop(reader); // cancels the task, dropping the stream while it is watched
-            settle().await;
+            let mut buf = [0u8; 4];
+            let polled = futures_lite::future::poll_once(ours.read(&mut buf)).await;
+            assert!(polled.is_none(), "nothing to read yet");
+            assert_eq!(watched(), 1);
+            drop(ours);
+            // At once: the watcher has not peeked at the closed fd.
             assert_eq!(
                 watched(),
                 0,
