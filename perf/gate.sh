@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # CI performance regression gate: instruction counts (callgrind "Ir") of fixed, deterministic
-# workloads compared with perf/gate-baseline.json: the index's (index/examples/perf_gate.rs) and
+# workloads compared with perf/gate-baseline.json: the index's (shards/index/examples/perf_gate.rs) and
 # whole gRPC requests through the server's real front end, in process
 # (examples/perf_gate_frontend.rs: HTTP/2 bytes in, h2, handler, index, answer bytes out).
 # Instruction counts do not depend on machine load, so this works on a noisy shared VM where
@@ -108,7 +108,7 @@ if base and base.get("rustc") != rustc:
     print(f"note: baseline made with {base.get('rustc')}, now {rustc}; counts may shift with the compiler")
 if update == "1":
     json.dump({
-        "tool": f"callgrind Ir ({valgrind}), index/examples/perf_gate.rs, examples/perf_gate_frontend.rs",
+        "tool": f"callgrind Ir ({valgrind}), shards/index/examples/perf_gate.rs, examples/perf_gate_frontend.rs",
         "rustc": rustc,
         "tolerance_pct": tol,
         "workloads": {k: {"ir": counts[k], "ops": ops[k]} for k in ops},

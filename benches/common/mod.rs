@@ -1,5 +1,5 @@
 //! Deterministic index workloads shared by the criterion benches (`benches/index.rs`) and the
-//! CI instruction-count gate (`index/examples/perf_gate.rs`, which includes this file by path).
+//! CI instruction-count gate (`shards/index/examples/perf_gate.rs`, which includes this file by path).
 //!
 //! Index shape (one core's index, one tenant/model/scheme, 16 replicas, per-block entries):
 //! chains of [`CHAIN_BLOCKS`] 8-byte block hashes; replica `c % 16` holds the whole chain `c`

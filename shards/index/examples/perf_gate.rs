@@ -10,7 +10,7 @@
 //! 2000) iterations per operation of that workload: a deliberate slowdown used only to prove
 //! that the gate fails (perf/RESULTS.md). Product code is never touched.
 
-#[path = "../../benches/common/mod.rs"]
+#[path = "../../../benches/common/mod.rs"]
 mod common;
 
 use common::{Built, build_index};

@@ -1106,7 +1106,7 @@ fn s19_15_cold_start_counts_reserved() {
 }
 
 /// §8.5 / §19.15: UNKNOWN_TENANT depends only on whether the tenant holds prefix keys now. The
-/// directory's fixed-capacity tenant table (index/src/directory.rs) saturates once more than
+/// directory's fixed-capacity tenant table (shards/index/src/directory.rs) saturates once more than
 /// `capacity` tenants were live at the same time and then stays saturated for the life of the
 /// process: from then on an unknown tenant is classified as known (UNKNOWN_MODEL instead of
 /// UNKNOWN_TENANT) even after the tenant count dropped back.
