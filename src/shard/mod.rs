@@ -16,7 +16,11 @@ static CORES: OnceLock<usize> = OnceLock::new();
 pub fn set_cores(cores: usize) {
     assert!((1..=crate::limits::MAX_SHARDS).contains(&cores));
     assert!(CORES.set(cores).is_ok(), "core count set twice");
+    // Builds the partition-to-core table now, not on the first request.
+    owner_of_partition(0, cores);
 }
+
+const _: () = assert!(crate::limits::MAX_SHARDS <= inferencecache_partition::MAX_CORES);
 
 /// Number of cores serving (1 before start-up finished, e.g. in unit tests).
 pub fn cores() -> usize {
