@@ -456,3 +456,137 @@ mod tests {
         assert_eq!(default_shards(4), 4);
     }
 }
+
+/// docs/OPERATIONS.md is the operator's reference: these tests fail when a flag or a limit is
+/// added without a row there, or when a row names one that is gone, so the file cannot drift
+/// from `Cli` and `src/limits.rs`.
+#[cfg(test)]
+mod operations_doc {
+    use super::Cli;
+    use clap::CommandFactory;
+
+    const OPERATIONS: &str = include_str!("../docs/OPERATIONS.md");
+    const LIMITS_SOURCE: &str = include_str!("limits.rs");
+
+    /// The long names of every flag clap knows for the server (hidden ones included).
+    fn flags() -> Vec<String> {
+        Cli::command()
+            .get_arguments()
+            .filter_map(|arg| arg.get_long())
+            .filter(|long| !matches!(*long, "help" | "version"))
+            .map(|long| format!("--{long}"))
+            .collect()
+    }
+
+    /// The first cell of every table row whose first cell is one backticked flag.
+    fn flag_rows(doc: &str) -> Vec<String> {
+        doc.lines()
+            .filter_map(|line| line.strip_prefix("| `--"))
+            .filter_map(|rest| rest.split_once("` |"))
+            .map(|(name, _)| name)
+            .filter(|name| name.chars().all(|c| c.is_ascii_lowercase() || c == '-'))
+            .map(|name| format!("--{name}"))
+            .collect()
+    }
+
+    /// Every constant `src/limits.rs` declares or re-exports: `pub const NAME` and the names
+    /// in `pub use path::{A, B};` / `pub use path::A;`.
+    fn limit_names(source: &str) -> Vec<String> {
+        let mut names = Vec::new();
+        for (i, _) in source.match_indices("pub const ") {
+            let rest = &source[i + "pub const ".len()..];
+            names.push(identifier(rest));
+        }
+        for (i, _) in source.match_indices("pub use ") {
+            let statement = &source[i..i + source[i..].find(';').expect("use ends with ;")];
+            let list = match statement.split_once('{') {
+                Some((_, braced)) => braced.trim_end_matches('}').to_string(),
+                None => statement.rsplit("::").next().unwrap_or("").to_string(),
+            };
+            names.extend(list.split(',').map(|n| identifier(n.trim())));
+        }
+        names.retain(|n| !n.is_empty());
+        names
+    }
+
+    fn identifier(text: &str) -> String {
+        text.chars()
+            .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+            .collect()
+    }
+
+    /// The backticked constants in the last cell of the rows of the Limits section (its main
+    /// table and the tuning constants table): the column that names `src/limits.rs`.
+    fn constant_cells(doc: &str) -> Vec<String> {
+        let section = doc
+            .split("\n## Limits\n")
+            .nth(1)
+            .expect("docs/OPERATIONS.md has a `## Limits` section");
+        let section = section.split("\n## ").next().unwrap_or(section);
+        let mut names = Vec::new();
+        for row in section.lines().filter(|l| l.starts_with("| ")) {
+            let cells: Vec<&str> = row.trim_end_matches('|').rsplitn(2, " | ").collect();
+            let last = cells[0];
+            for piece in last.split('`').skip(1).step_by(2) {
+                if piece
+                    .chars()
+                    .all(|c| c.is_ascii_uppercase() || c.is_ascii_digit() || c == '_')
+                {
+                    names.push(piece.to_string());
+                }
+            }
+        }
+        names
+    }
+
+    #[test]
+    fn operations_doc_names_every_flag_and_limit() {
+        let rows = flag_rows(OPERATIONS);
+        let flags = flags();
+        let undocumented: Vec<_> = flags.iter().filter(|f| !rows.contains(f)).collect();
+        assert!(
+            undocumented.is_empty(),
+            "flags with no `| `--flag` |` row in docs/OPERATIONS.md's Flags table: {undocumented:?}"
+        );
+        let gone: Vec<_> = rows.iter().filter(|r| !flags.contains(r)).collect();
+        assert!(
+            gone.is_empty(),
+            "docs/OPERATIONS.md has rows for flags that do not exist: {gone:?}"
+        );
+
+        let limits = limit_names(LIMITS_SOURCE);
+        assert!(limits.len() > 50, "parsed too few limits: {limits:?}");
+        let named = constant_cells(OPERATIONS);
+        let unnamed: Vec<_> = limits.iter().filter(|l| !named.contains(l)).collect();
+        assert!(
+            unnamed.is_empty(),
+            "limits of src/limits.rs named in no row of docs/OPERATIONS.md's Limits or Tuning constants table: {unnamed:?}"
+        );
+        let stale: Vec<_> = named.iter().filter(|n| !limits.contains(n)).collect();
+        assert!(
+            stale.is_empty(),
+            "docs/OPERATIONS.md names constants src/limits.rs does not have: {stale:?}"
+        );
+    }
+
+    #[test]
+    fn the_checks_catch_a_missing_flag_and_a_missing_limit() {
+        let without_row: String = OPERATIONS
+            .lines()
+            .filter(|l| !l.starts_with("| `--nats-url` |"))
+            .collect::<Vec<_>>()
+            .join("\n");
+        assert!(!flag_rows(&without_row).contains(&"--nats-url".to_string()));
+        assert!(flag_rows(OPERATIONS).contains(&"--nats-url".to_string()));
+
+        let source = format!("{LIMITS_SOURCE}\npub const MAX_SOMETHING_NEW: usize = 1;\n");
+        let named = constant_cells(OPERATIONS);
+        assert!(limit_names(&source).contains(&"MAX_SOMETHING_NEW".to_string()));
+        assert!(!named.contains(&"MAX_SOMETHING_NEW".to_string()));
+        assert!(
+            limit_names(LIMITS_SOURCE).contains(&"MAX_STRINGS".to_string()),
+            "re-exports count"
+        );
+        assert!(named.contains(&"MAX_STRINGS".to_string()));
+    }
+}

@@ -5,7 +5,7 @@
 //! so a peer that declares 4 MiB and sends 16 KiB would cost 4 MiB per stream, forever. Here an
 //! incomplete message is held in a buffer that grows only with the bytes that actually arrived,
 //! charged to a per-connection and a per-core budget, and failed after
-//! [`MESSAGE_RECEIVE_TIMEOUT`] (docs/BEHAVIOUR.md §1.3, README "Limits").
+//! [`MESSAGE_RECEIVE_TIMEOUT`] (docs/BEHAVIOUR.md §1.3, docs/OPERATIONS.md "Limits").
 
 use std::cell::Cell;
 use std::future::Future;
