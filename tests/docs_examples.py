@@ -11,7 +11,8 @@ A fenced ```sh block right after a marker line is run:
     <!-- run-in-ci: stream -->  like run-in-ci, but each grpcurl call is a stream that must still
                                 be open (or have ended cleanly) after 3 s
 
-Blocks run in document order; a plain block before any server block gets the server of
+Every ```sh block of those files must carry a marker (the README's `cargo test --workspace`
+aside, which .ci/run runs itself). Blocks run in document order; a plain block before any server block gets the server of
 `inference-cache-server --insecure-disable-auth`. The text is changed only where a CI machine
 differs from a reader's: `cargo run --release --bin inference-cache-server --` and a leading
 `inference-cache-server` become the debug binary, `cargo run --release -p loadgen --` the
@@ -42,6 +43,8 @@ import urllib.request
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MARKER = re.compile(r"^<!-- run-in-ci(?::\s*(server|stream))? -->\s*$")
+# Unmarked blocks allowed because CI runs them as they are: .ci/run runs the README's test command.
+RUN_ELSEWHERE = {"cargo test --workspace"}
 BLOCK_TIMEOUT_S = 300
 READY_TIMEOUT_S = 90
 
@@ -75,6 +78,20 @@ def examples(path):
             end += 1
         found.append((m.group(1) or "run", "\n".join(lines[start:end]), start))
         i = end + 1
+    return found
+
+
+def unmarked(path):
+    """Lines of ```sh blocks with no marker: each must be run somewhere else in CI."""
+    lines = open(path, encoding="utf-8").read().split("\n")
+    found = []
+    for i, line in enumerate(lines):
+        if line.strip() != "```sh":
+            continue
+        before = [l for l in lines[:i] if l.strip()][-1:] or [""]
+        body = "\n".join(lines[i + 1:lines.index("```", i + 1)]).strip()
+        if not MARKER.match(before[0]) and body not in RUN_ELSEWHERE:
+            found.append(i + 1)
     return found
 
 
@@ -240,6 +257,10 @@ def main():
     except (ValueError, OSError):
         pass  # glommio starts within the default limit too (IO_MEMORY_BYTES)
 
+    for doc in args.files:
+        lines = unmarked(os.path.join(ROOT, doc))
+        if lines:
+            sys.exit(f"{doc}: ```sh blocks at lines {lines} have no run-in-ci marker; mark them")
     work = tempfile.mkdtemp(prefix="docs-examples-")
     bindir = os.path.join(work, "bin")
     os.makedirs(bindir)
