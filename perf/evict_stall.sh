@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Lookups while the global cap evicts on a 10M-entry index (issue 14: "no lookup waits more than
+# Lookups while the global cap evicts on a 10M-entry index (the bar: "no lookup waits more than
 # 1 ms behind index maintenance"): the cap's candidate-heap builds (an O(entries) scan), in one
 # go on the ingest that needs victims ("before") or ahead of need in slices ("after"). Release
 # build:

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Where the instructions of one LookupRoute go (issue 14's profile): callgrind around N
+# Where the instructions of one LookupRoute go (the profile behind the inline path): callgrind around N
 # one-at-a-time requests (chat workload, after a preload and a warm-up, --shards 1), then the
 # exclusive instruction counts summed per crate / component. User-space instructions only:
 # the kernel's share (socket syscalls, io_uring) is not counted here.

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Warm restart with --state-dir (issue 13), release build:
+# Warm restart with --state-dir, release build:
 #   perf/restart.sh restart <entries> [shards]
 #       fills <entries> storage entries, records a 1,000-lookup sample, SIGTERM (final snapshot),
 #       restarts on the same state dir and reports SIGTERM-to-exit, restart-to-ready (process

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Lookups while the TTL sweep runs on a 10M-entry index (issue 14: "no lookup waits more than
+# Lookups while the TTL sweep runs on a 10M-entry index (the bar: "no lookup waits more than
 # 1 ms behind index maintenance"), release build:
 #   perf/sweep_stall.sh [entries] [seconds] [before-server-binary]
 # Fills <entries> (default 10,000,000) storage entries once (loadgen's `fill` example: 64-block

@@ -151,7 +151,8 @@ pub const HTTP2_MAX_HEADER_BYTES_PER_CORE: usize = 32 * 1024 * 1024;
 /// REFUSED_STREAM until they drain, so a peer that never reads cannot make the server hold
 /// answer after answer (`inferencecache_limit_hits_total{limit="http2_queued_response_bytes"}`).
 pub const HTTP2_MAX_QUEUED_RESPONSE_BYTES: usize = 16 * 1024 * 1024;
-/// Response bytes h2 buffers per stream before asking the handler to wait (hyper's default).
+/// Response bytes the HTTP/2 layer queues per general-path stream before the handler waits for the
+/// peer's window (hyper's default).
 pub const HTTP2_MAX_SEND_BUFFER_BYTES: usize = 400 * 1024;
 /// Longest a client may take to send the HTTP/2 preface after connecting (or after the TLS
 /// handshake); a connection that stays silent is closed.

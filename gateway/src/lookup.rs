@@ -6,7 +6,7 @@
 //! TCP segment that wakes the server, and moves the body through a spawned task. This client
 //! queues HEADERS and the whole message (with END_STREAM) before the connection task runs, so
 //! the connection writes the request in one segment, and reads the answer on the same task
-//! that asked. Measured in perf/RESULTS.md ("A lean LookupRoute client").
+//! that asked. Measured in perf/runs/2026-12-03-a-lean-lookuproute-client-in-the-gateway-sdk-and.md.
 
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;

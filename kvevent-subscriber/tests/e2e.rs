@@ -832,7 +832,7 @@ async fn back_pressure_while_server_is_down_loses_nothing() {
     assert_eq!(sub_metric(&sub, "kvevent_missing_batches_total").await, 0.0);
 }
 
-/// Issue 12 item 5: `entries_sent` / `updates_sent` count when a message is written to the
+/// `entries_sent` / `updates_sent` count when a message is written to the
 /// stream, not when the stream is acknowledged (which, on a healthy subscriber, happens only after
 /// `--max-unacked` messages or before an event); acknowledgements are their own series.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -874,7 +874,7 @@ async fn sent_counters_are_true_before_the_ack() {
     assert_eq!(sub_metric(&sub, "kvevent_entries_sent_total").await, 2.0);
 }
 
-/// Issue 12: one engine event whose entries would exceed the server's 4 MiB message limit (here
+/// One engine event whose entries would exceed the server's 4 MiB message limit (here
 /// 5,000 one-token blocks of an adapter with a 1,000-byte name, with `--max-batch` far above
 /// them) is split into several messages, each well under the limit, and all of it is indexed;
 /// the test double refuses messages over 4 MiB like the server (tonic's default limit).
@@ -1015,7 +1015,7 @@ fn chain_prefixes(n: u32) -> Vec<Vec<u8>> {
         .collect()
 }
 
-/// Issue 12 item 6: the subscriber is killed mid-stream (SIGKILL), the engine keeps publishing,
+/// The subscriber is killed mid-stream (SIGKILL), the engine keeps publishing,
 /// the subscriber is restarted with the same `--state-file` and, without any further live
 /// batch, fetches what it missed from the replay socket: every batch is indexed, chained
 /// correctly, and a later live batch is in order.
@@ -1107,7 +1107,7 @@ async fn restarted_subscriber_catches_up_from_its_state_file() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// Issue 12 item 6: batches the engine published but the subscriber never received, followed by
+/// Batches the engine published but the subscriber never received, followed by
 /// a quiet spell (a lost tail), are found by the replay probe and indexed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lost_tail_is_recovered_by_the_replay_probe() {
@@ -1147,7 +1147,7 @@ async fn lost_tail_is_recovered_by_the_replay_probe() {
     assert!(double.traffic().iter().all(|r| !matches!(r, Rec::Event(_))));
 }
 
-/// Issue 12: content the server keeps refusing (RESOURCE_EXHAUSTED) is re-sent a bounded number
+/// Content the server keeps refusing (RESOURCE_EXHAUSTED) is re-sent a bounded number
 /// of times, then dropped and counted; delivery of later data continues.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn refused_content_is_not_resent_forever() {
@@ -1197,7 +1197,7 @@ async fn refused_content_is_not_resent_forever() {
     assert_eq!(wait_index(&double, 1).await, 1);
 }
 
-/// Issue 12: the engine restarted while the subscriber was down (its replay buffer now ends
+/// The engine restarted while the subscriber was down (its replay buffer now ends
 /// below the last seq the subscriber delivered): the restarted subscriber clears the replica
 /// and indexes the new engine's batches instead of taking them for already-delivered ones.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -490,7 +490,7 @@ async fn processor_restart_clears_and_gap_is_counted() {
     assert_eq!(metrics.dropped("undecodable_batch"), 1);
 }
 
-/// Issue 12: memory stays bounded when batches arrive from ever new data-parallel ranks.
+/// Memory stays bounded when batches arrive from ever new data-parallel ranks.
 #[tokio::test]
 async fn unknown_dp_ranks_are_bounded() {
     let metrics = Metrics::new();

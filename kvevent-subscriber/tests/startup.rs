@@ -1,4 +1,4 @@
-//! Start-up behaviour of the real binary (issue 12, items 3, 4 and 7): malformed flags exit 2
+//! Start-up behaviour of the real binary: malformed flags exit 2
 //! quickly with a message naming the flag and no backtrace; an engine address that keeps failing
 //! does not spin and the process still stops on SIGTERM; two subscribers with the default
 //! metrics address do not collide.

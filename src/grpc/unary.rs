@@ -3,7 +3,7 @@
 //!
 //! Why: on one core the per-request cost of the general path (a spawned task per stream, tonic's
 //! codec and body adapters, one response flushed per wake-up) was several times the index work
-//! (perf/RESULTS.md, issue 14's profile). Here the HTTP/2 layer (`crate::http2`) offers each
+//! (perf/runs/2026-12-03-where-a-lookuproute-s-instructions-go.md). Here the HTTP/2 layer (`crate::http2`) offers each
 //! plain LookupRoute whose message arrived whole in one DATA frame with the end of the stream;
 //! it is decoded from the received bytes, answered, and its answer is framed into the turn's
 //! output, which leaves in one write.

@@ -2,7 +2,7 @@
 //! unary calls per connection, answered on the core that reads them.
 //!
 //! Why not the `h2` crate: at saturation h2 with HPACK, `http` and `bytes` was a third of the
-//! CPU of a LookupRoute, more than the index walk (perf/RESULTS.md, issue 14): a `HeaderMap`
+//! CPU of a LookupRoute, more than the index walk (perf/runs/2026-12-03-the-grpc-port-s-own-http-2-layer.md): a `HeaderMap`
 //! and `Uri` per request, a stream slab behind a mutex, three queued frames per answer. Here a
 //! plain call is decoded into one reused buffer, answered in the turn that read it, and its
 //! answer framed straight into the connection's output.

@@ -4,7 +4,7 @@
 //! arrives while the core is spinning before it parks (`--busy-poll-us`), the completion reaches
 //! the core as task work the kernel delivers with an inter-processor interrupt, then a reactor
 //! turn (four `io_uring_enter` calls) before the connection runs: on this VM about half of a lone
-//! call's latency (perf/RESULTS.md, "Quiet connections watched by the spinning core"). So while
+//! call's latency (perf/runs/2026-12-05-quiet-connections-watched-by-the-spinning-core.md). So while
 //! the core spins, the sockets of its quiet connections are instead watched: the core's watcher
 //! task peeks at each with a non-blocking `recv` and wakes the connection whose bytes arrived.
 //! When the core has spun its budget with nothing arriving, every watched connection is handed

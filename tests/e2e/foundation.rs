@@ -1,4 +1,4 @@
-//! End-to-end checks of the foundation (issue 2): the real binary on loopback with `--shards 1`
+//! End-to-end checks of the foundation: the real binary on loopback with `--shards 1`
 //! and `--shards 2`, every RPC, health and reflection through generated clients, start-up
 //! refusals, and graceful shutdown.
 

@@ -398,7 +398,7 @@ fn name_bytes(srv: &Server) -> f64 {
         .sum()
 }
 
-/// Issue 10 item 2: interned names are freed once nothing refers to them, and bounded in bytes.
+/// Interned names are freed once nothing refers to them, and bounded in bytes.
 /// Messages that store nothing keep no names; names of swept entries are reclaimed, so unique
 /// tenants whose entries expire are accepted for ever under a 64 KiB table (without the reclaim
 /// the third round would not fit); fresh names beyond the bound are refused
@@ -475,7 +475,7 @@ async fn interned_names_are_reclaimed_and_bounded_in_bytes(shards: usize) {
 }
 shards_1_and_2!(interned_names_are_reclaimed_and_bounded_in_bytes);
 
-/// Issue 10 item 4: a key keeps at most `--index-max-holders-per-key` replicas. A further
+/// A key keeps at most `--index-max-holders-per-key` replicas. A further
 /// replica is not added to it, the rest of its message is applied, and the stream's Ack says
 /// `accepted: false`, `KEY_HOLDERS_FULL` (counted); known holders still refresh.
 async fn a_key_keeps_at_most_its_holder_bound(shards: usize) {
@@ -525,7 +525,7 @@ async fn a_key_keeps_at_most_its_holder_bound(shards: usize) {
 }
 shards_1_and_2!(a_key_keeps_at_most_its_holder_bound);
 
-/// Issue 10 item 4: a LookupRoute answer carries at most 1,024 replica scores, the top-ranked
+/// A LookupRoute answer carries at most 1,024 replica scores, the top-ranked
 /// ones in the final order (score descending, replica id ascending), even for a key held by
 /// more replicas (here 1,100, allowed by raising the holder bound).
 async fn lookup_answers_keep_the_top_ranked_scores(shards: usize) {

@@ -196,7 +196,7 @@ async fn c137_tokenizer_saturation_fails_open(shards: usize) {
 }
 shards_1_and_2!(c137_tokenizer_saturation_fails_open);
 
-/// Issue 6: a model directory holding only a `*.tiktoken` rank file (plus its
+/// A model directory holding only a `*.tiktoken` rank file (plus its
 /// tokenizer_config.json) is loaded; prompt_text is rendered with its chat template, tokenized
 /// with its BPE ranks and the tokens echoed (sub-block prompt on an empty index → NO_HINT).
 async fn tiktoken_model_prompt_text_echo(shards: usize) {

@@ -1,4 +1,4 @@
-//! Warm restart with `--state-dir` (issue 13, docs/ARCHITECTURE.md §6): the real binary is
+//! Warm restart with `--state-dir` (docs/ARCHITECTURE.md §6): the real binary is
 //! stopped with SIGTERM and restarted on the same state directory, with the same or another
 //! `--shards`; answers (LookupRoute, GetCacheState, field by field) must be identical, the last
 //! `/policy` must still be in force, the eviction order must be the one an uninterrupted server
@@ -635,9 +635,9 @@ async fn restart_at_scale(n: usize) {
     stop(srv);
 }
 
-/// The issue's check: 1,000,000 entries, SIGTERM, restart, a 1,000-lookup sample and every
-/// GetCacheState identical. About 20 s in a debug build on this 2-vCPU machine, so it runs
-/// with the suite; prints its SIGTERM-to-exit and restart-to-ready times with `--nocapture`.
+/// The acceptance check of warm restart: 1,000,000 entries, SIGTERM, restart, a 1,000-lookup
+/// sample and every GetCacheState identical. About 20 s in a debug build on a 2-vCPU machine, so
+/// it runs with the suite; prints its SIGTERM-to-exit and restart-to-ready times with `--nocapture`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn restart_at_1m_entries() {
     restart_at_scale(1_000_000).await

@@ -1,4 +1,4 @@
-//! The self-differential test (issue 11, deliverable 2): the same seeded random traffic is sent to
+//! The self-differential test: the same seeded random traffic is sent to
 //! three servers started with `--shards 1` (the oracle: one core answers exactly like the
 //! reference), `--shards 2` and `--shards 4` (more shards than this machine's CPUs), and every
 //! answer is compared field by field.
@@ -31,7 +31,7 @@
 //!   (latency histograms, process and per-core series depend on time and on the core count).
 //!
 //! `SELF_DIFF_REQUESTS` (default 2,400) is the number of requests sent to each server;
-//! `SELF_DIFF_SEED` picks the seed. The full run of issue 11 is
+//! `SELF_DIFF_SEED` picks the seed. The full run (20,000 requests per server) is
 //! `SELF_DIFF_REQUESTS=20000 cargo test --release --test e2e self_differential -- --nocapture`.
 
 use std::fmt::Debug;

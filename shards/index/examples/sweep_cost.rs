@@ -1,4 +1,4 @@
-//! What one core's index maintenance costs in one step at N entries (issue 14: "no lookup waits
+//! What one core's index maintenance costs in one step at N entries (the bar: "no lookup waits
 //! more than 1 ms behind index maintenance"): the one-call TTL sweep against the sliced one
 //! (0.5 ms / 16,384-entry slices, the server's limits), with nothing and with half the entries
 //! expiring, and the first cap-candidate build (an O(entries) scan): in one go (what the ingest

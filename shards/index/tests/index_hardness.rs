@@ -1,4 +1,4 @@
-//! Resource bounds of one core's index (issue 10, items 2 and 4): interned names are reclaimed
+//! Resource bounds of one core's index: interned names are reclaimed
 //! once nothing refers to them and bounded in bytes; holders per key and stats rows are bounded;
 //! a hot key's holders are found in O(1).
 
