@@ -9,7 +9,7 @@ A fenced ```sh block right after a marker line is run:
     <!-- run-in-ci: server -->  the block starts a server: the previous one is stopped, this one
                                 is started in the background and must answer /readyz 200
     <!-- run-in-ci: stream -->  like run-in-ci, but each grpcurl call is a stream that must still
-                                be open (or have ended cleanly) after 3 s
+                                be open after 3 s (it is then ended)
 
 Every ```sh block of those files must carry a marker (the README's `cargo test --workspace`
 aside, which .ci/run runs itself). Blocks run in document order; a plain block before any server block gets the server of
@@ -54,7 +54,7 @@ grpcurl() { timeout 30 grpcurl "$@"; }
 """
 STREAM_PREAMBLE = """set -euo pipefail
 curl() { command curl --fail-with-body --show-error --max-time 30 "$@"; }
-grpcurl() { local rc=0; timeout 3 grpcurl "$@" || rc=$?; [ "$rc" -eq 0 ] || [ "$rc" -eq 124 ]; }
+grpcurl() { local rc=0; timeout 3 grpcurl "$@" || rc=$?; [ "$rc" -eq 124 ] || { echo "stream ended (exit $rc) before 3 s"; return 1; }; }
 """
 
 
@@ -147,11 +147,14 @@ class Server:
         self.env = env
         self.proc = None
         self.log = None
+        self.starts = 0
 
     def start(self, script, where):
         self.stop()
         os.makedirs(f"{self.env.work}/var/lib", exist_ok=True)
-        self.log = open(f"{self.env.work}/server.log", "w")
+        self.starts += 1
+        log_path = f"{self.env.work}/server-{self.starts}.log"
+        self.log = open(log_path, "w")
         print(f"--- server ({where}):\n{script}", flush=True)
         self.proc = subprocess.Popen(
             ["bash", "-c", "set -euo pipefail\n" + script + "\nwait"],
@@ -169,23 +172,46 @@ class Server:
                 pass
             time.sleep(0.2)
         print(f"FAIL: the server of {where} did not become ready; its log:", flush=True)
-        print(open(f"{self.env.work}/server.log").read()[-4000:], flush=True)
+        print(open(log_path, errors="replace").read()[-4000:], flush=True)
         self.stop()
         return False
 
     def stop(self):
+        """SIGTERM to the block's whole process group, then waits until every process of it is
+        gone (the server drains and writes its final snapshot after the shell has exited), so
+        the next server can bind the same ports."""
         if self.proc is None:
             return
-        try:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            self.proc.wait(timeout=30)
-        except ProcessLookupError:
-            pass
-        except subprocess.TimeoutExpired:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait()
+        group = self.proc.pid
+        signal_group(group, signal.SIGTERM)
+        deadline = time.monotonic() + 40
+        while group_alive(group) and time.monotonic() < deadline:
+            self.proc.poll()
+            time.sleep(0.1)
+        if group_alive(group):
+            signal_group(group, signal.SIGKILL)
+        self.proc.wait()
+        while group_alive(group):
+            time.sleep(0.1)
         self.proc = None
         self.log.close()
+
+
+def signal_group(group, sig):
+    try:
+        os.killpg(group, sig)
+    except ProcessLookupError:
+        pass
+
+
+def group_alive(group):
+    try:
+        os.killpg(group, 0)
+        return True
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
 
 
 def missing_tools(text):
@@ -272,6 +298,7 @@ def main():
     failures, count = [], 0
     try:
         for doc in args.files:
+            server_failed = False
             for kind, text, line in examples(os.path.join(ROOT, doc)):
                 where = f"{doc}:{line}"
                 count += 1
@@ -280,8 +307,13 @@ def main():
                     failures.append(where)
                     continue
                 if kind == "server":
-                    if not server.start(env.substitute(text, kind), where):
+                    server_failed = not server.start(env.substitute(text, kind), where)
+                    if server_failed:
                         failures.append(where)
+                    continue
+                if server_failed:
+                    print(f"FAIL: {where}: its server did not start", flush=True)
+                    failures.append(where)
                     continue
                 if server.proc is None and not server.start(
                         env.substitute("inference-cache-server --insecure-disable-auth", "server"),
