@@ -554,6 +554,16 @@ impl Index {
         self.cap = CapState::default();
     }
 
+    /// Drops the cap heap and any build in progress for the reclaim pass, like
+    /// [`Index::cap_clear`] but retiring the live heap: its blob references are given back in
+    /// the cap build's slices, not in the reclaim slice (a heap of `entries / 16` snapshots).
+    pub(crate) fn cap_forget(&mut self) {
+        self.cap_retire_heap();
+        if let Some(b) = self.cap.next.take() {
+            b.release_all(&mut self.cat);
+        }
+    }
+
     /// Mutation hook: keeps the cap-heap invariant (and a build's) after an entry's sort key
     /// changed.
     #[inline]
@@ -1165,6 +1175,7 @@ impl Index {
             now,
             stats_from: None,
             out: SweepOutcome::default(),
+            reclaiming: false,
         });
     }
 
@@ -1201,6 +1212,9 @@ impl Index {
             })
         };
         let mut meter = budget.meter();
+        if pass.reclaiming {
+            return self.sweep_reclaim(pass, step, &mut meter);
+        }
         if pass.stats_from.is_none() {
             let mut stale: Vec<u32> = Vec::new();
             let mut pos = self.store.visited();
@@ -1265,10 +1279,33 @@ impl Index {
             self.sweep_pass = Some(pass);
             return step;
         }
-        if self.reclaimable > 0 {
-            pass.out.strings_freed = self.reclaim();
+        if self.reclaimable > 0 || self.reclaim_pass.is_some() {
+            pass.reclaiming = true;
+            return self.sweep_reclaim(pass, step, &mut meter);
         }
         step.finished = Some(pass.out);
+        step
+    }
+
+    /// The sweep pass's last stage: the reclaim pass, in the sweep's slices (the rest of this
+    /// slice's budget first).
+    fn sweep_reclaim(
+        &mut self,
+        mut pass: SweepPass,
+        mut step: SweepStep,
+        meter: &mut BudgetMeter,
+    ) -> SweepStep {
+        let mut work = step.entries;
+        match self.reclaim_slice(meter, &mut work) {
+            Some(freed) => {
+                pass.out.strings_freed = freed;
+                step.finished = Some(pass.out);
+            }
+            None => {
+                step.cut_short = true;
+                self.sweep_pass = Some(pass);
+            }
+        }
         step
     }
 }
@@ -1281,6 +1318,8 @@ pub(crate) struct SweepPass {
     stats_from: Option<u32>,
     /// What the pass did so far.
     out: SweepOutcome,
+    /// Keys and stats rows are done; the reclaim pass runs.
+    reclaiming: bool,
 }
 
 /// How much one [`Index::sweep_step`] may do.
