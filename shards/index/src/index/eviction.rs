@@ -554,7 +554,7 @@ impl Index {
         self.cap = CapState::default();
     }
 
-    /// Drops the cap heap and any build in progress for the reclaim pass, like
+    /// Drops the cap heap and any build in progress (reclaim pass, policy change), like
     /// [`Index::cap_clear`] but retiring the live heap: its blob references are given back in
     /// the cap build's slices, not in the reclaim slice (a heap of `entries / 16` snapshots).
     pub(crate) fn cap_forget(&mut self) {
@@ -947,7 +947,7 @@ impl Index {
             }
         }
         if changed {
-            self.cap_clear();
+            self.cap_forget();
         }
     }
 

@@ -593,8 +593,10 @@ impl Index {
 
     /// Tells the index that tenant policies changed (eviction algorithm switch). Optional: the
     /// index also detects algorithm changes itself before every cap enforcement.
+    /// The cap heap is retired, not freed here: its snapshots are given back in the cap
+    /// build's slices (a policy install must not cost one step of O(cap heap) on every core).
     pub fn rules_changed(&mut self) {
-        self.cap_clear();
+        self.cap_forget();
     }
 
     /// Number of storage entries on this core (reserved included).
