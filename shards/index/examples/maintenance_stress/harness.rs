@@ -2,6 +2,7 @@
 //! every maintenance task in the server's slices and records the most thread CPU one slice of
 //! each task used. Shared by the `maintenance_stress` example (at scale, release build) and the
 //! small `maintenance_stress_small` test (default `cargo test`).
+#![allow(dead_code)] // each user takes one scale
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};

@@ -698,7 +698,9 @@ impl Index {
                 }
                 let pos = b.cursor - 1;
                 b.cursor = pos;
-                work += self.cap_offer_position(&mut b, pos);
+                let offered = self.cap_offer_position(&mut b, pos);
+                meter.charge_entries(offered);
+                work += offered;
             }
             if cut {
                 self.cap.next = Some(b);
@@ -1227,6 +1229,7 @@ impl Index {
                 let key = self.store.key_at(pos);
                 let (ttl, algo) = resolve(self, self.cat.tenant_of(key));
                 stale.clear();
+                let entries_before = step.entries;
                 for (_, h) in self.store.holders(pos) {
                     step.entries += 1;
                     if ttl > 0 && now.saturating_sub(h.last_seen()) >= ttl {
@@ -1234,6 +1237,7 @@ impl Index {
                     }
                 }
                 let before = self.store.key_count();
+                meter.charge_entries(step.entries - entries_before);
                 meter.charge_removals(stale.len());
                 for r in &stale {
                     self.report_removal(key, *r, RemovalReason::Ttl, algo, now);
@@ -1349,6 +1353,8 @@ impl BudgetMeter {
     /// into a table of millions of keys): 64 keys' worth of them overran a 0.5 ms slice by
     /// 0.5 ms at 10M entries (perf/RESULTS.md), so the clock is read every 8 removals.
     const CHECKS_PER_REMOVAL: usize = Self::CLOCK_EVERY / 8;
+    /// Entries (holders of one key) visited per check.
+    const ENTRIES_PER_CHECK: usize = 16;
 
     /// [`BudgetMeter::spent`] for steps of microseconds each (sifts through a heap of up to
     /// `entries / 16` snapshots, a table probe): reads the clock at every check, so a slice
@@ -1375,6 +1381,13 @@ impl BudgetMeter {
         self.budget
             .deadline
             .is_some_and(|d| std::time::Instant::now() >= d)
+    }
+
+    /// Counts the `entries` of one key (its holders) towards the next clock read, one check
+    /// per [`BudgetMeter::ENTRIES_PER_CHECK`]: a key of 1,024 holders offered to a cap build is
+    /// ≈ 1 ms of heap work, so 64 of them between two clock reads overran a slice 60-fold.
+    pub(crate) fn charge_entries(&mut self, entries: usize) {
+        self.owed = self.owed.saturating_add(entries / Self::ENTRIES_PER_CHECK);
     }
 
     /// Counts `removed` entries towards the next clock read.
