@@ -10,7 +10,7 @@ use std::time::Duration;
 
 #[test]
 fn every_maintenance_task_runs_in_bounded_slices() {
-    let report = harness::run(harness::Scale::small(), |_| {});
+    let report = harness::run(harness::Scale::small(), |_| true, |_| {});
     for task in [
         "sweep",
         "reclaim",

@@ -87,14 +87,22 @@ impl TenantRules for Rules {
 #[derive(Default, Debug)]
 pub struct Report {
     pub tasks: BTreeMap<&'static str, (Duration, Duration, u64)>,
+    /// The same per shape and task (`shape/task`).
+    pub by_shape: BTreeMap<String, (Duration, Duration, u64)>,
+    shape: &'static str,
 }
 
 impl Report {
     fn record(&mut self, task: &'static str, cpu: Duration, wall: Duration) {
-        let e = self.tasks.entry(task).or_default();
-        e.0 = e.0.max(cpu);
-        e.1 = e.1.max(wall);
-        e.2 += 1;
+        let key = format!("{}/{task}", self.shape);
+        for e in [
+            self.tasks.entry(task).or_default(),
+            self.by_shape.entry(key).or_default(),
+        ] {
+            e.0 = e.0.max(cpu);
+            e.1 = e.1.max(wall);
+            e.2 += 1;
+        }
     }
     /// The task whose longest slice used the most CPU, with that time.
     pub fn worst(&self) -> Option<(&'static str, Duration)> {
@@ -164,8 +172,27 @@ fn prefix(h: u64, adapter: &str) -> PrefixEntry {
     }
 }
 
+/// The server's `gradual_buffer_hook` (src/sys/memory.rs): no transparent huge pages on the
+/// buffers a cap build fills over many slices, so no slice takes a 2 MiB first-touch fault.
+fn no_huge_pages(addr: usize, len: usize) {
+    const PAGE: usize = 4096;
+    const MADV_NOHUGEPAGE: i32 = 15;
+    unsafe extern "C" {
+        fn madvise(addr: *mut u8, len: usize, advice: i32) -> i32;
+    }
+    let Some(start) = addr.checked_next_multiple_of(PAGE) else {
+        return;
+    };
+    let end = addr.saturating_add(len) / PAGE * PAGE;
+    if start < end {
+        // SAFETY: only the huge-page policy of whole pages of this process's own buffer changes.
+        unsafe { madvise(start as *mut u8, end - start, MADV_NOHUGEPAGE) };
+    }
+}
+
 fn index(scale: &Scale) -> Index {
     Index::new(IndexConfig {
+        gradual_buffer_hook: Some(no_huge_pages),
         max_entries: 0,
         max_keyspaces_per_model: scale.keyspaces + 16,
         max_keyspaces: scale.keyspaces * 2 + 1024,
@@ -283,9 +310,8 @@ fn cap_build(ix: &mut Index, report: &mut Report) {
     ix.set_max_entries(0);
 }
 
-/// The snapshot export in the server's slices (encoding excluded); returns the records.
-fn snapshot(ix: &Index, report: &mut Report, keep: bool) -> Vec<Owned> {
-    let mut out = Vec::new();
+/// The snapshot export in the server's slices (encoding excluded).
+fn snapshot(ix: &Index, report: &mut Report) {
     let mut pos = Some(0u32);
     while let Some(p) = pos {
         pos = timed(report, "snapshot_slice", || {
@@ -295,9 +321,7 @@ fn snapshot(ix: &Index, report: &mut Report, keep: bool) -> Vec<Owned> {
             loop {
                 let next = ix.export_entries(p, SNAPSHOT_STEP, |e| {
                     rows += 1;
-                    if keep {
-                        out.push(Owned::from(e));
-                    }
+                    std::hint::black_box(e);
                 });
                 match next {
                     Some(n) if rows < SLICE_ENTRIES && start.elapsed() < SNAPSHOT_SLICE => p = n,
@@ -306,6 +330,12 @@ fn snapshot(ix: &Index, report: &mut Report, keep: bool) -> Vec<Owned> {
             }
         });
     }
+}
+
+/// Every entry as an owned record (the restore's input; not timed).
+fn records(ix: &Index) -> Vec<Owned> {
+    let mut out = Vec::with_capacity(ix.entry_count() as usize);
+    ix.export_entries(0, usize::MAX, |e| out.push(Owned::from(e)));
     out
 }
 
@@ -367,19 +397,34 @@ fn restore(ix: &mut Index, rules: &Rules, records: &[Owned], report: &mut Report
     timed(report, "restore_slice", || ix.restore_finish());
 }
 
-/// Builds each shape, runs every maintenance task on it, and returns the report. `log` is
-/// told what runs.
-pub fn run(scale: Scale, mut log: impl FnMut(&str)) -> Report {
+/// Builds each shape whose name `only` accepts (`plain`, `keyspaces`, `names`, `held`), runs
+/// every maintenance task on it, and returns the report. `log` is told what runs.
+pub fn run(scale: Scale, only: impl Fn(&str) -> bool, mut log: impl FnMut(&str)) -> Report {
     let mut report = Report::default();
     let mut rules = Rules { flipped: false };
-    // Plain entries, with clears and policy churn between the slices, then the cap build and
-    // the snapshot, and the restore of that snapshot.
-    log(&format!("plain: {} entries", scale.entries));
-    let mut ix = index(&scale);
-    plain(&mut ix, &rules, scale.entries);
-    cap_build(&mut ix, &mut report);
-    let records = snapshot(&ix, &mut report, true);
-    sweep(&mut ix, &mut rules, &mut report, |ix, rules, n| {
+    let shapes: [(&'static str, fn(&Scale, &mut Rules, &mut Report)); 4] = [
+        ("plain", run_plain),
+        ("keyspaces", run_keyspaces),
+        ("names", run_names),
+        ("held", run_held),
+    ];
+    for (name, shape) in shapes.into_iter().filter(|(n, _)| only(n)) {
+        log(name);
+        report.shape = name;
+        shape(&scale, &mut rules, &mut report);
+    }
+    report
+}
+
+/// Plain entries, with clears and policy churn between the sweep's slices, the cap build
+/// before and after, the snapshot, and the restore of that snapshot.
+fn run_plain(scale: &Scale, rules: &mut Rules, report: &mut Report) {
+    let mut ix = index(scale);
+    plain(&mut ix, rules, scale.entries);
+    cap_build(&mut ix, report);
+    snapshot(&ix, report);
+    let records = records(&ix);
+    sweep(&mut ix, rules, report, |ix, rules, n| {
         if n % 64 == 0 {
             rules.flipped = !rules.flipped;
             ix.rules_changed();
@@ -395,35 +440,33 @@ pub fn run(scale: Scale, mut log: impl FnMut(&str)) -> Report {
             ix.apply_event(&e, NOW, rules);
         }
     });
-    cap_build(&mut ix, &mut report);
+    cap_build(&mut ix, report);
     drop(ix);
-    log(&format!("restore: {} records", records.len()));
-    let mut fresh = index(&scale);
-    restore(&mut fresh, &rules, &records, &mut report);
-    drop((fresh, records));
-    // One scope full of keyspaces, all expiring: the reclaim.
-    log(&format!("keyspaces: {} in one scope", scale.keyspaces));
-    let mut ix = index(&scale);
-    keyspaces(&mut ix, &rules, scale.keyspaces);
-    snapshot(&ix, &mut report, false);
-    sweep(&mut ix, &mut rules, &mut report, |_, _, _| {});
+    let mut fresh = index(scale);
+    restore(&mut fresh, rules, &records, report);
+}
+
+/// One scope full of keyspaces, all expiring: the reclaim.
+fn run_keyspaces(scale: &Scale, rules: &mut Rules, report: &mut Report) {
+    let mut ix = index(scale);
+    keyspaces(&mut ix, rules, scale.keyspaces);
+    snapshot(&ix, report);
+    sweep(&mut ix, rules, report, |_, _, _| {});
     assert_eq!(ix.keyspace_count(), 0);
-    drop(ix);
-    // Many names, all expiring.
-    log(&format!("names: {}", scale.names));
-    let mut ix = index(&scale);
-    names(&mut ix, &rules, scale.names);
-    sweep(&mut ix, &mut rules, &mut report, |_, _, _| {});
-    drop(ix);
-    // Full keys: `holders` holders each, half expiring.
-    log(&format!(
-        "held: {} keys x {} holders",
-        scale.held_keys, scale.holders
-    ));
-    let mut ix = index(&scale);
-    held(&mut ix, &rules, scale.held_keys, scale.holders);
-    cap_build(&mut ix, &mut report);
-    snapshot(&ix, &mut report, false);
-    sweep(&mut ix, &mut rules, &mut report, |_, _, _| {});
-    report
+}
+
+/// Many names (replicas, 1,000 per model), all expiring.
+fn run_names(scale: &Scale, rules: &mut Rules, report: &mut Report) {
+    let mut ix = index(scale);
+    names(&mut ix, rules, scale.names);
+    sweep(&mut ix, rules, report, |_, _, _| {});
+}
+
+/// Full keys: `holders` holders each, half expiring.
+fn run_held(scale: &Scale, rules: &mut Rules, report: &mut Report) {
+    let mut ix = index(scale);
+    held(&mut ix, rules, scale.held_keys, scale.holders);
+    cap_build(&mut ix, report);
+    snapshot(&ix, report);
+    sweep(&mut ix, rules, report, |_, _, _| {});
 }

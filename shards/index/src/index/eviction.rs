@@ -232,6 +232,10 @@ pub(crate) struct CapState {
     /// back: released a slice at the time ([`Index::cap_prebuild_step`]), since reading and
     /// freeing a heap of `entries / 16` snapshots takes ≈ 20 ms at 10M entries.
     retired: Vec<CapCand>,
+    /// Further snapshot lists waiting for their release after `retired` (a heap retired while
+    /// another still was, a build dropped by [`Index::cap_forget`]): queued, not released in
+    /// one step.
+    retired_queue: Vec<Vec<CapCand>>,
     /// The emptied buffer of the last retired heap, kept for the next build's selection: freeing
     /// or shrinking it unmapped ≈ 20 MB of touched pages at 10M entries (1–5 ms in one slice
     /// with the system allocator), and the next build faulted them in again.
@@ -488,12 +492,11 @@ impl Index {
     /// Retires the live heap (its snapshots' blob references are given back later, in slices,
     /// by [`Index::cap_prebuild_step`]), keeping a build in progress.
     fn cap_retire_heap(&mut self) {
-        if !self.cap.retired.is_empty() {
-            self.cap_release_retired(usize::MAX);
-        }
         let mut v = std::mem::take(&mut self.cap.heap.v);
         v.extend(self.cap.threshold.take());
-        if v.is_empty() {
+        if !v.is_empty() && !self.cap.retired.is_empty() {
+            self.cap.retired_queue.push(v);
+        } else if v.is_empty() {
             // Nothing to give back (a heap reserved before any build): a spare at once.
             if v.capacity() > self.cap.spare.capacity() {
                 self.cap.spare = v;
@@ -539,14 +542,19 @@ impl Index {
             }
         }
         if r.is_empty() {
-            self.cap.spare = std::mem::take(r);
+            match self.cap.retired_queue.pop() {
+                Some(next) => *r = next,
+                None => self.cap.spare = std::mem::take(r),
+            }
         }
         n
     }
 
     /// Drops the cap heap and any build in progress (policy change, reclaim, restore).
     pub(crate) fn cap_clear(&mut self) {
-        self.cap_release_retired(usize::MAX);
+        while !self.cap.retired.is_empty() {
+            self.cap_release_retired(usize::MAX);
+        }
         self.cap_drop_heap();
         if let Some(b) = self.cap.next.take() {
             b.release_all(&mut self.cat);
@@ -560,7 +568,15 @@ impl Index {
     pub(crate) fn cap_forget(&mut self) {
         self.cap_retire_heap();
         if let Some(b) = self.cap.next.take() {
-            b.release_all(&mut self.cat);
+            let mut queue = [b.sel.v, b.late, b.threshold.flatten().into_iter().collect()];
+            for v in queue.iter_mut().filter(|v| !v.is_empty()) {
+                let v = std::mem::take(v);
+                if self.cap.retired.is_empty() {
+                    self.cap.retired = v;
+                } else {
+                    self.cap.retired_queue.push(v);
+                }
+            }
         }
     }
 

@@ -186,6 +186,11 @@ impl Strings {
         self.live[id as usize] = false;
     }
 
+    /// Room on the free list for `n` more ids (see [`Strings::release`]).
+    pub fn reserve_free(&mut self, n: usize) {
+        self.free.reserve(n);
+    }
+
     /// Second half of freeing: gives back an unlinked id's bytes and slot.
     pub fn release(&mut self, id: u32) {
         debug_assert!(!self.live[id as usize], "release of a linked string");
