@@ -397,12 +397,15 @@ fn restore(ix: &mut Index, rules: &Rules, records: &[Owned], report: &mut Report
     timed(report, "restore_slice", || ix.restore_finish());
 }
 
+/// Builds one shape and runs its maintenance tasks.
+type Shape = fn(&Scale, &mut Rules, &mut Report);
+
 /// Builds each shape whose name `only` accepts (`plain`, `keyspaces`, `names`, `held`), runs
 /// every maintenance task on it, and returns the report. `log` is told what runs.
 pub fn run(scale: Scale, only: impl Fn(&str) -> bool, mut log: impl FnMut(&str)) -> Report {
     let mut report = Report::default();
     let mut rules = Rules { flipped: false };
-    let shapes: [(&'static str, fn(&Scale, &mut Rules, &mut Report)); 4] = [
+    let shapes: [(&'static str, Shape); 4] = [
         ("plain", run_plain),
         ("keyspaces", run_keyspaces),
         ("names", run_names),

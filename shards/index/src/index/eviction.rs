@@ -1273,14 +1273,16 @@ impl Index {
         }
         if let Some(mut m) = pass.stats_from.filter(|_| !step.cut_short) {
             while (m as usize) < self.cat.models.len() {
+                // Every record counts towards the clock, rowless ones too (a core may hold a
+                // million model scopes without stats).
+                if meter.spent(step.entries) {
+                    step.cut_short = true;
+                    break;
+                }
                 let rows = self.cat.models[m as usize].stats.len();
                 if rows == 0 {
                     m += 1;
                     continue; // freed records included
-                }
-                if meter.spent(step.entries) {
-                    step.cut_short = true;
-                    break;
                 }
                 step.entries += rows;
                 let (ttl, _) = resolve(self, self.cat.models[m as usize].tenant);
