@@ -5,9 +5,10 @@ use clap::{ArgAction, Parser};
 
 use crate::limits::{
     DEFAULT_BUSY_POLL, DEFAULT_MAX_CONNECTIONS_PER_CORE, DEFAULT_MAX_ENTRIES,
-    DEFAULT_MAX_HOLDERS_PER_KEY, DEFAULT_MAX_SHARDS, DEFAULT_MAX_STRING_BYTES,
-    DEFAULT_MAX_TIMESTAMP_SKEW_MS, DEFAULT_NATS_READY_MAX_LAG, DEFAULT_SNAPSHOT_INTERVAL_MS,
-    MAX_BUSY_POLL, MAX_SHARDS, MESSAGE_RECEIVE_TIMEOUT, MIN_SNAPSHOT_INTERVAL_MS,
+    DEFAULT_MAX_HOLDERS_PER_KEY, DEFAULT_MAX_KEYSPACES, DEFAULT_MAX_KEYSPACES_PER_MODEL,
+    DEFAULT_MAX_SHARDS, DEFAULT_MAX_STRING_BYTES, DEFAULT_MAX_TIMESTAMP_SKEW_MS,
+    DEFAULT_NATS_READY_MAX_LAG, DEFAULT_SNAPSHOT_INTERVAL_MS, MAX_BUSY_POLL, MAX_SHARDS,
+    MESSAGE_RECEIVE_TIMEOUT, MIN_SNAPSHOT_INTERVAL_MS,
 };
 
 /// Flags of `inference-cache-server`. Go-style single-dash spellings (`-grpc-bind-address`) are
@@ -96,6 +97,15 @@ pub struct Cli {
     /// Hidden: an operations/test knob.
     #[arg(long, default_value_t = DEFAULT_MAX_HOLDERS_PER_KEY, hide = true)]
     pub index_max_holders_per_key: usize,
+    /// Distinct keyspaces (adapters, across hash schemes) of one `(tenant, model)` on its core;
+    /// a message that would create one more is refused (`KEYSPACES_FULL`).
+    /// Hidden: an operations/test knob.
+    #[arg(long, default_value_t = DEFAULT_MAX_KEYSPACES_PER_MODEL, hide = true)]
+    pub index_max_keyspaces_per_model: usize,
+    /// Keyspaces of one core, all `(tenant, model)`s together (`KEYSPACES_FULL`).
+    /// Hidden: an operations/test knob.
+    #[arg(long, default_value_t = DEFAULT_MAX_KEYSPACES, hide = true)]
+    pub index_max_keyspaces: usize,
     /// Producer timestamps later than the server's clock plus this are clamped to it.
     /// Hidden: an operations/test knob.
     #[arg(long, default_value_t = DEFAULT_MAX_TIMESTAMP_SKEW_MS, hide = true)]

@@ -9,8 +9,9 @@ use std::time::Duration;
 
 pub use inferencecache_index::index::{
     DEFAULT_MAX_ENTRIES, DEFAULT_MAX_FUTURE_SKEW_NS, DEFAULT_MAX_HOLDERS_PER_KEY,
-    DEFAULT_MAX_STATS_ROWS, DEFAULT_MAX_STATS_ROWS_PER_MODEL, DEFAULT_MAX_STRING_BYTES,
-    MAX_STRINGS, RECLAIM_ON_FULL_INTERVAL_NS,
+    DEFAULT_MAX_KEYSPACES, DEFAULT_MAX_KEYSPACES_PER_MODEL, DEFAULT_MAX_STATS_ROWS,
+    DEFAULT_MAX_STATS_ROWS_PER_MODEL, DEFAULT_MAX_STRING_BYTES, MAX_STRINGS,
+    RECLAIM_ON_FULL_BUDGET, RECLAIM_ON_FULL_INTERVAL_NS,
 };
 pub use inferencecache_index::policy::MAX_POLICY_BODY_BYTES;
 pub use inferencecache_index::resolve::MAX_PROMPT_TEXT_BYTES;
@@ -35,6 +36,15 @@ pub const MAX_ID_BYTES: usize = 1024;
 //   `KEY_HOLDERS_FULL`.
 // * [`DEFAULT_MAX_STATS_ROWS_PER_MODEL`] and [`DEFAULT_MAX_STATS_ROWS`]: stats rows of one
 //   `(tenant, model)` and of one core; a new row beyond either is refused: `STATS_ROWS_FULL`.
+// * [`DEFAULT_MAX_KEYSPACES_PER_MODEL`] (`--index-max-keyspaces-per-model`) and
+//   [`DEFAULT_MAX_KEYSPACES`] (`--index-max-keyspaces`): distinct keyspaces (adapters, across
+//   hash schemes) of one `(tenant, model)` and of one core. An update that would create one
+//   more is refused whole: `KEYSPACES_FULL` (`inferencecache_limit_hits_total{limit="index_keyspaces"}`).
+//   Keyspaces without keys are freed by the reclaim pass (sliced, after every sweep, and at
+//   once when the table is full, like names). The per-model bound keeps the loops over one
+//   model's keyspaces (a `PREFIX_EVICTED` event without an adapter probes each) within a slice.
+// * The reclaim pass runs in the sweep's slices ([`SWEEP_SLICE_BUDGET`]); an ingest that finds
+//   a table full spends at most [`RECLAIM_ON_FULL_BUDGET`] on it.
 
 /// Replica scores in one LookupRoute answer: the top-ranked ones are kept (docs/BEHAVIOUR.md
 /// §9.6 order). Never reached with the default holder and stats-row bounds (see below).
@@ -396,6 +406,15 @@ const _: () = assert!(
     "one longest name fits an empty table"
 );
 const _: () = assert!(MAX_STRINGS <= 1 << 24, "replica ids are stored in 24 bits");
+const _: () = assert!(DEFAULT_MAX_KEYSPACES_PER_MODEL <= DEFAULT_MAX_KEYSPACES);
+const _: () = assert!(
+    DEFAULT_MAX_KEYSPACES_PER_MODEL <= 8192,
+    "a PREFIX_EVICTED event without an adapter probes every keyspace of its model"
+);
+const _: () = assert!(
+    RECLAIM_ON_FULL_BUDGET.as_micros() <= SWEEP_SLICE_BUDGET.as_micros(),
+    "an ingest that found a table full spends at most a maintenance slice on the reclaim pass"
+);
 const _: () = assert!(
     RECLAIM_ON_FULL_INTERVAL_NS > 0 && RECLAIM_ON_FULL_INTERVAL_NS <= 60_000_000_000,
     "a full table reclaims more often than the once-a-minute sweep"

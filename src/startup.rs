@@ -4,7 +4,7 @@
 
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use clap::Parser;
 use inferencecache_index::directory::Directory;
@@ -12,7 +12,7 @@ use inferencecache_index::index::IndexConfig;
 
 use crate::admin::{self, auth};
 use crate::cli::{self, Cli};
-use crate::limits::{HTTP_SHUTDOWN_BUDGET, MAX_STRINGS};
+use crate::limits::{DRAIN_TIMEOUT, HTTP_SHUTDOWN_BUDGET, MAX_STRINGS, SNAPSHOT_SHUTDOWN_BUDGET};
 use crate::lookup::LookupConfig;
 use crate::runtime::{self, Runtime, RuntimeConfig, admin_thread};
 use crate::shard::{self, CoreState};
@@ -206,6 +206,8 @@ fn index_config(cli: &Cli, shards: usize) -> IndexConfig {
         max_strings: cli.index_max_strings.unwrap_or(MAX_STRINGS),
         max_string_bytes: cli.index_max_string_bytes,
         max_holders_per_key: cli.index_max_holders_per_key,
+        max_keyspaces_per_model: cli.index_max_keyspaces_per_model,
+        max_keyspaces: cli.index_max_keyspaces,
         // Several cores pick quota and cap victims across cores (runtime::evict).
         cross_core_eviction: shards > 1,
         gradual_buffer_hook: Some(crate::sys::memory::no_huge_pages),
@@ -408,8 +410,17 @@ impl Server {
         metrics::set_server_up(false);
         runtime::request_shutdown();
         // With --state-dir the cores stay up after their drain until the snapshot thread has
-        // written the final snapshot (bounded by SNAPSHOT_SHUTDOWN_BUDGET).
-        self.runtime.join();
+        // written the final snapshot (bounded by SNAPSHOT_SHUTDOWN_BUDGET). A core stuck in one
+        // step never gets there: the process exits without it once the bound has passed.
+        let snapshot_budget = match self.snapshots {
+            Some(_) => SNAPSHOT_SHUTDOWN_BUDGET + Duration::from_secs(1),
+            None => Duration::ZERO,
+        };
+        let stop_by = Instant::now() + DRAIN_TIMEOUT + Duration::from_secs(1) + snapshot_budget;
+        let stuck = self.runtime.join_until(stop_by);
+        if !stuck.is_empty() {
+            tracing::error!(cores = ?stuck, "shutdown_cores_not_stopped");
+        }
         if let Some(w) = self.snapshots {
             w.join();
         }

@@ -274,14 +274,32 @@ async fn run_core(
         None => shutdown_requested().await,
     }
     shutdown::drain_core(accept::live_connections).await;
+    shutdown::set_core_finished(core);
 }
 
 impl Runtime {
-    /// Waits for every executor to finish draining (after [`request_shutdown`]).
-    pub fn join(self) {
-        for h in self.handles {
-            let _ = h.join();
+    /// Waits for every executor to finish draining until `deadline`; returns the cores that had
+    /// not (a core stuck in one step never reaches its drain, and shutdown must still end within
+    /// its bound: the process exits without them).
+    /// A core marked stalled (no heartbeat) is not waited for once every other core finished.
+    pub fn join_until(self, deadline: Instant) -> Vec<usize> {
+        let cores = self.handles.len();
+        let waiting_for = |c: usize| !shutdown::core_finished(c) && !health::is_stalled(c);
+        while !shutdown::all_cores_finished(cores)
+            && (0..cores).any(waiting_for)
+            && Instant::now() < deadline
+        {
+            std::thread::sleep(Duration::from_millis(5));
         }
+        let mut stuck = Vec::new();
+        for (core, h) in self.handles.into_iter().enumerate() {
+            if shutdown::core_finished(core) {
+                let _ = h.join();
+            } else {
+                stuck.push(core);
+            }
+        }
+        stuck
     }
 }
 

@@ -1,7 +1,7 @@
 //! Shutdown signalling shared by every core: the request (SIGTERM/SIGINT), and the drain that
 //! keeps each core answering hops until every core has finished its own connections.
 
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use event_listener::Event;
@@ -15,6 +15,27 @@ static DRAINING: AtomicUsize = AtomicUsize::new(0);
 /// While set, drained cores keep running (serving hops) instead of exiting, so the final
 /// snapshot can read them (`--state-dir`); bounded by [`SNAPSHOT_SHUTDOWN_BUDGET`].
 static HOLD: AtomicBool = AtomicBool::new(false);
+
+/// One bit per core that has finished its drain (its executor is about to end); at most 64
+/// cores (`MAX_SHARDS`).
+static FINISHED: AtomicU64 = AtomicU64::new(0);
+
+const _: () = assert!(crate::limits::MAX_SHARDS <= 64, "one bit per core");
+
+/// Records that `core` finished its drain.
+pub(super) fn set_core_finished(core: usize) {
+    FINISHED.fetch_or(1 << core, Ordering::SeqCst);
+}
+
+/// Whether `core` finished its drain.
+pub(super) fn core_finished(core: usize) -> bool {
+    FINISHED.load(Ordering::SeqCst) & (1 << core) != 0
+}
+
+/// Whether cores `0..cores` all finished their drain.
+pub(super) fn all_cores_finished(cores: usize) -> bool {
+    (0..cores).all(core_finished)
+}
 
 /// Keeps every core alive after its drain until [`release_cores`] (set before the runtime
 /// starts; the final snapshot releases the cores when it is written).

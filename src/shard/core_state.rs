@@ -29,6 +29,9 @@ pub enum IngestRefused {
     /// A name (tenant, model, replica, scheme, adapter) is longer than [`MAX_ID_BYTES`];
     /// nothing of the message was applied.
     IdTooLong,
+    /// The message would create a keyspace (a new adapter of its scope) beyond the bound per
+    /// `(tenant, model)` or per core; nothing of the message was applied.
+    KeyspacesFull,
     /// Some prefix key of the message already had the maximum number of holders, so this
     /// replica was not added to it; the rest of the message was applied.
     KeyHoldersFull,
@@ -43,6 +46,7 @@ impl IngestRefused {
         match self {
             Self::StringTableFull => "STRING_TABLE_FULL",
             Self::IdTooLong => "ID_TOO_LONG",
+            Self::KeyspacesFull => "KEYSPACES_FULL",
             Self::KeyHoldersFull => "KEY_HOLDERS_FULL",
             Self::StatsRowsFull => "STATS_ROWS_FULL",
         }
@@ -53,6 +57,7 @@ impl IngestRefused {
         match self {
             Self::StringTableFull => "string_table_full",
             Self::IdTooLong => "id_too_long",
+            Self::KeyspacesFull => "keyspaces_full",
             Self::KeyHoldersFull => "key_holders_full",
             Self::StatsRowsFull => "stats_rows_full",
         }
@@ -89,6 +94,8 @@ pub struct CoreState {
     pub index: Index,
     /// Whether `index_string_table_full` was already logged on this core.
     warned_string_table_full: bool,
+    /// Whether `index_keyspaces_full` was already logged on this core.
+    warned_keyspaces_full: bool,
     /// The waiting cap prebuild loop (runtime), woken when an operation may have made a
     /// build ahead of need wanted, so an idle core need not poll for it.
     cap_prebuild_waker: Option<Waker>,
@@ -132,6 +139,7 @@ impl CoreState {
             policy: Arc::new(PolicyStore::empty()),
             index,
             warned_string_table_full: false,
+            warned_keyspaces_full: false,
             cap_prebuild_waker: None,
         }
     }
@@ -169,6 +177,15 @@ impl CoreState {
             }
             metrics::record_ingest_refused(IngestRefused::StringTableFull.metric_label());
             return Err(IngestRefused::StringTableFull);
+        }
+        if out.rejected_keyspaces_full {
+            if !self.warned_keyspaces_full {
+                self.warned_keyspaces_full = true;
+                tracing::warn!(core = self.core, "index_keyspaces_full");
+            }
+            metrics::record_limit_hit("index_keyspaces");
+            metrics::record_ingest_refused(IngestRefused::KeyspacesFull.metric_label());
+            return Err(IngestRefused::KeyspacesFull);
         }
         metrics::record_ingest(out.upserts);
         if out.timestamp_clamped {

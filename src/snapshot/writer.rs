@@ -15,7 +15,7 @@ use crate::limits::{
     DRAIN_TIMEOUT, SNAPSHOT_SHUTDOWN_BUDGET, SNAPSHOT_SLICE_BUDGET, SNAPSHOT_SLICE_MAX_ENTRIES,
 };
 use crate::metrics::snapshot as m;
-use crate::runtime::{self, mailbox};
+use crate::runtime::{self, health, mailbox};
 use crate::shard::CoreState;
 use crate::sys::clock::{thread_cpu_time, unix_now_ns};
 
@@ -345,10 +345,18 @@ fn run(ctx: Ctx, interval: Duration, mut generation: u64) {
     }
     // Final snapshot: once every core has drained its connections (no more ingest), while the
     // cores are held alive to answer the slices.
+    // A stalled core (no heartbeat) never drains and would not answer: its final snapshot is
+    // skipped at once, the previous complete generation stays.
     let drained_by = Instant::now() + DRAIN_TIMEOUT + Duration::from_secs(2);
-    while !runtime::all_drained() && Instant::now() < drained_by {
+    while !runtime::all_drained() && !health::any_stalled() && Instant::now() < drained_by {
         std::thread::sleep(Duration::from_millis(2));
     }
-    ctx.write_logged(generation, Some(Instant::now() + SNAPSHOT_SHUTDOWN_BUDGET));
+    let stalled: Vec<usize> = (0..ctx.cores).filter(|c| health::is_stalled(*c)).collect();
+    if stalled.is_empty() {
+        ctx.write_logged(generation, Some(Instant::now() + SNAPSHOT_SHUTDOWN_BUDGET));
+    } else {
+        m::record_write_failure(WriteError::CoreUnreachable(stalled[0]).reason());
+        tracing::error!(generation, cores = ?stalled, "snapshot_final_skipped_core_stalled");
+    }
     runtime::release_cores();
 }

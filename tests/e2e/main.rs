@@ -66,3 +66,6 @@ mod templates;
 mod tls;
 /// `token_ids` input and its fingerprint.
 mod tokens;
+/// No client can wedge a core: maintenance in slices under hostile shapes, keyspace bounds,
+/// shutdown with a stalled core.
+mod wedge;

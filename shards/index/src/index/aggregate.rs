@@ -305,6 +305,10 @@ impl Index {
             if e.0 == 0 {
                 // Its 0 is published: the next reclaim pass may free the model's name.
                 self.reclaimable += 1;
+                if !e.2 {
+                    e.2 = true;
+                    self.gauge.zeros.push(m);
+                }
             }
             f(self.cat.strings.name(m), e.0);
         }
@@ -317,7 +321,7 @@ impl Index {
             .gauge
             .counts
             .iter()
-            .map(|(m, (c, _))| (self.cat.strings.name(*m).to_string(), *c))
+            .map(|(m, (c, _, _))| (self.cat.strings.name(*m).to_string(), *c))
             .collect();
         v.sort();
         v

@@ -232,6 +232,10 @@ pub(crate) struct CapState {
     /// back: released a slice at the time ([`Index::cap_prebuild_step`]), since reading and
     /// freeing a heap of `entries / 16` snapshots takes ≈ 20 ms at 10M entries.
     retired: Vec<CapCand>,
+    /// Further snapshot lists waiting for their release after `retired` (a heap retired while
+    /// another still was, a build dropped by [`Index::cap_forget`]): queued, not released in
+    /// one step.
+    retired_queue: Vec<Vec<CapCand>>,
     /// The emptied buffer of the last retired heap, kept for the next build's selection: freeing
     /// or shrinking it unmapped ≈ 20 MB of touched pages at 10M entries (1–5 ms in one slice
     /// with the system allocator), and the next build faulted them in again.
@@ -488,12 +492,11 @@ impl Index {
     /// Retires the live heap (its snapshots' blob references are given back later, in slices,
     /// by [`Index::cap_prebuild_step`]), keeping a build in progress.
     fn cap_retire_heap(&mut self) {
-        if !self.cap.retired.is_empty() {
-            self.cap_release_retired(usize::MAX);
-        }
         let mut v = std::mem::take(&mut self.cap.heap.v);
         v.extend(self.cap.threshold.take());
-        if v.is_empty() {
+        if !v.is_empty() && !self.cap.retired.is_empty() {
+            self.cap.retired_queue.push(v);
+        } else if v.is_empty() {
             // Nothing to give back (a heap reserved before any build): a spare at once.
             if v.capacity() > self.cap.spare.capacity() {
                 self.cap.spare = v;
@@ -539,19 +542,42 @@ impl Index {
             }
         }
         if r.is_empty() {
-            self.cap.spare = std::mem::take(r);
+            match self.cap.retired_queue.pop() {
+                Some(next) => *r = next,
+                None => self.cap.spare = std::mem::take(r),
+            }
         }
         n
     }
 
     /// Drops the cap heap and any build in progress (policy change, reclaim, restore).
     pub(crate) fn cap_clear(&mut self) {
-        self.cap_release_retired(usize::MAX);
+        while !self.cap.retired.is_empty() {
+            self.cap_release_retired(usize::MAX);
+        }
         self.cap_drop_heap();
         if let Some(b) = self.cap.next.take() {
             b.release_all(&mut self.cat);
         }
         self.cap = CapState::default();
+    }
+
+    /// Drops the cap heap and any build in progress (reclaim pass, policy change), like
+    /// [`Index::cap_clear`] but retiring the live heap: its blob references are given back in
+    /// the cap build's slices, not in the reclaim slice (a heap of `entries / 16` snapshots).
+    pub(crate) fn cap_forget(&mut self) {
+        self.cap_retire_heap();
+        if let Some(b) = self.cap.next.take() {
+            let mut queue = [b.sel.v, b.late, b.threshold.flatten().into_iter().collect()];
+            for v in queue.iter_mut().filter(|v| !v.is_empty()) {
+                let v = std::mem::take(v);
+                if self.cap.retired.is_empty() {
+                    self.cap.retired = v;
+                } else {
+                    self.cap.retired_queue.push(v);
+                }
+            }
+        }
     }
 
     /// Mutation hook: keeps the cap-heap invariant (and a build's) after an entry's sort key
@@ -688,7 +714,9 @@ impl Index {
                 }
                 let pos = b.cursor - 1;
                 b.cursor = pos;
-                work += self.cap_offer_position(&mut b, pos);
+                let offered = self.cap_offer_position(&mut b, pos);
+                meter.charge_entries(offered);
+                work += offered;
             }
             if cut {
                 self.cap.next = Some(b);
@@ -937,7 +965,7 @@ impl Index {
             }
         }
         if changed {
-            self.cap_clear();
+            self.cap_forget();
         }
     }
 
@@ -1165,6 +1193,7 @@ impl Index {
             now,
             stats_from: None,
             out: SweepOutcome::default(),
+            reclaiming: false,
         });
     }
 
@@ -1201,6 +1230,9 @@ impl Index {
             })
         };
         let mut meter = budget.meter();
+        if pass.reclaiming {
+            return self.sweep_reclaim(pass, step, &mut meter);
+        }
         if pass.stats_from.is_none() {
             let mut stale: Vec<u32> = Vec::new();
             let mut pos = self.store.visited();
@@ -1213,6 +1245,7 @@ impl Index {
                 let key = self.store.key_at(pos);
                 let (ttl, algo) = resolve(self, self.cat.tenant_of(key));
                 stale.clear();
+                let entries_before = step.entries;
                 for (_, h) in self.store.holders(pos) {
                     step.entries += 1;
                     if ttl > 0 && now.saturating_sub(h.last_seen()) >= ttl {
@@ -1220,6 +1253,7 @@ impl Index {
                     }
                 }
                 let before = self.store.key_count();
+                meter.charge_entries(step.entries - entries_before);
                 meter.charge_removals(stale.len());
                 for r in &stale {
                     self.report_removal(key, *r, RemovalReason::Ttl, algo, now);
@@ -1239,14 +1273,16 @@ impl Index {
         }
         if let Some(mut m) = pass.stats_from.filter(|_| !step.cut_short) {
             while (m as usize) < self.cat.models.len() {
+                // Every record counts towards the clock, rowless ones too (a core may hold a
+                // million model scopes without stats).
+                if meter.spent(step.entries) {
+                    step.cut_short = true;
+                    break;
+                }
                 let rows = self.cat.models[m as usize].stats.len();
                 if rows == 0 {
                     m += 1;
                     continue; // freed records included
-                }
-                if meter.spent(step.entries) {
-                    step.cut_short = true;
-                    break;
                 }
                 step.entries += rows;
                 let (ttl, _) = resolve(self, self.cat.models[m as usize].tenant);
@@ -1265,10 +1301,33 @@ impl Index {
             self.sweep_pass = Some(pass);
             return step;
         }
-        if self.reclaimable > 0 {
-            pass.out.strings_freed = self.reclaim();
+        if self.reclaimable > 0 || self.reclaim_pass.is_some() {
+            pass.reclaiming = true;
+            return self.sweep_reclaim(pass, step, &mut meter);
         }
         step.finished = Some(pass.out);
+        step
+    }
+
+    /// The sweep pass's last stage: the reclaim pass, in the sweep's slices (the rest of this
+    /// slice's budget first).
+    fn sweep_reclaim(
+        &mut self,
+        mut pass: SweepPass,
+        mut step: SweepStep,
+        meter: &mut BudgetMeter,
+    ) -> SweepStep {
+        let mut work = step.entries;
+        match self.reclaim_slice(meter, &mut work) {
+            Some(freed) => {
+                pass.out.strings_freed = freed;
+                step.finished = Some(pass.out);
+            }
+            None => {
+                step.cut_short = true;
+                self.sweep_pass = Some(pass);
+            }
+        }
         step
     }
 }
@@ -1281,6 +1340,8 @@ pub(crate) struct SweepPass {
     stats_from: Option<u32>,
     /// What the pass did so far.
     out: SweepOutcome,
+    /// Keys and stats rows are done; the reclaim pass runs.
+    reclaiming: bool,
 }
 
 /// How much one [`Index::sweep_step`] may do.
@@ -1310,6 +1371,8 @@ impl BudgetMeter {
     /// into a table of millions of keys): 64 keys' worth of them overran a 0.5 ms slice by
     /// 0.5 ms at 10M entries (perf/RESULTS.md), so the clock is read every 8 removals.
     const CHECKS_PER_REMOVAL: usize = Self::CLOCK_EVERY / 8;
+    /// Entries (holders of one key) visited per check.
+    const ENTRIES_PER_CHECK: usize = 16;
 
     /// [`BudgetMeter::spent`] for steps of microseconds each (sifts through a heap of up to
     /// `entries / 16` snapshots, a table probe): reads the clock at every check, so a slice
@@ -1336,6 +1399,13 @@ impl BudgetMeter {
         self.budget
             .deadline
             .is_some_and(|d| std::time::Instant::now() >= d)
+    }
+
+    /// Counts the `entries` of one key (its holders) towards the next clock read, one check
+    /// per [`BudgetMeter::ENTRIES_PER_CHECK`]: a key of 1,024 holders offered to a cap build is
+    /// ≈ 1 ms of heap work, so 64 of them between two clock reads overran a slice 60-fold.
+    pub(crate) fn charge_entries(&mut self, entries: usize) {
+        self.owed = self.owed.saturating_add(entries / Self::ENTRIES_PER_CHECK);
     }
 
     /// Counts `removed` entries towards the next clock read.

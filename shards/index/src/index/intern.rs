@@ -30,6 +30,10 @@ pub(crate) struct Strings {
     max_count: usize,
     /// Capacity in name bytes.
     max_bytes: usize,
+    /// While the reclaim pass marks the names still referred to: one bit per id. Every
+    /// `intern` marks the id it returns, so a name that gains a reference while the pass runs
+    /// is never taken for unreferenced.
+    marks: Option<Vec<u64>>,
 }
 
 impl Default for Strings {
@@ -50,7 +54,40 @@ impl Strings {
             bytes: 0,
             max_count: max_count.min(MAX_STRINGS),
             max_bytes,
+            marks: None,
         }
+    }
+
+    /// Starts marking (see [`Strings::marks`]): every id unmarked. The bitmap is one bit per
+    /// slot, allocated zeroed (the allocator maps fresh zero pages for a large one).
+    pub fn begin_marking(&mut self) {
+        self.marks = Some(vec![0u64; self.names.len().div_ceil(64)]);
+    }
+
+    /// Marks `id` as referred to (while marking; otherwise nothing).
+    #[inline]
+    pub fn mark(&mut self, id: u32) {
+        if let Some(m) = &mut self.marks {
+            let (w, b) = (id as usize / 64, id as usize % 64);
+            if w >= m.len() {
+                m.resize(w + 1, 0);
+            }
+            m[w] |= 1 << b;
+        }
+    }
+
+    /// Whether `id` was marked since [`Strings::begin_marking`] (ids past the bitmap were
+    /// created since, and so marked by `intern`).
+    pub fn is_marked(&self, id: u32) -> bool {
+        self.marks.as_ref().is_none_or(|m| {
+            let (w, b) = (id as usize / 64, id as usize % 64);
+            m.get(w).is_none_or(|x| x & (1 << b) != 0)
+        })
+    }
+
+    /// Stops marking.
+    pub fn end_marking(&mut self) {
+        self.marks = None;
     }
 
     /// Id of `s` if it is interned (no allocation).
@@ -99,6 +136,12 @@ impl Strings {
     /// [`Strings::room_bytes`] first (ingest refuses updates that would not fit), so the
     /// assertion below is an invariant, not a reachable input check.
     pub fn intern(&mut self, s: &str) -> u32 {
+        let id = self.intern_unmarked(s);
+        self.mark(id);
+        id
+    }
+
+    fn intern_unmarked(&mut self, s: &str) -> u32 {
         if let Some(id) = self.get(s) {
             return id;
         }
@@ -127,9 +170,12 @@ impl Strings {
         id
     }
 
-    /// Frees a live id (the reclaim pass has checked that nothing refers to it).
-    pub fn free(&mut self, id: u32) {
-        debug_assert!(self.live[id as usize], "free of a dead string");
+    /// First half of freeing a live id nothing refers to: `get` and `intern` no longer find
+    /// it (a later `intern` of the same name makes a new id), but [`Strings::name`] still reads
+    /// it and the id is not reused until [`Strings::release`], so a cached snapshot that names
+    /// it still compares correctly until the reclaim pass has dropped those snapshots.
+    pub fn unlink(&mut self, id: u32) {
+        debug_assert!(self.live[id as usize], "unlink of a dead string");
         let h = self.hasher.hash_one(&*self.names[id as usize]);
         match self.table.find_entry(h, |&i| i == id) {
             Ok(e) => {
@@ -137,10 +183,27 @@ impl Strings {
             }
             Err(_) => panic!("string missing from its table"),
         }
+        self.live[id as usize] = false;
+    }
+
+    /// Room on the free list for `n` more ids (see [`Strings::release`]).
+    pub fn reserve_free(&mut self, n: usize) {
+        self.free.reserve(n);
+    }
+
+    /// Second half of freeing: gives back an unlinked id's bytes and slot.
+    pub fn release(&mut self, id: u32) {
+        debug_assert!(!self.live[id as usize], "release of a linked string");
         self.bytes -= self.names[id as usize].len();
         self.names[id as usize] = "".into();
-        self.live[id as usize] = false;
         self.free.push(id);
+    }
+
+    /// Frees a live id at once (unlink and release).
+    #[cfg(test)]
+    pub fn free(&mut self, id: u32) {
+        self.unlink(id);
+        self.release(id);
     }
 
     /// Whether `id` names a live string.

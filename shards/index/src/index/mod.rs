@@ -17,7 +17,8 @@
 //! * `eviction` — TTL sweep, tenant quota, global cap (candidate heaps);
 //! * `removal` — the optional sink told of every entry the index removes on its own;
 //! * `aggregate` — GetCacheState, `/snapshot` parts and their merge, the entries gauge;
-//! * `persist` — warm restart: sliced export and record-by-record restore.
+//! * `persist` — warm restart: sliced export and record-by-record restore;
+//! * `reclaim` — the sliced pass that frees records and names nothing refers to any more.
 
 mod aggregate;
 mod eviction;
@@ -25,6 +26,7 @@ mod intern;
 mod lookup;
 mod persist;
 pub mod ranking;
+mod reclaim;
 mod removal;
 mod store;
 
@@ -78,6 +80,21 @@ pub const DEFAULT_MAX_STATS_ROWS_PER_MODEL: usize = 1024;
 /// Default bound on the stats rows of one core, all models together (`STATS_ROWS_FULL`).
 pub const DEFAULT_MAX_STATS_ROWS: usize = 1 << 20;
 
+/// Default bound on the distinct keyspaces (adapters, across hash schemes) of one
+/// `(tenant, model)`: an update that would create one more is refused whole (`KEYSPACES_FULL`).
+/// Small enough that the loops over one model's keyspaces (a `PREFIX_EVICTED` event without an
+/// adapter probes every one of them) finish well within a maintenance slice.
+pub const DEFAULT_MAX_KEYSPACES_PER_MODEL: usize = 4096;
+
+/// Default bound on the keyspaces of one core, all `(tenant, model)`s together
+/// (`KEYSPACES_FULL`).
+pub const DEFAULT_MAX_KEYSPACES: usize = 1 << 20;
+
+/// How long an ingest that found the string table or the keyspace table full may spend on the
+/// reclaim pass before it gives up and refuses (the maintenance task finishes the pass in its
+/// own slices).
+pub const RECLAIM_ON_FULL_BUDGET: std::time::Duration = std::time::Duration::from_micros(250);
+
 /// When the string table is full, the reclaim pass runs at once (instead of waiting for the
 /// next sweep) at most this often per core, so a full table of live names cannot make every
 /// refused update pay a pass.
@@ -114,6 +131,10 @@ pub struct IndexConfig {
     pub max_stats_rows_per_model: usize,
     /// Stats rows of this core.
     pub max_stats_rows: usize,
+    /// Keyspaces (distinct adapters) of one `(tenant, model)`.
+    pub max_keyspaces_per_model: usize,
+    /// Keyspaces of this core.
+    pub max_keyspaces: usize,
     /// Several cores: [`Index::ingest`] does not enforce the tenant quota and the global cap
     /// itself; the caller runs the cross-core victim selection afterwards
     /// ([`Index::quota_candidates`], [`Index::cap_candidates`], [`select_victims`]), so the
@@ -144,6 +165,8 @@ impl Default for IndexConfig {
             max_holders_per_key: DEFAULT_MAX_HOLDERS_PER_KEY,
             max_stats_rows_per_model: DEFAULT_MAX_STATS_ROWS_PER_MODEL,
             max_stats_rows: DEFAULT_MAX_STATS_ROWS,
+            max_keyspaces_per_model: DEFAULT_MAX_KEYSPACES_PER_MODEL,
+            max_keyspaces: DEFAULT_MAX_KEYSPACES,
             cross_core_eviction: false,
             gradual_buffer_hook: None,
         }
@@ -188,6 +211,10 @@ pub struct IngestOutcome {
     /// The whole update was refused because this core's string table is full (in names or in
     /// bytes); nothing of it was applied.
     pub rejected_string_table_full: bool,
+    /// The whole update was refused because it would have created a keyspace beyond
+    /// [`IndexConfig::max_keyspaces_per_model`] or [`IndexConfig::max_keyspaces`]; nothing of
+    /// it was applied.
+    pub rejected_keyspaces_full: bool,
     /// Upserts not applied because their key already had the maximum number of holders (the
     /// rest of the update was applied).
     pub holders_refused: u64,
@@ -250,6 +277,9 @@ pub(crate) struct ScopeRec {
     pub sorted: Vec<u32>,
     /// Keyspace ids `(scope, adapter)` of this scope.
     pub keyspaces: Vec<u32>,
+    /// This scope's position in its model scope's `scopes` list; [`DEAD`] once the reclaim
+    /// pass unlinked it (its names stay readable until the pass releases the id).
+    pub slot: u32,
 }
 
 /// A keyspace, `(scope, adapter)`: the namespace of prefix hashes. Two producers' keys are the
@@ -261,6 +291,9 @@ pub(crate) struct KeyspaceRec {
     pub adapter: u32,
     /// Prefix keys in this keyspace (0 → reclaimable).
     pub keys: u64,
+    /// This keyspace's position in its scope's `keyspaces` list; [`DEAD`] once the reclaim pass
+    /// unlinked it (scope and adapter stay readable until the pass releases the id).
+    pub slot: u32,
 }
 
 /// `(tenant, model)`: stats rows and the per-model-scope key count.
@@ -273,6 +306,9 @@ pub(crate) struct ModelRec {
     /// `stats` rows; their keys are `replicas_by_model`.
     pub stats: HashMap<u32, StatsRow>,
     pub scopes: Vec<u32>,
+    /// Linked keyspaces of all this model scope's scopes (bounded by
+    /// [`IndexConfig::max_keyspaces_per_model`]).
+    pub keyspaces: u32,
 }
 
 /// Per-tenant state on this core.
@@ -285,6 +321,8 @@ pub(crate) struct TenantRec {
     pub fp: TenantFp,
     /// Eviction algorithm as last resolved; the cap candidate heap is keyed on it.
     pub algo: Eviction,
+    /// Linked model scopes of this tenant on this core (the record goes with the last).
+    pub models: u32,
 }
 
 /// Interned names and the scope/keyspace/model-scope/tenant records. Split from the rest of
@@ -300,6 +338,8 @@ pub(crate) struct Catalog {
     pub models: Vec<ModelRec>,
     pub model_ids: HashMap<(u32, u32), u32>,
     pub tenants: HashMap<u32, TenantRec>,
+    /// Linked keyspaces on this core (bounded by [`IndexConfig::max_keyspaces`]).
+    pub live_keyspaces: usize,
     /// Freed record ids, reused by the next creation.
     scope_free: Vec<u32>,
     keyspace_free: Vec<u32>,
@@ -398,14 +438,17 @@ struct Pending {
 /// Per-model non-reserved key counts for the entries gauge.
 #[derive(Default)]
 struct ModelGauge {
-    /// model string id → (count, dirty).
-    counts: HashMap<u32, (u64, bool)>,
+    /// model string id → (count, dirty, queued in `zeros`).
+    counts: HashMap<u32, (u64, bool, bool)>,
     dirty: Vec<u32>,
+    /// Models whose 0 was published: the reclaim pass drops their entries (if still 0 and
+    /// published), so their names may be freed.
+    zeros: Vec<u32>,
 }
 
 impl ModelGauge {
     fn add(&mut self, model: u32, delta: i64) {
-        let e = self.counts.entry(model).or_insert((0, false));
+        let e = self.counts.entry(model).or_insert((0, false, false));
         e.0 = (e.0 as i64 + delta) as u64;
         if !e.1 {
             e.1 = true;
@@ -439,6 +482,9 @@ pub struct Index {
     removal_sink: Option<RemovalSink>,
     /// The sliced TTL sweep pass in progress, if any.
     sweep_pass: Option<eviction::SweepPass>,
+    /// The sliced reclaim pass in progress, if any (run by sweep slices, or begun by an ingest
+    /// that found a table full).
+    reclaim_pass: Option<reclaim::ReclaimPass>,
     /// Cap candidate builds run in one go on a path that needed a victim, not yet taken by
     /// [`Index::take_cap_sync_builds`].
     cap_sync_builds: u64,
@@ -483,6 +529,7 @@ impl Index {
             last_full_reclaim: i64::MIN,
             removal_sink: None,
             sweep_pass: None,
+            reclaim_pass: None,
             cap_sync_builds: 0,
             cap_max_stale_pops: 0,
         }
@@ -546,8 +593,10 @@ impl Index {
 
     /// Tells the index that tenant policies changed (eviction algorithm switch). Optional: the
     /// index also detects algorithm changes itself before every cap enforcement.
+    /// The cap heap is retired, not freed here: its snapshots are given back in the cap
+    /// build's slices (a policy install must not cost one step of O(cap heap) on every core).
     pub fn rules_changed(&mut self) {
-        self.cap_clear();
+        self.cap_forget();
     }
 
     /// Number of storage entries on this core (reserved included).
@@ -582,6 +631,7 @@ impl Index {
                 reserved: name == PROBE_TENANT,
                 fp: Directory::fingerprint(name),
                 algo: Eviction::Lru,
+                models: 0,
             };
             self.cat.tenants.insert(tenant, rec);
         }
@@ -592,12 +642,18 @@ impl Index {
             return *id;
         }
         self.ensure_tenant(tenant);
+        self.cat
+            .tenants
+            .get_mut(&tenant)
+            .expect("tenant record")
+            .models += 1;
         let rec = ModelRec {
             tenant,
             model,
             prefixes: 0,
             stats: HashMap::new(),
             scopes: Vec::new(),
+            keyspaces: 0,
         };
         let id = match self.cat.model_free.pop() {
             Some(id) => {
@@ -628,6 +684,7 @@ impl Index {
             serving: HashMap::new(),
             sorted: Vec::new(),
             keyspaces: Vec::new(),
+            slot: self.cat.models[mscope as usize].scopes.len() as u32,
         };
         let id = match self.cat.scope_free.pop() {
             Some(id) => {
@@ -652,6 +709,7 @@ impl Index {
             scope,
             adapter,
             keys: 0,
+            slot: self.cat.scopes[scope as usize].keyspaces.len() as u32,
         };
         let id = match self.cat.keyspace_free.pop() {
             Some(id) => {
@@ -667,6 +725,9 @@ impl Index {
         self.reclaimable += 1;
         self.cat.keyspace_ids.insert((scope, adapter), id);
         self.cat.scopes[scope as usize].keyspaces.push(id);
+        let mscope = self.cat.scopes[scope as usize].mscope;
+        self.cat.models[mscope as usize].keyspaces += 1;
+        self.cat.live_keyspaces += 1;
         id
     }
 
@@ -951,6 +1012,70 @@ impl Index {
         count <= room && size <= room_bytes
     }
 
+    /// Whether the keyspaces `u` would create fit [`IndexConfig::max_keyspaces_per_model`] and
+    /// [`IndexConfig::max_keyspaces`]; an update that does not fit is refused whole. Counts
+    /// every applied prefix as a new keyspace first (no lookup); only when that would not fit
+    /// does it count the distinct adapters the update's scope does not have yet. The work is
+    /// bounded by the message's size.
+    fn keyspaces_fit(&self, u: &CacheStateUpdate, prefixes: bool) -> bool {
+        if !prefixes {
+            return true;
+        }
+        let have_model = self
+            .cat
+            .find_model(&u.tenant_id, &u.model_id)
+            .map_or(0, |m| self.cat.models[m as usize].keyspaces as usize);
+        let have_core = self.cat.live_keyspaces;
+        let fit = |n: usize| {
+            have_model + n <= self.cfg.max_keyspaces_per_model
+                && have_core + n <= self.cfg.max_keyspaces
+        };
+        let applied = || u.prefixes.iter().filter(|p| Self::prefix_applies(p));
+        if fit(applied().count()) {
+            return true; // fast path: fits even if every prefix named a new adapter
+        }
+        let scope = self
+            .cat
+            .find_scope(&u.tenant_id, &u.model_id, &u.hash_scheme);
+        let mut new: hashbrown::HashSet<&str> = hashbrown::HashSet::new();
+        for p in applied() {
+            let adapter = if p.adapter_id.is_empty() {
+                u.adapter_id.as_str()
+            } else {
+                p.adapter_id.as_str()
+            };
+            if scope
+                .and_then(|s| self.cat.find_keyspace(s, adapter))
+                .is_none()
+            {
+                new.insert(adapter);
+            }
+        }
+        fit(new.len())
+    }
+
+    /// An ingest found a table (names or keyspaces) full: continues the reclaim pass in
+    /// progress, or begins one (at most once per [`RECLAIM_ON_FULL_INTERVAL_NS`], and only when
+    /// a removal may have left something to free), for at most [`RECLAIM_ON_FULL_BUDGET`]. A
+    /// pass that does not finish in that time is finished by the maintenance task's slices.
+    fn reclaim_on_full(&mut self, now: i64) {
+        if self.reclaim_pass.is_none() {
+            let due = now
+                >= self
+                    .last_full_reclaim
+                    .saturating_add(RECLAIM_ON_FULL_INTERVAL_NS);
+            if self.reclaimable == 0 || !due {
+                return;
+            }
+            self.last_full_reclaim = now;
+        }
+        let budget = SweepBudget {
+            max_entries: usize::MAX,
+            deadline: Some(std::time::Instant::now() + RECLAIM_ON_FULL_BUDGET),
+        };
+        self.reclaim_step(budget);
+    }
+
     /// Applies one `CacheStateUpdate` (§4.2): prefixes (chain and legacy forms), stats, then the
     /// tenant quota and the global cap. The gRPC handler skips the probe tenant; `/probe` ingests
     /// under it directly, and its entries are reserved (never counted toward or evicted by the
@@ -968,18 +1093,13 @@ impl Index {
     ) -> IngestOutcome {
         let mut out = IngestOutcome::default();
         let prefixes = !u.hash_scheme.is_empty() && u.prefixes.iter().any(Self::prefix_applies);
-        if !self.strings_fit(u, prefixes) {
-            if self.reclaimable > 0
-                && now
-                    >= self
-                        .last_full_reclaim
-                        .saturating_add(RECLAIM_ON_FULL_INTERVAL_NS)
-            {
-                self.last_full_reclaim = now;
-                self.reclaim();
-            }
-            if !self.strings_fit(u, prefixes) {
-                out.rejected_string_table_full = true;
+        let fits = |ix: &Index| (ix.strings_fit(u, prefixes), ix.keyspaces_fit(u, prefixes));
+        if fits(self) != (true, true) {
+            self.reclaim_on_full(now);
+            let (strings, keyspaces) = fits(self);
+            if !strings || !keyspaces {
+                out.rejected_string_table_full = !strings;
+                out.rejected_keyspaces_full = strings && !keyspaces;
                 return out;
             }
         }
@@ -1217,147 +1337,14 @@ impl Index {
 
     // ---- reclaiming names and records --------------------------------------------------------
 
-    /// The reclaim pass: frees every keyspace without keys, every scope without live keyspaces,
-    /// every model scope without scopes and stats rows, every tenant record without model
-    /// scopes, then every interned name no live record, entry, stats row or unpublished gauge
-    /// value refers to (entries name their replica through their scope's serving set). Before
-    /// freeing anything it drops what could still hold a freed id: the cap and quota candidate
-    /// heaps (rebuilt on the next need) and the last lookup's buffers. Runs after every sweep
-    /// and when the string table is full; O(records + names), no entry is visited.
-    /// Returns the number of names freed.
-    pub(crate) fn reclaim(&mut self) -> u64 {
-        self.flush();
-        self.reclaimable = 0;
-        let cat = &self.cat;
-        let dead_ks: Vec<u32> = (0..cat.keyspaces.len() as u32)
-            .filter(|&k| {
-                let r = &cat.keyspaces[k as usize];
-                r.scope != DEAD && r.keys == 0
-            })
-            .collect();
-        let dead_scopes: Vec<u32> = (0..cat.scopes.len() as u32)
-            .filter(|&s| {
-                let r = &cat.scopes[s as usize];
-                r.tenant != DEAD
-                    && r.serving.is_empty()
-                    && r.keyspaces
-                        .iter()
-                        .all(|k| cat.keyspaces[*k as usize].keys == 0)
-            })
-            .collect();
-        // A model scope dies when its stats are gone and every scope of it dies now.
-        let dead_models: Vec<u32> = (0..cat.models.len() as u32)
-            .filter(|&m| {
-                let r = &cat.models[m as usize];
-                r.tenant != DEAD
-                    && r.stats.is_empty()
-                    && r.scopes
-                        .iter()
-                        .all(|s| dead_scopes.binary_search(s).is_ok())
-            })
-            .collect();
-        // A tenant record lives while one of its model scopes does.
-        let mut live_tenants: hashbrown::HashSet<u32> = hashbrown::HashSet::new();
-        for (i, r) in cat.models.iter().enumerate() {
-            if r.tenant != DEAD && dead_models.binary_search(&(i as u32)).is_err() {
-                live_tenants.insert(r.tenant);
+    /// The whole reclaim pass in one call (see the `reclaim` module): frees every record and
+    /// name nothing refers to any more. Returns the number of names freed.
+    pub fn reclaim(&mut self) -> u64 {
+        loop {
+            if let Some(freed) = self.reclaim_step(SweepBudget::UNBOUNDED) {
+                return freed;
             }
         }
-        let dead_tenants: Vec<u32> = cat
-            .tenants
-            .keys()
-            .copied()
-            .filter(|t| !live_tenants.contains(t))
-            .collect();
-        let records = dead_ks.len() + dead_scopes.len() + dead_models.len() + dead_tenants.len();
-        // Names still referred to.
-        let mut mark = vec![false; cat.strings.slots()];
-        for (i, r) in cat.models.iter().enumerate() {
-            if r.tenant == DEAD || dead_models.binary_search(&(i as u32)).is_ok() {
-                continue;
-            }
-            mark[r.tenant as usize] = true;
-            mark[r.model as usize] = true;
-            for rep in r.stats.keys() {
-                mark[*rep as usize] = true;
-            }
-        }
-        for (i, r) in cat.scopes.iter().enumerate() {
-            if r.tenant == DEAD || dead_scopes.binary_search(&(i as u32)).is_ok() {
-                continue;
-            }
-            mark[r.scheme as usize] = true;
-            for rep in r.serving.keys() {
-                mark[*rep as usize] = true;
-            }
-        }
-        for (i, r) in cat.keyspaces.iter().enumerate() {
-            if r.scope == DEAD || dead_ks.binary_search(&(i as u32)).is_ok() {
-                continue;
-            }
-            mark[r.adapter as usize] = true;
-        }
-        // The entries gauge keeps a model's name while its count is unpublished or non-zero.
-        self.gauge.counts.retain(|_, (c, dirty)| *c > 0 || *dirty);
-        for m in self.gauge.counts.keys() {
-            mark[*m as usize] = true;
-        }
-        let dead_strings: Vec<u32> = (0..mark.len() as u32)
-            .filter(|&i| !mark[i as usize] && self.cat.strings.is_live(i))
-            .collect();
-        if records == 0 && dead_strings.is_empty() {
-            return 0;
-        }
-        self.cap_clear();
-        for t in self.quotas.keys().copied().collect::<Vec<_>>() {
-            self.quota_clear(t);
-        }
-        self.reset_last();
-        let cat = &mut self.cat;
-        for k in dead_ks {
-            let r = &mut cat.keyspaces[k as usize];
-            let (scope, adapter) = (r.scope, r.adapter);
-            r.scope = DEAD;
-            cat.keyspace_ids.remove(&(scope, adapter));
-            cat.scopes[scope as usize].keyspaces.retain(|x| *x != k);
-            cat.keyspace_free.push(k);
-        }
-        for s in dead_scopes {
-            let r = &mut cat.scopes[s as usize];
-            let key = (r.tenant, r.model, r.scheme);
-            let mscope = r.mscope;
-            *r = ScopeRec {
-                tenant: DEAD,
-                model: DEAD,
-                scheme: DEAD,
-                mscope: DEAD,
-                serving: HashMap::new(),
-                sorted: Vec::new(),
-                keyspaces: Vec::new(),
-            };
-            cat.scope_ids.remove(&key);
-            cat.models[mscope as usize].scopes.retain(|x| *x != s);
-            cat.scope_free.push(s);
-        }
-        for m in dead_models {
-            let r = &mut cat.models[m as usize];
-            cat.model_ids.remove(&(r.tenant, r.model));
-            *r = ModelRec {
-                tenant: DEAD,
-                model: DEAD,
-                prefixes: 0,
-                stats: HashMap::new(),
-                scopes: Vec::new(),
-            };
-            cat.model_free.push(m);
-        }
-        for t in dead_tenants {
-            cat.tenants.remove(&t);
-        }
-        for id in &dead_strings {
-            cat.strings.free(*id);
-        }
-        dead_strings.len() as u64
     }
 
     // ---- presence helpers (C049) -------------------------------------------------------------

@@ -1,0 +1,273 @@
+//! The sliced reclaim pass and the keyspace bounds (issue 30: no client can wedge a core).
+//!
+//! * The pass is linear in what it frees and runs in the sweep's slices: a slice visits at most
+//!   its budget of records and names, and interleaving any ingest, event or cap eviction between
+//!   two slices never frees a name or record still referred to (the catalog check runs after
+//!   every slice), and frees everything unreferenced by the end of a quiet pass.
+//! * Distinct keyspaces per `(tenant, model)` and per core are bounded: an update that would
+//!   create one more is refused whole (`rejected_keyspaces_full`), one on known adapters is not;
+//!   the room comes back once the reclaim pass freed keyspaces without keys.
+
+mod index_support;
+
+use index_support::*;
+use inferencecache_index::index::{Index, IndexConfig, SweepBudget};
+use inferencecache_index::rules::NoRules;
+use inferencecache_proto::v1alpha1::{CacheStateUpdate, cache_event::Type};
+
+const NR: NoRules = NoRules;
+
+/// A small deterministic generator (xorshift64*), so failures reproduce from the seed.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+}
+
+fn index_cfg(f: impl FnOnce(&mut IndexConfig)) -> Index {
+    let mut cfg = IndexConfig {
+        default_ttl_ns: 10 * MIN,
+        max_entries: 0,
+        ..IndexConfig::default()
+    };
+    f(&mut cfg);
+    Index::new(cfg)
+}
+
+/// One message of `n` prefixes, each under its own adapter `a{first + i}`.
+fn adapters(tenant: &str, model: &str, first: usize, n: usize, ts: i64) -> CacheStateUpdate {
+    let prefixes = (first..first + n)
+        .map(|i| legacy_adapter(&(i as u64).to_be_bytes(), 16, &format!("a{i}")))
+        .collect();
+    at(upd(tenant, model, "vllm", "r", prefixes), ts)
+}
+
+/// The issue's shape: one tenant, many distinct adapter ids, all expired at the sweep. Driven
+/// in slices of at most 64 records, every slice visits at most its budget (plus one record's
+/// rows) and the pass frees every keyspace and adapter name.
+#[test]
+fn a_scope_full_of_dead_keyspaces_is_reclaimed_in_bounded_slices() {
+    const N: usize = 50_000;
+    let mut ix = index_cfg(|c| c.max_keyspaces_per_model = N);
+    for first in (0..N).step_by(1000) {
+        let out = ix.ingest(&adapters("t", "m", first, 1000, T0), T0, &NR);
+        assert!(!out.rejected_keyspaces_full);
+    }
+    assert_eq!(ix.keyspace_count(), N);
+    let now = T0 + HOUR;
+    ix.sweep_begin(now);
+    let budget = SweepBudget {
+        max_entries: 64,
+        deadline: None,
+    };
+    let mut slices = 0;
+    let out = loop {
+        let step = ix.sweep_step(&NR, budget);
+        slices += 1;
+        assert!(step.entries <= 64 + 1, "slice {slices}: {step:?}");
+        if let Some(out) = step.finished {
+            break out;
+        }
+    };
+    assert!(slices > 1_000, "the reclaim ran in slices ({slices})");
+    assert_eq!(
+        out.strings_freed,
+        N as u64 + 3,
+        "adapters, tenant, scheme, replica"
+    );
+    assert_eq!(ix.keyspace_count(), 0);
+    // The model's name goes once the entries gauge published its 0.
+    assert_eq!(ix.string_usage().0, 1);
+    ix.drain_gauge_updates(|_, _| {});
+    assert_eq!(ix.reclaim(), 1);
+    assert_eq!(ix.string_usage(), (0, 0));
+    ix.check_catalog();
+    // The freed ids are reused.
+    ix.ingest(&adapters("t", "m", 0, 10, now), now, &NR);
+    assert_eq!(ix.keyspace_count(), 10);
+    ix.check_catalog();
+}
+
+/// Anything may happen between two slices of the reclaim pass: new and revived adapters,
+/// scopes and tenants, stats rows, ALL_CLEARED and PREFIX_EVICTED events, other sweeps' work.
+/// After every slice the catalog is consistent and no name in use was freed; once a quiet
+/// pass ran, exactly the names in use are left.
+#[test]
+fn mutations_between_reclaim_slices_never_free_what_is_in_use() {
+    for seed in 1..=6u64 {
+        let mut rng = Rng(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15));
+        let mut ix = index_cfg(|c| c.max_holders_per_key = 4);
+        let mut now = T0;
+        for round in 0..4 {
+            // Old and new names, so the pass both frees and keeps.
+            for _ in 0..200 {
+                mutate(&mut ix, &mut rng, now);
+            }
+            now += 6 * MIN; // part of the entries expire at the next sweep
+            ix.sweep_begin(now);
+            let budget = SweepBudget {
+                // Small slices, yet more work than the churn between two adds (the sweep's
+                // key stage, like any sliced scan, must outpace what is appended behind it).
+                max_entries: 8 + rng.below(56) as usize,
+                deadline: None,
+            };
+            let mut guard = 0;
+            while ix.sweep_step(&NR, budget).finished.is_none() {
+                for _ in 0..rng.below(3) {
+                    mutate(&mut ix, &mut rng, now);
+                }
+                ix.check_catalog();
+                guard += 1;
+                assert!(guard < 100_000, "seed {seed} round {round}: the pass ends");
+            }
+            ix.check_catalog();
+        }
+        // A quiet pass (the gauge's zeros published): what is left is exactly what is in use.
+        ix.drain_gauge_updates(|_, _| {});
+        ix.reclaim();
+        ix.reclaim();
+        ix.check_catalog();
+        let in_use = names_in_use(&ix);
+        assert_eq!(ix.string_usage().0, in_use, "seed {seed}");
+    }
+}
+
+/// One random operation on a small name space (tenants t0..t3, models m0..m2, adapters
+/// a0..a30, replicas r0..r5), stamped up to 10 minutes in the past.
+fn mutate(ix: &mut Index, rng: &mut Rng, now: i64) {
+    let t = format!("t{}", rng.below(4));
+    let m = format!("m{}", rng.below(3));
+    let r = format!("r{}", rng.below(6));
+    let ts = now - rng.below(10) as i64 * MIN;
+    match rng.below(10) {
+        0..=5 => {
+            let prefixes = (0..1 + rng.below(4))
+                .map(|_| {
+                    let a = format!("a{}", rng.below(31));
+                    let h = [rng.below(8) as u8];
+                    legacy_adapter(&h, 16, &a)
+                })
+                .collect();
+            let mut u = at(upd(&t, &m, "vllm", &r, prefixes), ts);
+            if rng.below(3) == 0 {
+                u = with_stats(u, 0.5, 0.1);
+            }
+            ix.ingest(&u, now, &NR);
+        }
+        6 => {
+            let u = with_stats(at(upd(&t, &m, "vllm", &r, vec![]), ts), 0.2, 0.3);
+            ix.ingest(&u, now, &NR);
+        }
+        7 => {
+            ix.apply_event(&event(Type::AllCleared, &t, &m, &r, b""), now, &NR);
+        }
+        _ => {
+            let h = [rng.below(8) as u8];
+            ix.apply_event(&event(Type::PrefixEvicted, &t, &m, &r, &h), now, &NR);
+        }
+    }
+}
+
+/// Distinct names the entries and stats rows use.
+fn names_in_use(ix: &Index) -> usize {
+    let mut names = std::collections::BTreeSet::new();
+    for e in ix.dump_entries() {
+        names.extend([e.tenant, e.model, e.scheme, e.adapter, e.replica]);
+    }
+    for t in 0..4 {
+        for m in 0..3 {
+            let (t, m) = (format!("t{t}"), format!("m{m}"));
+            let st = ix.cache_state(&t, &m);
+            if !st.replicas.is_empty() {
+                names.extend(st.replicas.iter().map(|r| r.replica_id.clone()));
+                names.extend([t, m]);
+            }
+        }
+    }
+    names.len()
+}
+
+/// The per-`(tenant, model)` bound: a message that would create one keyspace too many is
+/// refused whole; one naming only known adapters is applied; other models are unaffected;
+/// after the keyspaces' keys expire and the sweep's reclaim ran, there is room again.
+#[test]
+fn keyspaces_per_model_are_bounded() {
+    let mut ix = index_cfg(|c| c.max_keyspaces_per_model = 100);
+    assert!(
+        !ix.ingest(&adapters("t", "m", 0, 90, T0), T0, &NR)
+            .rejected_keyspaces_full
+    );
+    let entries = ix.entry_count();
+    let out = ix.ingest(&adapters("t", "m", 85, 20, T0), T0, &NR);
+    assert!(out.rejected_keyspaces_full, "105 would not fit");
+    assert!(!out.rejected_string_table_full);
+    assert_eq!(
+        (ix.entry_count(), out.upserts),
+        (entries, 0),
+        "refused whole"
+    );
+    assert_eq!(ix.model_keyspace_count("t", "m"), 90);
+    // Known adapters only (more prefixes than the room): applied.
+    let out = ix.ingest(&adapters("t", "m", 0, 90, T0 + SEC), T0 + SEC, &NR);
+    assert!(!out.rejected_keyspaces_full);
+    // Exactly to the bound: applied; one more: refused.
+    assert!(
+        !ix.ingest(&adapters("t", "m", 85, 15, T0), T0, &NR)
+            .rejected_keyspaces_full
+    );
+    assert_eq!(ix.model_keyspace_count("t", "m"), 100);
+    assert!(
+        ix.ingest(&adapters("t", "m", 100, 1, T0), T0, &NR)
+            .rejected_keyspaces_full
+    );
+    // Another model of the same tenant has its own bound.
+    assert!(
+        !ix.ingest(&adapters("t", "m2", 0, 100, T0), T0, &NR)
+            .rejected_keyspaces_full
+    );
+    // The keys expire: the sweep's reclaim pass frees the keyspaces.
+    ix.sweep(T0 + HOUR, &NR);
+    assert_eq!(ix.keyspace_count(), 0);
+    assert!(
+        !ix.ingest(&adapters("t", "m", 200, 100, T0 + HOUR), T0 + HOUR, &NR)
+            .rejected_keyspaces_full
+    );
+    ix.check_catalog();
+}
+
+/// The per-core bound counts every model's keyspaces; a full table runs the reclaim pass at
+/// once (as for names) before refusing.
+#[test]
+fn keyspaces_per_core_are_bounded_and_a_full_table_reclaims_first() {
+    let mut ix = index_cfg(|c| c.max_keyspaces = 50);
+    assert!(
+        !ix.ingest(&adapters("t0", "m", 0, 30, T0), T0, &NR)
+            .rejected_keyspaces_full
+    );
+    assert!(
+        ix.ingest(&adapters("t1", "m", 0, 30, T0), T0, &NR)
+            .rejected_keyspaces_full
+    );
+    assert!(
+        !ix.ingest(&adapters("t1", "m", 0, 20, T0), T0, &NR)
+            .rejected_keyspaces_full
+    );
+    assert_eq!(ix.keyspace_count(), 50);
+    // t0's keys go (ALL_CLEARED): its keyspaces are dead but still counted until reclaimed;
+    // the next message that does not fit reclaims them at once (at most once a second: the
+    // refusal above already ran a pass at T0).
+    ix.apply_event(&event(Type::AllCleared, "t0", "m", "r", b""), T0, &NR);
+    let now = T0 + 2 * SEC;
+    let out = ix.ingest(&adapters("t2", "m", 0, 30, now), now, &NR);
+    assert!(!out.rejected_keyspaces_full, "reclaimed before refusing");
+    assert_eq!(ix.keyspace_count(), 50);
+    ix.check_catalog();
+}
