@@ -83,9 +83,13 @@ fn all_cores() -> Vec<usize> {
     (0..std::thread::available_parallelism().map_or(1, |n| n.get())).collect()
 }
 
-/// The core every one-core measurement runs on: the last one.
+/// The core every one-core measurement runs on: `PEERS_CORE` when set (to keep a profiler's run
+/// off a measurement's core), else the last one.
 pub fn pinned_core() -> usize {
-    *all_cores().last().unwrap_or(&0)
+    std::env::var("PEERS_CORE")
+        .ok()
+        .and_then(|c| c.parse().ok())
+        .unwrap_or_else(|| *all_cores().last().unwrap_or(&0))
 }
 
 pub fn pin_to_one_core() {
