@@ -1,6 +1,6 @@
 //! One [`Adapter`] per index. Each converts the simulator's events and lookups into the index's
-//! own input inside the call (that conversion is part of what is measured, for every index alike:
-//! a server would decode into the same shapes).
+//! own input inside the call, into reused buffers wherever the index's API takes borrowed input
+//! (Dynamo's events and RadixTree lookups are taken by value: a fresh allocation each is its API).
 
 use std::future::Future;
 use std::sync::Arc;
@@ -45,6 +45,11 @@ pub struct Ours {
     names: Vec<String>,
     hashes: Vec<[u8; 8]>,
     counts: Vec<i32>,
+    /// The messages handed to the index, reused (as a decoder's buffers would be) so that the
+    /// measured time is the index's, not this adapter's allocations.
+    update: pb::CacheStateUpdate,
+    event: pb::CacheEvent,
+    spare_hashes: Vec<Vec<u8>>,
 }
 
 impl Ours {
@@ -60,20 +65,33 @@ impl Ours {
             names: (0..workers).map(|w| format!("w{w}")).collect(),
             hashes: Vec::new(),
             counts: Vec::new(),
+            update: pb::CacheStateUpdate {
+                model_id: MODEL.into(),
+                tenant_id: TENANT.into(),
+                hash_scheme: SCHEME.into(),
+                timestamp_us: 0,
+                prefixes: vec![pb::PrefixEntry::default()],
+                ..Default::default()
+            },
+            event: pb::CacheEvent {
+                model_id: MODEL.into(),
+                tenant_id: TENANT.into(),
+                ..Default::default()
+            },
+            spare_hashes: Vec::new(),
         }
     }
 
     fn event(&mut self, worker: u32, kind: pb::cache_event::Type, hash: Option<u64>) {
-        let e = pb::CacheEvent {
-            r#type: kind as i32,
-            replica_id: self.names[worker as usize].clone(),
-            model_id: MODEL.into(),
-            tenant_id: TENANT.into(),
-            prefix_hash: hash.map(|h| h.to_be_bytes().to_vec()).unwrap_or_default(),
-            timestamp_us: 0,
-            adapter_id: String::new(),
-        };
-        self.index.apply_event(&e, NOW_NS, &NoRules);
+        let e = &mut self.event;
+        e.r#type = kind as i32;
+        e.replica_id.clear();
+        e.replica_id.push_str(&self.names[worker as usize]);
+        e.prefix_hash.clear();
+        if let Some(h) = hash {
+            e.prefix_hash.extend_from_slice(&h.to_be_bytes());
+        }
+        self.index.apply_event(e, NOW_NS, &NoRules);
     }
 }
 
@@ -83,20 +101,23 @@ impl Adapter for Ours {
     }
 
     fn store(&mut self, worker: u32, _parent: Option<u64>, blocks: &[Block]) {
-        let update = pb::CacheStateUpdate {
-            replica_id: self.names[worker as usize].clone(),
-            model_id: MODEL.into(),
-            tenant_id: TENANT.into(),
-            hash_scheme: SCHEME.into(),
-            timestamp_us: 0,
-            prefixes: vec![pb::PrefixEntry {
-                block_hashes: blocks.iter().map(|b| b.chain.to_be_bytes().to_vec()).collect(),
-                block_token_counts: vec![self.tokens_per_block; blocks.len()],
-                ..Default::default()
-            }],
-            ..Default::default()
-        };
-        self.index.ingest(&update, NOW_NS, &NoRules);
+        let u = &mut self.update;
+        u.replica_id.clear();
+        u.replica_id.push_str(&self.names[worker as usize]);
+        let p = &mut u.prefixes[0];
+        while p.block_hashes.len() > blocks.len() {
+            self.spare_hashes.extend(p.block_hashes.pop());
+        }
+        while p.block_hashes.len() < blocks.len() {
+            p.block_hashes.push(self.spare_hashes.pop().unwrap_or_default());
+        }
+        for (h, b) in p.block_hashes.iter_mut().zip(blocks) {
+            h.clear();
+            h.extend_from_slice(&b.chain.to_be_bytes());
+        }
+        p.block_token_counts.clear();
+        p.block_token_counts.resize(blocks.len(), self.tokens_per_block);
+        self.index.ingest(u, NOW_NS, &NoRules);
     }
 
     fn remove(&mut self, worker: u32, chain_hashes: &[u64]) {
@@ -180,8 +201,15 @@ fn dynamo_scores(scores: &OverlapScores, out: &mut Vec<(u32, u32)>) {
     out.extend(scores.scores.iter().map(|(w, &s)| (w.worker_id as u32, s)));
 }
 
+/// RadixTree::find_matches takes the sequence by value: a fresh vector per lookup is its API.
 fn local_hashes(blocks: &[Block]) -> Vec<LocalBlockHash> {
     blocks.iter().map(|b| LocalBlockHash(b.content)).collect()
+}
+
+/// The slice-taking lookups reuse one buffer.
+fn fill_local_hashes(buf: &mut Vec<LocalBlockHash>, blocks: &[Block]) {
+    buf.clear();
+    buf.extend(blocks.iter().map(|b| LocalBlockHash(b.content)));
 }
 
 /// Dynamo's single-threaded `RadixTree`, driven synchronously: `apply_event(RouterEvent)` and
@@ -230,6 +258,7 @@ impl Adapter for DynamoRadix {
 /// event), and `SyncIndexer::find_matches` (full depths).
 pub struct DynamoPositional {
     index: PositionalIndexer,
+    hashes: Vec<LocalBlockHash>,
     worker_blocks: rustc_hash::FxHashMap<WorkerWithDpRank, LevelIndex>,
     next_id: u64,
 }
@@ -242,6 +271,7 @@ impl DynamoPositional {
     pub fn new() -> Self {
         DynamoPositional {
             index: PositionalIndexer::new(POSITIONAL_JUMP),
+            hashes: Vec::new(),
             worker_blocks: Default::default(),
             next_id: 0,
         }
@@ -268,8 +298,8 @@ impl Adapter for DynamoPositional {
         self.apply_data(worker, KvCacheEventData::Cleared);
     }
     fn lookup(&mut self, blocks: &[Block], out: &mut Vec<(u32, u32)>) {
-        let hashes = local_hashes(blocks);
-        let scores = SyncIndexer::find_matches(&self.index, &hashes, false);
+        fill_local_hashes(&mut self.hashes, blocks);
+        let scores = SyncIndexer::find_matches(&self.index, &self.hashes, false);
         dynamo_scores(&scores, out);
     }
 }
@@ -280,6 +310,7 @@ impl Adapter for DynamoPositional {
 /// after `flush()`, the barrier its docs give for benchmarks and tests to see every event.
 pub struct DynamoThreadPool {
     pool: ThreadPoolIndexer<ConcurrentRadixTreeCompressed>,
+    hashes: Vec<LocalBlockHash>,
     threads: usize,
     next_id: u64,
     pending: bool,
@@ -293,6 +324,7 @@ impl DynamoThreadPool {
                 threads,
                 tokens_per_block,
             ),
+            hashes: Vec::new(),
             threads,
             next_id: 0,
             pending: false,
@@ -331,8 +363,8 @@ impl Adapter for DynamoThreadPool {
         }
     }
     fn lookup(&mut self, blocks: &[Block], out: &mut Vec<(u32, u32)>) {
-        let hashes = local_hashes(blocks);
-        let scores = self.pool.backend().find_matches(&hashes, false);
+        fill_local_hashes(&mut self.hashes, blocks);
+        let scores = self.pool.backend().find_matches(&self.hashes, false);
         dynamo_scores(&scores, out);
     }
 }
@@ -352,6 +384,8 @@ pub struct KvIndexChain {
     /// slot → simulator worker.
     workers_of_slot: Vec<u32>,
     maps: Vec<ChainBlockMap>,
+    stored: Vec<StoredBlock>,
+    removed: Vec<SequenceHash>,
 }
 
 impl KvIndexChain {
@@ -373,6 +407,8 @@ impl KvIndexChain {
             slots,
             workers_of_slot,
             maps: (0..workers).map(|_| ChainBlockMap::default()).collect(),
+            stored: Vec::new(),
+            removed: Vec::new(),
         })
     }
 }
@@ -382,26 +418,26 @@ impl Adapter for KvIndexChain {
         "kv-index ChainIndex".into()
     }
     fn store(&mut self, worker: u32, parent: Option<u64>, blocks: &[Block]) {
-        let stored: Vec<StoredBlock> = blocks
-            .iter()
-            .map(|b| StoredBlock {
-                seq_hash: SequenceHash(b.chain),
-                content_hash: ContentHash(b.content),
-            })
-            .collect();
+        self.stored.clear();
+        self.stored.extend(blocks.iter().map(|b| StoredBlock {
+            seq_hash: SequenceHash(b.chain),
+            content_hash: ContentHash(b.content),
+        }));
         let slot = self.slots[worker as usize];
         let _ = self.index.apply_stored(
             slot,
-            &stored,
+            &self.stored,
             parent.map(SequenceHash),
             &mut self.maps[worker as usize],
         );
     }
     fn remove(&mut self, worker: u32, chain_hashes: &[u64]) {
-        let hashes: Vec<SequenceHash> = chain_hashes.iter().map(|&h| SequenceHash(h)).collect();
+        self.removed.clear();
+        self.removed
+            .extend(chain_hashes.iter().map(|&h| SequenceHash(h)));
         let slot = self.slots[worker as usize];
         self.index
-            .apply_removed(slot, &hashes, &mut self.maps[worker as usize]);
+            .apply_removed(slot, &self.removed, &mut self.maps[worker as usize]);
     }
     fn clear(&mut self, worker: u32) {
         let slot = self.slots[worker as usize];
