@@ -10,9 +10,8 @@ use dynamo_kv_router::indexer::concurrent_radix_tree_compressed::ConcurrentRadix
 use dynamo_kv_router::indexer::positional::{LevelIndex, PositionalIndexer};
 use dynamo_kv_router::indexer::{RadixTree, SyncIndexer, ThreadPoolIndexer};
 use dynamo_kv_router::protocols::{
-    ExternalSequenceBlockHash, KvCacheEvent, KvCacheEventData, KvCacheRemoveData,
-    KvCacheStoreData, KvCacheStoredBlockData, LocalBlockHash, OverlapScores, RouterEvent,
-    WorkerWithDpRank,
+    ExternalSequenceBlockHash, KvCacheEvent, KvCacheEventData, KvCacheRemoveData, KvCacheStoreData,
+    KvCacheStoredBlockData, LocalBlockHash, OverlapScores, RouterEvent, WorkerWithDpRank,
 };
 use fleetsim::{Adapter, Block};
 use inferencecache_index::index::{BlockHashes, Index, IndexConfig, LookupQuery};
@@ -109,14 +108,16 @@ impl Adapter for Ours {
             self.spare_hashes.extend(p.block_hashes.pop());
         }
         while p.block_hashes.len() < blocks.len() {
-            p.block_hashes.push(self.spare_hashes.pop().unwrap_or_default());
+            p.block_hashes
+                .push(self.spare_hashes.pop().unwrap_or_default());
         }
         for (h, b) in p.block_hashes.iter_mut().zip(blocks) {
             h.clear();
             h.extend_from_slice(&b.chain.to_be_bytes());
         }
         p.block_token_counts.clear();
-        p.block_token_counts.resize(blocks.len(), self.tokens_per_block);
+        p.block_token_counts
+            .resize(blocks.len(), self.tokens_per_block);
         self.index.ingest(u, NOW_NS, &NoRules);
     }
 
@@ -133,7 +134,8 @@ impl Adapter for Ours {
     fn lookup(&mut self, blocks: &[Block], out: &mut Vec<(u32, u32)>) {
         out.clear();
         self.hashes.clear();
-        self.hashes.extend(blocks.iter().map(|b| b.chain.to_be_bytes()));
+        self.hashes
+            .extend(blocks.iter().map(|b| b.chain.to_be_bytes()));
         self.counts.resize(blocks.len(), self.tokens_per_block);
         let query = LookupQuery {
             tenant: TENANT,
@@ -149,7 +151,9 @@ impl Adapter for Ours {
         };
         let view = self.index.lookup_route(&query, NOW_NS, &NoRules);
         for s in view.scores {
-            let worker = view.replica_id(s)[1..].parse().expect("replica ids are w<n>");
+            let worker = view.replica_id(s)[1..]
+                .parse()
+                .expect("replica ids are w<n>");
             out.push((worker, (s.matched_tokens / self.tokens_per_block) as u32));
         }
     }
@@ -230,7 +234,9 @@ impl DynamoRadix {
 
     fn apply_data(&mut self, worker: u32, data: KvCacheEventData) {
         self.next_id += 1;
-        let _ = self.tree.apply_event(dynamo_event(worker, self.next_id, data));
+        let _ = self
+            .tree
+            .apply_event(dynamo_event(worker, self.next_id, data));
     }
 }
 
@@ -395,7 +401,9 @@ impl KvIndexChain {
         let mut slots = Vec::new();
         let mut workers_of_slot = Vec::new();
         for w in 0..workers {
-            let slot = index.intern_worker(&format!("http://worker-{w}:8000")).ok()?;
+            let slot = index
+                .intern_worker(&format!("http://worker-{w}:8000"))
+                .ok()?;
             slots.push(slot);
             if workers_of_slot.len() <= slot as usize {
                 workers_of_slot.resize(slot as usize + 1, u32::MAX);
@@ -447,10 +455,14 @@ impl Adapter for KvIndexChain {
     fn lookup(&mut self, blocks: &[Block], out: &mut Vec<(u32, u32)>) {
         out.clear();
         let workers = &self.workers_of_slot;
-        self.index
-            .score_into(blocks, |b| b.content, false, |slot, score| {
+        self.index.score_into(
+            blocks,
+            |b| b.content,
+            false,
+            |slot, score| {
                 out.push((workers[slot as usize], score));
-            });
+            },
+        );
     }
 }
 

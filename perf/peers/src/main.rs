@@ -88,7 +88,11 @@ fn main() {
     let kinds: Vec<Kind> = Kind::ALL
         .iter()
         .copied()
-        .filter(|k| args.only.as_ref().is_none_or(|o| o.iter().any(|n| n == k.key())))
+        .filter(|k| {
+            args.only
+                .as_ref()
+                .is_none_or(|o| o.iter().any(|n| n == k.key()))
+        })
         .collect();
     measure::pin_to_one_core();
     let mut summary = report::Summary::default();

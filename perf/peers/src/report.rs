@@ -172,7 +172,10 @@ pub fn print_config(
         "\nMedians of {rounds} interleaved rounds, ± = (max − min) / median. One pinned core each; † uses both cores (its 2 writer threads), not a one-core figure. Lookup latency excludes the threaded indexer's flush; its mixed ops/s includes it."
     );
     let ours = rows.iter().find(|r| r.0 == Kind::Ours);
-    let peers: Vec<_> = rows.iter().filter(|r| r.0 != Kind::Ours && r.0.one_core()).collect();
+    let peers: Vec<_> = rows
+        .iter()
+        .filter(|r| r.0 != Kind::Ours && r.0.one_core())
+        .collect();
     if let (Some(o), false) = (ours, peers.is_empty()) {
         let best_mixed = peers.iter().map(|r| r.1).fold(0.0, f64::max);
         let best_p99 = peers.iter().map(|r| r.2).fold(f64::INFINITY, f64::min);
