@@ -43,6 +43,9 @@ pub struct SimConfig {
     pub worker_blocks: u32,
     /// Engine blocks per 512-token trace id (1 = native; 32 = 16-token blocks). Divides 512.
     pub expand: u32,
+    /// Time compression of the trace (arrival times divided by it, decode times kept): a larger
+    /// fleet needs more concurrent load to use its workers. 1 = the trace's own timestamps.
+    pub speed: u32,
 }
 
 impl Default for SimConfig {
@@ -51,6 +54,7 @@ impl Default for SimConfig {
             workers: DEFAULT_WORKERS,
             worker_blocks: DEFAULT_WORKER_BLOCKS,
             expand: 1,
+            speed: 1,
         }
     }
 }
@@ -62,8 +66,8 @@ impl SimConfig {
     }
 
     fn validate(&self) -> Result<(), String> {
-        if self.workers == 0 || self.worker_blocks == 0 {
-            return Err("workers and worker blocks must be positive".into());
+        if self.workers == 0 || self.worker_blocks == 0 || self.speed == 0 {
+            return Err("workers, worker blocks and speed must be positive".into());
         }
         if self.expand == 0 || !TRACE_BLOCK_TOKENS.is_multiple_of(self.expand) {
             return Err(format!("--expand {} does not divide 512", self.expand));
@@ -340,7 +344,7 @@ pub fn simulate(trace: &[TraceRequest], config: SimConfig) -> Result<Simulation,
         if blocks.is_empty() {
             continue;
         }
-        let now_us = (req.timestamp_ms.max(0.0) * 1000.0) as u64;
+        let now_us = (req.timestamp_ms.max(0.0) * 1000.0 / f64::from(config.speed)) as u64;
         fleet.advance(now_us);
         let truth = fleet.ground_truth(&blocks);
         let (w, held) = fleet.route(&truth, blocks.len());
@@ -393,7 +397,7 @@ mod tests {
         SimConfig {
             workers,
             worker_blocks,
-            expand: 1,
+            ..SimConfig::default()
         }
     }
 
@@ -473,6 +477,39 @@ mod tests {
             .collect();
         assert_eq!(workers, vec![0, 1, 2, 1, 0]);
         assert_eq!(sim.lookups[3].truth, vec![(0, 1), (1, 2)]);
+    }
+
+    #[test]
+    fn speed_compresses_arrivals_so_requests_overlap() {
+        // r0 decodes 100 tokens (2 s); r1 arrives 4 s later: after r0 at speed 1 (idle fleet →
+        // w0), during it at speed 4 (1 s later → w0 is loaded → w1).
+        let trace = vec![timed(&[0], 0.0, 100), timed(&[1], 4_000.0, 100)];
+        let worker_of_r1 = |speed| {
+            let sim = simulate(
+                &trace,
+                SimConfig {
+                    speed,
+                    ..config(2, 100)
+                },
+            )
+            .unwrap();
+            match sim.events[1] {
+                Event::Stored { worker, .. } => worker,
+                _ => unreachable!(),
+            }
+        };
+        assert_eq!(worker_of_r1(1), 0);
+        assert_eq!(worker_of_r1(4), 1);
+        assert!(
+            simulate(
+                &trace,
+                SimConfig {
+                    speed: 0,
+                    ..config(2, 100)
+                }
+            )
+            .is_err()
+        );
     }
 
     #[test]

@@ -9,6 +9,7 @@ fn small_fleet(expand: u32) -> SimConfig {
         workers: 8,
         worker_blocks: 40 * expand,
         expand,
+        speed: 1,
     }
 }
 

@@ -22,6 +22,8 @@ struct Args {
     rounds: usize,
     only: Option<Vec<String>>,
     worker_blocks: u32,
+    /// None: the fleet's workers / 64 (each worker sees the load the 64-worker fleet sees at 1×).
+    speed: Option<u32>,
 }
 
 fn parse_args() -> Result<Args, String> {
@@ -33,6 +35,7 @@ fn parse_args() -> Result<Args, String> {
         rounds: 5,
         only: None,
         worker_blocks: fleetsim::sim::DEFAULT_WORKER_BLOCKS,
+        speed: None,
     };
     let list = |v: Option<String>| -> Result<Vec<u32>, String> {
         v.ok_or("missing value")?
@@ -46,6 +49,7 @@ fn parse_args() -> Result<Args, String> {
             "--expand" => args.expands = list(it.next())?,
             "--rounds" => args.rounds = list(it.next())?[0] as usize,
             "--worker-blocks" => args.worker_blocks = list(it.next())?[0],
+            "--speed" => args.speed = Some(list(it.next())?[0]),
             "--only" => {
                 args.only = Some(
                     it.next()
@@ -64,7 +68,7 @@ fn parse_args() -> Result<Args, String> {
         }
     }
     if args.trace.is_empty() {
-        return Err("usage: peers-bench TRACE [--workers 64,1024] [--expand 1,32] [--rounds N] [--only ours,kv-index,...] [--quick]".into());
+        return Err("usage: peers-bench TRACE [--workers 64,1024] [--expand 1,32] [--rounds N] [--speed S] [--only ours,kv-index,...] [--quick]".into());
     }
     Ok(args)
 }
@@ -102,6 +106,7 @@ fn main() {
                 workers,
                 worker_blocks: args.worker_blocks,
                 expand,
+                speed: args.speed.unwrap_or((workers / 64).max(1)),
             };
             run_config(&trace, config, &kinds, args.rounds, &mut summary);
         }
@@ -125,11 +130,12 @@ fn run_config(
         }
     };
     println!(
-        "\n## {} workers × {} blocks, --expand {} ({} tokens/block): {} lookups, {} events ({} blocks stored, {} removed), peak holds {} (simulated in {:.1} s)",
+        "\n## {} workers × {} blocks, --expand {} ({} tokens/block), trace speed ×{}: {} lookups, {} events ({} blocks stored, {} removed), peak holds {} (simulated in {:.1} s)",
         config.workers,
         config.worker_blocks,
         config.expand,
         config.tokens_per_block(),
+        config.speed,
         sim.lookups.len(),
         sim.events.len(),
         sim.stored_blocks,

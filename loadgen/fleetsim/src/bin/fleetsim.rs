@@ -1,5 +1,5 @@
 //! `fleetsim synth N [SEED]`: prints a synthetic Mooncake-format trace of N requests.
-//! `fleetsim summary TRACE [--workers W] [--worker-blocks B] [--expand K]`: simulates the trace
+//! `fleetsim summary TRACE [--workers W] [--worker-blocks B] [--expand K] [--speed S]`: simulates the trace
 //! and prints the size of its streams and the ground truth's shape.
 
 use fleetsim::{SimConfig, parse_trace, simulate, synth::synthetic_trace};
@@ -20,7 +20,7 @@ fn run(args: Vec<String>) -> Result<(), String> {
             Ok(())
         }
         Some("summary") => summary(&args[1..]),
-        _ => Err("usage: fleetsim synth N [SEED] | fleetsim summary TRACE [--workers W] [--worker-blocks B] [--expand K]".into()),
+        _ => Err("usage: fleetsim synth N [SEED] | fleetsim summary TRACE [--workers W] [--worker-blocks B] [--expand K] [--speed S]".into()),
     }
 }
 
@@ -40,6 +40,7 @@ fn summary(args: &[String]) -> Result<(), String> {
             "--workers" => config.workers = v,
             "--worker-blocks" => config.worker_blocks = v,
             "--expand" => config.expand = v,
+            "--speed" => config.speed = v,
             _ => return Err(format!("unknown flag {flag}")),
         }
     }
