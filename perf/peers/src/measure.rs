@@ -154,7 +154,17 @@ fn events_only(kind: Kind, sim: &Simulation, r: &mut RoundResult) {
     r.retained_bytes_per_block = retained / sim.final_holds.max(1) as f64;
 }
 
+/// `PEERS_SLOW_US=N`: every lookup of the mixed stream slower than N µs is printed to stderr
+/// with its position, so outliers can be told from noise (what precedes them, how long).
+fn slow_threshold_ns() -> u64 {
+    std::env::var("PEERS_SLOW_US")
+        .ok()
+        .and_then(|v| v.parse::<u64>().ok())
+        .map_or(u64::MAX, |us| us * 1000)
+}
+
 fn mixed(kind: Kind, sim: &Simulation, r: &mut RoundResult) {
+    let slow = slow_threshold_ns();
     let mut index = make(kind, &sim.config).expect("checked by the caller");
     let mut out = Vec::new();
     let mut lookup_ns = 0u64;
@@ -172,6 +182,16 @@ fn mixed(kind: Kind, sim: &Simulation, r: &mut RoundResult) {
                 let ns = s.elapsed().as_nanos() as u64;
                 std::hint::black_box(&out);
                 lookup_ns += ns;
+                if ns > slow {
+                    let matched = sim.lookups[l as usize].truth.iter().map(|t| t.1).max();
+                    eprintln!(
+                        "slow lookup: {} #{l} {} blocks, best match {:?}, {} µs",
+                        kind.key(),
+                        blocks.len(),
+                        matched,
+                        ns / 1000
+                    );
+                }
                 r.latencies.push((blocks.len() as u32, ns));
             }
         }
