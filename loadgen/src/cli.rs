@@ -501,15 +501,22 @@ mod tests {
             parse("trace:t.jsonl"),
             Ok(WorkloadChoice::Trace(PathBuf::from("t.jsonl")))
         );
-        assert_eq!(parse("rag"), Ok(WorkloadChoice::Generated(WorkloadKind::Rag)));
+        assert_eq!(
+            parse("rag"),
+            Ok(WorkloadChoice::Generated(WorkloadKind::Rag))
+        );
         assert!(parse("trace:").is_err());
         assert!(parse("tracefile").is_err());
-        let cli = Cli::try_parse_from(["loadgen", "run", "--workload", "trace:x", "--expand", "32"])
-            .unwrap();
+        let cli =
+            Cli::try_parse_from(["loadgen", "run", "--workload", "trace:x", "--expand", "32"])
+                .unwrap();
         let Command::Run(a) = cli.command else {
             panic!("run expected")
         };
         assert_eq!(a.trace.expand, 32);
-        assert!(a.workload.config().is_err(), "a trace is no generated workload");
+        assert!(
+            a.workload.config().is_err(),
+            "a trace is no generated workload"
+        );
     }
 }

@@ -413,7 +413,11 @@ fn write_json(path: &std::path::Path, body: &str) -> Result<(), Error> {
 }
 
 /// Writes the JSON report to `--json` if given, then prints the report in `--output` format.
-pub(crate) fn emit(measure: &MeasureArgs, json: &str, table: impl FnOnce() -> String) -> Result<(), Error> {
+pub(crate) fn emit(
+    measure: &MeasureArgs,
+    json: &str,
+    table: impl FnOnce() -> String,
+) -> Result<(), Error> {
     if let Some(p) = &measure.json {
         write_json(p, json)?;
     }

@@ -101,7 +101,12 @@ impl TraceScope {
     /// The `ReportCacheState` message of a stored run: one legacy entry per block, keyed by its
     /// chain hash (the contract's rolling prefix hash, 8 bytes big-endian) with its cumulative
     /// token count, `first_depth` being the position of `blocks[0]` in its request.
-    pub fn stored_update(&self, worker: u32, first_depth: u32, blocks: &[Block]) -> CacheStateUpdate {
+    pub fn stored_update(
+        &self,
+        worker: u32,
+        first_depth: u32,
+        blocks: &[Block],
+    ) -> CacheStateUpdate {
         let tpb = i64::from(self.tokens_per_block);
         let prefixes = blocks
             .iter()
@@ -424,7 +429,11 @@ impl TraceReport {
             let _ = writeln!(o, "lookup send lag behind the trace: p99 {lag:.3} ms");
         }
         if self.refused_stores > 0 {
-            let _ = writeln!(o, "stores not acknowledged in full: {}", self.refused_stores);
+            let _ = writeln!(
+                o,
+                "stores not acknowledged in full: {}",
+                self.refused_stores
+            );
         }
         let _ = writeln!(
             o,
@@ -432,7 +441,11 @@ impl TraceReport {
             self.checked, self.mismatches
         );
         for m in &self.first_mismatches {
-            let _ = writeln!(o, "  lookup #{} ({} blocks): {}", m.lookup, m.blocks, m.detail);
+            let _ = writeln!(
+                o,
+                "  lookup #{} ({} blocks): {}",
+                m.lookup, m.blocks, m.detail
+            );
         }
         if let Some(why) = &self.stopped_early {
             let _ = writeln!(o, "stopped early: {why}");
@@ -477,6 +490,9 @@ enum Done {
     Lookup(u32, Result<(), String>),
     Failed(String),
 }
+
+/// One call of an event, ready to spawn.
+type Call = std::pin::Pin<Box<dyn Future<Output = Done> + Send>>;
 
 /// The replay of one simulation.
 pub struct Replay<'a> {
@@ -624,11 +640,7 @@ impl<'a> Replay<'a> {
     }
 
     /// The calls of event `e`: one stream for a stored run, one PublishEvent per removed block.
-    fn event_tasks(
-        &mut self,
-        e: u32,
-        last_lookup: Option<u32>,
-    ) -> Result<Vec<std::pin::Pin<Box<dyn Future<Output = Done> + Send>>>, String> {
+    fn event_tasks(&mut self, e: u32, last_lookup: Option<u32>) -> Result<Vec<Call>, String> {
         let (rec, timeout, sim) = (self.rec.clone(), self.cfg.rpc_timeout, self.sim);
         match &sim.events[e as usize] {
             Event::Stored {
@@ -649,9 +661,8 @@ impl<'a> Replay<'a> {
                 Ok(events
                     .into_iter()
                     .map(|ev| {
-                        let f: std::pin::Pin<Box<dyn Future<Output = Done> + Send>> =
-                            Box::pin(evict(self.client(), ev, timeout, rec.clone()));
-                        f
+                        let call: Call = Box::pin(evict(self.client(), ev, timeout, rec.clone()));
+                        call
                     })
                     .collect())
             }
@@ -720,7 +731,12 @@ pub fn compare(
 }
 
 /// One stored run: a stream with one message, closed, its Ack awaited.
-async fn store(mut client: Client, msg: CacheStateUpdate, timeout: Duration, rec: Arc<Recorder>) -> Done {
+async fn store(
+    mut client: Client,
+    msg: CacheStateUpdate,
+    timeout: Duration,
+    rec: Arc<Recorder>,
+) -> Done {
     let t0 = Instant::now();
     let call = client.report_cache_state(tokio_stream::iter([msg]));
     match tokio::time::timeout(timeout, call).await {
@@ -790,7 +806,12 @@ pub fn build_report(sim: &Simulation, facts: ReportFacts, done: Finished) -> Tra
     let secs = elapsed.as_secs_f64().max(1e-9);
     let rpcs: std::collections::BTreeMap<String, RpcReport> = Rpc::ALL
         .iter()
-        .map(|r| (r.name().to_string(), RpcReport::from_stats(&snap.rpcs[*r as usize])))
+        .map(|r| {
+            (
+                r.name().to_string(),
+                RpcReport::from_stats(&snap.rpcs[*r as usize]),
+            )
+        })
         .collect();
     let lookups_ok = rpcs[Rpc::LookupRoute.name()].ok;
     let budgets = snap
@@ -800,7 +821,11 @@ pub fn build_report(sim: &Simulation, facts: ReportFacts, done: Finished) -> Tra
         .map(|(&b, &over)| BudgetReport {
             budget_ms: b as f64 / 1000.0,
             over,
-            share_over: if lookups_ok == 0 { 0.0 } else { over as f64 / lookups_ok as f64 },
+            share_over: if lookups_ok == 0 {
+                0.0
+            } else {
+                over as f64 / lookups_ok as f64
+            },
         })
         .collect();
     let sent_blocks = sent_blocks(sim, tally.events_sent);
@@ -931,7 +956,10 @@ pub async fn cmd_trace(a: &crate::cli::RunArgs, path: &std::path::Path) -> Resul
     if !t.no_policy {
         let token = match &t.policy_token_file {
             Some(p) => Some(std::fs::read_to_string(p).map_err(|e| {
-                Error::Trace(format!("cannot read --policy-token-file {}: {e}", p.display()))
+                Error::Trace(format!(
+                    "cannot read --policy-token-file {}: {e}",
+                    p.display()
+                ))
             })?),
             None => None,
         };
@@ -1063,7 +1091,11 @@ mod tests {
         assert_eq!(depth, 1);
         let msg = scope(512).stored_update(3, depth, &request[1..]);
         assert_eq!(
-            (msg.replica_id.as_str(), msg.tenant_id.as_str(), msg.model_id.as_str()),
+            (
+                msg.replica_id.as_str(),
+                msg.tenant_id.as_str(),
+                msg.model_id.as_str()
+            ),
             ("worker-3", TRACE_TENANT, TRACE_MODEL)
         );
         assert_eq!(msg.hash_scheme, "vllm");
@@ -1103,7 +1135,11 @@ mod tests {
     fn an_answer_reads_as_matched_blocks_per_worker() {
         let s = scope(16);
         let got = s
-            .matched_blocks(&answer(&[("worker-9", 48), ("worker-2", 160), ("worker-4", 0)]))
+            .matched_blocks(&answer(&[
+                ("worker-9", 48),
+                ("worker-2", 160),
+                ("worker-4", 0),
+            ]))
             .unwrap();
         assert_eq!(got, vec![(2, 10), (9, 3)]);
         assert!(s.matched_blocks(&answer(&[("engine-1", 16)])).is_err());
