@@ -337,10 +337,10 @@ pub struct TraceReport {
     pub expand: u32,
     /// `speed <x>` or `as fast as possible`.
     pub pace: String,
-    /// Trace requests replayed (lookups) and sent.
+    /// Trace requests replayed (lookups), and those sent and answered.
     pub lookups: u64,
     pub lookups_sent: u64,
-    /// Simulator events (stored runs, removals) and sent; blocks they carry.
+    /// Simulator events (stored runs, removals) and those sent; the blocks all of them carry.
     pub events: u64,
     pub events_sent: u64,
     pub stored_blocks: u64,
@@ -384,14 +384,14 @@ impl TraceReport {
         );
         let _ = writeln!(
             o,
-            "elapsed {:.2} s: {} / {} events sent ({} blocks stored, {} removed), {} / {} lookups",
+            "elapsed {:.2} s: {} / {} events sent, {} / {} lookups answered (the whole trace: {} blocks stored, {} removed)",
             self.elapsed_s,
             self.events_sent,
             self.events,
-            self.stored_blocks,
-            self.removed_blocks,
             self.lookups_sent,
-            self.lookups
+            self.lookups,
+            self.stored_blocks,
+            self.removed_blocks
         );
         let _ = writeln!(
             o,
