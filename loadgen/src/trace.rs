@@ -472,7 +472,7 @@ pub struct Connections {
     pub lean: Vec<LookupConnection>,
 }
 
-/// Counters shared by the tasks of a replay.
+/// What a replay has sent, checked and hit so far (kept by its driver, fed by finished tasks).
 #[derive(Default)]
 struct Tally {
     events_sent: u64,
