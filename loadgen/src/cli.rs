@@ -72,12 +72,39 @@ pub enum LookupClient {
     Tonic,
 }
 
+/// What `--workload` names: a generated shape, or a trace file replayed through the fleet
+/// simulator (`trace:<file>`, `loadgen run` only; see crate::trace).
+#[derive(Clone, Debug, PartialEq)]
+pub enum WorkloadChoice {
+    /// A generated workload (`chat`, `rag`, `diffuse`).
+    Generated(WorkloadKind),
+    /// `trace:<file>`: a Mooncake-format trace.
+    Trace(PathBuf),
+}
+
+impl std::str::FromStr for WorkloadChoice {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        if let Some(path) = s.strip_prefix(crate::trace::TRACE_PREFIX) {
+            if path.is_empty() {
+                return Err("trace:<file> needs a file".into());
+            }
+            return Ok(WorkloadChoice::Trace(PathBuf::from(path)));
+        }
+        WorkloadKind::from_str(s, true)
+            .map(WorkloadChoice::Generated)
+            .map_err(|_| format!("{s:?}: expected chat, rag, diffuse or trace:<file>"))
+    }
+}
+
 /// The generated workload.
 #[derive(Args, Debug, Clone)]
 pub struct WorkloadArgs {
-    /// Workload shape.
-    #[arg(long, value_enum, default_value_t = WorkloadKind::Chat)]
-    pub workload: WorkloadKind,
+    /// Workload shape: chat, rag, diffuse, or trace:<file> (a Mooncake-format trace replayed
+    /// through the fleet simulator with ground-truth checks; `run` only, see --workers).
+    #[arg(long, default_value = "chat")]
+    pub workload: WorkloadChoice,
     /// RNG seed; the same seed reproduces the same requests and reports.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
@@ -137,8 +164,13 @@ pub struct WorkloadArgs {
 impl WorkloadArgs {
     /// The validated workload config.
     pub fn config(&self) -> Result<WorkloadConfig, ConfigError> {
+        let WorkloadChoice::Generated(kind) = self.workload else {
+            return Err(ConfigError::Rule(
+                "--workload trace:<file> runs only with `loadgen run`",
+            ));
+        };
         let c = WorkloadConfig {
-            kind: self.workload,
+            kind,
             seed: self.seed,
             replicas: self.replicas,
             tenants: self.tenants,
@@ -320,6 +352,40 @@ pub struct RunArgs {
     /// Stop after this many seconds (default 10 when --requests is not given).
     #[arg(long)]
     pub duration: Option<f64>,
+    /// `--workload trace:<file>` only.
+    #[command(flatten)]
+    pub trace: TraceArgs,
+}
+
+/// The flags of `--workload trace:<file>` (crate::trace). There `--concurrency` bounds the calls
+/// in flight within one step of the ordered replay (default 64), `--requests` replays only the
+/// trace's first requests and `--duration` stops the replay early.
+#[derive(Args, Debug, Clone)]
+pub struct TraceArgs {
+    /// Simulated workers, each one replica (`worker-<n>`).
+    #[arg(long, default_value_t = fleetsim::sim::DEFAULT_WORKERS)]
+    pub workers: u32,
+    /// Blocks one simulated worker holds before it evicts (LRU).
+    #[arg(long, default_value_t = fleetsim::sim::DEFAULT_WORKER_BLOCKS)]
+    pub worker_blocks: u32,
+    /// Engine blocks per 512-token trace block (32 = 16-token blocks, as vLLM reports them).
+    #[arg(long, default_value_t = 1)]
+    pub expand: u32,
+    /// Send lookups at the trace's timestamps divided by this factor (1 = the trace's own
+    /// pace); without it, as fast as the ordering allows.
+    #[arg(long)]
+    pub speed: Option<f64>,
+    /// The server's controller-facing listener, where the replay installs its tenant's policy
+    /// (floors and affinity off, so answers carry every replica's run).
+    #[arg(long, default_value = "http://127.0.0.1:8081")]
+    pub policy_addr: String,
+    /// Bearer token for `--policy-addr` (a file holding it; none with --insecure-disable-auth).
+    #[arg(long)]
+    pub policy_token_file: Option<PathBuf>,
+    /// Do not install the policy (the server's floors then drop some of what the ground truth
+    /// expects, and the check reports those lookups as mismatches).
+    #[arg(long)]
+    pub no_policy: bool,
 }
 
 /// Turns `--requests`/`--duration` into bounds; with neither, 10 s.
@@ -422,4 +488,35 @@ pub struct PreloadArgs {
     /// Write the ingest counters as JSON to this file.
     #[arg(long)]
     pub json: Option<PathBuf>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn workload_names_a_generated_shape_or_a_trace_file() {
+        let parse = |s: &str| s.parse::<WorkloadChoice>();
+        assert_eq!(
+            parse("trace:t.jsonl"),
+            Ok(WorkloadChoice::Trace(PathBuf::from("t.jsonl")))
+        );
+        assert_eq!(
+            parse("rag"),
+            Ok(WorkloadChoice::Generated(WorkloadKind::Rag))
+        );
+        assert!(parse("trace:").is_err());
+        assert!(parse("tracefile").is_err());
+        let cli =
+            Cli::try_parse_from(["loadgen", "run", "--workload", "trace:x", "--expand", "32"])
+                .unwrap();
+        let Command::Run(a) = cli.command else {
+            panic!("run expected")
+        };
+        assert_eq!(a.trace.expand, 32);
+        assert!(
+            a.workload.config().is_err(),
+            "a trace is no generated workload"
+        );
+    }
 }

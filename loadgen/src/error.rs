@@ -75,6 +75,8 @@ pub enum Error {
     },
     /// `preload`: this many ReportCacheState streams failed, so the population is incomplete.
     StreamsFailed(u64),
+    /// A trace replay could not run, or did not complete with every answer right.
+    Trace(String),
 }
 
 impl fmt::Display for Error {
@@ -91,6 +93,7 @@ impl fmt::Display for Error {
                 write!(f, "cannot write {}: {source}", path.display())
             }
             Error::StreamsFailed(n) => write!(f, "{n} ReportCacheState streams failed"),
+            Error::Trace(why) => write!(f, "trace replay: {why}"),
         }
     }
 }
@@ -103,7 +106,7 @@ impl std::error::Error for Error {
             Error::WriteReport { source, .. } => Some(source),
             Error::ShardAware(e) => Some(e),
             Error::LeanConnect { source, .. } => Some(source),
-            Error::StreamsFailed(_) => None,
+            Error::StreamsFailed(_) | Error::Trace(_) => None,
         }
     }
 }

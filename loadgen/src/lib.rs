@@ -9,7 +9,7 @@
 //! Modules follow the concepts: [`cli`] (flags), [`workload`] (seeded prompts and blocks),
 //! [`producer`] (ingest side), [`gateway`] (lookup side), [`driver`] (open/closed loop),
 //! [`histogram`] (recording), [`report`] (table/JSON), [`capacity`] (rate search), [`run`]
-//! (orchestration) and [`error`] (what a subcommand reports when it cannot run).
+//! (orchestration), [`trace`] (a trace replayed through the fleet simulator) and [`error`] (what a subcommand reports when it cannot run).
 
 #![forbid(unsafe_code)]
 
@@ -23,4 +23,5 @@ pub mod producer;
 pub mod report;
 pub mod run;
 pub mod slowlog;
+pub mod trace;
 pub mod workload;

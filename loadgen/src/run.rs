@@ -413,7 +413,11 @@ fn write_json(path: &std::path::Path, body: &str) -> Result<(), Error> {
 }
 
 /// Writes the JSON report to `--json` if given, then prints the report in `--output` format.
-fn emit(measure: &MeasureArgs, json: &str, table: impl FnOnce() -> String) -> Result<(), Error> {
+pub(crate) fn emit(
+    measure: &MeasureArgs,
+    json: &str,
+    table: impl FnOnce() -> String,
+) -> Result<(), Error> {
     if let Some(p) = &measure.json {
         write_json(p, json)?;
     }
@@ -507,7 +511,12 @@ fn load_of(rate: Option<f64>, concurrency: Option<u32>) -> Result<Load, ConfigEr
 }
 
 /// `loadgen run`.
-pub async fn cmd_run(a: RunArgs) -> Result<Report, Error> {
+pub async fn cmd_run(a: RunArgs) -> Result<Option<Report>, Error> {
+    if let cli::WorkloadChoice::Trace(path) = &a.workload.workload {
+        let path = path.clone();
+        crate::trace::cmd_trace(&a, &path).await?;
+        return Ok(None);
+    }
     let wl = a.workload.config()?;
     let bounds = cli::bounds(a.requests, a.duration)?;
     let load = load_of(a.rate, a.concurrency)?;
@@ -543,7 +552,7 @@ pub async fn cmd_run(a: RunArgs) -> Result<Report, Error> {
     .await;
     s.producers.finish().await;
     emit(&a.measure, &report.to_json(), || report.to_table())?;
-    Ok(report)
+    Ok(Some(report))
 }
 
 /// `loadgen capacity`.
