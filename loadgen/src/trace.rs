@@ -895,6 +895,9 @@ pub fn sim_config(workers: u32, worker_blocks: u32, expand: u32) -> Result<SimCo
         workers,
         worker_blocks,
         expand,
+        // The same simulation as perf/peers for the same fleet (routing by arrival time
+        // compressed by workers / 64); `--speed` paces the replay, not the simulation.
+        speed: SimConfig::default_speed(workers),
     })
 }
 

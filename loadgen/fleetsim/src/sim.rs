@@ -60,6 +60,13 @@ impl Default for SimConfig {
 }
 
 impl SimConfig {
+    /// The time compression both the peer benchmark and loadgen's trace replay use unless told
+    /// otherwise: `workers / 64` (at least 1). At the trace's own pace only about 44 workers'
+    /// worth of blocks is ever held, so a larger fleet would simulate the same as 64 workers.
+    pub fn default_speed(workers: u32) -> u32 {
+        (workers / 64).max(1)
+    }
+
     /// Tokens per engine block.
     pub fn tokens_per_block(&self) -> u32 {
         TRACE_BLOCK_TOKENS / self.expand

@@ -106,7 +106,7 @@ fn main() {
                 workers,
                 worker_blocks: args.worker_blocks,
                 expand,
-                speed: args.speed.unwrap_or((workers / 64).max(1)),
+                speed: args.speed.unwrap_or(SimConfig::default_speed(workers)),
             };
             run_config(&trace, config, &kinds, args.rounds, &mut summary);
         }
