@@ -491,6 +491,7 @@ async fn stored_removed_cleared_and_restart_produce_exact_traffic() {
     want.push(update(1_005_000_000, vec![entry(r[0], 16, "")]));
     assert_eq!(wait_for(&double, want.len()).await, want);
 
+    // A quiet window is what is checked: nothing more arrives in it.
     tokio::time::sleep(Duration::from_millis(200)).await;
     assert_eq!(double.traffic(), want, "no further traffic");
     let idx = double.index();
@@ -635,7 +636,13 @@ async fn server_coming_up_late_still_gets_everything() {
         ),
     )
     .await;
-    tokio::time::sleep(Duration::from_millis(700)).await;
+    // The server comes up only after the subscriber failed to reach it at least once.
+    for _ in 0..600 {
+        if sub_metric(&sub, "kvevent_reconnects_total").await >= 1.0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     let double = start_double_on(TcpListener::bind(addr).await.unwrap()).await;
     let got = wait_for(&double, 1).await;
     assert_eq!(got[0], update(3_000_000_000, vec![entry(p[0], 16, "")]));
@@ -1177,6 +1184,7 @@ async fn refused_content_is_not_resent_forever() {
     assert_eq!(sub_metric(&sub, dropped).await, 1.0);
     let attempts = double.refused.load(Ordering::SeqCst);
     assert!((5..=6).contains(&attempts), "{attempts} refused streams");
+    // A quiet window is what is checked: no re-send arrives in it.
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert_eq!(
         double.refused.load(Ordering::SeqCst),
@@ -1261,7 +1269,14 @@ async fn engine_restart_while_the_subscriber_was_down_clears_the_replica() {
     // Their live copies arriving late are duplicates, not a second restart.
     publish(&mut pub_sock, 0, chain_batch(10)).await;
     publish(&mut pub_sock, 1, chain_batch(11)).await;
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    let duplicates = "kvevent_dropped_total{reason=\"duplicate_batch\"}";
+    for _ in 0..600 {
+        if sub_metric(&sub, duplicates).await >= 2.0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(sub_metric(&sub, duplicates).await, 2.0);
     assert_eq!(sub_metric(&sub, "kvevent_engine_restarts_total").await, 1.0);
     assert_eq!(double.index().len(), 2);
     let _ = std::fs::remove_dir_all(&dir);
