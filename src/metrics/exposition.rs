@@ -371,10 +371,10 @@ fn rpc_calls<'a>(
     )
 }
 
-/// Counter families of two outcomes: name, help, each outcome's label value and count.
-fn outcome_counters(
-    t: &CoreMetrics,
-) -> [(&'static str, &'static str, [(&'static str, u64); 2]); 2] {
+/// A counter family of two outcomes: name, help, each outcome's label value and count.
+type OutcomeCounter = (&'static str, &'static str, [(&'static str, u64); 2]);
+
+fn outcome_counters(t: &CoreMetrics) -> [OutcomeCounter; 2] {
     [
         (
             "inferencecache_grpc_inline_lookups",
@@ -466,8 +466,11 @@ fn core_requests(cores: &[CoreView]) -> Family<'_> {
     )
 }
 
-/// The per-core families of one whole number per core: name, help, type, value.
-const PER_CORE: [(&str, &str, MetricType, fn(&CoreView) -> i64); 11] = [
+/// A per-core family of one whole number per core: name, help, type, value.
+type PerCore = (&'static str, &'static str, MetricType, fn(&CoreView) -> i64);
+
+/// The per-core families of one whole number per core.
+const PER_CORE: [PerCore; 11] = [
     (
         "inferencecache_core_hopped_ops",
         "Operations a core executed on behalf of other threads (hop arrivals).",
@@ -536,8 +539,11 @@ const PER_CORE: [(&str, &str, MetricType, fn(&CoreView) -> i64); 11] = [
     ),
 ];
 
-/// The per-core gauges in seconds: name, help, value.
-const PER_CORE_SECONDS: [(&str, &str, fn(&CoreView) -> f64); 6] = [
+/// A per-core gauge in seconds: name, help, value.
+type PerCoreSeconds = (&'static str, &'static str, fn(&CoreView) -> f64);
+
+/// The per-core gauges in seconds.
+const PER_CORE_SECONDS: [PerCoreSeconds; 6] = [
     (
         "inferencecache_core_sweep_last_duration_seconds",
         "Wall time of a core's last completed TTL sweep pass, first slice to last.",
