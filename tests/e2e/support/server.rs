@@ -73,14 +73,18 @@ enum LogSink {
     File(std::fs::File),
 }
 
-/// Reads the server's stderr on a thread of its own until the server exits: reports the
-/// `listening_*` events on the returned channel and passes every line on to `sink`.
+/// Reads the server's stderr on a thread of its own until the server exits (always draining
+/// it, so the server never blocks on a full pipe): reports the `listening_*` events on the
+/// returned channel and passes every line on to `sink`.
 fn read_logs(stderr: ChildStderr, mut sink: LogSink) -> Receiver<Listening> {
     let (tx, rx): (Sender<Listening>, _) = channel();
     std::thread::spawn(move || {
-        for line in BufReader::new(stderr).lines() {
-            let Ok(line) = line else { break };
-            if let Some(l) = parse_listening(&line) {
+        let mut reader = BufReader::new(stderr);
+        let mut bytes = Vec::new();
+        while reader.read_until(b'\n', &mut bytes).is_ok_and(|n| n > 0) {
+            let text = String::from_utf8_lossy(&bytes);
+            let line = text.trim_end_matches('\n');
+            if let Some(l) = parse_listening(line) {
                 let _ = tx.send(l);
             }
             match &mut sink {
@@ -89,6 +93,7 @@ fn read_logs(stderr: ChildStderr, mut sink: LogSink) -> Receiver<Listening> {
                     let _ = writeln!(f, "{line}");
                 }
             }
+            bytes.clear();
         }
     });
     rx
