@@ -1,7 +1,11 @@
 //! Structured logs on stderr: JSON by default, one event name per line in `msg`, as the
 //! reference's slog output (`startup`, `graceful_shutdown_started`, ...). Never prompt text.
 
+use std::str::FromStr;
+
 use tracing::Level;
+use tracing_subscriber::EnvFilter;
+use tracing_subscriber::filter::{Directive, LevelFilter};
 
 /// A `--log-format` or `--log-level` value the server does not know (exit 2).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -51,10 +55,24 @@ pub fn parse_level(s: &str) -> Result<Level, InvalidLogFlag> {
     }
 }
 
-/// Installs the global subscriber.
-pub fn init(json: bool, level: Level) {
+/// The target of the events that report the addresses actually bound (`listening_http`,
+/// `listening_grpc`).
+pub const LISTENING: &str = "listening";
+
+/// Installs the global subscriber. With `always_log_listening` (a bind address asked for port
+/// 0), the [`LISTENING`] events are written whatever `level` says: nothing else tells the caller
+/// which port it got.
+pub fn init(json: bool, level: Level, always_log_listening: bool) {
+    let mut filter = EnvFilter::builder()
+        .with_default_directive(LevelFilter::from_level(level).into())
+        .parse_lossy("");
+    if always_log_listening {
+        filter = filter.add_directive(
+            Directive::from_str(&format!("{LISTENING}=info")).expect("a valid directive"),
+        );
+    }
     let builder = tracing_subscriber::fmt()
-        .with_max_level(level)
+        .with_env_filter(filter)
         .with_writer(std::io::stderr)
         .with_target(false);
     if json {

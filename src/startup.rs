@@ -108,7 +108,7 @@ fn validate(cli: &Cli) -> Result<Settings, StartupError> {
         nats::parse_urls(&cli.nats_url).map_err(StartupError::usage)?;
     }
     cli::busy_poll(cli, shards, cpus).map_err(StartupError::usage)?;
-    logging::init(json, level);
+    logging::init(json, level, asks_port_zero(cli));
     Ok(Settings {
         shards,
         grpc_tls: !cli.tls_cert_file.is_empty(),
@@ -138,6 +138,12 @@ fn start(cli: &Cli) -> Result<Server, StartupError> {
     let admin = admin_thread::start();
     let (http_listener, snapshot_listener) = bind_http(cli, &admin)?;
     let http_addr = addr_of(&http_listener);
+    tracing::info!(
+        target: logging::LISTENING,
+        http_addr = %http_addr,
+        snapshot_addr = %addr_of(&snapshot_listener),
+        "listening_http"
+    );
     // /healthz and /readyz answer from here on: /readyz is 503 until the restore is done and
     // every core serves.
     admin.spawn(admin::http::serve(http_listener, admin::public));
@@ -147,6 +153,12 @@ fn start(cli: &Cli) -> Result<Server, StartupError> {
         stream_sequence,
     } = initial_states(cli, settings.shards)?;
     let runtime = start_runtime(cli, settings.shards, states)?;
+    tracing::info!(
+        target: logging::LISTENING,
+        grpc_addr = %runtime.listen_addr,
+        shard_aware_grpc_addr = %runtime.shard_aware_addr.map(|a| a.to_string()).unwrap_or_default(),
+        "listening_grpc"
+    );
     if !cli.nats_url.is_empty() {
         // After the runtime: the consumer applies through the cores' mailboxes.
         nats::spawn(
@@ -287,6 +299,19 @@ fn resolve(addr: &str) -> Result<SocketAddr, StartupError> {
         .map_err(|e| invalid(format!(": {e}")))?
         .next()
         .ok_or_else(|| invalid(String::new()))
+}
+
+/// Whether a listen address asks for port 0 (any free port), so the port bound must be logged.
+fn asks_port_zero(cli: &Cli) -> bool {
+    [
+        &cli.grpc_bind_address,
+        &cli.shard_aware_grpc_bind_address,
+        &cli.http_bind_address,
+        &cli.snapshot_bind_address,
+    ]
+    .into_iter()
+    .filter(|a| !a.is_empty())
+    .any(|a| resolve(a).is_ok_and(|a| a.port() == 0))
 }
 
 /// An optional listen address: empty means off.

@@ -147,6 +147,30 @@ struct Publisher {
     rebuild_upto: Option<u64>,
 }
 
+/// A publisher resumed up to `rebuild_upto` whose engine buffer (`replies`) ends below it: the
+/// engine restarted while the subscriber was down, so its buffer is all new and the index holds
+/// the old engine's blocks. Clears the replica and restarts the seq at the buffer's first batch;
+/// returns what is left to rebuild (nothing after a restart).
+fn restarted_meanwhile(
+    p: &mut Publisher,
+    rebuild_upto: Option<u64>,
+    replies: &[(u64, Bytes)],
+    metrics: &Metrics,
+    out: &mut Vec<Op>,
+) -> Option<u64> {
+    let newest = replies.iter().map(|(s, _)| *s).max();
+    if let (Some(upto), Some(newest)) = (rebuild_upto, newest)
+        && newest < upto
+    {
+        metrics.restarts.inc();
+        tracing::warn!(replica = %p.state.replica(), "engine restarted while the subscriber was down; clearing replica");
+        p.state.clear(0, out);
+        p.seq.set_expected(replies.first().map_or(0, |(s, _)| *s));
+        return None;
+    }
+    rebuild_upto
+}
+
 /// Turns raw ZMQ messages into index operations.
 pub struct Processor {
     mapper: Mapper,
@@ -270,101 +294,117 @@ impl Processor {
         let Some(rc) = self.replay.clone() else {
             return;
         };
-        let keys: Vec<PublisherKey> = self
-            .publishers
-            .iter()
-            .filter(|(_, p)| p.last_seen.elapsed() >= quiet && p.seq.expected().is_some())
-            .map(|(k, _)| k.clone())
-            .collect();
-        for key in keys {
+        for key in self.quiet_publishers(quiet) {
             let from = self.publishers[&key].seq.expected().expect("filtered");
             let rebuild_upto = self.publishers[&key].rebuild_upto;
             let ask = if rebuild_upto.is_some() { 0 } else { from };
             if self.probe_paused_until.is_some_and(|t| Instant::now() < t) {
                 return;
             }
-            let replies = match fetch_replay(&rc.endpoint, &key.0, ask, u64::MAX, rc.timeout).await
-            {
-                Ok(r) => {
-                    self.probe_pause = Duration::ZERO;
-                    r
-                }
-                Err(e) => {
-                    // An unreachable replay socket must not stall the live stream at every
-                    // tick: pause probing, doubling up to 10 minutes.
-                    self.probe_pause =
-                        (self.probe_pause * 2).clamp(quiet, Duration::from_secs(600));
-                    self.probe_paused_until = Some(Instant::now() + self.probe_pause);
-                    tracing::warn!(error = %e, from, pause_s = self.probe_pause.as_secs(), "tail probe failed");
-                    return;
-                }
+            let Some(replies) = self.fetch_tail(&rc, &key.0, ask, from, quiet).await else {
+                return;
             };
-            let metrics = self.metrics.clone();
-            let p = self.publishers.get_mut(&key).expect("publisher exists");
-            p.last_seen = Instant::now();
-            p.rebuild_upto = None;
-            let mut rebuild_upto = rebuild_upto;
-            // Resumed, but the engine's buffer ends below the last batch delivered before the
-            // restart: the engine restarted meanwhile, so its buffer is all new and the index
-            // holds the old engine's blocks.
-            let newest = replies.iter().map(|(s, _)| *s).max();
-            if let (Some(upto), Some(newest)) = (rebuild_upto, newest)
-                && newest < upto
+            self.apply_tail(&key, from, rebuild_upto, replies, out);
+        }
+    }
+
+    /// The publishers that sent nothing for `quiet` and expect a next seq.
+    fn quiet_publishers(&self, quiet: Duration) -> Vec<PublisherKey> {
+        self.publishers
+            .iter()
+            .filter(|(_, p)| p.last_seen.elapsed() >= quiet && p.seq.expected().is_some())
+            .map(|(k, _)| k.clone())
+            .collect()
+    }
+
+    /// The replay socket's batches of `topic` from `ask` on; `None` when it failed, after
+    /// pausing the probe (an unreachable replay socket must not stall the live stream at every
+    /// tick: the pause doubles up to 10 minutes).
+    async fn fetch_tail(
+        &mut self,
+        rc: &ReplayConfig,
+        topic: &[u8],
+        ask: u64,
+        from: u64,
+        quiet: Duration,
+    ) -> Option<Vec<(u64, Bytes)>> {
+        match fetch_replay(&rc.endpoint, topic, ask, u64::MAX, rc.timeout).await {
+            Ok(r) => {
+                self.probe_pause = Duration::ZERO;
+                Some(r)
+            }
+            Err(e) => {
+                self.probe_pause = (self.probe_pause * 2).clamp(quiet, Duration::from_secs(600));
+                self.probe_paused_until = Some(Instant::now() + self.probe_pause);
+                tracing::warn!(error = %e, from, pause_s = self.probe_pause.as_secs(), "tail probe failed");
+                None
+            }
+        }
+    }
+
+    /// Applies a probe's `replies` for publisher `key` (expecting `from`): batches up to
+    /// `rebuild_upto` rebuild the reverse map only, later ones are applied in order and counted
+    /// as a recovered lost tail.
+    fn apply_tail(
+        &mut self,
+        key: &PublisherKey,
+        from: u64,
+        rebuild_upto: Option<u64>,
+        replies: Vec<(u64, Bytes)>,
+        out: &mut Vec<Op>,
+    ) {
+        let metrics = self.metrics.clone();
+        let p = self.publishers.get_mut(key).expect("publisher exists");
+        p.last_seen = Instant::now();
+        p.rebuild_upto = None;
+        let rebuild_upto = restarted_meanwhile(p, rebuild_upto, &replies, &metrics, out);
+        let mut recovered = 0u64;
+        let mut rebuilt = 0u64;
+        let mut applied: Option<(u64, u64)> = None;
+        for (seq, payload) in replies {
+            let Ok(batch) = decode_batch(&payload) else {
+                metrics.drop_n("undecodable_batch", 1);
+                continue;
+            };
+            if batch.dp_rank != key.1 {
+                continue;
+            }
+            if rebuild_upto.is_some_and(|upto| seq <= upto) {
+                // Delivered before the restart: reverse map only, operations discarded.
+                self.mapper
+                    .apply_batch(&mut p.state, &batch, &mut Vec::new());
+                rebuilt += 1;
+                continue;
+            }
+            if let Some(want) = p.seq.expected()
+                && seq > want
             {
-                metrics.restarts.inc();
-                tracing::warn!(replica = %p.state.replica(), "engine restarted while the subscriber was down; clearing replica");
-                p.state.clear(0, out);
-                p.seq.set_expected(replies.first().map_or(0, |(s, _)| *s));
-                rebuild_upto = None;
+                // The buffer no longer holds [want, seq): lost for good, counted.
+                metrics.missing_batches.inc_by(seq - want);
+                p.seq.set_expected(seq);
             }
-            let mut recovered = 0u64;
-            let mut rebuilt = 0u64;
-            let mut applied: Option<(u64, u64)> = None;
-            for (seq, payload) in replies {
-                let Ok(batch) = decode_batch(&payload) else {
-                    metrics.drop_n("undecodable_batch", 1);
-                    continue;
-                };
-                if batch.dp_rank != key.1 {
-                    continue;
-                }
-                if rebuild_upto.is_some_and(|upto| seq <= upto) {
-                    // Delivered before the restart: reverse map only, operations discarded.
-                    self.mapper
-                        .apply_batch(&mut p.state, &batch, &mut Vec::new());
-                    rebuilt += 1;
-                    continue;
-                }
-                if let Some(want) = p.seq.expected()
-                    && seq > want
-                {
-                    // The buffer no longer holds [want, seq): lost for good, counted.
-                    metrics.missing_batches.inc_by(seq - want);
-                    p.seq.set_expected(seq);
-                }
-                if !p.seq.accept_replayed(seq) {
-                    continue;
-                }
-                self.mapper.apply_batch(&mut p.state, &batch, out);
-                recovered += 1;
-                applied = Some((applied.map_or(seq, |(lo, _)| lo), seq + 1));
-                metrics.replayed_batches.inc();
-                metrics.batches.inc();
-                if self.checkpoints {
-                    out.push(Op::Checkpoint {
-                        key: key.clone(),
-                        seq,
-                    });
-                }
+            if !p.seq.accept_replayed(seq) {
+                continue;
             }
-            if rebuilt > 0 {
-                tracing::info!(rebuilt, replica = %p.state.replica(), "reverse map rebuilt from the replay buffer");
+            self.mapper.apply_batch(&mut p.state, &batch, out);
+            recovered += 1;
+            applied = Some((applied.map_or(seq, |(lo, _)| lo), seq + 1));
+            metrics.replayed_batches.inc();
+            metrics.batches.inc();
+            if self.checkpoints {
+                out.push(Op::Checkpoint {
+                    key: key.clone(),
+                    seq,
+                });
             }
-            if let Some(range) = applied {
-                p.probed = Some(range);
-                metrics.lost_tail_batches.inc_by(recovered);
-                tracing::warn!(from, recovered, replica = %p.state.replica(), "lost tail recovered by the replay probe");
-            }
+        }
+        if rebuilt > 0 {
+            tracing::info!(rebuilt, replica = %p.state.replica(), "reverse map rebuilt from the replay buffer");
+        }
+        if let Some(range) = applied {
+            p.probed = Some(range);
+            metrics.lost_tail_batches.inc_by(recovered);
+            tracing::warn!(from, recovered, replica = %p.state.replica(), "lost tail recovered by the replay probe");
         }
     }
 

@@ -81,6 +81,125 @@ pub struct Metrics {
     pub nats_republished: Counter,
 }
 
+/// One registered metric of [`Metrics`], by kind.
+enum Registered<'a> {
+    Counter(&'a Counter),
+    Family(&'a Family<Label, Counter>),
+    Gauge(&'a Gauge),
+    Seconds(&'a Gauge<f64, AtomicU64>),
+}
+
+/// Every metric the subscriber exposes (under the `kvevent_` prefix), in exposition order:
+/// name, help, field.
+type MetricRow = (&'static str, &'static str, fn(&Metrics) -> Registered<'_>);
+const METRICS: [MetricRow; 25] = [
+    ("batches", "ZMQ event batches decoded", |m| {
+        Registered::Counter(&m.batches)
+    }),
+    ("events", "Engine events by type", |m| {
+        Registered::Family(&m.events)
+    }),
+    (
+        "entries_sent",
+        "Prefix entries sent via ReportCacheState",
+        |m| Registered::Counter(&m.entries_sent),
+    ),
+    ("updates_sent", "ReportCacheState messages sent", |m| {
+        Registered::Counter(&m.updates_sent)
+    }),
+    (
+        "entries_acked",
+        "Prefix entries of acknowledged ReportCacheState streams",
+        |m| Registered::Counter(&m.entries_acked),
+    ),
+    (
+        "updates_acked",
+        "ReportCacheState messages of acknowledged streams",
+        |m| Registered::Counter(&m.updates_acked),
+    ),
+    (
+        "streams_refused",
+        "ReportCacheState streams acknowledged with accepted=false",
+        |m| Registered::Counter(&m.streams_refused),
+    ),
+    (
+        "cache_events_sent",
+        "PublishEvent calls sent by type",
+        |m| Registered::Family(&m.cache_events_sent),
+    ),
+    ("dropped", "Data dropped by reason", |m| {
+        Registered::Family(&m.drops)
+    }),
+    ("seq_gaps", "Sequence gaps detected", |m| {
+        Registered::Counter(&m.gaps)
+    }),
+    (
+        "missing_batches",
+        "Batches lost in gaps and not replayed",
+        |m| Registered::Counter(&m.missing_batches),
+    ),
+    (
+        "engine_restarts",
+        "Engine restarts detected (seq went back)",
+        |m| Registered::Counter(&m.restarts),
+    ),
+    ("replays", "Replay attempts by result", |m| {
+        Registered::Family(&m.replays)
+    }),
+    ("replayed_batches", "Batches applied from replay", |m| {
+        Registered::Counter(&m.replayed_batches)
+    }),
+    (
+        "lag_seconds",
+        "Engine batch timestamp to processing delay",
+        |m| Registered::Seconds(&m.lag_seconds),
+    ),
+    ("reconnects", "gRPC failures followed by reconnect", |m| {
+        Registered::Counter(&m.reconnects)
+    }),
+    (
+        "resent_messages",
+        "Unacknowledged messages re-sent after a stream failure",
+        |m| Registered::Counter(&m.resent),
+    ),
+    ("reverse_map_entries", "Engine-hash reverse map size", |m| {
+        Registered::Gauge(&m.reverse_map_entries)
+    }),
+    ("scrapes", "Engine stats scrapes by result", |m| {
+        Registered::Family(&m.scrapes)
+    }),
+    (
+        "backpressure_waits",
+        "Times the ZMQ reader waited on a full queue",
+        |m| Registered::Counter(&m.backpressure_waits),
+    ),
+    (
+        "lost_tail_batches",
+        "Batches recovered by the replay probe of a quiet publisher",
+        |m| Registered::Counter(&m.lost_tail_batches),
+    ),
+    (
+        "state_write_errors",
+        "Failed writes of the state file",
+        |m| Registered::Counter(&m.state_write_errors),
+    ),
+    (
+        "nats_published",
+        "Messages published to the JetStream stream",
+        |m| Registered::Counter(&m.nats_published),
+    ),
+    (
+        "nats_acked",
+        "JetStream publishes acknowledged by the stream",
+        |m| Registered::Counter(&m.nats_acked),
+    ),
+    (
+        "nats_republished",
+        "Messages re-published after a JetStream acknowledgement failed",
+        |m| Registered::Counter(&m.nats_republished),
+    ),
+];
+
 impl Metrics {
     /// Creates and registers every metric under the `kvevent_` prefix.
     pub fn new() -> Arc<Self> {
@@ -117,114 +236,16 @@ impl Metrics {
         Arc::new(Metrics { registry, ..m })
     }
 
-    /// Registers every metric (names and help texts) into `r`.
+    /// Registers every metric of [`METRICS`] (names and help texts) into `r`, in table order.
     fn register_into(&self, r: &mut Registry) {
-        let m = self;
-        r.register("batches", "ZMQ event batches decoded", m.batches.clone());
-        r.register("events", "Engine events by type", m.events.clone());
-        r.register(
-            "entries_sent",
-            "Prefix entries sent via ReportCacheState",
-            m.entries_sent.clone(),
-        );
-        r.register(
-            "updates_sent",
-            "ReportCacheState messages sent",
-            m.updates_sent.clone(),
-        );
-        r.register(
-            "entries_acked",
-            "Prefix entries of acknowledged ReportCacheState streams",
-            m.entries_acked.clone(),
-        );
-        r.register(
-            "updates_acked",
-            "ReportCacheState messages of acknowledged streams",
-            m.updates_acked.clone(),
-        );
-        r.register(
-            "streams_refused",
-            "ReportCacheState streams acknowledged with accepted=false",
-            m.streams_refused.clone(),
-        );
-        r.register(
-            "cache_events_sent",
-            "PublishEvent calls sent by type",
-            m.cache_events_sent.clone(),
-        );
-        r.register("dropped", "Data dropped by reason", m.drops.clone());
-        r.register("seq_gaps", "Sequence gaps detected", m.gaps.clone());
-        r.register(
-            "missing_batches",
-            "Batches lost in gaps and not replayed",
-            m.missing_batches.clone(),
-        );
-        r.register(
-            "engine_restarts",
-            "Engine restarts detected (seq went back)",
-            m.restarts.clone(),
-        );
-        r.register("replays", "Replay attempts by result", m.replays.clone());
-        r.register(
-            "replayed_batches",
-            "Batches applied from replay",
-            m.replayed_batches.clone(),
-        );
-        r.register(
-            "lag_seconds",
-            "Engine batch timestamp to processing delay",
-            m.lag_seconds.clone(),
-        );
-        r.register(
-            "reconnects",
-            "gRPC failures followed by reconnect",
-            m.reconnects.clone(),
-        );
-        r.register(
-            "resent_messages",
-            "Unacknowledged messages re-sent after a stream failure",
-            m.resent.clone(),
-        );
-        r.register(
-            "reverse_map_entries",
-            "Engine-hash reverse map size",
-            m.reverse_map_entries.clone(),
-        );
-        r.register(
-            "scrapes",
-            "Engine stats scrapes by result",
-            m.scrapes.clone(),
-        );
-        r.register(
-            "backpressure_waits",
-            "Times the ZMQ reader waited on a full queue",
-            m.backpressure_waits.clone(),
-        );
-        r.register(
-            "lost_tail_batches",
-            "Batches recovered by the replay probe of a quiet publisher",
-            m.lost_tail_batches.clone(),
-        );
-        r.register(
-            "state_write_errors",
-            "Failed writes of the state file",
-            m.state_write_errors.clone(),
-        );
-        r.register(
-            "nats_published",
-            "Messages published to the JetStream stream",
-            m.nats_published.clone(),
-        );
-        r.register(
-            "nats_acked",
-            "JetStream publishes acknowledged by the stream",
-            m.nats_acked.clone(),
-        );
-        r.register(
-            "nats_republished",
-            "Messages re-published after a JetStream acknowledgement failed",
-            m.nats_republished.clone(),
-        );
+        for (name, help, metric) in METRICS {
+            match metric(self) {
+                Registered::Counter(c) => r.register(name, help, c.clone()),
+                Registered::Family(f) => r.register(name, help, f.clone()),
+                Registered::Gauge(g) => r.register(name, help, g.clone()),
+                Registered::Seconds(g) => r.register(name, help, g.clone()),
+            }
+        }
     }
 
     /// Counts one dropped item under `reason`.

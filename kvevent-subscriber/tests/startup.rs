@@ -159,6 +159,7 @@ fn failing_engine_address_does_not_spin_and_sigterm_stops_it() {
         let _ = out.read_to_string(&mut text);
         text
     });
+    // The 2 s window is the behaviour under test: the connection attempts counted over it.
     std::thread::sleep(Duration::from_secs(2));
     let attempts = accepted.load(Ordering::SeqCst);
     let _ = Command::new("kill")

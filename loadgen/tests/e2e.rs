@@ -483,6 +483,7 @@ fn switches_during_lone_calls(addr: SocketAddr, extra: &[&str]) -> u64 {
         .stderr(Stdio::inherit())
         .spawn()
         .unwrap();
+    // The 1.5 s window is the behaviour under test: the context switches counted over it.
     std::thread::sleep(Duration::from_millis(1500));
     let switches = voluntary_switches(child.id());
     let deadline = Instant::now() + Duration::from_secs(30);

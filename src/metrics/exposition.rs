@@ -267,7 +267,8 @@ fn auth_families(fams: &mut Vec<Family>) {
     }
 }
 
-/// Families this server adds to the reference's set.
+/// Families this server adds to the reference's set; a counter family with nothing counted yet
+/// is left out.
 fn operator_families<'a>(scrape: &'a Scrape, fams: &mut Vec<Family<'a>>) {
     let tokenizing = scrape.tokenizer_in_flight;
     fams.push((
@@ -276,124 +277,138 @@ fn operator_families<'a>(scrape: &'a Scrape, fams: &mut Vec<Family<'a>>) {
         MetricType::Gauge,
         Box::new(move |e| gauge(e, &[], tokenizing)),
     ));
-    let overflows = &scrape.total.label_overflows;
-    if !overflows.is_empty() {
-        fams.push((
+    let t = &scrape.total;
+    for (name, help, label, rows) in labelled_counters(t) {
+        if !rows.is_empty() {
+            let write = move |e: &mut MetricEncoder| {
+                for (value, n) in rows {
+                    counter(e, &[(label, value)], *n)?;
+                }
+                Ok(())
+            };
+            fams.push((name, help, MetricType::Counter, Box::new(write)));
+        }
+    }
+    if !t.rpc_calls.is_empty() {
+        fams.push(rpc_calls(&t.rpc_calls));
+    }
+    for (name, help, outcomes) in outcome_counters(t) {
+        if outcomes.iter().any(|(_, n)| *n > 0) {
+            let write = move |e: &mut MetricEncoder| {
+                for (outcome, n) in outcomes {
+                    counter(e, &[("outcome", outcome)], n)?;
+                }
+                Ok(())
+            };
+            fams.push((name, help, MetricType::Counter, Box::new(write)));
+        }
+    }
+    for (name, help, n) in plain_counters(t) {
+        if n > 0 {
+            fams.push((
+                name,
+                help,
+                MetricType::Counter,
+                Box::new(move |e| counter(e, &[], n)),
+            ));
+        }
+    }
+}
+
+/// Counter families with one label, from a map of fixed label values: name, help, label name,
+/// rows.
+type LabelledCounter<'a> = (
+    &'static str,
+    &'static str,
+    &'static str,
+    &'a std::collections::BTreeMap<&'static str, u64>,
+);
+
+fn labelled_counters(t: &CoreMetrics) -> [LabelledCounter<'_>; 4] {
+    [
+        (
             "inferencecache_metrics_label_overflow",
             "Observations recorded under the __overflow__ label value because a family reached its bound on distinct (or its limit on long) label values.",
-            MetricType::Counter,
-            Box::new(move |e| {
-                for (family, n) in overflows {
-                    counter(e, &[("family", family)], *n)?;
-                }
-                Ok(())
-            }),
-        ));
-    }
-    let refused = &scrape.total.ingest_refused;
-    if !refused.is_empty() {
-        fams.push((
+            "family",
+            &t.label_overflows,
+        ),
+        (
             "inferencecache_ingest_refused",
             "ReportCacheState messages not applied, or not in full (the stream's Ack says accepted=false).",
-            MetricType::Counter,
-            Box::new(move |e| {
-                for (reason, n) in refused {
-                    counter(e, &[("reason", reason)], *n)?;
-                }
-                Ok(())
-            }),
-        ));
-    }
-    let rpc_calls = &scrape.total.rpc_calls;
-    if !rpc_calls.is_empty() {
-        fams.push((
-            "inferencecache_rpc_calls",
-            "Calls of RenderTemplate, LookupPDRoute, StreamCacheEvents and StreamMetrics by reason code.",
-            MetricType::Counter,
-            Box::new(move |e| {
-                for ((rpc, reason), n) in rpc_calls {
-                    counter(e, &[("reason_code", reason), ("rpc", rpc)], *n)?;
-                }
-                Ok(())
-            }),
-        ));
-    }
-    let limit_hits = &scrape.total.limit_hits;
-    if !limit_hits.is_empty() {
-        fams.push((
+            "reason",
+            &t.ingest_refused,
+        ),
+        (
             "inferencecache_limit_hits",
             "Requests, registrations or subscribers turned away or cut short by a named limit.",
-            MetricType::Counter,
-            Box::new(move |e| {
-                for (limit, n) in limit_hits {
-                    counter(e, &[("limit", limit)], *n)?;
-                }
-                Ok(())
-            }),
-        ));
-    }
-    let held = &scrape.total.grpc_messages_refused;
-    if !held.is_empty() {
-        fams.push((
+            "limit",
+            &t.limit_hits,
+        ),
+        (
             "inferencecache_grpc_messages_refused",
             "Incomplete gRPC request messages given up: the connection's or core's budget of held bytes was spent, or the message took too long.",
-            MetricType::Counter,
-            Box::new(move |e| {
-                for (reason, n) in held {
-                    counter(e, &[("reason", reason)], *n)?;
-                }
-                Ok(())
-            }),
-        ));
-    }
-    let (answered, handed_on) = (
-        scrape.total.inline_lookups_answered,
-        scrape.total.inline_lookups_handed_on,
-    );
-    if answered + handed_on > 0 {
-        fams.push((
+            "reason",
+            &t.grpc_messages_refused,
+        ),
+    ]
+}
+
+/// `inferencecache_rpc_calls`, labelled by RPC and reason code.
+fn rpc_calls<'a>(
+    rows: &'a std::collections::BTreeMap<(&'static str, &'static str), u64>,
+) -> Family<'a> {
+    let write = move |e: &mut MetricEncoder| {
+        for ((rpc, reason), n) in rows {
+            counter(e, &[("reason_code", reason), ("rpc", rpc)], *n)?;
+        }
+        Ok(())
+    };
+    (
+        "inferencecache_rpc_calls",
+        "Calls of RenderTemplate, LookupPDRoute, StreamCacheEvents and StreamMetrics by reason code.",
+        MetricType::Counter,
+        Box::new(write),
+    )
+}
+
+/// A counter family of two outcomes: name, help, each outcome's label value and count.
+type OutcomeCounter = (&'static str, &'static str, [(&'static str, u64); 2]);
+
+fn outcome_counters(t: &CoreMetrics) -> [OutcomeCounter; 2] {
+    [
+        (
             "inferencecache_grpc_inline_lookups",
             "Plain LookupRoutes taken by the gRPC front end's inline path: answered in the connection's task, or handed on to the general path.",
-            MetricType::Counter,
-            Box::new(move |e| {
-                counter(e, &[("outcome", "answered")], answered)?;
-                counter(e, &[("outcome", "handed_on")], handed_on)
-            }),
-        ));
-    }
-    let (woken, released) = (
-        scrape.total.spin_watch_woken,
-        scrape.total.spin_watch_released,
-    );
-    if woken + released > 0 {
-        fams.push((
+            [
+                ("answered", t.inline_lookups_answered),
+                ("handed_on", t.inline_lookups_handed_on),
+            ],
+        ),
+        (
             "inferencecache_spin_watch_connections",
             "Quiet connections a spinning core watched instead of polling them through io_uring: woken when their bytes arrived, or released to io_uring when the core stopped spinning.",
-            MetricType::Counter,
-            Box::new(move |e| {
-                counter(e, &[("outcome", "woken")], woken)?;
-                counter(e, &[("outcome", "released")], released)
-            }),
-        ));
-    }
-    let clamped = scrape.total.timestamps_clamped;
-    if clamped > 0 {
-        fams.push((
+            [
+                ("woken", t.spin_watch_woken),
+                ("released", t.spin_watch_released),
+            ],
+        ),
+    ]
+}
+
+/// Unlabelled counter families: name, help, count.
+fn plain_counters(t: &CoreMetrics) -> [(&'static str, &'static str, u64); 2] {
+    [
+        (
             "inferencecache_ingest_timestamps_clamped",
             "Producer timestamps later than the server clock plus the allowed skew, clamped to it.",
-            MetricType::Counter,
-            Box::new(move |e| counter(e, &[], clamped)),
-        ));
-    }
-    let ingested = scrape.total.ingest_entries;
-    if ingested > 0 {
-        fams.push((
+            t.timestamps_clamped,
+        ),
+        (
             "inferencecache_ingest_entries",
             "Prefix entries carried by applied ReportCacheState messages.",
-            MetricType::Counter,
-            Box::new(move |e| counter(e, &[], ingested)),
-        ));
-    }
+            t.ingest_entries,
+        ),
+    ]
 }
 
 /// A per-core family: one series per core, labelled `core`, valued by `value`.
@@ -421,147 +436,161 @@ fn core_families<'a>(cores: &'a [CoreView], fams: &mut Vec<Family<'a>>) {
     if cores.is_empty() {
         return;
     }
-    fams.push((
+    fams.push(core_requests(cores));
+    for (name, help, ty, value) in PER_CORE {
+        fams.push(per_core(cores, name, help, ty, value));
+    }
+    for (name, help, value) in PER_CORE_SECONDS {
+        fams.push(per_core_seconds(cores, name, help, value));
+    }
+    for (name, help, value) in PER_CORE_MAINTENANCE {
+        fams.push(per_core_maintenance(cores, name, help, value));
+    }
+}
+
+/// `inferencecache_core_requests`, labelled by core and path.
+fn core_requests(cores: &[CoreView]) -> Family<'_> {
+    let write = move |e: &mut MetricEncoder| {
+        for c in cores {
+            let id = &c.core.to_string();
+            counter(e, &[("core", id), ("path", "hopped")], c.metrics.hopped)?;
+            counter(e, &[("core", id), ("path", "inline")], c.metrics.inline)?;
+        }
+        Ok(())
+    };
+    (
         "inferencecache_core_requests",
         "Requests per receiving core, answered inline or hopped to the owner core.",
         MetricType::Counter,
-        Box::new(move |e| {
-            for c in cores {
-                let id = &c.core.to_string();
-                counter(e, &[("core", id), ("path", "hopped")], c.metrics.hopped)?;
-                counter(e, &[("core", id), ("path", "inline")], c.metrics.inline)?;
-            }
-            Ok(())
-        }),
-    ));
-    fams.push(per_core(
-        cores,
+        Box::new(write),
+    )
+}
+
+/// A per-core family of one whole number per core: name, help, type, value.
+type PerCore = (&'static str, &'static str, MetricType, fn(&CoreView) -> i64);
+
+/// The per-core families of one whole number per core.
+const PER_CORE: [PerCore; 11] = [
+    (
         "inferencecache_core_hopped_ops",
         "Operations a core executed on behalf of other threads (hop arrivals).",
         MetricType::Counter,
         |c| c.hopped_in as i64,
-    ));
-    fams.push(per_core(
-        cores,
+    ),
+    (
         "inferencecache_core_mailbox_depth",
         "Operations queued to a core, summed over senders.",
         MetricType::Gauge,
         |c| c.mailbox_depth as i64,
-    ));
-    fams.push(per_core(
-        cores,
+    ),
+    (
         "inferencecache_core_index_entries",
         "Storage entries held by a core's index partitions.",
         MetricType::Gauge,
         |c| c.metrics.core_entries,
-    ));
-    fams.push(per_core(
-        cores,
+    ),
+    (
         "inferencecache_core_index_bytes",
         "Approximate heap bytes of a core's index partitions.",
         MetricType::Gauge,
         |c| c.metrics.core_bytes,
-    ));
-    fams.push(per_core(
-        cores,
+    ),
+    (
         "inferencecache_core_index_strings",
         "Names (tenant, model, replica, scheme, adapter) a core's index holds.",
         MetricType::Gauge,
         |c| c.metrics.core_strings,
-    ));
-    fams.push(per_core(
-        cores,
+    ),
+    (
         "inferencecache_core_index_string_bytes",
         "Bytes of the names a core's index holds.",
         MetricType::Gauge,
         |c| c.metrics.core_string_bytes,
-    ));
-    fams.push(per_core(
-        cores,
+    ),
+    (
         "inferencecache_core_sweeps",
         "TTL sweep passes a core completed.",
         MetricType::Counter,
         |c| c.metrics.sweeps as i64,
-    ));
-    fams.push(per_core(
-        cores,
+    ),
+    (
         "inferencecache_core_sweep_slices",
         "TTL sweep slices a core ran (the core serves queued requests between two).",
         MetricType::Counter,
         |c| c.metrics.sweep_slices as i64,
-    ));
-    fams.push(per_core_seconds(
-        cores,
-        "inferencecache_core_sweep_last_duration_seconds",
-        "Wall time of a core's last completed TTL sweep pass, first slice to last.",
-        |c| c.metrics.sweep_last_duration,
-    ));
-    fams.push(per_core_seconds(
-        cores,
-        "inferencecache_core_sweep_last_started_seconds",
-        "When a core's last completed TTL sweep pass started, seconds since the Unix epoch.",
-        |c| c.metrics.sweep_last_started,
-    ));
-    fams.push(per_core_seconds(
-        cores,
-        "inferencecache_core_sweep_last_max_slice_seconds",
-        "Longest slice of a core's last completed TTL sweep pass.",
-        |c| c.metrics.sweep_last_max_slice,
-    ));
-    fams.push(per_core_seconds(
-        cores,
-        "inferencecache_core_sweep_last_max_slice_cpu_seconds",
-        "Most thread CPU time one slice of a core's last completed TTL sweep pass took.",
-        |c| c.metrics.sweep_last_max_slice_cpu,
-    ));
-    fams.push(per_core_maintenance(
-        cores,
-        "inferencecache_core_maintenance_slice_seconds",
-        "Wall time of each index maintenance slice (TTL sweep, cap candidate build): the longest a request queued on the core waited behind one.",
-        |c| &c.metrics.maintenance_slice,
-    ));
-    fams.push(per_core_maintenance(
-        cores,
-        "inferencecache_core_maintenance_slice_cpu_seconds",
-        "Thread CPU time of each index maintenance slice; wall minus CPU is the OS running something else.",
-        |c| &c.metrics.maintenance_slice_cpu,
-    ));
-    fams.push(per_core(
-        cores,
+    ),
+    (
         "inferencecache_core_cap_builds",
         "Global-cap candidate heaps a core built ahead of need, in slices.",
         MetricType::Counter,
         |c| c.metrics.cap_builds as i64,
-    ));
-    fams.push(per_core(
-        cores,
+    ),
+    (
         "inferencecache_core_cap_build_slices",
         "Slices of a core's cap candidate builds ahead of need (the core serves queued requests between two).",
         MetricType::Counter,
         |c| c.metrics.cap_build_slices as i64,
-    ));
-    fams.push(per_core(
-        cores,
+    ),
+    (
         "inferencecache_core_cap_builds_sync",
         "Cap candidate builds a core ran or finished in one go on an ingest that needed victims first (the fallback).",
         MetricType::Counter,
         |c| c.metrics.cap_builds_sync as i64,
-    ));
-    fams.push(per_core_seconds(
-        cores,
+    ),
+];
+
+/// A per-core gauge in seconds: name, help, value.
+type PerCoreSeconds = (&'static str, &'static str, fn(&CoreView) -> f64);
+
+/// The per-core gauges in seconds.
+const PER_CORE_SECONDS: [PerCoreSeconds; 6] = [
+    (
+        "inferencecache_core_sweep_last_duration_seconds",
+        "Wall time of a core's last completed TTL sweep pass, first slice to last.",
+        |c| c.metrics.sweep_last_duration,
+    ),
+    (
+        "inferencecache_core_sweep_last_started_seconds",
+        "When a core's last completed TTL sweep pass started, seconds since the Unix epoch.",
+        |c| c.metrics.sweep_last_started,
+    ),
+    (
+        "inferencecache_core_sweep_last_max_slice_seconds",
+        "Longest slice of a core's last completed TTL sweep pass.",
+        |c| c.metrics.sweep_last_max_slice,
+    ),
+    (
+        "inferencecache_core_sweep_last_max_slice_cpu_seconds",
+        "Most thread CPU time one slice of a core's last completed TTL sweep pass took.",
+        |c| c.metrics.sweep_last_max_slice_cpu,
+    ),
+    (
         "inferencecache_core_cap_build_last_max_slice_seconds",
         "Longest slice of a core's last cap candidate build ahead of need.",
         |c| c.metrics.cap_build_last_max_slice,
-    ));
-    fams.push(per_core_seconds(
-        cores,
+    ),
+    (
         "inferencecache_core_cap_build_last_max_slice_cpu_seconds",
         "Most thread CPU time one slice of a core's last cap candidate build ahead of need took.",
         |c| c.metrics.cap_build_last_max_slice_cpu,
-    ));
-}
+    ),
+];
 
-/// A per-core gauge in seconds: one series per core, labelled `core`.
+/// The per-core maintenance histograms: name, help, the measure.
+type MaintenanceMeasure = fn(&CoreView) -> &[Histogram; Maintenance::KINDS];
+const PER_CORE_MAINTENANCE: [(&str, &str, MaintenanceMeasure); 2] = [
+    (
+        "inferencecache_core_maintenance_slice_seconds",
+        "Wall time of each index maintenance slice (TTL sweep, cap candidate build): the longest a request queued on the core waited behind one.",
+        |c| &c.metrics.maintenance_slice,
+    ),
+    (
+        "inferencecache_core_maintenance_slice_cpu_seconds",
+        "Thread CPU time of each index maintenance slice; wall minus CPU is the OS running something else.",
+        |c| &c.metrics.maintenance_slice_cpu,
+    ),
+];
+
 /// A per-core histogram family of one [`Maintenance`] measure, labelled `core` and `work`.
 fn per_core_maintenance<'a>(
     cores: &'a [CoreView],
@@ -582,6 +611,7 @@ fn per_core_maintenance<'a>(
     (name, help, MetricType::Histogram, Box::new(write))
 }
 
+/// A per-core gauge in seconds: one series per core, labelled `core`.
 fn per_core_seconds<'a>(
     cores: &'a [CoreView],
     name: &'static str,

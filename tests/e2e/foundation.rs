@@ -176,9 +176,9 @@ fn refuses_a_grpc_port_already_served() {
             "--grpc-bind-address",
             &format!("127.0.0.1:{}", first.grpc_port),
             "--http-bind-address",
-            &format!("127.0.0.1:{}", free_port()),
+            "127.0.0.1:0",
             "--snapshot-bind-address",
-            &format!("127.0.0.1:{}", free_port()),
+            "127.0.0.1:0",
         ])
         .output()
         .unwrap();

@@ -51,7 +51,7 @@ async fn metrics_label_values_are_bounded(shards: usize) {
 }
 shards_1_and_2!(metrics_label_values_are_bounded);
 
-/// Starts the binary on the given ports with `extra` flags, without waiting for it.
+/// Starts the binary on the given ports (0: any) with `extra` flags, without waiting for it.
 fn spawn_on(ports: (u16, u16, u16), extra: &[&str], env: &[(&str, &str)]) -> std::process::Child {
     let (grpc, http, admin) = ports;
     Command::new(bin())
@@ -82,17 +82,12 @@ fn ready(http: u16) -> bool {
 /// (FIN_WAIT/TIME_WAIT); a port a live server listens on is still refused.
 #[test]
 fn restart_binds_at_once_and_a_live_port_is_refused() {
-    let (g, h, a) = (free_port(), free_port(), free_port());
-    let mut first = spawn_on((g, h, a), &[], &[]);
-    assert!(
-        wait_until(Duration::from_secs(30), || ready(h)),
-        "first start"
-    );
+    let mut first = Server::start(1, &[]);
+    let (g, h, a) = (first.grpc_port, first.http_port, first.admin_port);
     // A connected client keeps the server's side open while the server closes first.
     let mut client = TcpStream::connect(("127.0.0.1", g)).expect("connect");
     client.write_all(H2_PREFACE).expect("preface");
-    sigterm(&first);
-    let status = first.wait().expect("first exits");
+    let status = first.terminate();
     assert!(status.success(), "first exit {status}");
 
     let mut second = spawn_on((g, h, a), &[], &[]);
@@ -104,8 +99,7 @@ fn restart_binds_at_once_and_a_live_port_is_refused() {
         "restart on the same port did not become ready"
     );
 
-    let (h2, a2) = (free_port(), free_port());
-    let mut third = spawn_on((g, h2, a2), &[], &[]);
+    let mut third = spawn_on((g, 0, 0), &[], &[]);
     let exited = wait_until(Duration::from_secs(20), || {
         third.try_wait().ok().flatten().is_some()
     });
@@ -167,7 +161,7 @@ fn silent_connections_are_closed_and_free_their_slots() {
 /// it, instead of leaving the other cores serving while requests for the dead one hang.
 #[test]
 fn a_panic_on_a_core_aborts_the_process() {
-    let ports = (free_port(), free_port(), free_port());
+    let ports = (0, 0, 0);
     let flags = ["--shards", "2", "--sweep-interval-ms", "300"];
     let env = [
         ("INFERENCECACHE_TEST_SWEEP_FAULT", "panic:1"),
@@ -372,7 +366,21 @@ async fn sigterm_completes_within_the_drain_bound_under_a_live_producer() {
             .report_cache_state(tokio_stream::wrappers::ReceiverStream::new(rx))
             .await;
     });
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // The stream is open and busy: its updates are being applied.
+    let mut reader = srv.client().await;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while cache_state(&mut reader, "t", "m")
+        .await
+        .summary
+        .map_or(0, |s| s.total_prefixes)
+        == 0
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the producer's updates were never applied"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     let start = Instant::now();
     let status = tokio::task::spawn_blocking(move || srv.terminate())
         .await
@@ -640,8 +648,18 @@ async fn held_partial_messages_cost_what_arrived(shards: usize) {
             .expect("send");
         calls.push(call);
     }
-    // Let the server read everything that was sent.
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    // The server read everything that was sent: nothing is left in flight on the connection
+    // (checked a few times in a row, so bytes the client was still writing are not missed).
+    let mut drained_polls = 0;
+    let drained = wait_until(Duration::from_secs(30), || {
+        drained_polls = if loopback_bytes_in_flight(srv.grpc_port) == 0 {
+            drained_polls + 1
+        } else {
+            0
+        };
+        drained_polls >= 4
+    });
+    assert!(drained, "the server did not read what was sent");
     let grown = rss_bytes(srv.child.id()).saturating_sub(before);
     assert!(
         grown < 64 * 1024 * 1024,

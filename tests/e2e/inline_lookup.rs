@@ -12,7 +12,7 @@ const LOOKUP_PATH: &str = "/inferencecache.v1alpha1.InferenceCache/LookupRoute";
 const STATE_PATH: &str = "/inferencecache.v1alpha1.InferenceCache/GetCacheState";
 /// Models whose partitions land on both cores at `--shards 2` (asserted below), so both the
 /// inline answer and the hand-off to another core are exercised.
-const MODELS: [&str; 6] = ["m0", "m1", "m2", "m3", "m4", "m5"];
+const MODELS: [&str; 6] = ["m0", "m1", "m2", "m6", "m7", "m8"];
 const HASHES: [&[u8]; 4] = [b"b0", b"b1", b"b2", b"b3"];
 const COUNTS: [i32; 4] = [16, 16, 16, 16];
 
@@ -102,13 +102,21 @@ async fn every_request_shape_gets_the_same_answer(shards: usize) {
         );
 
         let late = raw_call(&mut conn, LOOKUP_PATH).await;
+        // The gap between HEADERS and DATA is the framing under test.
         tokio::time::sleep(Duration::from_millis(30)).await;
+        let data_sent = std::time::Instant::now();
         let late = late.finish_with(msg).await.expect("late");
+        let since_data = data_sent.elapsed();
         assert_eq!(stable(&late), want, "DATA long after HEADERS, {model}");
-        // lookup_latency_us counts from handler entry (the message is in), not from HEADERS.
+        // lookup_latency_us counts from handler entry (the message is in), not from HEADERS:
+        // it fits in what the client waited after sending the DATA.
         let r: pb::LookupRouteResponse =
             prost::Message::decode(grpc_messages(&late.body)[0]).expect("a response");
-        assert!(r.lookup_latency_us < 20_000, "{}", r.lookup_latency_us);
+        assert!(
+            r.lookup_latency_us as u128 <= since_data.as_micros(),
+            "{} us, {since_data:?} after the DATA",
+            r.lookup_latency_us
+        );
     }
     // Whole and late bodies are answered inline when this core owns the partition; trailed ones
     // are handed on. A split body and one ended by an empty frame go either way, by arrival
@@ -247,7 +255,8 @@ async fn quiet_connections_are_watched_while_the_core_spins(shards: usize) {
             assert_eq!(r.reason_code, "PREFIX_MATCH", "round {round} call {i}");
             assert_eq!(r.replica_scores[0].replica_id, "r0");
         }
-        // Longer than the spin: the core releases the connection to io_uring and parks.
+        // Longer than the spin: the core releases the connection to io_uring and parks (the
+        // idle gap is the behaviour under test).
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let text = metrics_text(&srv);

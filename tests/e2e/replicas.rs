@@ -1,7 +1,7 @@
 //! Replicas fed through the NATS JetStream event log (docs/ARCHITECTURE.md "Replicas"): a real
 //! `nats-server -js`, several server replicas consuming one stream, a producer publishing
-//! protobuf CacheStateUpdate / CacheEvent messages with JetStream acks. Skipped (with a message)
-//! only when `nats-server` is not on PATH; `.ci/run` installs it.
+//! protobuf CacheStateUpdate / CacheEvent messages with JetStream acks. Reported as ignored by the
+//! test runner when `nats-server` was not on PATH at build time (build.rs); `.ci/run` installs it.
 
 use std::time::{Duration, Instant};
 
@@ -142,10 +142,11 @@ fn lookups() -> Vec<pb::LookupRouteRequest> {
 /// the stream from its start); after catch-up all three give field-identical answers to the
 /// same 1,000 LookupRoute requests and to GetCacheState for every (tenant, model).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(has_nats_server),
+    ignore = "nats-server not on PATH: apt-get install nats-server, then touch build.rs"
+)]
 async fn three_replicas_converge_after_a_kill_mid_stream() {
-    if skip_without_nats("replicas::three_replicas_converge_after_a_kill_mid_stream") {
-        return;
-    }
     const STREAM: &str = "IC_E2E_REPLICAS";
     const N: usize = 3000;
     let nats = NatsServer::start();
@@ -261,10 +262,11 @@ async fn three_replicas_converge_after_a_kill_mid_stream() {
 /// A stream that has expired past the replica's start (max_msgs 50 of 200 published): the
 /// replica starts from the first available message, and the gap is counted.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(has_nats_server),
+    ignore = "nats-server not on PATH: apt-get install nats-server, then touch build.rs"
+)]
 async fn expired_stream_starts_from_the_first_available_and_counts_the_gap() {
-    if skip_without_nats("replicas::expired_stream_starts_from_the_first_available") {
-        return;
-    }
     const STREAM: &str = "IC_E2E_GAP";
     let nats = NatsServer::start();
     let js = nats.jetstream().await;
@@ -312,12 +314,10 @@ async fn expired_stream_starts_from_the_first_available_and_counts_the_gap() {
     );
 }
 
-/// `/readyz` stays 503 while a replica cannot reach the event log (NATS down at start, which
-/// must not crash it); once NATS comes up the consumer reconnects on its own, replays the
-/// stream and the replica turns ready.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn readyz_is_503_until_nats_comes_up_and_the_replica_caught_up() {
-    let port = free_port(); // nothing listens there yet
+/// A replica whose event log at `port` is unreachable (nothing listens there yet): it comes up
+/// (`/healthz` 200) without crashing, and once its consumer has failed against the log (a
+/// consumer restart counted) `/readyz` still answers 503.
+fn replica_without_its_event_log(port: u16) -> Server {
     let url = format!("nats://127.0.0.1:{port}");
     let flags = [
         "--nats-url",
@@ -342,18 +342,42 @@ async fn readyz_is_503_until_nats_comes_up_and_the_replica_caught_up() {
         matches!(http_get(h, "/healthz"), Ok((200, _)))
     });
     assert!(healthy, "server did not come up");
-    std::thread::sleep(Duration::from_millis(500));
+    let failed = wait_until(Duration::from_secs(30), || {
+        http_get(h, "/metrics").is_ok_and(|(_, m)| {
+            metric_value(&m, "inferencecache_nats_consumer_restarts_total") >= Some(1.0)
+        })
+    });
+    assert!(
+        failed,
+        "the consumer never failed against the unreachable event log"
+    );
     let (st, _) = http_get(h, "/readyz").expect("GET /readyz");
     assert_eq!(st, 503, "not ready while the event log is unreachable");
     assert!(
         srv.child.try_wait().unwrap().is_none(),
         "NATS down must not crash the server"
     );
-    if skip_without_nats("replicas::readyz_is_503_until_nats_comes_up (second half)") {
-        let _ = srv.child.kill();
-        let _ = srv.child.wait();
-        return;
-    }
+    srv
+}
+
+/// `/readyz` stays 503 while a replica cannot reach the event log (NATS down at start, which
+/// must not crash it). Needs no nats-server.
+#[test]
+fn readyz_is_503_while_the_event_log_is_unreachable() {
+    replica_without_its_event_log(free_port());
+}
+
+/// `/readyz` stays 503 while a replica cannot reach the event log; once NATS comes up the
+/// consumer reconnects on its own, replays the stream and the replica turns ready.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(has_nats_server),
+    ignore = "nats-server not on PATH: apt-get install nats-server, then touch build.rs"
+)]
+async fn readyz_is_503_until_nats_comes_up_and_the_replica_caught_up() {
+    let port = free_port(); // nothing listens there yet
+    let mut srv = replica_without_its_event_log(port);
+    let h = srv.http_port;
     let nats = NatsServer::start_on(port);
     let js = nats.jetstream().await;
     // The replica may have created the stream already (same configuration).
@@ -399,10 +423,11 @@ async fn readyz_is_503_until_nats_comes_up_and_the_replica_caught_up() {
 /// `--shards 2` replica picks its victims across cores and ends with exactly the answers of a
 /// `--shards 1` replica (without the cross-core step it would keep every entry).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(has_nats_server),
+    ignore = "nats-server not on PATH: apt-get install nats-server, then touch build.rs"
+)]
 async fn log_applied_updates_are_evicted_across_cores_like_one_core() {
-    if skip_without_nats("replicas::log_applied_updates_are_evicted_across_cores") {
-        return;
-    }
     const STREAM: &str = "IC_E2E_CAP";
     const CAP: usize = 40;
     let nats = NatsServer::start();
@@ -434,10 +459,11 @@ async fn log_applied_updates_are_evicted_across_cores_like_one_core() {
 /// include: the manifest records the stream sequence applied before it began, and the consumer
 /// resumes after it. The answers then equal a replica's that replayed the whole stream.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(has_nats_server),
+    ignore = "nats-server not on PATH: apt-get install nats-server, then touch build.rs"
+)]
 async fn a_restored_replica_replays_only_the_rest_of_the_stream() {
-    if skip_without_nats("replicas::a_restored_replica_replays_only_the_rest") {
-        return;
-    }
     const STREAM: &str = "IC_E2E_RESUME";
     let nats = NatsServer::start();
     let js = nats.jetstream().await;

@@ -9,13 +9,15 @@ use inferencecache_gateway::{ShardAwareClient, request_from_tokens};
 
 use crate::support::*;
 
-/// A server with the shard-aware listener on a free loopback port; returns it and the port.
+/// A server with the shard-aware listener on loopback port 0; returns it and the port it got.
 fn shard_aware_server(shards: usize, extra: &[&str]) -> (Server, u16) {
-    let port = free_port();
-    let addr = format!("127.0.0.1:{port}");
-    let mut flags = vec!["--shard-aware-grpc-bind-address", &addr];
+    let mut flags = vec!["--shard-aware-grpc-bind-address", "127.0.0.1:0"];
     flags.extend_from_slice(extra);
-    (Server::start(shards, &flags), port)
+    let srv = Server::start(shards, &flags);
+    let port = srv
+        .shard_aware_port
+        .expect("the shard-aware listener's port");
+    (srv, port)
 }
 
 /// `inferencecache_core_requests_total` summed over cores, per path.

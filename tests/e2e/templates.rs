@@ -208,7 +208,9 @@ async fn render_template_errors_and_limits(shards: usize) {
     );
     let started = std::time::Instant::now();
     let r = render(&mut c, "t", "runaway", &[]).await;
-    assert!(started.elapsed() < std::time::Duration::from_secs(2));
+    // Generous, for debug builds on a loaded machine: only a render the fuel did not stop
+    // (hours of work) fails it.
+    assert!(started.elapsed() < std::time::Duration::from_secs(30));
     assert_eq!(r.reason_code, "RENDER_ERROR");
     assert_eq!(r.template_revision, "r1");
     assert!(r.rendered_prompt.is_empty());

@@ -1,6 +1,8 @@
 //! A real `nats-server -js` (Debian's `nats-server` package; `.ci/run` installs it) on a free
 //! loopback port with a temporary store directory, killed on drop; plus JetStream helpers the
-//! replica scenarios publish and inspect the event log with.
+//! replica scenarios publish and inspect the event log with. Scenarios that need it are
+//! `#[cfg_attr(not(has_nats_server), ignore = ...)]` (build.rs), so without it the test runner
+//! reports them as ignored.
 
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
@@ -8,21 +10,6 @@ use std::time::Duration;
 use async_nats::jetstream;
 
 use super::{ScratchDir, free_port, scratch_dir, wait_until};
-
-/// Whether `nats-server` is on PATH; the event log scenarios skip (with a message) without it.
-pub fn nats_server_available() -> bool {
-    std::env::var_os("PATH")
-        .is_some_and(|paths| std::env::split_paths(&paths).any(|d| d.join("nats-server").is_file()))
-}
-
-/// Prints why a scenario is skipped and returns true when `nats-server` is missing.
-pub fn skip_without_nats(scenario: &str) -> bool {
-    if nats_server_available() {
-        return false;
-    }
-    eprintln!("SKIPPED {scenario}: nats-server is not on PATH (apt-get install nats-server)");
-    true
-}
 
 /// A running `nats-server -js`.
 pub struct NatsServer {

@@ -1,9 +1,15 @@
 //! The server under test: the real `inference-cache-server` binary on loopback ports, started
 //! with `--shards N`, waited for through `/readyz`, killed on drop; plus generated gRPC clients
 //! (a normal tonic channel and a raw HTTP/2 one) and one-shot runs that must exit.
+//!
+//! The server binds port 0 and the harness reads the ports it got from its `listening_http` /
+//! `listening_grpc` log lines, so concurrent tests never race for a free port.
 
+use std::io::{BufRead, BufReader, Write};
 use std::net::TcpListener;
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, ChildStderr, Command, Stdio};
+use std::sync::Mutex;
+use std::sync::mpsc::{Receiver, Sender, channel};
 use std::time::{Duration, Instant};
 
 use super::http::http_get;
@@ -20,7 +26,9 @@ pub fn bin() -> String {
     std::env::var("INFERENCECACHE_TEST_SERVER_BIN").unwrap_or_else(|_| BUILT_BIN.to_string())
 }
 
-/// An ephemeral loopback port (bound then released).
+/// An ephemeral loopback port (bound then released), for processes that cannot bind port 0
+/// and report it (nats-server, kvevent-subscriber's metrics listener) or for an address where
+/// nothing must listen yet. The server under test binds port 0 instead.
 pub fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
         .unwrap()
@@ -29,36 +37,66 @@ pub fn free_port() -> u16 {
         .port()
 }
 
-/// Whether process `pid` holds a listening TCP socket on each of `ports` (Linux: the socket
-/// inodes among `/proc/<pid>/fd` matched against the LISTEN rows of `/proc/net/tcp{,6}`).
-fn listens_on(pid: u32, ports: &[u16]) -> bool {
-    let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
-        return false;
-    };
-    let inodes: std::collections::HashSet<String> = fds
-        .filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
-        .filter_map(|l| {
-            let l = l.to_string_lossy().into_owned();
-            Some(l.strip_prefix("socket:[")?.strip_suffix(']')?.to_string())
-        })
-        .collect();
-    let mut listening = std::collections::HashSet::new();
-    for table in ["/proc/net/tcp", "/proc/net/tcp6"] {
-        let text = std::fs::read_to_string(table).unwrap_or_default();
-        for row in text.lines().skip(1) {
-            let cols: Vec<&str> = row.split_whitespace().collect();
-            // sl, local_address (hex ip:port), rem_address, st (0A = LISTEN), ..., inode (col 9)
-            if cols.len() > 9
-                && cols[3] == "0A"
-                && inodes.contains(cols[9])
-                && let Some(port) = cols[1].rsplit(':').next()
-                && let Ok(port) = u16::from_str_radix(port, 16)
-            {
-                listening.insert(port);
-            }
-        }
+/// What a server reports in its `listening_*` log lines (the addresses actually bound).
+#[derive(Debug)]
+enum Listening {
+    Http { http: u16, snapshot: u16 },
+    Grpc { grpc: u16, shard_aware: Option<u16> },
+}
+
+/// The `listening_*` event in one JSON log line, if it is one.
+fn parse_listening(line: &str) -> Option<Listening> {
+    if !line.contains("\"listening_") {
+        return None;
     }
-    ports.iter().all(|p| listening.contains(p))
+    let v: serde_json::Value = serde_json::from_str(line).ok()?;
+    let port = |field: &str| -> Option<u16> {
+        let addr: std::net::SocketAddr = v.get(field)?.as_str()?.parse().ok()?;
+        Some(addr.port())
+    };
+    if line.contains("\"listening_http\"") {
+        Some(Listening::Http {
+            http: port("http_addr")?,
+            snapshot: port("snapshot_addr")?,
+        })
+    } else {
+        Some(Listening::Grpc {
+            grpc: port("grpc_addr")?,
+            shard_aware: port("shard_aware_grpc_addr"),
+        })
+    }
+}
+
+/// Where the server's log lines go: the test's captured output, or a file.
+enum LogSink {
+    Captured,
+    File(std::fs::File),
+}
+
+/// Reads the server's stderr on a thread of its own until the server exits (always draining
+/// it, so the server never blocks on a full pipe): reports the `listening_*` events on the
+/// returned channel and passes every line on to `sink`.
+fn read_logs(stderr: ChildStderr, mut sink: LogSink) -> Receiver<Listening> {
+    let (tx, rx): (Sender<Listening>, _) = channel();
+    std::thread::spawn(move || {
+        let mut reader = BufReader::new(stderr);
+        let mut bytes = Vec::new();
+        while reader.read_until(b'\n', &mut bytes).is_ok_and(|n| n > 0) {
+            let text = String::from_utf8_lossy(&bytes);
+            let line = text.trim_end_matches('\n');
+            if let Some(l) = parse_listening(line) {
+                let _ = tx.send(l);
+            }
+            match &mut sink {
+                LogSink::Captured => eprintln!("{line}"),
+                LogSink::File(f) => {
+                    let _ = writeln!(f, "{line}");
+                }
+            }
+            bytes.clear();
+        }
+    });
+    rx
 }
 
 /// Sends SIGTERM to `child` (a graceful shutdown request).
@@ -70,10 +108,16 @@ pub fn sigterm(child: &Child) {
 /// A running server process, killed on drop.
 pub struct Server {
     pub child: Child,
+    /// Known once the server serves gRPC ([`Server::start`], or [`Server::wait_for_grpc`]
+    /// after [`Server::spawn`]); 0 before.
     pub grpc_port: u16,
     pub http_port: u16,
     pub admin_port: u16,
+    /// The shard-aware listener's port, when `--shard-aware-grpc-bind-address` was given.
+    pub shard_aware_port: Option<u16>,
     pub shards: usize,
+    /// The `listening_*` events the log reader reports.
+    listening: Mutex<Receiver<Listening>>,
 }
 
 impl Server {
@@ -152,32 +196,38 @@ pub struct StartOpts<'a> {
 impl Server {
     /// Like [`Server::start`], with environment, auth and log capture control.
     pub fn start_opts(shards: usize, o: StartOpts<'_>) -> Server {
-        // An ephemeral port can be taken by another process between `free_port` and the
-        // server's bind; a server that exits during start-up is retried on fresh ports.
-        const ATTEMPTS: usize = 4;
-        for attempt in 1..=ATTEMPTS {
-            match Server::try_start(shards, &o) {
-                Ok(s) => return s,
-                Err(e) if attempt < ATTEMPTS => eprintln!("server start attempt {attempt}: {e}"),
-                Err(e) => panic!("{e}"),
+        let mut s = Server::spawn(shards, &o);
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            if let Some(st) = s.child.try_wait().unwrap() {
+                panic!("server exited during start-up: {st}");
             }
+            if s.http_port != 0
+                && let Ok((200, _)) = http_get(s.http_port, "/readyz")
+            {
+                break;
+            }
+            assert!(Instant::now() < deadline, "server did not become ready");
+            std::thread::sleep(Duration::from_millis(20));
         }
-        unreachable!()
+        s.wait_for_grpc();
+        s
     }
 
-    /// Spawns the server on free loopback ports with `--shards N` (and, unless
-    /// `o.no_insecure`, `--insecure-disable-auth`) plus `o.flags`, without waiting for it: for
-    /// scenarios that watch start-up itself (`/readyz` before a restore or an event log).
+    /// Spawns the server on loopback port 0 with `--shards N` (and, unless `o.no_insecure`,
+    /// `--insecure-disable-auth`) plus `o.flags`, and returns once its HTTP listeners are bound
+    /// (their ports known) without waiting for it to be ready: for scenarios that watch start-up
+    /// itself (`/readyz` before a restore or an event log). The gRPC port is learnt with
+    /// [`Server::wait_for_grpc`]. A server that exits before binding has every port 0.
     pub fn spawn(shards: usize, o: &StartOpts<'_>) -> Server {
-        let (g, h, a) = (free_port(), free_port(), free_port());
         let mut cmd = Command::new(bin());
         cmd.args([
             "--grpc-bind-address",
-            &format!("127.0.0.1:{g}"),
+            "127.0.0.1:0",
             "--http-bind-address",
-            &format!("127.0.0.1:{h}"),
+            "127.0.0.1:0",
             "--snapshot-bind-address",
-            &format!("127.0.0.1:{a}"),
+            "127.0.0.1:0",
             "--shards",
             &shards.to_string(),
             "--log-level",
@@ -188,39 +238,47 @@ impl Server {
         }
         cmd.args(o.flags)
             .envs(o.env.iter().copied())
-            .stdout(Stdio::null());
-        match &o.stderr_file {
-            Some(p) => cmd.stderr(std::fs::File::create(p).expect("stderr file")),
-            None => cmd.stderr(Stdio::inherit()),
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
+        let sink = match &o.stderr_file {
+            Some(p) => LogSink::File(std::fs::File::create(p).expect("stderr file")),
+            None => LogSink::Captured,
         };
-        Server {
-            child: cmd.spawn().expect("spawn server"),
-            grpc_port: g,
-            http_port: h,
-            admin_port: a,
+        let mut child = cmd.spawn().expect("spawn server");
+        let listening = read_logs(child.stderr.take().expect("piped stderr"), sink);
+        let mut s = Server {
+            child,
+            grpc_port: 0,
+            http_port: 0,
+            admin_port: 0,
+            shard_aware_port: None,
             shards,
+            listening: Mutex::new(listening),
+        };
+        if let Some(Listening::Http { http, snapshot }) = s.next_listening() {
+            (s.http_port, s.admin_port) = (http, snapshot);
+        }
+        s
+    }
+
+    /// Waits for the `listening_grpc` line (logged once every core serves, before `/readyz`
+    /// turns 200) and records the gRPC ports.
+    pub fn wait_for_grpc(&mut self) {
+        while self.grpc_port == 0 {
+            match self.next_listening() {
+                Some(Listening::Grpc { grpc, shard_aware }) => {
+                    (self.grpc_port, self.shard_aware_port) = (grpc, shard_aware);
+                }
+                Some(_) => {}
+                None => panic!("the server never reported its gRPC port"),
+            }
         }
     }
 
-    fn try_start(shards: usize, o: &StartOpts<'_>) -> Result<Server, String> {
-        let mut s = Server::spawn(shards, o);
-        let (g, h, a) = (s.grpc_port, s.http_port, s.admin_port);
-        let deadline = Instant::now() + Duration::from_secs(60);
-        loop {
-            if let Some(st) = s.child.try_wait().unwrap() {
-                return Err(format!("server exited during start-up: {st}"));
-            }
-            // Ready, and the listeners are this child's: a free port can be handed out twice
-            // (to concurrent tests, or to another process), and then another server would
-            // answer /readyz on it while this one fails to bind and exits.
-            if let Ok((200, _)) = http_get(h, "/readyz")
-                && listens_on(s.child.id(), &[g, h, a])
-            {
-                return Ok(s);
-            }
-            assert!(Instant::now() < deadline, "server did not become ready");
-            std::thread::sleep(Duration::from_millis(20));
-        }
+    /// The next `listening_*` event; `None` when the server exited first or after 60 s.
+    fn next_listening(&self) -> Option<Listening> {
+        let rx = self.listening.lock().unwrap();
+        rx.recv_timeout(Duration::from_secs(60)).ok()
     }
 }
 
@@ -266,17 +324,17 @@ impl Server {
     }
 }
 
-/// Runs the binary with `args` on fresh loopback ports (no `KUBERNETES_SERVICE_*` inherited)
+/// Runs the binary with `args` on loopback port 0 (no `KUBERNETES_SERVICE_*` inherited)
 /// and `env`, expecting it to exit on its own: (exit code, stderr).
 pub fn run_exit(args: &[&str], env: &[(&str, &str)]) -> (i32, String) {
     let mut cmd = Command::new(bin());
     cmd.args([
         "--grpc-bind-address",
-        &format!("127.0.0.1:{}", free_port()),
+        "127.0.0.1:0",
         "--http-bind-address",
-        &format!("127.0.0.1:{}", free_port()),
+        "127.0.0.1:0",
         "--snapshot-bind-address",
-        &format!("127.0.0.1:{}", free_port()),
+        "127.0.0.1:0",
     ])
     .args(args)
     .env_remove("KUBERNETES_SERVICE_HOST")
@@ -298,4 +356,31 @@ pub fn rss_bytes(pid: u32) -> u64 {
         .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
         .expect("VmRSS");
     kb * 1024
+}
+
+/// Bytes written on loopback TCP connections to or from `port` that the receiving end has not
+/// read yet (Linux: the tx_queue and rx_queue columns of `/proc/net/tcp` for every established
+/// socket whose local or remote port is `port`); 0 once the server read everything its clients
+/// sent that reached the kernel.
+pub fn loopback_bytes_in_flight(port: u16) -> u64 {
+    let text = std::fs::read_to_string("/proc/net/tcp").unwrap_or_default();
+    let port_of = |addr: &str| {
+        addr.rsplit(':')
+            .next()
+            .and_then(|p| u16::from_str_radix(p, 16).ok())
+    };
+    text.lines()
+        .skip(1)
+        .filter_map(|row| {
+            // sl, local_address, rem_address, st (01 = ESTABLISHED), tx_queue:rx_queue, ...
+            let cols: Vec<&str> = row.split_whitespace().collect();
+            let ours = cols.len() > 4
+                && cols[3] == "01"
+                && (port_of(cols[1]) == Some(port) || port_of(cols[2]) == Some(port));
+            let (tx, rx) = cols.get(4)?.split_once(':')?;
+            ours.then(|| {
+                u64::from_str_radix(tx, 16).unwrap_or(0) + u64::from_str_radix(rx, 16).unwrap_or(0)
+            })
+        })
+        .sum()
 }
