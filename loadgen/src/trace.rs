@@ -934,45 +934,11 @@ pub async fn cmd_trace(a: &crate::cli::RunArgs, path: &std::path::Path) -> Resul
     if let Some(n) = a.requests {
         trace.truncate(n as usize);
     }
-    let t0 = Instant::now();
-    let sim = fleetsim::simulate(&trace, config).map_err(Error::Trace)?;
+    let sim = simulate_and_tell(&trace, config, a.measure.quiet)?;
     let times = lookup_times(&trace);
-    if !a.measure.quiet {
-        eprintln!(
-            "simulated {} requests in {:.1} s: {} events ({} blocks stored, {} removed), {} lookups, peak {} blocks held",
-            trace.len(),
-            t0.elapsed().as_secs_f64(),
-            sim.events.len(),
-            sim.stored_blocks,
-            sim.removed_blocks,
-            sim.lookups.len(),
-            sim.peak_holds
-        );
-    }
-    if sim.peak_holds > SERVER_DEFAULT_MAX_ENTRIES {
-        eprintln!(
-            "loadgen: warning: the fleet holds up to {} blocks, over the server's default cap of {SERVER_DEFAULT_MAX_ENTRIES} entries: run the server with --index-max-entries 0 or its evictions show as mismatches",
-            sim.peak_holds
-        );
-    }
     let conns = trace_connections(&a.conn).await?;
     if !t.no_policy {
-        let token = match &t.policy_token_file {
-            Some(p) => Some(std::fs::read_to_string(p).map_err(|e| {
-                Error::Trace(format!(
-                    "cannot read --policy-token-file {}: {e}",
-                    p.display()
-                ))
-            })?),
-            None => None,
-        };
-        push_policy(
-            &t.policy_addr,
-            token.as_deref(),
-            &policy_body(TRACE_TENANT, TRACE_POLICY_TTL),
-        )
-        .await
-        .map_err(Error::Trace)?;
+        install_trace_policy(t).await?;
     }
     let cfg = ReplayConfig {
         scope: TraceScope::new(&a.workload.hash_scheme, config.tokens_per_block()),
@@ -1015,6 +981,57 @@ pub async fn cmd_trace(a: &crate::cli::RunArgs, path: &std::path::Path) -> Resul
                 .unwrap_or_default()
         )))
     }
+}
+
+/// Runs the simulation, says what it produced (unless quiet) and warns when the fleet holds more
+/// than the server's default cap.
+fn simulate_and_tell(
+    trace: &[fleetsim::TraceRequest],
+    config: SimConfig,
+    quiet: bool,
+) -> Result<fleetsim::Simulation, Error> {
+    let t0 = Instant::now();
+    let sim = fleetsim::simulate(trace, config).map_err(Error::Trace)?;
+    if !quiet {
+        eprintln!(
+            "simulated {} requests in {:.1} s: {} events ({} blocks stored, {} removed), {} lookups, peak {} blocks held",
+            trace.len(),
+            t0.elapsed().as_secs_f64(),
+            sim.events.len(),
+            sim.stored_blocks,
+            sim.removed_blocks,
+            sim.lookups.len(),
+            sim.peak_holds
+        );
+    }
+    if sim.peak_holds > SERVER_DEFAULT_MAX_ENTRIES {
+        eprintln!(
+            "loadgen: warning: the fleet holds up to {} blocks, over the server's default cap of {SERVER_DEFAULT_MAX_ENTRIES} entries: run the server with --index-max-entries 0 or its evictions show as mismatches",
+            sim.peak_holds
+        );
+    }
+    Ok(sim)
+}
+
+/// Pushes the replay's policy (no floors, no affinity, a long TTL) so answers can be checked
+/// exactly.
+async fn install_trace_policy(t: &crate::cli::TraceArgs) -> Result<(), Error> {
+    let token = match &t.policy_token_file {
+        Some(p) => Some(std::fs::read_to_string(p).map_err(|e| {
+            Error::Trace(format!(
+                "cannot read --policy-token-file {}: {e}",
+                p.display()
+            ))
+        })?),
+        None => None,
+    };
+    push_policy(
+        &t.policy_addr,
+        token.as_deref(),
+        &policy_body(TRACE_TENANT, TRACE_POLICY_TTL),
+    )
+    .await
+    .map_err(Error::Trace)
 }
 
 /// `--speed`: paced at that factor, or as fast as possible without it.
