@@ -59,7 +59,7 @@ impl InferenceCache for CacheService {
         let start = Instant::now();
         let deadline = super::deadline::from_metadata(request.metadata(), start);
         let req = request.into_inner();
-        let resp = crate::lookup::lookup_route(&self.cfg, req, start, deadline).await;
+        let resp = crate::lookup::answer_request(&self.cfg, req, start, deadline).await;
         Ok(Response::new(resp))
     }
 

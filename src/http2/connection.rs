@@ -48,14 +48,21 @@ pub trait Service {
     /// and offered to [`Service::answer_inline`] when it arrives whole in one DATA frame.
     fn is_inline(&mut self, head: &HeaderList) -> bool;
 
-    /// Answers an inline request by writing its response body into `body`; `Err` hands the
-    /// request to the general path unchanged (nothing may have been written).
+    /// What an inline request taken to be answered later carries (see [`Inline::Later`]).
+    type Later;
+
+    /// Answers an inline request by writing its response body into `out`, takes it to answer
+    /// later, or hands it to the general path unchanged (then nothing may have been written).
     fn answer_inline(
         &mut self,
         head: &HeaderList,
         body: Bytes,
         out: &mut BytesMut,
-    ) -> Result<(), ()>;
+    ) -> Inline<Self::Later>;
+
+    /// Answers a request [`Service::answer_inline`] took to answer later (in a task of its
+    /// own), on `respond`: its answer head, body and trailers as an inline answer's.
+    fn answer_later(&mut self, later: Self::Later, respond: Responder);
 
     /// Serves a request on the general path (in a task of its own); `head` is what `req` was
     /// built from.
@@ -65,6 +72,16 @@ pub trait Service {
         req: http::Request<RecvHalf>,
         respond: Responder,
     );
+}
+
+/// What became of a request offered to [`Service::answer_inline`].
+pub enum Inline<L> {
+    /// Answered: its response body is in the output buffer given.
+    Answered,
+    /// Taken whole, to be answered by [`Service::answer_later`] once what it waits for is done.
+    Later(L),
+    /// Not taken: the general path serves it.
+    General,
 }
 
 /// Read and answer rounds of one connection turn before it yields to the core's other tasks.
@@ -924,12 +941,30 @@ impl<S: AsyncRead + AsyncWrite + Unpin, H: Service> Connection<S, H> {
             .service
             .answer_inline(&head, data.clone(), &mut self.answer)
         {
-            Ok(()) => {
+            Inline::Answered => {
                 self.recv_unreleased += len;
                 self.write_inline_answer(id, send_window, charge);
             }
-            Err(()) => self.start_general(id, head, data, true, send_window, charge),
+            Inline::Later(later) => {
+                self.recv_unreleased += len;
+                self.start_later(id, later, send_window, charge);
+            }
+            Inline::General => self.start_general(id, head, data, true, send_window, charge),
         }
+    }
+
+    /// Gives an inline request the service answers later (its body read whole) a responder:
+    /// from here it is a general stream whose request has ended.
+    fn start_later(&mut self, id: u32, later: H::Later, send_window: i64, charge: HeaderCharge) {
+        let link = self.link(id);
+        link.lock().recv_ended = true;
+        let respond = Responder::new(
+            link.clone(),
+            HTTP2_MAX_SEND_BUFFER_BYTES,
+            self.tasks.clone(),
+        );
+        self.insert_general(id, link, true, send_window, charge);
+        self.service.answer_later(later, respond);
     }
 
     /// Writes an inline answer now when the windows allow, else queues it like a general

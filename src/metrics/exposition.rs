@@ -346,17 +346,19 @@ fn operator_families<'a>(scrape: &'a Scrape, fams: &mut Vec<Family<'a>>) {
             }),
         ));
     }
-    let (answered, handed_on) = (
+    let (answered, awaited, handed_on) = (
         scrape.total.inline_lookups_answered,
+        scrape.total.inline_lookups_awaited,
         scrape.total.inline_lookups_handed_on,
     );
-    if answered + handed_on > 0 {
+    if answered + awaited + handed_on > 0 {
         fams.push((
             "inferencecache_grpc_inline_lookups",
-            "Plain LookupRoutes taken by the gRPC front end's inline path: answered in the connection's task, or handed on to the general path.",
+            "Plain LookupRoutes taken by the gRPC front end's inline path: answered in the connection's turn, decided there and awaited (owner core or tokenizer), or handed on to the general path.",
             MetricType::Counter,
             Box::new(move |e| {
                 counter(e, &[("outcome", "answered")], answered)?;
+                counter(e, &[("outcome", "awaited")], awaited)?;
                 counter(e, &[("outcome", "handed_on")], handed_on)
             }),
         ));
@@ -423,13 +425,13 @@ fn core_families<'a>(cores: &'a [CoreView], fams: &mut Vec<Family<'a>>) {
     }
     fams.push((
         "inferencecache_core_requests",
-        "Requests per receiving core, answered inline or hopped to the owner core.",
+        "Requests per receiving core, answered there (path=\"inline\") or hopped to the owner core.",
         MetricType::Counter,
         Box::new(move |e| {
             for c in cores {
                 let id = &c.core.to_string();
                 counter(e, &[("core", id), ("path", "hopped")], c.metrics.hopped)?;
-                counter(e, &[("core", id), ("path", "inline")], c.metrics.inline)?;
+                counter(e, &[("core", id), ("path", "inline")], c.metrics.local)?;
             }
             Ok(())
         }),
