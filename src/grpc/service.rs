@@ -1,5 +1,5 @@
 //! The `inferencecache.v1alpha1.InferenceCache` handlers. Each handler finds the core owning the
-//! request's `(tenant, model)` partition and runs the index operation there: inline when that is
+//! request's `(tenant, model)` partition and runs the index operation there: locally when that is
 //! the current core, over the bounded hop otherwise. Every LookupRoute path fails open.
 
 use std::pin::Pin;
