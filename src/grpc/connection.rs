@@ -60,14 +60,14 @@ impl http2::Service for Grpc {
         unary::is_plain_lookup(head)
     }
 
-    type Later = Waiting;
+    type Later = Box<Waiting>;
 
     fn answer_inline(
         &mut self,
         head: &HeaderList,
         body: Bytes,
         out: &mut BytesMut,
-    ) -> Inline<Waiting> {
+    ) -> Inline<Box<Waiting>> {
         let taken = unary::answer(head, body, out);
         match taken {
             Inline::Answered => crate::metrics::record_inline_lookup(InlineOutcome::Answered),
@@ -77,7 +77,7 @@ impl http2::Service for Grpc {
         taken
     }
 
-    fn answer_later(&mut self, waiting: Waiting, respond: Responder) {
+    fn answer_later(&mut self, waiting: Box<Waiting>, respond: Responder) {
         glommio::spawn_local(unary::answer_later(waiting, respond)).detach();
     }
 

@@ -78,14 +78,17 @@ pub(super) fn is_plain_lookup(head: &HeaderList) -> bool {
 /// Answers a plain LookupRoute whose body is `received`, writing the length-prefixed answer
 /// into `out`, or takes it to answer later when it must wait; `General` when the general path
 /// must decode it (nothing recorded, nothing written).
-pub(super) fn answer(head: &HeaderList, received: Bytes, out: &mut BytesMut) -> Inline<Waiting> {
+pub(super) fn answer(
+    head: &HeaderList,
+    received: Bytes,
+    out: &mut BytesMut,
+) -> Inline<Box<Waiting>> {
     let Some(message) = whole_message(&received) else {
         return Inline::General;
     };
-    let message = received.slice_ref(message);
     let decided = DECODE_SCRATCH.with_borrow_mut(|scratch| {
         let mut slices = Vec::new();
-        let decided = decide_message(head, &message, scratch, &mut slices);
+        let decided = decide_message(head, &received, message, scratch, &mut slices);
         scratch.trim();
         decided
     });
@@ -102,8 +105,8 @@ pub(super) fn answer(head: &HeaderList, received: Bytes, out: &mut BytesMut) -> 
 
 /// Answers a call [`answer`] took because it must wait, on `respond`, unless the peer resets
 /// the stream first; the answer is framed as an inline one.
-pub(super) async fn answer_later(waiting: Waiting, respond: Responder) {
-    let call = crate::lookup::answer_waiting(waiting);
+pub(super) async fn answer_later(waiting: Box<Waiting>, respond: Responder) {
+    let call = crate::lookup::answer_waiting(*waiting);
     let answered = futures_lite::future::or(async { Some(call.await) }, async {
         std::future::poll_fn(|cx| respond.poll_reset(cx)).await;
         None
@@ -139,14 +142,17 @@ fn put_message(resp: &pb::LookupRouteResponse, out: &mut BytesMut) {
     resp.encode(out).expect("reserved the encoded length");
 }
 
-/// Decodes `message` into a view (`None`: the general path decodes it with prost) and decides
-/// it: `Ok` the call that must wait, its request kept from the view, else `Err` the answer.
+/// Decodes `message`, a slice of `received`, into a view (`None`: the general path decodes it
+/// with prost) and decides it: `Ok` the call that must wait, its request kept from the view
+/// (sharing `received`; boxed, so the answered path moves only small values), else `Err` the
+/// answer.
 fn decide_message<'a>(
     head: &HeaderList,
-    message: &'a Bytes,
+    received: &Bytes,
+    message: &'a [u8],
     scratch: &'a mut DecodeScratch,
     slices: &'a mut Vec<&'a [u8]>,
-) -> Option<Result<Waiting, pb::LookupRouteResponse>> {
+) -> Option<Result<Box<Waiting>, pb::LookupRouteResponse>> {
     let req = lookup_wire::decode(message, scratch, slices)?;
     // Handler entry, as on the general path: the message is in (`lookup_latency_us` and the
     // caller's deadline count from here).
@@ -163,8 +169,9 @@ fn decide_message<'a>(
     if let Decision::Answered(resp) = decision {
         return Some(Err(resp));
     }
-    let kept = LookupRequest::Received(ReceivedRequest::new(message.clone(), &req));
-    Some(decision.waiting(kept))
+    let kept = ReceivedRequest::new(received.slice_ref(message), &req);
+    let kept = LookupRequest::Received(kept);
+    Some(decision.waiting(kept).map(Box::new))
 }
 
 /// The message of a body that is exactly one uncompressed gRPC message within the size limit.
