@@ -12,7 +12,7 @@
 //! The `glommio_*` benches run the same parts between two real glommio executors.
 //!
 //! Benches (`cargo bench --bench hop`):
-//! - `hop/inline`: the closure run on the caller (the `N=1` / local-partition path).
+//! - `hop/local`: the closure run on the caller (the `N=1` / local-partition path).
 //! - `hop/park_round_trip`: one op in flight, both sides sleep when idle (the server's case).
 //! - `hop/park_16_in_flight`: 16 ops pushed back to back (the sleeping owner is woken once),
 //!   16 replies awaited; criterion's per-element throughput gives the per-op time.
@@ -167,7 +167,7 @@ fn hop(c: &mut Criterion) {
     g.throughput(Throughput::Elements(1));
 
     let mut st = State { counter: 0 };
-    g.bench_function("inline", |b| {
+    g.bench_function("local", |b| {
         b.iter(|| {
             let op: Op = Box::new(|st: &mut State| st.counter += black_box(1));
             op(&mut st);

@@ -10,7 +10,7 @@ perf/sweep_stall.sh with TRACE=1 records, on the clock CLOCK_MONOTONIC, for the 
                                           which the core calls after each slice with its kind
                                           and its wall and thread-CPU nanoseconds;
   * icprobe:lookup                        a uprobe on the LookupRoute handler
-                                          (lookup::receive::lookup_route_now, which both
+                                          (lookup::receive::decide, which both
                                           front ends call first);
   * icprobe:lg_start                      a uprobe on loadgen's gateway::lookup_started_probe,
                                           called as each call begins;

@@ -30,7 +30,7 @@ trace_setup() {
   cp "$LG" "$TRACE_DIR/loadgen"
   started=$(symbol_offset "$TRACE_DIR/loadgen" gateway20lookup_started_probe)
   sweep=$(symbol_offset "$bin" CoreState11sweep_slice)
-  lookup=$(symbol_offset "$bin" receive16lookup_route_now)
+  lookup=$(symbol_offset "$bin" receive6decide)
   done_at=$(symbol_offset "$bin" inferencecache_maintenance_slice_done)
   perf probe -q -d 'icprobe:*' 2>/dev/null || true
   perf probe -q -x "$bin" -a "icprobe:sweep_in=$sweep" -a "icprobe:sweep_out=$sweep%return" \

@@ -10,7 +10,9 @@ use std::pin::Pin;
 use bytes::{Bytes, BytesMut};
 use glommio::net::TcpStream;
 
-use crate::http2::{self, HeaderList, RecvHalf, Responder};
+use crate::http2::{self, HeaderList, Inline, RecvHalf, Responder};
+use crate::lookup::Waiting;
+use crate::metrics::InlineOutcome;
 use crate::runtime::watch::WatchedStream;
 
 use super::body::{ConnectionHeld, RequestBody};
@@ -58,17 +60,25 @@ impl http2::Service for Grpc {
         unary::is_plain_lookup(head)
     }
 
+    type Later = Box<Waiting>;
+
     fn answer_inline(
         &mut self,
         head: &HeaderList,
         body: Bytes,
         out: &mut BytesMut,
-    ) -> Result<(), ()> {
-        let answered = unary::answer(head, body, out);
-        if answered.is_ok() {
-            crate::metrics::record_inline_lookup(true);
+    ) -> Inline<Box<Waiting>> {
+        let taken = unary::answer(head, body, out);
+        match taken {
+            Inline::Answered => crate::metrics::record_inline_lookup(InlineOutcome::Answered),
+            Inline::Later(_) => crate::metrics::record_inline_lookup(InlineOutcome::Awaited),
+            Inline::General => {}
         }
-        answered
+        taken
+    }
+
+    fn answer_later(&mut self, waiting: Box<Waiting>, respond: Responder) {
+        glommio::spawn_local(unary::answer_later(waiting, respond)).detach();
     }
 
     fn serve_general(
@@ -78,9 +88,9 @@ impl http2::Service for Grpc {
         respond: Responder,
     ) {
         if unary::is_plain_lookup(head) {
-            // An inline candidate that could not be answered inline (split, trailed, needing
-            // another core or the tokenizer...).
-            crate::metrics::record_inline_lookup(false);
+            // An inline candidate the inline path could not take (split, trailed, compressed,
+            // not decoded...).
+            crate::metrics::record_inline_lookup(InlineOutcome::HandedOn);
         }
         let req = req.map(|recv| RequestBody::new(recv, self.held.clone()));
         glommio::spawn_local(super::respond::serve_stream(req, respond)).detach();

@@ -1,5 +1,5 @@
 //! The `inferencecache.v1alpha1.InferenceCache` handlers. Each handler finds the core owning the
-//! request's `(tenant, model)` partition and runs the index operation there: inline when that is
+//! request's `(tenant, model)` partition and runs the index operation there: locally when that is
 //! the current core, over the bounded hop otherwise. Every LookupRoute path fails open.
 
 use std::pin::Pin;
@@ -59,7 +59,7 @@ impl InferenceCache for CacheService {
         let start = Instant::now();
         let deadline = super::deadline::from_metadata(request.metadata(), start);
         let req = request.into_inner();
-        let resp = crate::lookup::lookup_route(&self.cfg, req, start, deadline).await;
+        let resp = crate::lookup::answer_request(&self.cfg, req, start, deadline).await;
         Ok(Response::new(resp))
     }
 

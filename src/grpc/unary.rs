@@ -8,11 +8,12 @@
 //! it is decoded from the received bytes, answered, and its answer is framed into the turn's
 //! output, which leaves in one write.
 //!
-//! Only the plain case takes this path: `POST` of one uncompressed message, for a call the
-//! handler answers without waiting ([`lookup_route_now`]). Anything else (compression,
-//! trailers, a split or oversize message, a decode error, a call that needs the tokenizer or
-//! another core) goes to the general path with the bytes already read, so every answer and
-//! error stays exactly the general path's.
+//! Only the plain case takes this path: `POST` of one uncompressed message. A call the handler
+//! answers without waiting is answered in the turn; a call that must wait (for the owner core
+//! or the tokenizer) is decided here once and its decoded request sent on from the
+//! connection, answered by a task of its own ([`answer_later`]). Anything else (compression,
+//! trailers, a split or oversize message, a decode error) goes to the general path with the
+//! bytes already read, so every answer and error stays exactly the general path's.
 
 use std::cell::RefCell;
 use std::sync::Arc;
@@ -23,9 +24,9 @@ use inferencecache_proto::v1alpha1 as pb;
 use prost::Message;
 
 use super::lookup_wire::{self, DecodeScratch};
-use crate::http2::HeaderList;
+use crate::http2::{HeaderList, Inline, Reason, Responder};
 use crate::limits::MAX_MESSAGE_BYTES;
-use crate::lookup::{LookupConfig, lookup_route_now};
+use crate::lookup::{Decision, LookupConfig, LookupRequest, ReceivedRequest, Waiting, decide};
 
 /// The one path this module answers.
 const LOOKUP_ROUTE_PATH: &[u8] = b"/inferencecache.v1alpha1.InferenceCache/LookupRoute";
@@ -75,34 +76,83 @@ pub(super) fn is_plain_lookup(head: &HeaderList) -> bool {
 }
 
 /// Answers a plain LookupRoute whose body is `received`, writing the length-prefixed answer
-/// into `out`; `Err` when the call must go to the general path (nothing recorded, nothing
-/// written).
-pub(super) fn answer(head: &HeaderList, received: Bytes, out: &mut BytesMut) -> Result<(), ()> {
-    let message = whole_message(&received).ok_or(())?;
-    let resp = DECODE_SCRATCH.with_borrow_mut(|scratch| {
+/// into `out`, or takes it to answer later when it must wait; `General` when the general path
+/// must decode it (nothing recorded, nothing written).
+pub(super) fn answer(
+    head: &HeaderList,
+    received: Bytes,
+    out: &mut BytesMut,
+) -> Inline<Box<Waiting>> {
+    let Some(message) = whole_message(&received) else {
+        return Inline::General;
+    };
+    let decided = DECODE_SCRATCH.with_borrow_mut(|scratch| {
         let mut slices = Vec::new();
-        let resp = answer_message(head, message, scratch, &mut slices);
+        let decided = decide_message(head, &received, message, scratch, &mut slices);
         scratch.trim();
-        resp
+        decided
     });
-    let resp = resp.ok_or(())?;
+    match decided {
+        None => Inline::General,
+        Some(Err(resp)) => {
+            put_message(&resp, out);
+            crate::lookup::recycle(resp);
+            Inline::Answered
+        }
+        Some(Ok(waiting)) => Inline::Later(waiting),
+    }
+}
+
+/// Answers a call [`answer`] took because it must wait, on `respond`, unless the peer resets
+/// the stream first; the answer is framed as an inline one.
+pub(super) async fn answer_later(waiting: Box<Waiting>, respond: Responder) {
+    let call = crate::lookup::answer_waiting(*waiting);
+    let answered = futures_lite::future::or(async { Some(call.await) }, async {
+        std::future::poll_fn(|cx| respond.poll_reset(cx)).await;
+        None
+    })
+    .await;
+    let Some(resp) = answered else { return };
+    let mut body = BytesMut::new();
+    put_message(&resp, &mut body);
+    crate::lookup::recycle(resp);
+    if respond
+        .send_headers(Bytes::from_static(GRPC_OK_HEAD), false)
+        .is_err()
+    {
+        return;
+    }
+    if respond.send_data(body.freeze(), false).await.is_err() {
+        return;
+    }
+    if respond
+        .send_trailers(Bytes::from_static(GRPC_OK_TRAILERS))
+        .is_err()
+    {
+        respond.send_reset(Reason::INTERNAL_ERROR);
+    }
+}
+
+/// Writes `resp` as one length-prefixed gRPC message.
+fn put_message(resp: &pb::LookupRouteResponse, out: &mut BytesMut) {
     let len = resp.encoded_len();
     out.reserve(HEADER_BYTES + len);
     out.put_u8(0);
     out.put_u32(len as u32);
     resp.encode(out).expect("reserved the encoded length");
-    crate::lookup::recycle(resp);
-    Ok(())
 }
 
-/// Decodes `message` into a view (`None`: the general path decodes it with prost) and answers
-/// it if that needs no waiting.
-fn answer_message<'a>(
+/// Decodes `message`, a slice of `received`, into a view (`None`: the general path decodes it
+/// with prost) and decides it: `Ok` the call that must wait, its request kept from the view
+/// (sharing `received`; boxed, so the answered path moves only small values), else `Err` the
+/// answer.
+fn decide_message<'a>(
     head: &HeaderList,
+    received: &Bytes,
     message: &'a [u8],
     scratch: &'a mut DecodeScratch,
     slices: &'a mut Vec<&'a [u8]>,
-) -> Option<pb::LookupRouteResponse> {
+) -> Option<Result<Box<Waiting>, pb::LookupRouteResponse>> {
     let req = lookup_wire::decode(message, scratch, slices)?;
     // Handler entry, as on the general path: the message is in (`lookup_latency_us` and the
     // caller's deadline count from here).
@@ -112,12 +162,16 @@ fn answer_message<'a>(
         .and_then(|v| std::str::from_utf8(v).ok())
         .and_then(super::deadline::parse_grpc_timeout)
         .and_then(|timeout| start.checked_add(timeout));
-    LOOKUP_CONFIG.with_borrow(|cfg| {
+    let decision = LOOKUP_CONFIG.with_borrow(|cfg| {
         let cfg = cfg.as_ref().expect("lookup config installed on this core");
-        // Must wait (tokenizer or another core): the general path runs it again from the
-        // bytes; nothing was recorded for it yet.
-        lookup_route_now(cfg, &req, start, deadline)
-    })
+        decide(cfg, &req, start, deadline)
+    });
+    if let Decision::Answered(resp) = decision {
+        return Some(Err(resp));
+    }
+    let kept = ReceivedRequest::new(received.slice_ref(message), &req);
+    let kept = LookupRequest::Received(kept);
+    Some(decision.waiting(kept).map(Box::new))
 }
 
 /// The message of a body that is exactly one uncompressed gRPC message within the size limit.

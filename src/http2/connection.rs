@@ -48,14 +48,21 @@ pub trait Service {
     /// and offered to [`Service::answer_inline`] when it arrives whole in one DATA frame.
     fn is_inline(&mut self, head: &HeaderList) -> bool;
 
-    /// Answers an inline request by writing its response body into `body`; `Err` hands the
-    /// request to the general path unchanged (nothing may have been written).
+    /// What an inline request taken to be answered later carries (see [`Inline::Later`]).
+    type Later;
+
+    /// Answers an inline request by writing its response body into `out`, takes it to answer
+    /// later, or hands it to the general path unchanged (then nothing may have been written).
     fn answer_inline(
         &mut self,
         head: &HeaderList,
         body: Bytes,
         out: &mut BytesMut,
-    ) -> Result<(), ()>;
+    ) -> Inline<Self::Later>;
+
+    /// Answers a request [`Service::answer_inline`] took to answer later (in a task of its
+    /// own), on `respond`: its answer head, body and trailers as an inline answer's.
+    fn answer_later(&mut self, later: Self::Later, respond: Responder);
 
     /// Serves a request on the general path (in a task of its own); `head` is what `req` was
     /// built from.
@@ -65,6 +72,16 @@ pub trait Service {
         req: http::Request<RecvHalf>,
         respond: Responder,
     );
+}
+
+/// What became of a request offered to [`Service::answer_inline`].
+pub enum Inline<L> {
+    /// Answered: its response body is in the output buffer given.
+    Answered,
+    /// Taken whole, to be answered by [`Service::answer_later`] once what it waits for is done.
+    Later(L),
+    /// Not taken: the general path serves it.
+    General,
 }
 
 /// Read and answer rounds of one connection turn before it yields to the core's other tasks.
@@ -102,14 +119,14 @@ enum Stream {
     /// An inline candidate whose body has not arrived.
     Inline {
         head: HeaderList,
-        /// The head's share of the core's header budget, held while the stream is open.
+        /// The head's share of the core's header budget, counted while the stream is open.
         charge: HeaderCharge,
         recv_window: i64,
         send_window: i64,
-        /// The message, when it came in a DATA frame of its own and the end of the stream is
-        /// still to come (gRPC clients send an empty END_STREAM frame after it). Held only
-        /// until the end of the read batch it arrived in.
-        held: Option<Bytes>,
+        /// The message, parked when it came in a DATA frame of its own and the end of the
+        /// stream is still to come (gRPC clients send an empty END_STREAM frame after it).
+        /// Parked only until the end of the read batch it arrived in.
+        parked: Option<Bytes>,
     },
     /// Served by a task of its own, or an answer waiting for the peer's windows.
     General(General),
@@ -118,7 +135,7 @@ enum Stream {
 struct General {
     link: StreamLink,
     flow: Flow,
-    /// The request head's share of the core's header budget, held while the stream is open.
+    /// The request head's share of the core's header budget, counted while the stream is open.
     _charge: HeaderCharge,
 }
 
@@ -134,11 +151,11 @@ struct HeaderCharge(usize);
 impl HeaderCharge {
     /// Counts `bytes`, or `None` when the core is at [`HTTP2_MAX_HEADER_BYTES_PER_CORE`].
     fn take(bytes: usize) -> Option<HeaderCharge> {
-        let held = CORE_HEADER_BYTES.get();
-        if held + bytes > HTTP2_MAX_HEADER_BYTES_PER_CORE {
+        let counted = CORE_HEADER_BYTES.get();
+        if counted + bytes > HTTP2_MAX_HEADER_BYTES_PER_CORE {
             return None;
         }
-        CORE_HEADER_BYTES.set(held + bytes);
+        CORE_HEADER_BYTES.set(counted + bytes);
         Some(HeaderCharge(bytes))
     }
 }
@@ -228,17 +245,20 @@ struct Connection<S, H> {
     queued: Arc<AtomicUsize>,
     visit: Vec<u32>,
     blocked: Vec<u32>,
-    /// Inline candidates holding their message until the end of the read batch.
-    holding: Vec<u32>,
+    /// Inline candidates whose message is parked until the end of the read batch.
+    parked_streams: Vec<u32>,
     /// One clone per live general-path task (bounds them, reset or not).
     tasks: Arc<()>,
-    /// The one timer: the earliest of the deadlines below.
+    /// The one timer: the earliest of the instants below.
     timer: Option<Pin<Box<glommio::timer::Timer>>>,
     timer_at: Option<Instant>,
     next_ping: Instant,
     ping_ack_by: Option<Instant>,
-    /// The preface timeout, then the drain's or the close's deadline.
-    deadline: Option<Instant>,
+    /// When the connection closes if it is not over by then: the preface timeout, then the
+    /// drain's or the close's.
+    close_at: Option<Instant>,
+    /// The preface is read and the peer's first frame, which must be SETTINGS, has not come.
+    awaiting_settings: bool,
     peer_goaway: bool,
     wrote: bool,
 }
@@ -282,13 +302,14 @@ impl<S: AsyncRead + AsyncWrite + Unpin, H: Service> Connection<S, H> {
             queued: Arc::default(),
             visit: Vec::new(),
             blocked: Vec::new(),
-            holding: Vec::new(),
+            parked_streams: Vec::new(),
             tasks: Arc::new(()),
             timer: None,
             timer_at: None,
             next_ping: now + HTTP2_KEEPALIVE_INTERVAL,
             ping_ack_by: None,
-            deadline: Some(now + HTTP2_PREFACE_TIMEOUT),
+            close_at: Some(now + HTTP2_PREFACE_TIMEOUT),
+            awaiting_settings: true,
             peer_goaway: false,
             wrote: true,
         }
@@ -322,7 +343,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin, H: Service> Connection<S, H> {
                 };
             }
         }
-        // Busy: yield to the core's other tasks, but keep the deadlines (a drain under load).
+        // Busy: yield to the core's other tasks, but keep the timers (a drain under load).
         cx.waker().wake_by_ref();
         match self.poll_timers(cx) {
             Ok(()) => Poll::Pending,
@@ -366,7 +387,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin, H: Service> Connection<S, H> {
             Poll::Ready(Ok(0)) => {
                 // The peer closed its side: what is already answered is still written.
                 self.phase = Phase::Closing;
-                self.deadline = Some(Instant::now() + CLOSE_FLUSH_TIMEOUT);
+                self.close_at = Some(Instant::now() + CLOSE_FLUSH_TIMEOUT);
                 self.reset_all(Reason::CANCEL);
                 return Ok(true);
             }
@@ -395,7 +416,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin, H: Service> Connection<S, H> {
                     self.close_with(reason);
                 }
             }
-            self.release_held();
+            self.release_parked();
         }
         let oversize = self.read_buf.len() >= frame::HEADER_BYTES
             && FrameHeader::parse(&self.read_buf).len > frame::DEFAULT_MAX_FRAME_BYTES as usize;
@@ -448,12 +469,13 @@ impl<S: AsyncRead + AsyncWrite + Unpin, H: Service> Connection<S, H> {
         {
             return Err(ConnError(Reason::PROTOCOL_ERROR));
         }
-        if self.deadline.is_some() && self.phase == Phase::Open {
+        if self.awaiting_settings && self.phase == Phase::Open {
             // The first frame after the preface must be SETTINGS (§3.4).
             if head.kind != kind::SETTINGS || head.has(flag::ACK) {
                 return Err(ConnError(Reason::PROTOCOL_ERROR));
             }
-            self.deadline = None;
+            self.awaiting_settings = false;
+            self.close_at = None;
         }
         match head.kind {
             kind::DATA => self.on_data(head, payload),
@@ -757,7 +779,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin, H: Service> Connection<S, H> {
                     charge,
                     recv_window,
                     send_window: self.peer_initial_window,
-                    held: None,
+                    parked: None,
                 },
             );
             return Ok(());
@@ -892,24 +914,24 @@ impl<S: AsyncRead + AsyncWrite + Unpin, H: Service> Connection<S, H> {
     /// DATA on an inline candidate: answered now when it is the whole body; anything else
     /// moves the stream to the general path with what arrived.
     fn on_inline_data(&mut self, id: u32, data: Bytes, end_stream: bool) {
-        let Some(Stream::Inline { held, .. }) = self.streams.get_mut(&id) else {
+        let Some(Stream::Inline { parked, .. }) = self.streams.get_mut(&id) else {
             unreachable!("called for inline streams")
         };
         if !end_stream && data.is_empty() {
             return;
         }
-        if !end_stream && held.is_none() {
-            *held = Some(data);
-            self.holding.push(id);
+        if !end_stream && parked.is_none() {
+            *parked = Some(data);
+            self.parked_streams.push(id);
             return;
         }
-        let (head, send_window, held, charge) = self.take_inline(id);
-        let data = match held {
+        let (head, send_window, parked, charge) = self.take_inline(id);
+        let data = match parked {
             None => data,
-            Some(held) if data.is_empty() => held,
-            Some(held) => {
+            Some(parked) if data.is_empty() => parked,
+            Some(parked) => {
                 // Split over DATA frames: rare, so the copy is fine.
-                let mut joined = BytesMut::from(&held[..]);
+                let mut joined = BytesMut::from(&parked[..]);
                 joined.extend_from_slice(&data);
                 joined.freeze()
             }
@@ -924,12 +946,30 @@ impl<S: AsyncRead + AsyncWrite + Unpin, H: Service> Connection<S, H> {
             .service
             .answer_inline(&head, data.clone(), &mut self.answer)
         {
-            Ok(()) => {
+            Inline::Answered => {
                 self.recv_unreleased += len;
                 self.write_inline_answer(id, send_window, charge);
             }
-            Err(()) => self.start_general(id, head, data, true, send_window, charge),
+            Inline::Later(later) => {
+                self.recv_unreleased += len;
+                self.start_later(id, later, send_window, charge);
+            }
+            Inline::General => self.start_general(id, head, data, true, send_window, charge),
         }
+    }
+
+    /// Gives an inline request the service answers later (its body read whole) a responder:
+    /// from here it is a general stream whose request has ended.
+    fn start_later(&mut self, id: u32, later: H::Later, send_window: i64, charge: HeaderCharge) {
+        let link = self.link(id);
+        link.lock().recv_ended = true;
+        let respond = Responder::new(
+            link.clone(),
+            HTTP2_MAX_SEND_BUFFER_BYTES,
+            self.tasks.clone(),
+        );
+        self.insert_general(id, link, true, send_window, charge);
+        self.service.answer_later(later, respond);
     }
 
     /// Writes an inline answer now when the windows allow, else queues it like a general
@@ -1083,16 +1123,16 @@ impl<S: AsyncRead + AsyncWrite + Unpin, H: Service> Connection<S, H> {
         self.note_reset(id);
     }
 
-    /// Forgets a stream that was reset: its task sees the reset, and the body bytes it held
-    /// go back to the connection window.
+    /// Forgets a stream that was reset: its task sees the reset, and the body bytes it had
+    /// received go back to the connection window.
     fn drop_stream(&mut self, id: u32, reason: Reason) {
         match self.streams.remove(&id) {
             Some(Stream::General(g)) => {
                 self.recv_unreleased += unreleased_of(&g);
                 end_shared(&g.link, reason);
             }
-            Some(Stream::Inline { held, .. }) => {
-                self.recv_unreleased += held.map_or(0, |h| h.len());
+            Some(Stream::Inline { parked, .. }) => {
+                self.recv_unreleased += parked.map_or(0, |p| p.len());
             }
             None => {}
         }
@@ -1100,36 +1140,39 @@ impl<S: AsyncRead + AsyncWrite + Unpin, H: Service> Connection<S, H> {
 
     /// At the end of a read batch: inline candidates still waiting for the end of their stream
     /// go to the general path with the message they hold, so no read buffer stays pinned.
-    fn release_held(&mut self) {
-        for id in std::mem::take(&mut self.holding) {
-            if let Some(Stream::Inline { held: Some(_), .. }) = self.streams.get(&id) {
+    fn release_parked(&mut self) {
+        for id in std::mem::take(&mut self.parked_streams) {
+            if let Some(Stream::Inline {
+                parked: Some(_), ..
+            }) = self.streams.get(&id)
+            {
                 self.inline_to_general(id);
             }
         }
     }
 
-    /// Takes an inline candidate out of the table: its head, send window and held message.
+    /// Takes an inline candidate out of the table: its head, send window and parked message.
     fn take_inline(&mut self, id: u32) -> (HeaderList, i64, Option<Bytes>, HeaderCharge) {
         let Some(Stream::Inline {
             head,
             charge,
             send_window,
-            held,
+            parked,
             ..
         }) = self.streams.remove(&id)
         else {
             unreachable!("stream {id} is an inline candidate")
         };
-        (head, send_window, held, charge)
+        (head, send_window, parked, charge)
     }
 
-    /// Moves an inline candidate to the general path, with the message it holds if any.
+    /// Moves an inline candidate to the general path, with its parked message if any.
     fn inline_to_general(&mut self, id: u32) {
-        let (head, send_window, held, charge) = self.take_inline(id);
+        let (head, send_window, parked, charge) = self.take_inline(id);
         self.start_general(
             id,
             head,
-            held.unwrap_or_default(),
+            parked.unwrap_or_default(),
             false,
             send_window,
             charge,
@@ -1409,10 +1452,10 @@ impl<S: AsyncRead + AsyncWrite + Unpin, H: Service> Connection<S, H> {
         }
     }
 
-    /// Keep-alive pings and the deadlines; arms the one timer for the earliest.
+    /// Keep-alive pings and the close time; arms the one timer for the earliest.
     fn poll_timers(&mut self, cx: &mut Context<'_>) -> Result<(), Closed> {
         let now = Instant::now();
-        if self.deadline.is_some_and(|d| now >= d) {
+        if self.close_at.is_some_and(|d| now >= d) {
             if self.phase == Phase::Preface || self.phase == Phase::Open {
                 tracing::debug!("grpc_preface_timeout");
             }
@@ -1429,7 +1472,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin, H: Service> Connection<S, H> {
                 .get_or_insert(now + HTTP2_KEEPALIVE_TIMEOUT);
             cx.waker().wake_by_ref();
         }
-        let wake_at = [Some(self.next_ping), self.ping_ack_by, self.deadline]
+        let wake_at = [Some(self.next_ping), self.ping_ack_by, self.close_at]
             .into_iter()
             .flatten()
             .min()
@@ -1455,7 +1498,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin, H: Service> Connection<S, H> {
         }
         self.phase = Phase::Closing;
         self.pending_block = None;
-        self.deadline = Some(Instant::now() + CLOSE_FLUSH_TIMEOUT);
+        self.close_at = Some(Instant::now() + CLOSE_FLUSH_TIMEOUT);
         self.reset_all(reason);
     }
 
@@ -1464,13 +1507,13 @@ impl<S: AsyncRead + AsyncWrite + Unpin, H: Service> Connection<S, H> {
     fn start_drain(&mut self) {
         if self.phase == Phase::Preface {
             self.phase = Phase::Closing;
-            self.deadline = Some(Instant::now());
+            self.close_at = Some(Instant::now());
             return;
         }
         frame::put_goaway(&mut self.out, 0x7fff_ffff, Reason::NO_ERROR);
         frame::put_ping(&mut self.out, false, DRAIN_PING);
         self.phase = Phase::DrainAnnounced;
-        self.deadline = Some(Instant::now() + DRAIN_TIMEOUT);
+        self.close_at = Some(Instant::now() + DRAIN_TIMEOUT);
     }
 
     fn final_goaway(&mut self) {

@@ -20,7 +20,7 @@ mod hpack;
 mod hpack_tables;
 mod stream;
 
-pub use connection::{Service, serve};
+pub use connection::{Inline, Service, serve};
 pub use frame::Reason;
 pub use headers::HeaderList;
 pub use stream::{RecvHalf, Responder, StreamError};

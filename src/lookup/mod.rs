@@ -1,23 +1,29 @@
 //! LookupRoute (docs/BEHAVIOUR.md §10.2), split by where each step runs:
 //!
-//! * [`receive`] — on the core that received the call: steps 1–5 (probe tenant, budget,
-//!   requireChain gate) and prompt_text tokenization, then the hop to the owner;
-//! * [`owner`] — on the core owning the `(tenant, model)` partition: input resolution, the
-//!   index call, the floors, affinity and LFU credit.
+//! * [`receive`] — on the core that received the call: the one decision (steps 1–6: probe
+//!   tenant, budget, requireChain gate, the owner, input resolution), prompt_text
+//!   tokenization, then the hop to the owner;
+//! * [`owner`] — on the core owning the `(tenant, model)` partition: the index call, the
+//!   floors, affinity and LFU credit;
+//! * [`request`] — a request that outlives the turn it was read in.
 //!
 //! Every exit is a fail-open envelope (§10.4); nothing here returns an error status.
 
 mod owner;
 mod receive;
+mod request;
 mod spare;
 
 use std::time::Instant;
 
-use inferencecache_index::policy::ResolvedPolicy;
+use inferencecache_index::resolve::Detached;
 use inferencecache_proto::v1alpha1 as pb;
 
 pub use owner::{PoolQuery, rank_pool};
-pub use receive::{deadline_race, lookup_route, lookup_route_now};
+pub use receive::{
+    Decided, Decision, Waiting, answer_request, answer_waiting, deadline_race, decide,
+};
+pub use request::{LookupRequest, ReceivedRequest};
 pub use spare::recycle;
 
 /// Process-wide, immutable configuration of the lookup path.
@@ -39,27 +45,13 @@ pub mod reason {
     pub const TIMEOUT: &str = "TIMEOUT";
 }
 
-/// The inputs that cross the hop to the owner core.
-pub struct OwnerCall {
-    /// The request (its `model_id` moved to `model`); wire fingerprints are resolved on the
-    /// owner, which borrows them without copying.
-    pub req: pb::LookupRouteRequest,
-    /// The request's model id.
-    pub model: String,
-    /// Tokens produced by the server's tokenizer for `prompt_text`, when that path ran.
-    pub tokenized: Option<Vec<u32>>,
-    /// The tenant's resolved policy (one snapshot for the whole call).
-    pub policy: ResolvedPolicy,
-    /// Handler entry time.
-    pub start: Instant,
-    /// The effective deadline, if any.
-    pub deadline: Option<Instant>,
-    /// Engine block size for token-derived fingerprints.
-    pub block_size: i32,
+/// What crosses the hop to the owner core: the request and what the receiving core decided.
+struct OwnerCall {
+    req: LookupRequest,
+    /// The inputs resolved on the receiving core (wire fingerprints borrowed again from `req`).
+    inputs: Detached,
+    decided: Decided,
 }
-
-/// A LookupRoute answer and the request's model id (the metric label).
-type Answer = (pb::LookupRouteResponse, String);
 
 /// Microseconds since `start`, truncated (the `lookup_latency_us` field).
 fn elapsed_us(start: Instant) -> i64 {
@@ -92,3 +84,6 @@ fn envelope(reason: &str, start: Instant, token_ids: Vec<u32>) -> pb::LookupRout
 fn expired(deadline: Option<Instant>) -> bool {
     deadline.is_some_and(|d| Instant::now() >= d)
 }
+
+#[cfg(test)]
+mod tests;

@@ -1,6 +1,7 @@
-//! The owner half of LookupRoute (docs/BEHAVIOUR.md §10.2 steps 6–13, §10.6, §10.7), run on the
-//! core owning the `(tenant, model)` partition: input resolution, the min-prefix gate, the index
-//! call, the strategy gate, the result-side floors, the affinity fallback and LFU credit.
+//! The owner half of LookupRoute (docs/BEHAVIOUR.md §10.2 steps 7–13, §10.6, §10.7), run on the
+//! core owning the `(tenant, model)` partition with the inputs the receiving core resolved: the
+//! min-prefix gate, the index call, the strategy gate, the result-side floors, the affinity
+//! fallback and LFU credit.
 
 use std::time::Instant;
 
@@ -11,8 +12,10 @@ use inferencecache_index::resolve::{
 };
 use inferencecache_proto::v1alpha1 as pb;
 
+use super::receive::Decided;
+use super::request::LookupRequest;
 use super::spare::{self, ScoreOf};
-use super::{Answer, OwnerCall, expired, reason, response};
+use super::{OwnerCall, expired, reason, response};
 use crate::limits::MAX_SCORES_PER_ANSWER;
 use crate::shard::CoreState;
 use crate::sys::clock::unix_now_ns;
@@ -22,62 +25,41 @@ fn bare(reason: &str, start: Instant, echo: Vec<u32>) -> pb::LookupRouteResponse
     response(reason, start, Vec::new(), echo, String::new())
 }
 
-/// Runs steps 6–13 for a call that crossed the hop to this core.
-pub(super) fn answer(st: &mut CoreState, call: OwnerCall) -> Answer {
-    let ask = Ask {
-        model: &call.model,
-        tokenized: call.tokenized,
-        policy: &call.policy,
-        start: call.start,
-        deadline: call.deadline,
-        block_size: call.block_size,
+/// Runs steps 7–13 for a call that crossed the hop to this core, with the inputs the receiving
+/// core resolved; gives the request back (for its metric label, and to be freed where it was
+/// allocated).
+pub(super) fn answer(
+    st: &mut CoreState,
+    call: OwnerCall,
+) -> (pb::LookupRouteResponse, LookupRequest) {
+    let OwnerCall {
+        req,
+        inputs,
+        decided,
+    } = call;
+    let view = req.view();
+    let resp = match settle(inputs.attach(&view), decided.start, decided.deadline) {
+        Ok(inputs) => answer_resolved(st, &view, inputs, &decided),
+        Err(early) => early,
     };
-    let resp = answer_view(st, &LookupRouteView::from(&call.req), ask);
-    (resp, call.model)
+    (resp, req)
 }
 
-/// A call's inputs on the owner core besides the request itself.
-pub(super) struct Ask<'a> {
-    /// The request's model id (the request's own `model_id` is not read).
-    pub model: &'a str,
-    /// Tokens produced by the server's tokenizer for `prompt_text`, when that path ran.
-    pub tokenized: Option<Vec<u32>>,
-    /// The tenant's resolved policy (one snapshot for the whole call).
-    pub policy: &'a ResolvedPolicy,
-    /// Handler entry time.
-    pub start: Instant,
-    /// The effective deadline, if any.
-    pub deadline: Option<Instant>,
-    /// Engine block size for token-derived fingerprints.
-    pub block_size: i32,
-}
-
-/// Runs steps 6–13 on this core, the owner, over a borrowed request.
-pub(super) fn answer_view(
+/// Runs steps 9–13 on this core, the owner, over a borrowed request and its resolved inputs.
+pub(super) fn answer_resolved(
     st: &mut CoreState,
     req: &LookupRouteView<'_>,
-    ask: Ask<'_>,
+    inputs: ResolvedInputs<'_>,
+    decided: &Decided,
 ) -> pb::LookupRouteResponse {
-    let Ask {
-        model,
-        tokenized,
-        policy,
+    let Decided {
+        ref policy,
         start,
         deadline,
-        block_size,
-    } = ask;
+        ..
+    } = *decided;
     // Echoed in every scored answer; the resolver never reads it.
     let adapter = spare::adapter(req.adapter_id);
-    let chain_on = policy.enable_chain_matching;
-    // 6. Resolve inputs (wire fingerprints are borrowed from the request).
-    let resolution = match tokenized {
-        Some(tokens) => resolve::resolve_tokenized(tokens, chain_on, block_size),
-        None => resolve::resolve_inputs(req, chain_on, block_size),
-    };
-    let inputs = match resolved_or_fail_open(resolution, start, deadline) {
-        Ok(inputs) => inputs,
-        Err(early) => return early,
-    };
     // 9. minimumPrefixTokens: a pre-gate only when affinity is off, else a downgrade.
     let min_prefix = i64::from(policy.minimum_prefix_tokens);
     let below_min = min_prefix > 0 && inputs.effective_prefix_tokens() < min_prefix;
@@ -86,7 +68,7 @@ pub(super) fn answer_view(
     }
     // 10–11. The index call.
     let lookup_start = Instant::now();
-    let found = query_index(st, req, model, &adapter, &inputs, policy);
+    let found = query_index(st, req, &adapter, &inputs, policy);
     // The lookup ran concurrently with the deadline in the reference: a result that arrives
     // after the deadline, or a lookup slower than the budget, is a TIMEOUT (never credited).
     let budget_blown = policy
@@ -102,12 +84,13 @@ pub(super) fn answer_view(
         scores: found.scores,
         adapter,
     };
-    finish(st, req, model, &inputs, policy, scored, start)
+    finish(st, req, &inputs, policy, scored, start)
 }
 
-/// Step 7–8: the deadline after resolution wins over a fail-open answer (TIMEOUT, echoing any
-/// tokens the server produced); a fail-open resolution answers NO_HINT with its echo.
-fn resolved_or_fail_open(
+/// Steps 7–8: the deadline after resolution wins over a fail-open answer (TIMEOUT, echoing any
+/// tokens the server produced); a fail-open resolution answers NO_HINT with its echo. Checked
+/// where the inputs are resolved and again on the owner, after the hop.
+pub(super) fn settle(
     resolution: Resolution<'_>,
     start: Instant,
     deadline: Option<Instant>,
@@ -142,7 +125,6 @@ struct Found {
 fn query_index(
     st: &mut CoreState,
     req: &LookupRouteView<'_>,
-    model: &str,
     adapter: &str,
     inputs: &ResolvedInputs<'_>,
     policy: &ResolvedPolicy,
@@ -159,7 +141,7 @@ fn query_index(
     let slo = req.slo.unwrap_or_default();
     let query = LookupQuery {
         tenant: req.tenant_id,
-        model,
+        model: req.model_id,
         hash_scheme: req.hash_scheme,
         adapter,
         prefix_hash: inputs.exact_hash.as_bytes(),
@@ -239,7 +221,6 @@ struct Scored {
 fn finish(
     st: &mut CoreState,
     req: &LookupRouteView<'_>,
-    model: &str,
     inputs: &ResolvedInputs<'_>,
     policy: &ResolvedPolicy,
     scored: Scored,
@@ -254,7 +235,7 @@ fn finish(
     match strategy {
         Strategy::None => {
             if policy.affinity_routing
-                && let Some(pick) = affinity_pick(st, req, model, inputs)
+                && let Some(pick) = affinity_pick(st, req, inputs)
             {
                 let pick = ScoreOf {
                     replica: pick,
@@ -281,18 +262,13 @@ fn finish(
 fn affinity_pick<'a>(
     st: &'a CoreState,
     req: &LookupRouteView<'_>,
-    model: &str,
     inputs: &ResolvedInputs<'_>,
 ) -> Option<&'a str> {
-    let eligible = !req.tenant_id.is_empty()
-        && !model.is_empty()
-        && !req.hash_scheme.is_empty()
-        && req.block_hashes.len() == req.block_token_counts.len();
-    if !eligible {
+    if !resolve::affinity_eligible(req) {
         return None;
     }
     st.index
-        .affinity_hint_fed(req.tenant_id, model, req.hash_scheme, |sink| {
+        .affinity_hint_fed(req.tenant_id, req.model_id, req.hash_scheme, |sink| {
             inputs.feed_affinity_seed(sink)
         })
 }
@@ -329,6 +305,7 @@ pub fn rank_pool(
 ) -> (Strategy, Vec<pb::ReplicaScore>, Vec<String>) {
     let req = LookupRouteView {
         tenant_id: q.tenant,
+        model_id: q.model,
         hash_scheme: q.hash_scheme,
         prefix_hash: q.prefix_hash,
         prefix_token_count: q.prefix_token_count,
@@ -344,7 +321,7 @@ pub fn rank_pool(
     if below_min && !policy.affinity_routing {
         return (Strategy::None, Vec::new(), Vec::new());
     }
-    let found = query_index(st, &req, q.model, "", &inputs, policy);
+    let found = query_index(st, &req, "", &inputs, policy);
     let holders: Vec<String> = found.scores.iter().map(|s| s.replica_id.clone()).collect();
     let pool = Found {
         strategy: found.strategy,

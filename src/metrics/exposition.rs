@@ -295,8 +295,8 @@ fn operator_families<'a>(scrape: &'a Scrape, fams: &mut Vec<Family<'a>>) {
     for (name, help, outcomes) in outcome_counters(t) {
         if outcomes.iter().any(|(_, n)| *n > 0) {
             let write = move |e: &mut MetricEncoder| {
-                for (outcome, n) in outcomes {
-                    counter(e, &[("outcome", outcome)], n)?;
+                for (outcome, n) in &outcomes {
+                    counter(e, &[("outcome", outcome)], *n)?;
                 }
                 Ok(())
             };
@@ -371,23 +371,24 @@ fn rpc_calls<'a>(
     )
 }
 
-/// A counter family of two outcomes: name, help, each outcome's label value and count.
-type OutcomeCounter = (&'static str, &'static str, [(&'static str, u64); 2]);
+/// A counter family of a few outcomes: name, help, each outcome's label value and count.
+type OutcomeCounter = (&'static str, &'static str, Vec<(&'static str, u64)>);
 
 fn outcome_counters(t: &CoreMetrics) -> [OutcomeCounter; 2] {
     [
         (
             "inferencecache_grpc_inline_lookups",
-            "Plain LookupRoutes taken by the gRPC front end's inline path: answered in the connection's task, or handed on to the general path.",
-            [
+            "Plain LookupRoutes taken by the gRPC front end's inline path: answered in the connection's turn, decided there and awaited (owner core or tokenizer), or handed on to the general path.",
+            vec![
                 ("answered", t.inline_lookups_answered),
+                ("awaited", t.inline_lookups_awaited),
                 ("handed_on", t.inline_lookups_handed_on),
             ],
         ),
         (
             "inferencecache_spin_watch_connections",
             "Quiet connections a spinning core watched instead of polling them through io_uring: woken when their bytes arrived, or released to io_uring when the core stopped spinning.",
-            [
+            vec![
                 ("woken", t.spin_watch_woken),
                 ("released", t.spin_watch_released),
             ],
@@ -454,13 +455,13 @@ fn core_requests(cores: &[CoreView]) -> Family<'_> {
         for c in cores {
             let id = &c.core.to_string();
             counter(e, &[("core", id), ("path", "hopped")], c.metrics.hopped)?;
-            counter(e, &[("core", id), ("path", "inline")], c.metrics.inline)?;
+            counter(e, &[("core", id), ("path", "inline")], c.metrics.local)?;
         }
         Ok(())
     };
     (
         "inferencecache_core_requests",
-        "Requests per receiving core, answered inline or hopped to the owner core.",
+        "Requests per receiving core, answered there (path=\"inline\") or hopped to the owner core.",
         MetricType::Counter,
         Box::new(write),
     )

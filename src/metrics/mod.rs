@@ -135,17 +135,20 @@ pub struct CoreMetrics {
     pub ingest_refused: BTreeMap<&'static str, u64>,
     /// Incomplete gRPC request messages given up, per reason.
     pub grpc_messages_refused: BTreeMap<&'static str, u64>,
-    /// Plain LookupRoutes answered in the connection's own task (the gRPC front end's inline
+    /// Plain LookupRoutes answered in the connection's own turn (the gRPC front end's inline
     /// path).
     pub inline_lookups_answered: u64,
+    /// Plain LookupRoutes the inline path decided and sent on from the connection (to the
+    /// owner core or the tokenizer), answered when that work is done.
+    pub inline_lookups_awaited: u64,
     /// Plain LookupRoutes the inline path handed to the general path.
     pub inline_lookups_handed_on: u64,
     /// Watched quiet connections the spinning core woke when their bytes arrived.
     pub spin_watch_woken: u64,
     /// Watched quiet connections handed back to glommio's poll when the core stopped spinning.
     pub spin_watch_released: u64,
-    /// Requests answered on the core that received them.
-    pub inline: u64,
+    /// Requests answered on the core that received them (no hop).
+    pub local: u64,
     /// Requests that hopped to the owner core.
     pub hopped: u64,
     /// This core's share of `inferencecache_index_entries{model}` (last published value).
@@ -287,6 +290,7 @@ impl CoreMetrics {
             *self.grpc_messages_refused.entry(reason).or_default() += n;
         }
         self.inline_lookups_answered += other.inline_lookups_answered;
+        self.inline_lookups_awaited += other.inline_lookups_awaited;
         self.inline_lookups_handed_on += other.inline_lookups_handed_on;
         self.spin_watch_woken += other.spin_watch_woken;
         self.spin_watch_released += other.spin_watch_released;
@@ -311,7 +315,7 @@ impl CoreMetrics {
             self.maintenance_slice[kind].merge(&other.maintenance_slice[kind]);
             self.maintenance_slice_cpu[kind].merge(&other.maintenance_slice_cpu[kind]);
         }
-        self.inline += other.inline;
+        self.local += other.local;
         self.hopped += other.hopped;
         self.core_entries += other.core_entries;
         self.core_bytes += other.core_bytes;
@@ -467,14 +471,23 @@ pub fn record_grpc_message_refused(reason: &'static str) {
 
 /// One plain LookupRoute taken by the gRPC front end's inline path: answered there, or handed
 /// to the general path (split or trailed body, tokenizer, another core's partition).
-pub fn record_inline_lookup(answered: bool) {
-    with_store(|m| {
-        if answered {
-            m.inline_lookups_answered += 1
-        } else {
-            m.inline_lookups_handed_on += 1
-        }
+pub fn record_inline_lookup(outcome: InlineOutcome) {
+    with_store(|m| match outcome {
+        InlineOutcome::Answered => m.inline_lookups_answered += 1,
+        InlineOutcome::Awaited => m.inline_lookups_awaited += 1,
+        InlineOutcome::HandedOn => m.inline_lookups_handed_on += 1,
     });
+}
+
+/// What the gRPC front end's inline path did with a plain LookupRoute.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum InlineOutcome {
+    /// Answered in the connection's turn.
+    Answered,
+    /// Decided in the turn and sent on (to the owner core or the tokenizer), answered later.
+    Awaited,
+    /// Handed to the general path.
+    HandedOn,
 }
 
 /// Watched quiet connections (`runtime::watch`): `woken` when their bytes arrived while the
@@ -491,9 +504,10 @@ pub fn record_timestamp_clamped() {
     with_store(|m| m.timestamps_clamped += 1);
 }
 
-/// One request routed by the receiving core: answered inline, or hopped to its owner.
-pub fn record_hop(inline: bool) {
-    with_store(|m| if inline { m.inline += 1 } else { m.hopped += 1 });
+/// One request routed by the receiving core: answered locally (it owns the partition), or
+/// hopped to its owner.
+pub fn record_hop(local: bool) {
+    with_store(|m| if local { m.local += 1 } else { m.hopped += 1 });
 }
 
 /// Publishes this core's count of distinct non-reserved prefix keys for `model` (its share of

@@ -130,7 +130,7 @@ pub async fn drain_loop(core: usize) {
     }
 }
 
-/// Runs `f` on `owner`: inline when the caller is that core, else over the hop. Fails with
+/// Runs `f` on `owner`: locally when the caller is that core, else over the hop. Fails with
 /// [`HopError::Full`] instead of waiting when the queue is full (the lookup path fails open).
 pub async fn try_call<R, F>(owner: usize, f: F) -> Result<R, HopError>
 where

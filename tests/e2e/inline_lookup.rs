@@ -11,7 +11,7 @@ use crate::support::*;
 const LOOKUP_PATH: &str = "/inferencecache.v1alpha1.InferenceCache/LookupRoute";
 const STATE_PATH: &str = "/inferencecache.v1alpha1.InferenceCache/GetCacheState";
 /// Models whose partitions land on both cores at `--shards 2` (asserted below), so both the
-/// inline answer and the hand-off to another core are exercised.
+/// inline answer and the call sent on to another core are exercised.
 const MODELS: [&str; 6] = ["m0", "m1", "m2", "m6", "m7", "m8"];
 const HASHES: [&[u8]; 4] = [b"b0", b"b1", b"b2", b"b3"];
 const COUNTS: [i32; 4] = [16, 16, 16, 16];

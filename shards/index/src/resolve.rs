@@ -306,6 +306,8 @@ pub fn resolve_inputs<'a>(
     enable_chain_matching: bool,
     engine_block_size: i32,
 ) -> Resolution<'a> {
+    #[cfg(debug_assertions)]
+    calls::count(|c| c.resolutions += 1);
     let has_chain_fields = !req.block_hashes.is_empty() || !req.block_token_counts.is_empty();
     let has_exact = !req.prefix_hash.is_empty();
     if enable_chain_matching && (has_chain_fields || has_exact) {
@@ -397,6 +399,8 @@ pub fn resolve_tokenized(
     enable_chain_matching: bool,
     engine_block_size: i32,
 ) -> Resolution<'static> {
+    #[cfg(debug_assertions)]
+    calls::count(|c| c.resolutions += 1);
     if tokens.is_empty() {
         return Resolution::fail_open(FailOpenCause::TokenizerEmpty);
     }
@@ -425,6 +429,8 @@ fn derive(
     keep_chain: bool,
     block_size: i32,
 ) -> Option<(ResolvedChain<'static>, ExactHash<'static>, i32)> {
+    #[cfg(debug_assertions)]
+    calls::count(|c| c.fingerprints += 1);
     let mut hashes = Vec::new();
     let mut last = None;
     let mut blocks: usize = 0;
@@ -484,4 +490,137 @@ pub fn affinity_eligible(req: &LookupRouteView<'_>) -> bool {
         && !req.model_id.is_empty()
         && !req.hash_scheme.is_empty()
         && req.block_hashes.len() == req.block_token_counts.len()
+}
+
+/// A [`Resolution`] that no longer borrows its request, so it can cross to the owner core with
+/// the request instead of being worked out again there. Token-derived inputs travel as they are
+/// (they own their hashes); the request's own wire fingerprint is a marker, borrowed again from
+/// the request on arrival by [`Detached::attach`] in O(1), without copying a hash.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Detached {
+    /// Inputs that own everything they hold (fingerprinted from tokens).
+    Owned(ResolvedInputs<'static>),
+    /// The request's `prefix_hash` / `prefix_token_count`, with its wire chain when `chain`.
+    Wire {
+        /// Whether the request's `block_hashes` / `block_token_counts` are the chain.
+        chain: bool,
+        /// [`ResolvedInputs::chain_ignored`].
+        chain_ignored: bool,
+    },
+    /// Answer `NO_HINT` (see [`Resolution::FailOpen`]).
+    FailOpen {
+        /// Why (for logs).
+        cause: FailOpenCause,
+        /// Tokens to echo.
+        echo: Vec<u32>,
+    },
+    /// The prompt must be tokenized first (see [`Resolution::Tokenize`]).
+    Tokenize,
+}
+
+impl Resolution<'_> {
+    /// This resolution without its borrows of the request (see [`Detached`]).
+    pub fn detach(self) -> Detached {
+        let inputs = match self {
+            Resolution::Resolved(inputs) => inputs,
+            Resolution::FailOpen { cause, echo } => return Detached::FailOpen { cause, echo },
+            Resolution::Tokenize { .. } => return Detached::Tokenize,
+        };
+        let ResolvedInputs {
+            chain,
+            exact_hash,
+            exact_tokens,
+            chain_ignored,
+            echo,
+        } = inputs;
+        // The wire path's exact key is always the request's own (`wire_exact`), and a wire
+        // chain always comes with it; token-derived inputs never borrow.
+        let chain = match (chain, exact_hash) {
+            (ResolvedChain::Wire { .. }, _) => {
+                return Detached::Wire {
+                    chain: true,
+                    chain_ignored,
+                };
+            }
+            (_, ExactHash::Wire(_)) => {
+                return Detached::Wire {
+                    chain: false,
+                    chain_ignored,
+                };
+            }
+            (ResolvedChain::Derived { hashes, block_size }, _) => {
+                ResolvedChain::Derived { hashes, block_size }
+            }
+            (ResolvedChain::None, _) => ResolvedChain::None,
+        };
+        let ExactHash::Derived(exact) = exact_hash else {
+            unreachable!("wire keys returned above")
+        };
+        Detached::Owned(ResolvedInputs {
+            chain,
+            exact_hash: ExactHash::Derived(exact),
+            exact_tokens,
+            chain_ignored,
+            echo,
+        })
+    }
+}
+
+impl Detached {
+    /// The resolution again, borrowing `req`, the request it was detached from.
+    pub fn attach<'a>(self, req: &LookupRouteView<'a>) -> Resolution<'a> {
+        match self {
+            Detached::Owned(inputs) => Resolution::Resolved(inputs),
+            Detached::Wire {
+                chain,
+                chain_ignored,
+            } => {
+                let mut inputs = wire_exact(req, chain_ignored);
+                if chain {
+                    inputs.chain = ResolvedChain::Wire {
+                        hashes: req.block_hashes,
+                        counts: req.block_token_counts,
+                    };
+                }
+                Resolution::Resolved(inputs)
+            }
+            Detached::FailOpen { cause, echo } => Resolution::FailOpen { cause, echo },
+            Detached::Tokenize => Resolution::Tokenize {
+                prompt_text: req.prompt_text,
+            },
+        }
+    }
+}
+
+/// Debug builds count the resolutions and fingerprints made on each thread, so a test can
+/// check that a request is resolved once however many cores it crosses.
+#[cfg(debug_assertions)]
+pub mod calls {
+    use std::cell::Cell;
+
+    /// Calls made on one thread.
+    #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+    pub struct Calls {
+        /// [`super::resolve_inputs`] and [`super::resolve_tokenized`].
+        pub resolutions: u64,
+        /// Token lists fingerprinted.
+        pub fingerprints: u64,
+    }
+
+    thread_local! {
+        static CALLS: Cell<Calls> = const {
+            Cell::new(Calls { resolutions: 0, fingerprints: 0 })
+        };
+    }
+
+    pub(super) fn count(f: impl FnOnce(&mut Calls)) {
+        let mut c = CALLS.get();
+        f(&mut c);
+        CALLS.set(c);
+    }
+
+    /// The calls made on this thread so far.
+    pub fn on_this_thread() -> Calls {
+        CALLS.get()
+    }
 }

@@ -520,3 +520,46 @@ fn affinity_eligibility_on_raw_request() {
 fn hex(b: &[u8]) -> String {
     b.iter().map(|x| format!("{x:02x}")).collect()
 }
+
+/// A resolution detached from its request (to cross to the owner core with it) and attached to
+/// it again is the same resolution, for every kind of input, with chain matching on and off.
+#[test]
+fn a_detached_resolution_attaches_to_its_request_as_it_was() {
+    let tokens = |n: u32| LookupRouteRequest {
+        token_ids: (0..n).collect(),
+        ..req()
+    };
+    let mut malformed = chain_req(&["aa", "bb"], &[16]);
+    malformed.prefix_hash = b"p".to_vec();
+    let mut chain_and_exact = chain_req(&["aa", "bb"], &[16, 16]);
+    chain_and_exact.prefix_hash = b"p".to_vec();
+    chain_and_exact.prefix_token_count = 32;
+    let requests = [
+        req(),
+        chain_req(&["aa", "bb"], &[16, 16]),
+        chain_and_exact,
+        malformed,
+        LookupRouteRequest {
+            prefix_hash: b"p".to_vec(),
+            prefix_token_count: 7,
+            ..req()
+        },
+        tokens(3 * BS as u32 + 5),
+        tokens(2),
+        LookupRouteRequest {
+            prompt_text: "hello".into(),
+            ..req()
+        },
+        LookupRouteRequest {
+            prompt_text: "x".repeat(MAX_PROMPT_TEXT_BYTES + 1),
+            ..req()
+        },
+    ];
+    for r in &requests {
+        for chain_on in [true, false] {
+            let once = resolve_inputs(r, chain_on, BS);
+            let again = once.clone().detach().attach(&r.into());
+            assert_eq!(again, once, "{r:?}, chain matching {chain_on}");
+        }
+    }
+}
