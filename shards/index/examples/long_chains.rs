@@ -161,7 +161,6 @@ fn run(blocks: u64) -> Sample {
             s.estimated_cache_hit_prob.to_bits().hash(&mut digest);
             s.tier.hash(&mut digest);
         }
-        v.lfu_hits.len().hash(&mut digest);
     }
     lat.sort_unstable();
     Sample {
