@@ -214,7 +214,9 @@ fn main() {
             samples[0].digest,
         ));
     }
-    println!("| blocks | store ns/block | lookup p50 µs | p99 µs | bytes per block-hold | answers digest |");
+    println!(
+        "| blocks | store ns/block | lookup p50 µs | p99 µs | bytes per block-hold | answers digest |"
+    );
     println!("|---|---|---|---|---|---|");
     for (b, st, p50, p99, bytes, d) in table {
         println!("| {b} | {st:.1} | {p50:.2} | {p99:.2} | {bytes:.1} | {d:016x} |");

@@ -540,18 +540,21 @@ impl Index {
         sc.runs.clear();
         sc.run_hits.clear();
         // Blocks are resolved in batches: the table probes of one batch are independent, so
-        // their cache misses overlap instead of serialising block by block.
+        // their cache misses overlap instead of serialising block by block. Most blocks need
+        // no probe: a stored chain's next block is usually the next key record in the slab.
         const BATCH: usize = 8;
         let n = hashes.len();
         let mut batch = [(KeyId { ks: 0, h: 0 }, NIL); BATCH];
         let mut start = 0;
+        let mut prev = NIL;
         while start < n {
             let end = (start + BATCH).min(n);
             for (slot, hash) in batch.iter_mut().zip(&hashes[start..end]) {
                 *slot = match self.cat.key_for(ks, hash.as_ref()) {
-                    Some(k) => (k, self.store.find(k).unwrap_or(NIL)),
+                    Some(k) => (k, self.store.find_after(prev, k).unwrap_or(NIL)),
                     None => (KeyId { ks: 0, h: 0 }, NIL),
                 };
+                prev = slot.1;
             }
             for i in start..end {
                 let block = batch[i - start];
