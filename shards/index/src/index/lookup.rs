@@ -5,7 +5,7 @@
 //! buffers owned by the index and reused; the result is returned as a view borrowing them.
 
 use super::ranking::{self, Tier, distinguishing_power, freshness, recency};
-use super::store::{Holder, KeyId, NIL, Store};
+use super::store::{KeyId, NIL, Store};
 use super::{Catalog, DEAD, Index};
 use crate::rules::{Eviction, TenantRules};
 use sha2::{Digest, Sha256};
@@ -249,36 +249,80 @@ struct Run {
     scored: bool,
 }
 
+/// A replica's run in the current lookup: `runs[run]`, valid when `epoch` is the lookup's.
+#[derive(Clone, Copy, Default)]
+struct RunSlot {
+    epoch: u32,
+    run: u32,
+}
+
 /// Reusable per-lookup buffers.
 #[derive(Default)]
 pub(crate) struct Scratch {
     runs: Vec<Run>,
-    /// replica id → run index, valid when `stamp[replica] == epoch`.
-    run_of: Vec<u32>,
-    stamp: Vec<u32>,
+    /// replica id → its run in this lookup.
+    slots: Vec<RunSlot>,
     epoch: u32,
     run_hits: Vec<(u32, LfuHit)>, // (run index, hit)
 }
 
 impl Scratch {
     fn next_epoch(&mut self, replicas: usize) {
-        if self.stamp.len() < replicas {
-            self.stamp.resize(replicas, 0);
-            self.run_of.resize(replicas, 0);
+        if self.slots.len() < replicas {
+            self.slots.resize(replicas, RunSlot::default());
         }
         self.epoch = self.epoch.wrapping_add(1);
         if self.epoch == 0 {
-            self.stamp.iter_mut().for_each(|s| *s = 0);
+            self.slots.iter_mut().for_each(|s| s.epoch = 0);
             self.epoch = 1;
         }
     }
 }
 
 impl Scratch {
-    /// Extends the runs by chain block `block` (`entry` = its key and slab position; `count` =
-    /// the request's token count for it): block 0 starts a run per live holder, later blocks
-    /// extend only runs that reached the previous block. Records an LFU hit per extended run
-    /// when `lfu`. Returns how many runs reached it.
+    /// Block 0 of a chain (`entry` = its key and slab position; `count` = the request's token
+    /// count for it): starts a run per live holder, with an LFU hit each when `lfu`. Returns
+    /// how many runs started.
+    #[inline]
+    fn start_runs(
+        &mut self,
+        store: &Store,
+        entry: (KeyId, u32),
+        count: i32,
+        (now, ttl): (i64, i64),
+        lfu: bool,
+    ) -> usize {
+        let (key, pos) = entry;
+        store.visit_holders(pos, |h| {
+            // freshness > 0 ⇔ age < ttl (ttl > 0 here).
+            if now.saturating_sub(h.last_seen()) < ttl {
+                let r = h.replica();
+                let run = self.runs.len() as u32;
+                self.slots[r as usize] = RunSlot {
+                    epoch: self.epoch,
+                    run,
+                };
+                self.runs.push(Run {
+                    replica: r,
+                    matched: count,
+                    oldest: h.last_seen(),
+                    tier: h.tier(),
+                    last_block: 0,
+                    scored: false,
+                });
+                if lfu {
+                    self.run_hits.push((run, LfuHit { key, replica: r }));
+                }
+            }
+            true
+        });
+        self.runs.len()
+    }
+
+    /// Extends by chain block `block > 0` the runs that reached `block - 1` (`alive` of them)
+    /// and whose replica holds a live entry for it, with an LFU hit each when `lfu`; a run
+    /// that missed a block froze and never rejoins. Stops visiting the block's holders once
+    /// every live run is extended. Returns how many runs reached `block`.
     #[inline]
     #[allow(clippy::too_many_arguments)]
     fn extend_runs(
@@ -287,63 +331,34 @@ impl Scratch {
         block: usize,
         entry: (KeyId, u32),
         count: i32,
-        now: i64,
-        ttl: i64,
+        (now, ttl): (i64, i64),
+        alive: usize,
         lfu: bool,
     ) -> usize {
         let (key, pos) = entry;
+        let (epoch, prev) = (self.epoch, block as u32 - 1);
         let mut running = 0usize;
-        for (_, h) in store.holders(pos) {
+        store.visit_holders(pos, |h| {
             let r = h.replica();
-            // freshness > 0 ⇔ age < ttl (ttl > 0 here).
-            if now.saturating_sub(h.last_seen()) >= ttl {
-                continue;
+            let slot = self.slots[r as usize];
+            if slot.epoch != epoch || now.saturating_sub(h.last_seen()) >= ttl {
+                return true;
             }
-            if block == 0 {
-                self.start_run(r, count, h);
-            } else if !self.extend_run(r, block, count, h) {
-                continue;
+            let run = &mut self.runs[slot.run as usize];
+            if run.last_block != prev {
+                return true;
             }
+            run.matched = run.matched.wrapping_add(count);
+            run.oldest = run.oldest.min(h.last_seen());
+            run.tier = ranking::worst_tier(run.tier, h.tier());
+            run.last_block = block as u32;
             if lfu {
-                let run_idx = self.run_of[r as usize];
-                self.run_hits.push((run_idx, LfuHit { key, replica: r }));
+                self.run_hits.push((slot.run, LfuHit { key, replica: r }));
             }
             running += 1;
-        }
-        running
-    }
-
-    /// Opens replica `r`'s run at block 0.
-    #[inline]
-    fn start_run(&mut self, r: u32, count: i32, h: &Holder) {
-        self.stamp[r as usize] = self.epoch;
-        self.run_of[r as usize] = self.runs.len() as u32;
-        self.runs.push(Run {
-            replica: r,
-            matched: count,
-            oldest: h.last_seen(),
-            tier: h.tier(),
-            last_block: 0,
-            scored: false,
+            running < alive
         });
-    }
-
-    /// Extends replica `r`'s run to `block` if it reached `block - 1`; false when `r` has no
-    /// run or its run froze earlier (a frozen run can never rejoin).
-    #[inline]
-    fn extend_run(&mut self, r: u32, block: usize, count: i32, h: &Holder) -> bool {
-        if self.stamp[r as usize] != self.epoch {
-            return false;
-        }
-        let run = &mut self.runs[self.run_of[r as usize] as usize];
-        if run.last_block as usize != block - 1 {
-            return false;
-        }
-        run.matched = run.matched.wrapping_add(count);
-        run.oldest = run.oldest.min(h.last_seen());
-        run.tier = ranking::worst_tier(run.tier, h.tier());
-        run.last_block = block as u32;
-        true
+        running
     }
 }
 
@@ -547,6 +562,7 @@ impl Index {
         let mut batch = [(KeyId { ks: 0, h: 0 }, NIL); BATCH];
         let mut start = 0;
         let mut prev = NIL;
+        let mut alive = 0;
         while start < n {
             let end = (start + BATCH).min(n);
             for (slot, hash) in batch.iter_mut().zip(&hashes[start..end]) {
@@ -561,8 +577,13 @@ impl Index {
                 if block.1 == NIL {
                     return;
                 }
-                let count = counts[i];
-                if sc.extend_runs(&self.store, i, block, count, now, ttl, lfu) == 0 {
+                alive = if i == 0 {
+                    sc.start_runs(&self.store, block, counts[i], (now, ttl), lfu)
+                } else {
+                    let clock = (now, ttl);
+                    sc.extend_runs(&self.store, i, block, counts[i], clock, alive, lfu)
+                };
+                if alive == 0 {
                     return;
                 }
             }

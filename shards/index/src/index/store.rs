@@ -369,6 +369,34 @@ impl Store {
         }
     }
 
+    /// Calls `visit` with each holder of the key at `pos`, in [`Store::holders`] order, until
+    /// it returns false. A loop per holder form (inline, overflow chain, a wide set's slice)
+    /// instead of the iterator's state machine: the chain walk of a lookup calls this for
+    /// every block, and the shared blocks of a fleet are held by every replica.
+    #[inline(always)]
+    pub fn visit_holders(&self, pos: u32, mut visit: impl FnMut(&Holder) -> bool) {
+        let rec = self.keys.get(pos);
+        if !visit(&rec.first) || rec.next == NIL {
+            return;
+        }
+        if rec.next & WIDE_FLAG != 0 {
+            for h in &self.wides[(rec.next & !WIDE_FLAG) as usize].holders {
+                if !visit(h) {
+                    return;
+                }
+            }
+            return;
+        }
+        let mut cur = rec.next;
+        while cur != NIL {
+            let o = self.over.get(cur);
+            if !visit(&o.holder) {
+                return;
+            }
+            cur = o.next;
+        }
+    }
+
     /// The holder of `replica` in the key at `pos` (O(1) for wide keys, a walk of at most
     /// [`CHAIN_MAX`] overflow holders otherwise).
     pub fn find_holder(&self, pos: u32, replica: u32) -> Option<HolderPos> {
