@@ -5,7 +5,7 @@
 //! buffers owned by the index and reused; the result is returned as a view borrowing them.
 
 use super::ranking::{self, Tier, distinguishing_power, freshness, recency};
-use super::store::{KeyId, NIL, Store};
+use super::store::{Holder, KeyId, MoreHolders, NIL, Store};
 use super::{Catalog, DEAD, Index};
 use crate::rules::{Eviction, TenantRules};
 use sha2::{Digest, Sha256};
@@ -279,86 +279,139 @@ impl Scratch {
     }
 }
 
+/// What extending the runs by one block needs besides the holder.
+#[derive(Clone, Copy)]
+struct Step {
+    /// The block's key (for LFU hits).
+    key: KeyId,
+    /// The block's number in the request.
+    block: u32,
+    /// The request's token count for it.
+    count: i32,
+    now: i64,
+    /// The tenant's TTL (> 0): an entry is live while `now - last_seen < ttl`.
+    ttl: i64,
+    /// Record an LFU hit per extended run.
+    lfu: bool,
+}
+
+impl Step {
+    /// freshness > 0 ⇔ age < ttl (ttl > 0 here).
+    #[inline(always)]
+    fn live(&self, h: &Holder) -> bool {
+        self.now.saturating_sub(h.last_seen()) < self.ttl
+    }
+}
+
 impl Scratch {
-    /// Block 0 of a chain (`entry` = its key and slab position; `count` = the request's token
-    /// count for it): starts a run per live holder, with an LFU hit each when `lfu`. Returns
-    /// how many runs started.
+    /// Block 0 of a chain (slab position `pos`): starts a run per live holder. Returns how
+    /// many runs started.
     #[inline]
-    fn start_runs(
-        &mut self,
-        store: &Store,
-        entry: (KeyId, u32),
-        count: i32,
-        (now, ttl): (i64, i64),
-        lfu: bool,
-    ) -> usize {
-        let (key, pos) = entry;
-        store.visit_holders(pos, |h| {
-            // freshness > 0 ⇔ age < ttl (ttl > 0 here).
-            if now.saturating_sub(h.last_seen()) < ttl {
-                let r = h.replica();
-                let run = self.runs.len() as u32;
-                self.slots[r as usize] = RunSlot {
-                    epoch: self.epoch,
-                    run,
-                };
-                self.runs.push(Run {
-                    replica: r,
-                    matched: count,
-                    oldest: h.last_seen(),
-                    tier: h.tier(),
-                    last_block: 0,
-                    scored: false,
-                });
-                if lfu {
-                    self.run_hits.push((run, LfuHit { key, replica: r }));
+    fn start_runs(&mut self, store: &Store, pos: u32, step: &Step) -> usize {
+        let (first, more) = store.holder_parts(pos);
+        self.start_run(first, step);
+        match more {
+            MoreHolders::None => {}
+            MoreHolders::Wide(hs) => hs.iter().for_each(|h| self.start_run(h, step)),
+            MoreHolders::Chain(mut at) => {
+                while at != NIL {
+                    let (h, next) = store.over_holder(at);
+                    self.start_run(h, step);
+                    at = next;
                 }
             }
-            true
-        });
+        }
         self.runs.len()
     }
 
-    /// Extends by chain block `block > 0` the runs that reached `block - 1` (`alive` of them)
-    /// and whose replica holds a live entry for it, with an LFU hit each when `lfu`; a run
-    /// that missed a block froze and never rejoins. Stops visiting the block's holders once
-    /// every live run is extended. Returns how many runs reached `block`.
-    #[inline]
-    #[allow(clippy::too_many_arguments)]
-    fn extend_runs(
-        &mut self,
-        store: &Store,
-        block: usize,
-        entry: (KeyId, u32),
-        count: i32,
-        (now, ttl): (i64, i64),
-        alive: usize,
-        lfu: bool,
-    ) -> usize {
-        let (key, pos) = entry;
-        let (epoch, prev) = (self.epoch, block as u32 - 1);
-        let mut running = 0usize;
-        store.visit_holders(pos, |h| {
-            let r = h.replica();
-            let slot = self.slots[r as usize];
-            if slot.epoch != epoch || now.saturating_sub(h.last_seen()) >= ttl {
-                return true;
-            }
-            let run = &mut self.runs[slot.run as usize];
-            if run.last_block != prev {
-                return true;
-            }
-            run.matched = run.matched.wrapping_add(count);
-            run.oldest = run.oldest.min(h.last_seen());
-            run.tier = ranking::worst_tier(run.tier, h.tier());
-            run.last_block = block as u32;
-            if lfu {
-                self.run_hits.push((slot.run, LfuHit { key, replica: r }));
-            }
-            running += 1;
-            running < alive
+    /// Opens holder `h`'s run at block 0 if its entry is live.
+    #[inline(always)]
+    fn start_run(&mut self, h: &Holder, step: &Step) {
+        if !step.live(h) {
+            return;
+        }
+        let r = h.replica();
+        let run = self.runs.len() as u32;
+        self.slots[r as usize] = RunSlot {
+            epoch: self.epoch,
+            run,
+        };
+        self.runs.push(Run {
+            replica: r,
+            matched: step.count,
+            oldest: h.last_seen(),
+            tier: h.tier(),
+            last_block: 0,
+            scored: false,
         });
+        if step.lfu {
+            self.run_hits.push((
+                run,
+                LfuHit {
+                    key: step.key,
+                    replica: r,
+                },
+            ));
+        }
+    }
+
+    /// Extends by block `step.block > 0` (slab position `pos`) the runs that reached the
+    /// previous block (`alive` of them) and whose replica holds a live entry for it; a run
+    /// that missed a block froze and never rejoins. Stops visiting the block's holders once
+    /// every live run is extended. Returns how many runs reached the block.
+    #[inline]
+    fn extend_runs(&mut self, store: &Store, pos: u32, step: &Step, alive: usize) -> usize {
+        let (first, more) = store.holder_parts(pos);
+        let mut running = usize::from(self.extend_run(first, step));
+        if running == alive {
+            return running;
+        }
+        match more {
+            MoreHolders::None => {}
+            MoreHolders::Wide(hs) => {
+                for h in hs {
+                    running += usize::from(self.extend_run(h, step));
+                    if running == alive {
+                        break;
+                    }
+                }
+            }
+            MoreHolders::Chain(mut at) => {
+                while at != NIL && running < alive {
+                    let (h, next) = store.over_holder(at);
+                    running += usize::from(self.extend_run(h, step));
+                    at = next;
+                }
+            }
+        }
         running
+    }
+
+    /// Extends holder `h`'s run to `step.block` if its entry is live and its run reached the
+    /// previous block.
+    #[inline(always)]
+    fn extend_run(&mut self, h: &Holder, step: &Step) -> bool {
+        let r = h.replica();
+        let slot = self.slots[r as usize];
+        if slot.epoch != self.epoch || !step.live(h) {
+            return false;
+        }
+        let run = &mut self.runs[slot.run as usize];
+        if run.last_block + 1 != step.block {
+            return false;
+        }
+        run.matched = run.matched.wrapping_add(step.count);
+        run.oldest = run.oldest.min(h.last_seen());
+        run.tier = ranking::worst_tier(run.tier, h.tier());
+        run.last_block = step.block;
+        if step.lfu {
+            let hit = LfuHit {
+                key: step.key,
+                replica: r,
+            };
+            self.run_hits.push((slot.run, hit));
+        }
+        true
     }
 }
 
@@ -577,11 +630,18 @@ impl Index {
                 if block.1 == NIL {
                     return;
                 }
+                let step = Step {
+                    key: block.0,
+                    block: i as u32,
+                    count: counts[i],
+                    now,
+                    ttl,
+                    lfu,
+                };
                 alive = if i == 0 {
-                    sc.start_runs(&self.store, block, counts[i], (now, ttl), lfu)
+                    sc.start_runs(&self.store, block.1, &step)
                 } else {
-                    let clock = (now, ttl);
-                    sc.extend_runs(&self.store, i, block, counts[i], clock, alive, lfu)
+                    sc.extend_runs(&self.store, block.1, &step, alive)
                 };
                 if alive == 0 {
                     return;

@@ -228,6 +228,16 @@ pub(crate) enum HolderUpsert {
     Full,
 }
 
+/// A key's holders after the inline one (see [`Store::holder_parts`]).
+pub(crate) enum MoreHolders<'a> {
+    /// The inline holder is the only one.
+    None,
+    /// An overflow chain from this position (walk it with [`Store::over_holder`]).
+    Chain(u32),
+    /// A wide set's holders.
+    Wide(&'a [Holder]),
+}
+
 /// Decodes a `next` link.
 fn link(next: u32) -> Option<HolderPos> {
     if next == NIL {
@@ -369,32 +379,28 @@ impl Store {
         }
     }
 
-    /// Calls `visit` with each holder of the key at `pos`, in [`Store::holders`] order, until
-    /// it returns false. A loop per holder form (inline, overflow chain, a wide set's slice)
-    /// instead of the iterator's state machine: the chain walk of a lookup calls this for
-    /// every block, and the shared blocks of a fleet are held by every replica.
-    #[inline(always)]
-    pub fn visit_holders(&self, pos: u32, mut visit: impl FnMut(&Holder) -> bool) {
+    /// The holders of the key at `pos` as its inline holder and the rest, for loops that walk
+    /// them per form (the chain walk of a lookup visits every block's holders, and the shared
+    /// blocks of a fleet are held by every replica): the same order as [`Store::holders`]
+    /// without the iterator's state machine per holder.
+    #[inline]
+    pub fn holder_parts(&self, pos: u32) -> (&Holder, MoreHolders<'_>) {
         let rec = self.keys.get(pos);
-        if !visit(&rec.first) || rec.next == NIL {
-            return;
-        }
-        if rec.next & WIDE_FLAG != 0 {
-            for h in &self.wides[(rec.next & !WIDE_FLAG) as usize].holders {
-                if !visit(h) {
-                    return;
-                }
-            }
-            return;
-        }
-        let mut cur = rec.next;
-        while cur != NIL {
-            let o = self.over.get(cur);
-            if !visit(&o.holder) {
-                return;
-            }
-            cur = o.next;
-        }
+        let more = if rec.next == NIL {
+            MoreHolders::None
+        } else if rec.next & WIDE_FLAG != 0 {
+            MoreHolders::Wide(&self.wides[(rec.next & !WIDE_FLAG) as usize].holders)
+        } else {
+            MoreHolders::Chain(rec.next)
+        };
+        (&rec.first, more)
+    }
+
+    /// The overflow holder at `o` and the next link of its chain ([`NIL`] at the end).
+    #[inline]
+    pub fn over_holder(&self, o: u32) -> (&Holder, u32) {
+        let rec = self.over.get(o);
+        (&rec.holder, rec.next)
     }
 
     /// The holder of `replica` in the key at `pos` (O(1) for wide keys, a walk of at most
