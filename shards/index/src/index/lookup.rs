@@ -610,6 +610,7 @@ impl Index {
         // Blocks are resolved in batches: the table probes of one batch are independent, so
         // their cache misses overlap instead of serialising block by block. Most blocks need
         // no probe: a stored chain's next block is usually the next key record in the slab.
+        // A block the index does not hold ends the walk, so the blocks after it are not resolved.
         const BATCH: usize = 8;
         let n = hashes.len();
         let mut batch = [(KeyId { ks: 0, h: 0 }, NIL); BATCH];
@@ -624,6 +625,10 @@ impl Index {
                     None => (KeyId { ks: 0, h: 0 }, NIL),
                 };
                 prev = slot.1;
+                if prev == NIL {
+                    // The walk ends at this block: the rest of the batch is never read.
+                    break;
+                }
             }
             for i in start..end {
                 let block = batch[i - start];
