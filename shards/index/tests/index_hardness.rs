@@ -356,3 +356,25 @@ fn carried_lfu_hits_survive_a_reclaim() {
     assert_eq!(ix.credit_hits("t", &hits, |_| true, &rules), 0);
     assert!(ix.dump_entries().iter().all(|e| e.access_count == 0));
 }
+
+/// LFU hits are collected only for a tenant whose policy is LFU (nothing else is ever credited),
+/// on the chain and the exact path; an LFU tenant gets one per (block, scored holder).
+#[test]
+fn lfu_hits_only_under_lfu() {
+    let lfu = Rules::lfu("t");
+    let mut ix = index_cfg(|_| {});
+    for r in ["r1", "r2"] {
+        ix.ingest(
+            &upd_r(r, vec![chain_entry(&[b"b1", b"b2", b"b3"], 16)]),
+            T0,
+            &NoRules,
+        );
+    }
+    let c = chain(&[b"b1", b"b2", b"b3"], 16);
+    for (q, per_lfu) in [(c.q(), 6), (q_exact(b"b2"), 2)] {
+        let lru_view = ix.lookup_route(&q, T0, &NoRules);
+        assert_eq!(lru_view.strategy, Strategy::PrefixMatch);
+        assert!(lru_view.lfu_hits.is_empty());
+        assert_eq!(ix.lookup_route(&q, T0, &lfu).lfu_hits.len(), per_lfu);
+    }
+}

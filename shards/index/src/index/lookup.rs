@@ -5,7 +5,7 @@
 //! buffers owned by the index and reused; the result is returned as a view borrowing them.
 
 use super::ranking::{self, Tier, distinguishing_power, freshness, recency};
-use super::store::{Holder, KeyId, NIL, Store};
+use super::store::{Holder, KeyId, MoreHolders, NIL, Store};
 use super::{Catalog, DEAD, Index};
 use crate::rules::{Eviction, TenantRules};
 use sha2::{Digest, Sha256};
@@ -201,7 +201,9 @@ pub struct LookupView<'a> {
     pub strategy: Strategy,
     /// Scores in final order (score desc, replica id asc).
     pub scores: &'a [Score],
-    /// LFU hits of all scored replicas (filter by replica before crediting).
+    /// LFU hits of all scored replicas (filter by replica before crediting). Empty unless the
+    /// tenant's policy resolved to LFU at lookup time: only LFU tenants are ever credited, and
+    /// collecting a hit per (block, holder) cost ~20% of a long chain's lookup.
     pub lfu_hits: &'a [LfuHit],
     cat: &'a Catalog,
 }
@@ -247,95 +249,168 @@ struct Run {
     scored: bool,
 }
 
+/// A replica's run in the current lookup: `runs[run]`, valid when `epoch` is the lookup's.
+#[derive(Clone, Copy, Default)]
+struct RunSlot {
+    epoch: u32,
+    run: u32,
+}
+
 /// Reusable per-lookup buffers.
 #[derive(Default)]
 pub(crate) struct Scratch {
     runs: Vec<Run>,
-    /// replica id → run index, valid when `stamp[replica] == epoch`.
-    run_of: Vec<u32>,
-    stamp: Vec<u32>,
+    /// replica id → its run in this lookup.
+    slots: Vec<RunSlot>,
     epoch: u32,
     run_hits: Vec<(u32, LfuHit)>, // (run index, hit)
 }
 
 impl Scratch {
     fn next_epoch(&mut self, replicas: usize) {
-        if self.stamp.len() < replicas {
-            self.stamp.resize(replicas, 0);
-            self.run_of.resize(replicas, 0);
+        if self.slots.len() < replicas {
+            self.slots.resize(replicas, RunSlot::default());
         }
         self.epoch = self.epoch.wrapping_add(1);
         if self.epoch == 0 {
-            self.stamp.iter_mut().for_each(|s| *s = 0);
+            self.slots.iter_mut().for_each(|s| s.epoch = 0);
             self.epoch = 1;
         }
     }
 }
 
+/// What extending the runs by one block needs besides the holder.
+#[derive(Clone, Copy)]
+struct Step {
+    /// The block's key (for LFU hits).
+    key: KeyId,
+    /// The block's number in the request.
+    block: u32,
+    /// The request's token count for it.
+    count: i32,
+    now: i64,
+    /// The tenant's TTL (> 0): an entry is live while `now - last_seen < ttl`.
+    ttl: i64,
+    /// Record an LFU hit per extended run.
+    lfu: bool,
+}
+
+impl Step {
+    /// freshness > 0 ⇔ age < ttl (ttl > 0 here).
+    #[inline(always)]
+    fn live(&self, h: &Holder) -> bool {
+        self.now.saturating_sub(h.last_seen()) < self.ttl
+    }
+}
+
 impl Scratch {
-    /// Extends the runs by chain block `block` (`entry` = its key and slab position; `count` =
-    /// the request's token count for it): block 0 starts a run per live holder, later blocks
-    /// extend only runs that reached the previous block. Returns how many runs reached it.
+    /// Block 0 of a chain (slab position `pos`): starts a run per live holder. Returns how
+    /// many runs started.
     #[inline]
-    fn extend_runs(
-        &mut self,
-        store: &Store,
-        block: usize,
-        entry: (KeyId, u32),
-        count: i32,
-        now: i64,
-        ttl: i64,
-    ) -> usize {
-        let (key, pos) = entry;
-        let mut running = 0usize;
-        for (_, h) in store.holders(pos) {
-            let r = h.replica();
-            // freshness > 0 ⇔ age < ttl (ttl > 0 here).
-            if now.saturating_sub(h.last_seen()) >= ttl {
-                continue;
+    fn start_runs(&mut self, store: &Store, pos: u32, step: &Step) -> usize {
+        let (first, more) = store.holder_parts(pos);
+        self.start_run(first, step);
+        match more {
+            MoreHolders::None => {}
+            MoreHolders::Wide(hs) => hs.iter().for_each(|h| self.start_run(h, step)),
+            MoreHolders::Chain(mut at) => {
+                while at != NIL {
+                    let (h, next) = store.over_holder(at);
+                    self.start_run(h, step);
+                    at = next;
+                }
             }
-            if block == 0 {
-                self.start_run(r, count, h);
-            } else if !self.extend_run(r, block, count, h) {
-                continue;
-            }
-            let run_idx = self.run_of[r as usize];
-            self.run_hits.push((run_idx, LfuHit { key, replica: r }));
-            running += 1;
         }
-        running
+        self.runs.len()
     }
 
-    /// Opens replica `r`'s run at block 0.
-    #[inline]
-    fn start_run(&mut self, r: u32, count: i32, h: &Holder) {
-        self.stamp[r as usize] = self.epoch;
-        self.run_of[r as usize] = self.runs.len() as u32;
+    /// Opens holder `h`'s run at block 0 if its entry is live.
+    #[inline(always)]
+    fn start_run(&mut self, h: &Holder, step: &Step) {
+        if !step.live(h) {
+            return;
+        }
+        let r = h.replica();
+        let run = self.runs.len() as u32;
+        self.slots[r as usize] = RunSlot {
+            epoch: self.epoch,
+            run,
+        };
         self.runs.push(Run {
             replica: r,
-            matched: count,
+            matched: step.count,
             oldest: h.last_seen(),
             tier: h.tier(),
             last_block: 0,
             scored: false,
         });
+        if step.lfu {
+            self.run_hits.push((
+                run,
+                LfuHit {
+                    key: step.key,
+                    replica: r,
+                },
+            ));
+        }
     }
 
-    /// Extends replica `r`'s run to `block` if it reached `block - 1`; false when `r` has no
-    /// run or its run froze earlier (a frozen run can never rejoin).
+    /// Extends by block `step.block > 0` (slab position `pos`) the runs that reached the
+    /// previous block (`alive` of them) and whose replica holds a live entry for it; a run
+    /// that missed a block froze and never rejoins. Stops visiting the block's holders once
+    /// every live run is extended. Returns how many runs reached the block.
     #[inline]
-    fn extend_run(&mut self, r: u32, block: usize, count: i32, h: &Holder) -> bool {
-        if self.stamp[r as usize] != self.epoch {
+    fn extend_runs(&mut self, store: &Store, pos: u32, step: &Step, alive: usize) -> usize {
+        let (first, more) = store.holder_parts(pos);
+        let mut running = usize::from(self.extend_run(first, step));
+        if running == alive {
+            return running;
+        }
+        match more {
+            MoreHolders::None => {}
+            MoreHolders::Wide(hs) => {
+                for h in hs {
+                    running += usize::from(self.extend_run(h, step));
+                    if running == alive {
+                        break;
+                    }
+                }
+            }
+            MoreHolders::Chain(mut at) => {
+                while at != NIL && running < alive {
+                    let (h, next) = store.over_holder(at);
+                    running += usize::from(self.extend_run(h, step));
+                    at = next;
+                }
+            }
+        }
+        running
+    }
+
+    /// Extends holder `h`'s run to `step.block` if its entry is live and its run reached the
+    /// previous block.
+    #[inline(always)]
+    fn extend_run(&mut self, h: &Holder, step: &Step) -> bool {
+        let r = h.replica();
+        let slot = self.slots[r as usize];
+        if slot.epoch != self.epoch || !step.live(h) {
             return false;
         }
-        let run = &mut self.runs[self.run_of[r as usize] as usize];
-        if run.last_block as usize != block - 1 {
+        let run = &mut self.runs[slot.run as usize];
+        if run.last_block + 1 != step.block {
             return false;
         }
-        run.matched = run.matched.wrapping_add(count);
+        run.matched = run.matched.wrapping_add(step.count);
         run.oldest = run.oldest.min(h.last_seen());
         run.tier = ranking::worst_tier(run.tier, h.tier());
-        run.last_block = block as u32;
+        run.last_block = step.block;
+        if step.lfu {
+            let hit = LfuHit {
+                key: step.key,
+                replica: r,
+            };
+            self.run_hits.push((slot.run, hit));
+        }
         true
     }
 }
@@ -436,6 +511,7 @@ impl Index {
         let srec = &self.cat.scopes[scope as usize];
         let (total, mscope) = (srec.serving.len(), srec.mscope);
         let coeff = self.cfg.ranker.slo_coeff(q.ttft_ms);
+        let lfu = rules.eviction(q.tenant) == Eviction::Lfu;
         let mut scores = std::mem::take(&mut self.last.scores);
         let mut hits = std::mem::take(&mut self.last.hits);
         for (_, h) in self.store.holders(pos) {
@@ -455,7 +531,7 @@ impl Index {
                 estimated_cache_hit_prob: f,
                 tier: ranking::tier_to_wire(h.tier()),
             });
-            if h.tokens > 0 {
+            if lfu && h.tokens > 0 {
                 hits.push(LfuHit {
                     key,
                     replica: h.replica(),
@@ -489,7 +565,8 @@ impl Index {
         let srec = &self.cat.scopes[scope as usize];
         let (total, mscope) = (srec.serving.len(), srec.mscope);
         debug_assert!(ttl > 0, "resolved TTLs are positive");
-        self.walk_chain(q, ks, now, ttl);
+        let lfu = rules.eviction(q.tenant) == Eviction::Lfu;
+        self.walk_chain(q, ks, now, ttl, lfu);
         let mut scores = std::mem::take(&mut self.last.scores);
         self.score_runs(&mut scores, mscope, q.ttft_ms, now, ttl);
         self.keep_scored_run_hits();
@@ -501,14 +578,16 @@ impl Index {
     }
 
     /// Walks the request's blocks in keyspace `ks` and builds one run per replica holding a
-    /// live entry for block 0 (`self.scratch`). Stops at the first block no live run reaches.
-    fn walk_chain(&mut self, q: &LookupQuery<'_>, ks: u32, now: i64, ttl: i64) {
+    /// live entry for block 0 (`self.scratch`), with LFU hits when `lfu`. Stops at the first
+    /// block no live run reaches.
+    fn walk_chain(&mut self, q: &LookupQuery<'_>, ks: u32, now: i64, ttl: i64, lfu: bool) {
+        let counts = q.block_token_counts;
         // One match per lookup, then a loop compiled for that representation.
         match q.block_hashes {
-            BlockHashes::Vecs(h) => self.walk_blocks(h, q.block_token_counts, ks, now, ttl),
-            BlockHashes::Bytes(h) => self.walk_blocks(h, q.block_token_counts, ks, now, ttl),
-            BlockHashes::Fixed(h) => self.walk_blocks(h, q.block_token_counts, ks, now, ttl),
-            BlockHashes::Slices(h) => self.walk_blocks(h, q.block_token_counts, ks, now, ttl),
+            BlockHashes::Vecs(h) => self.walk_blocks(h, counts, ks, now, ttl, lfu),
+            BlockHashes::Bytes(h) => self.walk_blocks(h, counts, ks, now, ttl, lfu),
+            BlockHashes::Fixed(h) => self.walk_blocks(h, counts, ks, now, ttl, lfu),
+            BlockHashes::Slices(h) => self.walk_blocks(h, counts, ks, now, ttl, lfu),
         }
     }
 
@@ -522,32 +601,54 @@ impl Index {
         ks: u32,
         now: i64,
         ttl: i64,
+        lfu: bool,
     ) {
         let sc = &mut self.scratch;
         sc.next_epoch(self.cat.strings.slots());
         sc.runs.clear();
         sc.run_hits.clear();
         // Blocks are resolved in batches: the table probes of one batch are independent, so
-        // their cache misses overlap instead of serialising block by block.
+        // their cache misses overlap instead of serialising block by block. Most blocks need
+        // no probe: a stored chain's next block is usually the next key record in the slab.
+        // A block the index does not hold ends the walk, so the blocks after it are not resolved.
         const BATCH: usize = 8;
         let n = hashes.len();
         let mut batch = [(KeyId { ks: 0, h: 0 }, NIL); BATCH];
         let mut start = 0;
+        let mut prev = NIL;
+        let mut alive = 0;
         while start < n {
             let end = (start + BATCH).min(n);
             for (slot, hash) in batch.iter_mut().zip(&hashes[start..end]) {
                 *slot = match self.cat.key_for(ks, hash.as_ref()) {
-                    Some(k) => (k, self.store.find(k).unwrap_or(NIL)),
+                    Some(k) => (k, self.store.find_after(prev, k).unwrap_or(NIL)),
                     None => (KeyId { ks: 0, h: 0 }, NIL),
                 };
+                prev = slot.1;
+                if prev == NIL {
+                    // The walk ends at this block: the rest of the batch is never read.
+                    break;
+                }
             }
             for i in start..end {
                 let block = batch[i - start];
                 if block.1 == NIL {
                     return;
                 }
-                let count = counts[i];
-                if sc.extend_runs(&self.store, i, block, count, now, ttl) == 0 {
+                let step = Step {
+                    key: block.0,
+                    block: i as u32,
+                    count: counts[i],
+                    now,
+                    ttl,
+                    lfu,
+                };
+                alive = if i == 0 {
+                    sc.start_runs(&self.store, block.1, &step)
+                } else {
+                    sc.extend_runs(&self.store, block.1, &step, alive)
+                };
+                if alive == 0 {
                     return;
                 }
             }

@@ -228,6 +228,16 @@ pub(crate) enum HolderUpsert {
     Full,
 }
 
+/// A key's holders after the inline one (see [`Store::holder_parts`]).
+pub(crate) enum MoreHolders<'a> {
+    /// The inline holder is the only one.
+    None,
+    /// An overflow chain from this position (walk it with [`Store::over_holder`]).
+    Chain(u32),
+    /// A wide set's holders.
+    Wide(&'a [Holder]),
+}
+
 /// Decodes a `next` link.
 fn link(next: u32) -> Option<HolderPos> {
     if next == NIL {
@@ -341,6 +351,21 @@ impl Store {
             .copied()
     }
 
+    /// Slab position of a key that probably sits right after position `prev` (the previous
+    /// block of a chain: a chain's new keys are appended to the slab in order, so its blocks
+    /// usually stay neighbours). One comparison against the next record, which the walk along
+    /// the slab finds in cache, instead of a table probe (a cache miss or two per block on a
+    /// large index); the table when the neighbour is another key. `prev` may be [`NIL`].
+    #[inline]
+    pub fn find_after(&self, prev: u32, k: KeyId) -> Option<u32> {
+        let next = prev.wrapping_add(1);
+        if prev != NIL && (next as usize) < self.keys.len && Self::rec_key(self.keys.get(next)) == k
+        {
+            return Some(next);
+        }
+        self.find(k)
+    }
+
     /// The key at a slab position (`pos < key_count()`).
     pub fn key_at(&self, pos: u32) -> KeyId {
         Self::rec_key(self.keys.get(pos))
@@ -352,6 +377,30 @@ impl Store {
             store: self,
             at: Some(HolderPos::Inline(pos)),
         }
+    }
+
+    /// The holders of the key at `pos` as its inline holder and the rest, for loops that walk
+    /// them per form (the chain walk of a lookup visits every block's holders, and the shared
+    /// blocks of a fleet are held by every replica): the same order as [`Store::holders`]
+    /// without the iterator's state machine per holder.
+    #[inline]
+    pub fn holder_parts(&self, pos: u32) -> (&Holder, MoreHolders<'_>) {
+        let rec = self.keys.get(pos);
+        let more = if rec.next == NIL {
+            MoreHolders::None
+        } else if rec.next & WIDE_FLAG != 0 {
+            MoreHolders::Wide(&self.wides[(rec.next & !WIDE_FLAG) as usize].holders)
+        } else {
+            MoreHolders::Chain(rec.next)
+        };
+        (&rec.first, more)
+    }
+
+    /// The overflow holder at `o` and the next link of its chain ([`NIL`] at the end).
+    #[inline]
+    pub fn over_holder(&self, o: u32) -> (&Holder, u32) {
+        let rec = self.over.get(o);
+        (&rec.holder, rec.next)
     }
 
     /// The holder of `replica` in the key at `pos` (O(1) for wide keys, a walk of at most
@@ -890,6 +939,30 @@ mod tests {
         for i in 2 * n..3 * n {
             assert_eq!(s.key_at(s.find(key(i)).expect("key")), key(i));
         }
+    }
+
+    /// `find_after` answers as `find` does, whether the key is the neighbour of `prev`, elsewhere,
+    /// absent, or `prev` is NIL or the last record (also after removals reorder the slab).
+    #[test]
+    fn find_after_agrees_with_find() {
+        let mut s = Store::new();
+        let key = |i: u64| KeyId { ks: 1, h: i };
+        for i in 0..64u64 {
+            s.insert_key(key(i), Holder::new(1, 1, 1, 1));
+        }
+        for i in (0..64u64).step_by(5) {
+            let p = s.find(key(i)).expect("key");
+            assert!(s.remove_holder(p, 1).unwrap().1);
+        }
+        let last = s.key_count() as u32 - 1;
+        for i in 0..70u64 {
+            let want = s.find(key(i));
+            for prev in [NIL, 0, 3, last, want.map_or(NIL, |p| p.wrapping_sub(1))] {
+                assert_eq!(s.find_after(prev, key(i)), want, "key {i} after {prev}");
+            }
+        }
+        let p = s.find(key(1)).expect("key");
+        assert_eq!(s.find_after(p - 1, key(1)), Some(p));
     }
 
     fn reps(s: &Store, p: u32) -> Vec<u32> {
