@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Runs the shell examples of README.md and docs/OPERATIONS.md against the real binary, so
+"""Runs the shell examples of README.md and every page of docs/ against the real binary, so
 none of them can rot: the doc and the test are the same text.
 
 A fenced ```sh block right after a marker line is run:
@@ -270,7 +270,9 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--server-bin", default=os.path.join(ROOT, "target/debug/inference-cache-server"))
     parser.add_argument("--loadgen-bin", default=os.path.join(ROOT, "target/debug/loadgen"))
-    parser.add_argument("files", nargs="*", default=["README.md", "docs/OPERATIONS.md"])
+    # README.md and every page of docs/: an example added to any of them runs here or fails the run.
+    docs = sorted(os.path.join("docs", f) for f in os.listdir(os.path.join(ROOT, "docs")) if f.endswith(".md"))
+    parser.add_argument("files", nargs="*", default=["README.md"] + docs)
     args = parser.parse_args()
     for binary in (args.server_bin, args.loadgen_bin):
         if not os.access(binary, os.X_OK):
