@@ -1,7 +1,8 @@
-//! Tells the tests whether `nats-server` is on PATH: the JetStream event log scenarios
-//! (tests/e2e/replicas.rs) are compiled `#[ignore]`d without it, so the test runner reports them
-//! as ignored instead of passing them unrun. The cfg changes only when PATH or the found binary
-//! does; after installing nats-server into an unchanged PATH, `touch build.rs` to rebuild.
+// Tells the tests whether `nats-server` is on PATH: the JetStream event log scenarios
+// (tests/e2e/replicas.rs here, the `--nats-url` scenario of kvevent-subscriber, whose build.rs
+// includes this file) are compiled `#[ignore]`d without it, so the test runner reports them as
+// ignored instead of passing them unrun. The cfg changes only when PATH or the found binary
+// does; after installing nats-server into an unchanged PATH, `touch build.rs` to rebuild.
 
 fn main() {
     println!("cargo::rustc-check-cfg=cfg(has_nats_server)");
