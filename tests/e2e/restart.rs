@@ -341,7 +341,7 @@ async fn damaged_snapshot_starts_empty(damage: impl FnOnce(&Path), reason: &str)
         Some(1.0),
         "{text}"
     );
-    let logs = std::fs::read_to_string(&log).unwrap();
+    let logs = log_text_with(&log, "snapshot_restore_skipped_starting_empty");
     let lines: Vec<&str> = logs
         .lines()
         .filter(|l| l.contains("snapshot_restore_skipped_starting_empty"))

@@ -85,9 +85,9 @@ async fn raw_handshake(
     ))
 }
 
-fn log_events(path: &std::path::Path) -> Vec<Value> {
-    std::fs::read_to_string(path)
-        .unwrap_or_default()
+/// The JSON log events of `path`, once a line containing `needle` has been copied into it.
+fn log_events(path: &std::path::Path, needle: &str) -> Vec<Value> {
+    log_text_with(path, needle)
         .lines()
         .filter_map(|l| serde_json::from_str(l).ok())
         .collect()
@@ -108,7 +108,7 @@ async fn tls_serving_and_rotation(shards: usize) {
             ..Default::default()
         },
     );
-    let startup = log_events(&log)
+    let startup = log_events(&log, "\"startup\"")
         .into_iter()
         .find(|v| v["message"] == "startup")
         .expect("startup log");
@@ -196,7 +196,7 @@ async fn tls_serving_and_rotation(shards: usize) {
             .expect("cached pair still served");
         lookup_ok(&mut c).await.unwrap();
     }
-    let reloads = log_events(&log)
+    let reloads = log_events(&log, "grpc_tls_reload")
         .into_iter()
         .filter(|v| v["message"] == "grpc_tls_reload")
         .count();

@@ -214,7 +214,8 @@ async fn sigterm_with_a_stalled_core_exits_within_the_bound() {
     let took = start.elapsed();
     assert!(status.success(), "exit {status}");
     assert!(took < Duration::from_secs(18), "SIGTERM took {took:?}");
-    let text = std::fs::read_to_string(&log).unwrap();
+    log_text_with(&log, "shutdown_cores_not_stopped");
+    let text = log_text_with(&log, "snapshot_final_skipped_core_stalled");
     let lines = |what: &str| text.lines().filter(|l| l.contains(what)).count();
     assert_eq!(lines("snapshot_final_skipped_core_stalled"), 1, "{text}");
     assert_eq!(lines("shutdown_cores_not_stopped"), 1, "{text}");

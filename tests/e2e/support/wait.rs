@@ -81,3 +81,17 @@ where
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
+
+/// The text of the log file `path` once it contains `needle`, waiting up to 10 s. A server's
+/// stderr reaches the file through the test's log-copying thread, so a line the server wrote
+/// before answering `/readyz` (or before exiting) may land in the file a moment later: read
+/// logs through this, never straight after the event that caused them.
+pub fn log_text_with(path: &std::path::Path, needle: &str) -> String {
+    let mut text = String::new();
+    let found = wait_until(Duration::from_secs(10), || {
+        text = std::fs::read_to_string(path).unwrap_or_default();
+        text.contains(needle)
+    });
+    assert!(found, "no `{needle}` in the log after 10 s:\n{text}");
+    text
+}
