@@ -51,7 +51,7 @@ use inferencecache_proto::v1alpha1::{
 use intern::{Blobs, Strings};
 use std::cell::Cell;
 use std::sync::Arc;
-use store::{BLOB_FLAG, Holder, HolderUpsert, KeyId, Store};
+use store::{BLOB_FLAG, Holder, HolderUpsert, KeyId, NIL, Store};
 
 pub use intern::MAX_STRINGS;
 
@@ -354,6 +354,9 @@ struct NameHints {
     model: Cell<u32>,
     scheme: Cell<u32>,
     adapter: Cell<u32>,
+    /// An event's replica (an engine evicts a run of blocks as consecutive events of one
+    /// replica).
+    event_replica: Cell<u32>,
 }
 
 impl Default for NameHints {
@@ -363,6 +366,7 @@ impl Default for NameHints {
             model: Cell::new(u32::MAX),
             scheme: Cell::new(u32::MAX),
             adapter: Cell::new(u32::MAX),
+            event_replica: Cell::new(u32::MAX),
         }
     }
 }
@@ -385,6 +389,15 @@ impl Catalog {
             *buf = k.h.to_be_bytes();
             &buf[..]
         }
+    }
+    /// The key id of an 8-byte hash (`None` for any other width: those are blobs).
+    #[inline]
+    pub fn key_for_inline(&self, ks: u32, bytes: &[u8]) -> Option<KeyId> {
+        let b: [u8; 8] = bytes.try_into().ok()?;
+        Some(KeyId {
+            ks,
+            h: u64::from_be_bytes(b),
+        })
     }
     /// Resolves an existing key id from a keyspace and wire bytes (no allocation).
     pub fn key_for(&self, ks: u32, bytes: &[u8]) -> Option<KeyId> {
@@ -432,7 +445,9 @@ impl Catalog {
 struct Pending {
     total: i64,
     non_reserved: i64,
-    tenants: Vec<(u32, i64)>,
+    /// Tenant id, its directory fingerprint (kept here so the flush needs no record lookup),
+    /// key count delta.
+    tenants: Vec<(u32, TenantFp, i64)>,
 }
 
 /// Per-model non-reserved key counts for the entries gauge.
@@ -455,6 +470,27 @@ impl ModelGauge {
             self.dirty.push(model);
         }
     }
+}
+
+/// Chain blocks whose keys are looked up together before they are upserted
+/// ([`Index::upsert_chain`]): enough lookups in flight to overlap their cache misses, few enough
+/// that the table groups and key records they bring in are still in L1 when the upserts run.
+const CHAIN_BATCH: usize = 32;
+
+/// Keys and entries created by upserts not yet counted ([`Index::on_created`]).
+#[derive(Clone, Copy, Default)]
+struct Created {
+    keys: u64,
+    entries: u64,
+}
+
+/// The entry an upsert writes: its replica, stored token count, tier and time.
+#[derive(Clone, Copy)]
+struct EntryUpsert {
+    replica: u32,
+    tokens: i32,
+    tier: u8,
+    ts: i64,
 }
 
 /// One core's index. See the module docs.
@@ -731,11 +767,12 @@ impl Index {
         id
     }
 
-    fn pending_tenant(&mut self, tenant: u32, delta: i64) {
-        if let Some(e) = self.pending.tenants.iter_mut().find(|(t, _)| *t == tenant) {
-            e.1 += delta;
+    /// Adds `delta` to the tenant's pending key count (`fp`: its directory fingerprint).
+    fn pending_tenant(&mut self, tenant: u32, fp: TenantFp, delta: i64) {
+        if let Some(e) = self.pending.tenants.iter_mut().find(|(t, ..)| *t == tenant) {
+            e.2 += delta;
         } else {
-            self.pending.tenants.push((tenant, delta));
+            self.pending.tenants.push((tenant, fp, delta));
         }
     }
 
@@ -745,9 +782,8 @@ impl Index {
             .add_entries(self.pending.total, self.pending.non_reserved);
         self.pending.total = 0;
         self.pending.non_reserved = 0;
-        for (t, d) in self.pending.tenants.drain(..) {
+        for (_, fp, d) in self.pending.tenants.drain(..) {
             if d != 0 {
-                let fp = self.cat.tenants[&t].fp;
                 self.dir.add_tenant_keys(fp, d);
             }
         }
@@ -767,104 +803,183 @@ impl Index {
         tier: u8,
         ts: i64,
     ) -> bool {
-        let (key, fresh_blob) = match self.cat.key_for(ks, bytes) {
-            Some(k) => (k, false),
+        let mut created = Created::default();
+        let entry = EntryUpsert {
+            replica,
+            tokens,
+            tier,
+            ts,
+        };
+        let applied = self.upsert_at(ks, bytes, None, entry, &mut created);
+        self.on_created(ks, replica, created);
+        applied
+    }
+
+    /// [`Index::upsert`] without its counters: the keys and entries it creates are added to
+    /// `created`, for [`Index::on_created`] to count once per call. `placed`: the key's slab
+    /// position and whether it was just created, when the caller already looked it up (or
+    /// created it) with this entry as its first holder.
+    #[inline]
+    fn upsert_at(
+        &mut self,
+        ks: u32,
+        bytes: &[u8],
+        placed: Option<(u32, bool)>,
+        e: EntryUpsert,
+        created: &mut Created,
+    ) -> bool {
+        let holder = Holder::new(e.replica, e.tier, e.tokens, e.ts);
+        let (key, pos, new_key) = match placed {
+            Some((pos, new_key)) => (self.store.key_at(pos), pos, new_key),
             None => {
-                let id = self.cat.blobs.acquire(bytes);
-                (
-                    KeyId {
-                        ks: ks | BLOB_FLAG,
-                        h: id as u64,
-                    },
-                    true,
-                )
+                let (key, fresh_blob) = match self.cat.key_for(ks, bytes) {
+                    Some(k) => (k, false),
+                    None => {
+                        let id = self.cat.blobs.acquire(bytes);
+                        let k = KeyId {
+                            ks: ks | BLOB_FLAG,
+                            h: id as u64,
+                        };
+                        (k, true)
+                    }
+                };
+                let (pos, new_key) = self.store.find_or_insert(key, holder);
+                if new_key && key.is_blob() && !fresh_blob {
+                    self.cat.blobs.retain(key.h as u32);
+                }
+                debug_assert!(new_key || !fresh_blob, "a new blob names no existing key");
+                (key, pos, new_key)
             }
         };
-        let (pos, created) = self
-            .store
-            .find_or_insert(key, Holder::new(replica, tier, tokens, ts));
-        if created {
-            if key.is_blob() && !fresh_blob {
-                self.cat.blobs.retain(key.h as u32);
-            }
-            self.on_key_created(key);
-            self.on_entry_created(key, replica);
+        debug_assert_eq!(key.keyspace(), ks);
+        if new_key {
+            created.keys += 1;
+            created.entries += 1;
         } else {
-            debug_assert!(!fresh_blob, "a new blob cannot name an existing key");
-            let holder = Holder::new(replica, tier, tokens, ts);
             match self
                 .store
                 .find_or_add_holder(pos, holder, self.cfg.max_holders_per_key)
             {
                 HolderUpsert::Existing(at) => {
                     let h = self.store.holder_mut(at);
-                    h.tokens = tokens;
-                    h.set_last_seen(ts);
-                    h.set_tier(tier);
+                    h.tokens = e.tokens;
+                    h.set_last_seen(e.ts);
+                    h.set_tier(e.tier);
                 }
-                HolderUpsert::Added => self.on_entry_created(key, replica),
+                HolderUpsert::Added => created.entries += 1,
                 HolderUpsert::Full => return false,
             }
         }
-        self.cap_touch(key, replica, Some(pos));
+        self.cap_touch(key, e.replica, Some(pos));
         self.quota_touch(key);
         true
     }
 
-    fn on_key_created(&mut self, key: KeyId) {
-        self.cat.keyspaces[key.keyspace() as usize].keys += 1;
-        let scope = self.cat.scope_of(key);
-        let (tenant, model, mscope) = (scope.tenant, scope.model, scope.mscope);
-        let t = self.cat.tenants.get_mut(&tenant).expect("tenant record");
-        t.prefixes += 1;
-        let reserved = t.reserved;
-        self.cat.models[mscope as usize].prefixes += 1;
-        self.pending_tenant(tenant, 1);
-        if !reserved {
-            self.gauge.add(model, 1);
+    /// Upserts a chain's blocks (cumulative token counts) for one replica, counting each in
+    /// `out`, in two passes per [`CHAIN_BATCH`] blocks. The first finds or creates every
+    /// block's key record, in chain order, with this entry as a new key's only holder: a short
+    /// loop whose table probes (a cache miss or two each on a large index) do not depend on
+    /// one another, so they overlap; a block whose key is the slab neighbour of the previous
+    /// block's (a chain stored before) is found without a probe. The second does the rest of
+    /// each upsert in order (an existing key's holder, the eviction bookkeeping) as
+    /// [`Index::upsert`] would: nothing in it reads whether a later block's key exists, and no
+    /// key record moves in between (an upsert never removes one), so the result is the same
+    /// as one upsert after another. A batch holding a hash that is not 8 bytes wide (a blob
+    /// key) is upserted one block at a time. The keyspace's, tenant's, model's and scope's
+    /// counters are updated once for the chain.
+    fn upsert_chain(
+        &mut self,
+        ks: u32,
+        p: &PrefixEntry,
+        replica: u32,
+        tier: u8,
+        ts: i64,
+        out: &mut IngestOutcome,
+    ) {
+        let mut created = Created::default();
+        let mut cum: i32 = 0;
+        let mut placed = [(NIL, false); CHAIN_BATCH];
+        let mut prev = NIL;
+        let counts = p.block_token_counts.chunks(CHAIN_BATCH);
+        for (hashes, counts) in p.block_hashes.chunks(CHAIN_BATCH).zip(counts) {
+            let batched = hashes.iter().all(|h| h.len() == 8);
+            if batched {
+                let mut c = cum;
+                for ((at, h), n) in placed.iter_mut().zip(hashes).zip(counts) {
+                    c = c.wrapping_add(*n);
+                    let key = self.cat.key_for_inline(ks, h).expect("8-byte hash");
+                    *at = match self.store.next_is(prev, key) {
+                        Some(pos) => (pos, false),
+                        None => self
+                            .store
+                            .find_or_insert(key, Holder::new(replica, tier, c, ts)),
+                    };
+                    prev = at.0;
+                }
+            }
+            for (i, (h, c)) in hashes.iter().zip(counts).enumerate() {
+                cum = cum.wrapping_add(*c);
+                let entry = EntryUpsert {
+                    replica,
+                    tokens: cum,
+                    tier,
+                    ts,
+                };
+                let at = batched.then_some(placed[i]);
+                if self.upsert_at(ks, h, at, entry, &mut created) {
+                    out.upserts += 1;
+                } else {
+                    out.holders_refused += 1;
+                }
+            }
+        }
+        self.on_created(ks, replica, created);
+    }
+
+    /// Counts what upserts in keyspace `ks` for `replica` created.
+    fn on_created(&mut self, ks: u32, replica: u32, created: Created) {
+        if created.keys > 0 {
+            self.on_keys_created(ks, created.keys);
+        }
+        if created.entries > 0 {
+            self.on_entries_created(ks, replica, created.entries);
         }
     }
 
-    fn on_key_removed(&mut self, key: KeyId) {
-        let ks = &mut self.cat.keyspaces[key.keyspace() as usize];
-        ks.keys -= 1;
-        if ks.keys == 0 {
-            self.reclaimable += 1;
-        }
-        let scope = self.cat.scope_of(key);
+    /// `n` keys were created in keyspace `ks`.
+    fn on_keys_created(&mut self, ks: u32, n: u64) {
+        let rec = &mut self.cat.keyspaces[ks as usize];
+        rec.keys += n;
+        let scope = &self.cat.scopes[rec.scope as usize];
         let (tenant, model, mscope) = (scope.tenant, scope.model, scope.mscope);
         let t = self.cat.tenants.get_mut(&tenant).expect("tenant record");
-        debug_assert!(t.prefixes > 0);
-        t.prefixes -= 1;
-        let reserved = t.reserved;
-        let m = &mut self.cat.models[mscope as usize];
-        debug_assert!(m.prefixes > 0);
-        m.prefixes -= 1;
-        self.pending_tenant(tenant, -1);
+        t.prefixes += n;
+        let (reserved, fp) = (t.reserved, t.fp);
+        self.cat.models[mscope as usize].prefixes += n;
+        self.pending_tenant(tenant, fp, n as i64);
         if !reserved {
-            self.gauge.add(model, -1);
-        }
-        if key.is_blob() {
-            self.cat.blobs.release(key.h as u32);
+            self.gauge.add(model, n as i64);
         }
     }
 
-    fn on_entry_created(&mut self, key: KeyId, replica: u32) {
-        let scope_id = self.cat.keyspaces[key.keyspace() as usize].scope;
+    /// `n` entries of `replica` were created in keyspace `ks`.
+    fn on_entries_created(&mut self, ks: u32, replica: u32, n: u64) {
+        let scope_id = self.cat.keyspaces[ks as usize].scope;
         let tenant = self.cat.scopes[scope_id as usize].tenant;
         let t = self.cat.tenants.get_mut(&tenant).expect("tenant record");
-        t.entries += 1;
-        self.pending.total += 1;
+        t.entries += n;
+        self.pending.total += n as i64;
         if t.reserved {
-            self.reserved_entries += 1;
+            self.reserved_entries += n;
         } else {
-            self.pending.non_reserved += 1;
+            self.pending.non_reserved += n as i64;
         }
         let strings = &self.cat.strings;
         let scope = &mut self.cat.scopes[scope_id as usize];
         let c = scope.serving.entry(replica).or_insert(0);
-        *c += 1;
-        if *c == 1 {
+        let was = *c;
+        *c = was + u32::try_from(n).expect("entries of one upsert call");
+        if was == 0 {
             let name = strings.name(replica);
             let at = scope
                 .sorted
@@ -874,9 +989,19 @@ impl Index {
         }
     }
 
-    fn on_entry_removed(&mut self, key: KeyId, replica: u32) {
-        let scope_id = self.cat.keyspaces[key.keyspace() as usize].scope;
-        let tenant = self.cat.scopes[scope_id as usize].tenant;
+    /// The entry `(key, replica)` was removed, and with it the key when `key_gone`: one
+    /// resolution of the key's scope and tenant for both.
+    fn on_entry_removed(&mut self, key: KeyId, replica: u32, key_gone: bool) {
+        let ks = &mut self.cat.keyspaces[key.keyspace() as usize];
+        let scope_id = ks.scope;
+        if key_gone {
+            ks.keys -= 1;
+            if ks.keys == 0 {
+                self.reclaimable += 1;
+            }
+        }
+        let scope = &self.cat.scopes[scope_id as usize];
+        let (tenant, model, mscope) = (scope.tenant, scope.model, scope.mscope);
         let t = self.cat.tenants.get_mut(&tenant).expect("tenant record");
         debug_assert!(t.entries > 0);
         t.entries -= 1;
@@ -885,6 +1010,21 @@ impl Index {
             self.reserved_entries -= 1;
         } else {
             self.pending.non_reserved -= 1;
+        }
+        if key_gone {
+            debug_assert!(t.prefixes > 0);
+            t.prefixes -= 1;
+            let (reserved, fp) = (t.reserved, t.fp);
+            let m = &mut self.cat.models[mscope as usize];
+            debug_assert!(m.prefixes > 0);
+            m.prefixes -= 1;
+            self.pending_tenant(tenant, fp, -1);
+            if !reserved {
+                self.gauge.add(model, -1);
+            }
+            if key.is_blob() {
+                self.cat.blobs.release(key.h as u32);
+            }
         }
         let strings = &self.cat.strings;
         let scope = &mut self.cat.scopes[scope_id as usize];
@@ -905,12 +1045,10 @@ impl Index {
     /// *Remove(key, replica)* of §3.3. Returns the removed holder. May move another key record
     /// into `key`'s slab position.
     fn remove_entry(&mut self, key: KeyId, replica: u32) -> Option<Holder> {
-        let pos = self.store.find(key)?;
+        let pos = self.store.find_near(key)?;
         let (holder, key_gone) = self.store.remove_holder(pos, replica)?;
-        self.on_entry_removed(key, replica);
-        if key_gone {
-            self.on_key_removed(key);
-        } else {
+        self.on_entry_removed(key, replica, key_gone);
+        if !key_gone {
             self.quota_touch(key);
         }
         Some(holder)
@@ -1174,7 +1312,7 @@ impl Index {
         out: &mut IngestOutcome,
     ) {
         let tier = ranking::tier_from_wire(p.tier);
-        let mut count = |applied: bool| {
+        let count = |out: &mut IngestOutcome, applied: bool| {
             if applied {
                 out.upserts += 1;
             } else {
@@ -1182,16 +1320,14 @@ impl Index {
             }
         };
         if !p.block_hashes.is_empty() {
-            let mut cum: i32 = 0;
-            for (h, c) in p.block_hashes.iter().zip(&p.block_token_counts) {
-                cum = cum.wrapping_add(*c);
-                count(self.upsert(ks, h, replica, cum, tier, ts));
-            }
+            self.upsert_chain(ks, p, replica, tier, ts, out);
             if !p.prefix_hash.is_empty() {
-                count(self.upsert(ks, &p.prefix_hash, replica, p.token_count, tier, ts));
+                let applied = self.upsert(ks, &p.prefix_hash, replica, p.token_count, tier, ts);
+                count(out, applied);
             }
         } else {
-            count(self.upsert(ks, &p.prefix_hash, replica, p.token_count, tier, ts));
+            let applied = self.upsert(ks, &p.prefix_hash, replica, p.token_count, tier, ts);
+            count(out, applied);
         }
         if out.holders_refused > 0 {
             self.reclaimable += 1;
@@ -1252,7 +1388,9 @@ impl Index {
         let Some(mscope) = self.cat.find_model(&e.tenant_id, &e.model_id) else {
             return out;
         };
-        let Some(replica) = self.cat.strings.get(&e.replica_id) else {
+        let Some(replica) =
+            (self.cat.strings).get_hinted(&e.replica_id, &self.cat.hints.event_replica)
+        else {
             return out;
         };
         match cache_event::Type::try_from(e.r#type) {
