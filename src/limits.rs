@@ -145,9 +145,13 @@ pub const HTTP2_MAX_HEADER_BLOCK_BYTES: usize = 2 * HTTP2_MAX_HEADER_LIST_BYTES 
 /// Output bytes one gRPC connection buffers; past it the connection reads no more input until
 /// the peer reads, so a peer that never reads cannot grow the server's memory.
 pub const HTTP2_WRITE_BUFFER_BYTES: usize = 256 * 1024;
-/// Streams a connection remembers having reset, so the peer's late frames on them are ignored
-/// rather than treated as protocol errors.
-pub const HTTP2_RECENT_RESETS: usize = 64;
+/// Streams a connection remembers having closed (and how: END_STREAM, the peer's reset or
+/// ours), so a late frame on one gets the reaction RFC 9113 §5.1 gives its closed state: frames
+/// in flight after this server's reset are dropped, HEADERS or DATA after the peer ended its
+/// side is a stream error STREAM_CLOSED. Past it a stream is forgotten: DATA on it is
+/// STREAM_CLOSED, HEADERS a connection error PROTOCOL_ERROR (an id below the highest, §5.1.1).
+/// 8 bytes each, allocated as the connection closes streams.
+pub const HTTP2_RECENT_CLOSED_STREAMS: usize = 128;
 /// Decoded request-head bytes of the streams open on one core's gRPC connections: streams that
 /// send a head and then nothing (up to 16 KiB each, a few bytes on the wire with HPACK) cannot
 /// pin more than this; past it new streams are refused with REFUSED_STREAM
