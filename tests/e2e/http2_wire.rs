@@ -1552,6 +1552,9 @@ async fn headers_after_end_stream_is_stream_closed(shards: usize) {
 }
 shards_1_and_2!(headers_after_end_stream_is_stream_closed);
 
+/// A DATA frame as the body's bytes `from..to`, with END_STREAM if set.
+type Slice = (usize, usize, bool);
+
 /// A request whose `content-length` differs from its DATA (one frame, the sum of several,
 /// DATA beyond it, a header block ending the stream with none) is malformed (§8.1.1): a stream
 /// error PROTOCOL_ERROR and no answer, on the inline path and the general one. An exact
@@ -1573,7 +1576,7 @@ async fn content_length_must_match_the_data(shards: usize) {
         stream - 2
     };
     // (declared length, DATA frames as (from, to, end)) that must fail.
-    let bad: [(usize, &[(usize, usize, bool)]); 6] = [
+    let bad: [(usize, &[Slice]); 6] = [
         (n + 1, &[(0, n, true)]),
         (n - 1, &[(0, n, true)]),
         (n - 1, &[(0, n, false)]),
