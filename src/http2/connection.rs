@@ -11,7 +11,13 @@
 //! ([`HTTP2_MAX_HEADER_BLOCK_BYTES`]); received body bytes (the flow-control windows, returned
 //! only once read); response bytes queued per stream ([`HTTP2_MAX_SEND_BUFFER_BYTES`]); and the
 //! output buffer ([`HTTP2_WRITE_BUFFER_BYTES`]): past it no input is read, so a peer that does
-//! not read (PING or SETTINGS floods included) is held back by TCP, not by the server's memory.
+//! not read (PING or SETTINGS floods included) is held back by TCP, not by the server's memory;
+//! the closed streams remembered for late frames
+//! ([`HTTP2_RECENT_CLOSED_STREAMS`](crate::limits::HTTP2_RECENT_CLOSED_STREAMS)).
+//!
+//! Stream states move only through [`transition`] (RFC 9113 §5.1, in `state.rs`): a stream in
+//! the table is open or half-closed, one below the highest id used and not in it is closed (on
+//! record with its cause, or forgotten), one above it idle.
 
 use std::collections::HashMap;
 use std::future::{Future, poll_fn};
