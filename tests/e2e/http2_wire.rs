@@ -1556,7 +1556,8 @@ shards_1_and_2!(headers_after_end_stream_is_stream_closed);
 type Slice = (usize, usize, bool);
 
 /// A request whose `content-length` differs from its DATA (one frame, the sum of several,
-/// DATA beyond it, a header block ending the stream with none) is malformed (§8.1.1): a stream
+/// DATA beyond it, a header block ending the stream with none, trailers ending it short) is
+/// malformed (§8.1.1): a stream
 /// error PROTOCOL_ERROR and no answer, on the inline path and the general one. An exact
 /// length, in one frame or two, is answered.
 async fn content_length_must_match_the_data(shards: usize) {
@@ -1598,6 +1599,19 @@ async fn content_length_must_match_the_data(shards: usize) {
                 "{path}: content-length {declared} (body {n}), frames {frames:?}"
             );
         }
+    }
+    // A body short of its length, ended by trailers.
+    for path in [LOOKUP_PATH, STATE_PATH] {
+        let id = next();
+        let mut w = headers(id, &head(path, n + 1), false);
+        w.extend_from_slice(&data(id, &body, false));
+        w.extend_from_slice(&headers(id, &header_block(&[("x-trailer", "1")]), true));
+        c.send(&w).await;
+        assert_eq!(
+            c.failure(id).await,
+            Failure::Reset(code::PROTOCOL_ERROR),
+            "{path}: ended by trailers"
+        );
     }
     for frames in [&[(0, n, true)][..], &[(0, 4, false), (4, n, true)]] {
         let id = next();
