@@ -117,23 +117,27 @@ fn a_few_holders_in_a_large_scope_are_ordered_by_name() {
 
 #[test]
 fn negative_and_positive_zero_scores_tie_by_name() {
-    // TENANT_HOT with a negative hit rate (stored as reported) and a full pressure: "a" scores
-    // -0 and "b" +0; they are equal scores (Go's `>`), so "a" comes first.
+    // TENANT_HOT with full pressure: replicas with a negative hit rate (stored as reported)
+    // score -0, the others +0. They are equal scores (Go's `>`), so the answer is in name order;
+    // 20 of them, interned out of order, so the answer is ordered by the walk over the names.
     let mut ix = index();
     ix.set_ranker(RankerConfig {
         tenant_hot_min_hit_rate: -1.0,
         ..RankerConfig::default()
     });
-    for (name, hit) in [("b", 0.5), ("a", -0.5)] {
+    for i in scrambled(20) {
+        let hit = if i % 2 == 0 { -0.5 } else { 0.5 };
+        let name = format!("z{i:02}");
         ix.ingest(
-            &with_stats(upd_r(name, vec![legacy(b"p", 10)]), hit, 1.0),
+            &with_stats(upd_r(&name, vec![legacy(b"p", 10)]), hit, 1.0),
             T0,
             &NR,
         );
     }
     let (strategy, rows) = route(&mut ix, &q_exact(b"novel"), T0, &NR);
     assert_eq!(strategy, Strategy::TenantHot);
-    assert_eq!(names(&rows), ["a", "b"]);
+    let expect: Vec<String> = (0..20).map(|i| format!("z{i:02}")).collect();
+    assert_eq!(names(&rows), expect);
     assert!(rows[0].1 == 0.0 && rows[0].1.is_sign_negative());
     assert!(rows[1].1 == 0.0 && rows[1].1.is_sign_positive());
 }
