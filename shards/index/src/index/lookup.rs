@@ -264,6 +264,16 @@ pub(crate) struct Scratch {
     slots: Vec<RunSlot>,
     epoch: u32,
     run_hits: Vec<(u32, LfuHit)>, // (run index, hit)
+    /// [`Scratch::order_by_walk`]: one sort key per score, (descending score, name rank).
+    keys: Vec<u64>,
+    /// [`Scratch::order_by_walk`]: the scores in replica name order.
+    named: Vec<Score>,
+    /// The last block of each chain score's run (parallel to the scores).
+    score_blocks: Vec<u32>,
+    /// [`Scratch::depth_power_by_block`]: per block of the request, the scores whose run ends
+    /// there, then the factor of their group (at most one per request block).
+    per_block: Vec<u32>,
+    factors: Vec<f32>,
 }
 
 impl Scratch {
@@ -440,6 +450,60 @@ fn apply_depth_power(scores: &mut [Score], total: usize) {
     }
 }
 
+impl Scratch {
+    /// The depth-aware distinguishing power (§9.5) of chain scores without sorting them, when
+    /// a run's matched tokens are strictly increasing in its last block: every request count
+    /// up to the last block any scored run reached is positive and their sum fits an i32
+    /// (no wrap-around). Then the groups of equal matched tokens are the runs ending at one
+    /// block, and a group's `right` (the scores matching at least as much) is the number of
+    /// runs ending at or after it: a histogram over blocks and a suffix sum, `O(scores +
+    /// blocks)` instead of a sort. Each score is multiplied by its group's `f32(dp)`, as
+    /// [`apply_depth_power`] does (a factor of 1 leaves a finite score unchanged, so it is
+    /// applied unconditionally). Returns false, changing nothing, when the condition fails.
+    fn depth_power_by_block(&mut self, scores: &mut [Score], total: usize, counts: &[i32]) -> bool {
+        debug_assert_eq!(scores.len(), self.score_blocks.len());
+        let Some(&last) = self.score_blocks.iter().max() else {
+            return true;
+        };
+        let last = last as usize;
+        // The histogram costs a step per block up to the deepest run, the sort it replaces
+        // about k·log2(k) comparisons: a few scores on a long chain are sorted.
+        let k = self.score_blocks.len();
+        if last >= 2 * k * (usize::BITS - k.leading_zeros()) as usize {
+            return false;
+        }
+        let mut sum = 0i64;
+        for &c in &counts[..=last] {
+            if c <= 0 {
+                return false;
+            }
+            sum += i64::from(c);
+        }
+        if sum > i64::from(i32::MAX) {
+            return false;
+        }
+        self.per_block.clear();
+        self.per_block.resize(last + 1, 0);
+        for &b in &self.score_blocks {
+            self.per_block[b as usize] += 1;
+        }
+        self.factors.clear();
+        self.factors.resize(last + 1, 1.0);
+        let mut right = 0i64;
+        for b in (0..=last).rev() {
+            let n = self.per_block[b];
+            if n > 0 {
+                right += i64::from(n);
+                self.factors[b] = distinguishing_power(right, total as i64) as f32;
+            }
+        }
+        for (s, &b) in scores.iter_mut().zip(&self.score_blocks) {
+            s.score *= self.factors[b as usize];
+        }
+        true
+    }
+}
+
 /// The last lookup's result buffers.
 #[derive(Default)]
 pub(crate) struct LastLookup {
@@ -449,6 +513,82 @@ pub(crate) struct LastLookup {
     hits: Vec<LfuHit>,
 }
 
+/// A comparison sort by name costs about this many steps of the walk over a scope's
+/// name-ordered replicas per comparison (a string comparison against a slot check).
+const WALK_STEPS_PER_COMPARE: usize = 4;
+
+/// Fewer scores than this are sorted by comparison: a handful of comparisons, most of them
+/// between different scores, cost less than the walk's set-up (the perf gate's two-holder
+/// answers measured +7–18% instructions with the walk).
+const MIN_WALK_SCORES: usize = 16;
+
+impl Scratch {
+    /// Orders `scores` as [`sort_scores`] does (score descending, then replica name ascending)
+    /// without comparing names: `by_name` is the scope's serving replicas in name order
+    /// (`ScopeRec::sorted`, kept in lock-step with the entries), and every scored replica holds
+    /// an entry in the scope, so walking it lists the scores in name order; their position in
+    /// that walk is the tie-break of one integer sort key. `replicas` bounds the replica ids.
+    /// Returns false, leaving `scores` as they were, when the walk would cost more than a
+    /// comparison sort (a scope much larger than the answer) or does not find every scored
+    /// replica once (never expected; the caller then sorts by name).
+    fn order_by_walk(&mut self, by_name: &[u32], replicas: usize, scores: &mut [Score]) -> bool {
+        let k = scores.len();
+        let log2 = (usize::BITS - k.leading_zeros()) as usize;
+        if k < MIN_WALK_SCORES || by_name.len() > k * log2 * WALK_STEPS_PER_COMPARE {
+            return false;
+        }
+        self.next_epoch(replicas);
+        for (i, s) in scores.iter().enumerate() {
+            if s.score.is_nan() {
+                return false;
+            }
+            self.slots[s.replica as usize] = RunSlot {
+                epoch: self.epoch,
+                run: i as u32,
+            };
+        }
+        self.keys.clear();
+        self.named.clear();
+        for &r in by_name {
+            let Some(slot) = self.slots.get(r as usize) else {
+                continue;
+            };
+            if slot.epoch != self.epoch {
+                continue;
+            }
+            let s = scores[slot.run as usize];
+            self.keys
+                .push(u64::from(descending(s.score)) << 32 | self.named.len() as u64);
+            self.named.push(s);
+        }
+        if self.named.len() != k {
+            debug_assert!(
+                false,
+                "a scored replica missing from its scope's name order"
+            );
+            return false;
+        }
+        self.keys.sort_unstable();
+        for (out, key) in scores.iter_mut().zip(&self.keys) {
+            *out = self.named[*key as u32 as usize];
+        }
+        true
+    }
+}
+
+/// A sort key of a finite score, smaller for larger scores; -0 and +0 are equal (Go's `>`).
+#[inline]
+fn descending(score: f32) -> u32 {
+    let bits = if score == 0.0 { 0 } else { score.to_bits() };
+    let ascending = if bits >> 31 == 1 {
+        !bits
+    } else {
+        bits | 1 << 31
+    };
+    !ascending
+}
+
+/// The answer's order (§9.6) by comparison: score descending, ties by replica name ascending.
 fn sort_scores(cat: &Catalog, scores: &mut [Score]) {
     scores.sort_unstable_by(|a, b| {
         // Go's `a.Score > b.Score`: -0 == +0, ties by replica id bytewise.
@@ -481,6 +621,19 @@ impl Index {
         self.last.tenant = None;
         self.last.scores.clear();
         self.last.hits.clear();
+    }
+
+    /// Orders a lookup's scores as the answer (§9.6); `scope` is the scope every scored
+    /// replica serves in.
+    fn order_scores(&mut self, scope: u32, scores: &mut [Score]) {
+        if scores.len() < 2 {
+            return;
+        }
+        let by_name = &self.cat.scopes[scope as usize].sorted;
+        let replicas = self.cat.strings.slots();
+        if !self.scratch.order_by_walk(by_name, replicas, scores) {
+            sort_scores(&self.cat, scores);
+        }
     }
 
     /// Pressure of a replica for prefix paths: the stats row's, if its payload is fresh under
@@ -543,7 +696,7 @@ impl Index {
                 s.score *= dp as f32;
             }
         }
-        sort_scores(&self.cat, &mut scores);
+        self.order_scores(scope, &mut scores);
         self.last.scores = scores;
         self.last.hits = hits;
     }
@@ -569,10 +722,15 @@ impl Index {
         let mut scores = std::mem::take(&mut self.last.scores);
         self.score_runs(&mut scores, mscope, q.ttft_ms, now, ttl);
         self.keep_scored_run_hits();
-        if total > 1 && !scores.is_empty() {
+        if total > 1
+            && !scores.is_empty()
+            && !self
+                .scratch
+                .depth_power_by_block(&mut scores, total, q.block_token_counts)
+        {
             apply_depth_power(&mut scores, total);
         }
-        sort_scores(&self.cat, &mut scores);
+        self.order_scores(scope, &mut scores);
         self.last.scores = scores;
     }
 
@@ -666,6 +824,9 @@ impl Index {
         ttl: i64,
     ) {
         let coeff = self.cfg.ranker.slo_coeff(ttft_ms);
+        // No stats row in the model scope: every pressure is 0, no lookup per run.
+        let no_stats = self.cat.models[mscope as usize].stats.is_empty();
+        self.scratch.score_blocks.clear();
         for i in 0..self.scratch.runs.len() {
             let run = self.scratch.runs[i];
             if run.matched <= 0 {
@@ -676,7 +837,12 @@ impl Index {
                 continue;
             }
             self.scratch.runs[i].scored = true;
-            let pressure = self.prefix_pressure(mscope, run.replica, now, ttl);
+            self.scratch.score_blocks.push(run.last_block);
+            let pressure = if no_stats {
+                0.0
+            } else {
+                self.prefix_pressure(mscope, run.replica, now, ttl)
+            };
             scores.push(Score {
                 replica: run.replica,
                 score: self
@@ -734,7 +900,9 @@ impl Index {
                 tier: 0,
             });
         }
-        sort_scores(&self.cat, &mut self.last.scores);
+        let mut scores = std::mem::take(&mut self.last.scores);
+        self.order_scores(scope, &mut scores);
+        self.last.scores = scores;
     }
 
     /// Miss classifier (§8.5).
