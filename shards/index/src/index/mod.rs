@@ -51,7 +51,7 @@ use inferencecache_proto::v1alpha1::{
 use intern::{Blobs, Strings};
 use std::cell::Cell;
 use std::sync::Arc;
-use store::{BLOB_FLAG, Holder, HolderUpsert, KeyId, Store};
+use store::{BLOB_FLAG, Holder, HolderUpsert, KEYSPACE_LIMIT, KeyId, RunCursor, Store};
 
 pub use intern::MAX_STRINGS;
 
@@ -721,7 +721,7 @@ impl Index {
                 (self.cat.keyspaces.len() - 1) as u32
             }
         };
-        assert!(id < BLOB_FLAG, "too many keyspaces");
+        assert!(id < KEYSPACE_LIMIT, "too many keyspaces");
         self.reclaimable += 1;
         self.cat.keyspace_ids.insert((scope, adapter), id);
         self.cat.scopes[scope as usize].keyspaces.push(id);
@@ -758,8 +758,12 @@ impl Index {
     /// *Upsert(key, replica, token_count, tier, ts)* of §3.3 for a key given as wire bytes.
     /// Returns false (and changes nothing) when the key is new to the replica but already has
     /// the maximum number of holders.
+    /// `cursor` carries the previous upsert of the same chain (None before its first block);
+    /// the caller ends it with [`Store::end_run`] after the chain's last upsert.
+    #[allow(clippy::too_many_arguments)]
     fn upsert(
         &mut self,
+        cursor: &mut Option<RunCursor>,
         ks: u32,
         bytes: &[u8],
         replica: u32,
@@ -783,7 +787,9 @@ impl Index {
         let (pos, created) = self
             .store
             .find_or_insert(key, Holder::new(replica, tier, tokens, ts));
+        let data = (replica, tier, ts);
         if created {
+            self.store.note_upsert(cursor, pos, data, true, true);
             if key.is_blob() && !fresh_blob {
                 self.cat.blobs.retain(key.h as u32);
             }
@@ -801,9 +807,16 @@ impl Index {
                     h.tokens = tokens;
                     h.set_last_seen(ts);
                     h.set_tier(tier);
+                    self.store.note_upsert(cursor, pos, data, false, true);
                 }
-                HolderUpsert::Added => self.on_entry_created(key, replica),
-                HolderUpsert::Full => return false,
+                HolderUpsert::Added => {
+                    self.store.note_upsert(cursor, pos, data, false, true);
+                    self.on_entry_created(key, replica);
+                }
+                HolderUpsert::Full => {
+                    self.store.note_upsert(cursor, pos, data, false, false);
+                    return false;
+                }
             }
         }
         self.cap_touch(key, replica, Some(pos));
@@ -1181,18 +1194,30 @@ impl Index {
                 out.holders_refused += 1;
             }
         };
+        // The chain's upserts keep the store's run bits (see `RunCursor`).
+        let mut run = None;
         if !p.block_hashes.is_empty() {
             let mut cum: i32 = 0;
             for (h, c) in p.block_hashes.iter().zip(&p.block_token_counts) {
                 cum = cum.wrapping_add(*c);
-                count(self.upsert(ks, h, replica, cum, tier, ts));
+                count(self.upsert(&mut run, ks, h, replica, cum, tier, ts));
             }
             if !p.prefix_hash.is_empty() {
-                count(self.upsert(ks, &p.prefix_hash, replica, p.token_count, tier, ts));
+                let (h, n) = (&p.prefix_hash, p.token_count);
+                count(self.upsert(&mut run, ks, h, replica, n, tier, ts));
             }
         } else {
-            count(self.upsert(ks, &p.prefix_hash, replica, p.token_count, tier, ts));
+            count(self.upsert(
+                &mut run,
+                ks,
+                &p.prefix_hash,
+                replica,
+                p.token_count,
+                tier,
+                ts,
+            ));
         }
+        self.store.end_run(run);
         if out.holders_refused > 0 {
             self.reclaimable += 1;
         }

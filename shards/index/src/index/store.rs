@@ -23,6 +23,17 @@ use std::hash::BuildHasher;
 pub(crate) const NIL: u32 = u32::MAX;
 /// Top bit of [`KeyId::ks`]: the hash word is a blob id, not an inline 8-byte hash.
 pub(crate) const BLOB_FLAG: u32 = 1 << 31;
+/// Bit 30 of a key record's `ks` word (never part of a [`KeyId`]): the record *continues a
+/// run*: its holders are exactly those of the record before it in the slab, with equal replica,
+/// tier and `last_seen` each (token counts and LFU counters may differ). A chain stored in one
+/// update is appended to the slab in order, so its blocks form such runs, and the chain walk of
+/// a lookup consumes a run with one key comparison per block instead of a visit per (block,
+/// holder). Kept exact: every change to a record's holders clears its bit and its successor's
+/// (removals here, upserts through the ingest's [`RunCursor`]); only a chain's upserts of one
+/// (replica, tier, time) to consecutive records keep or set it.
+const RUN_FLAG: u32 = 1 << 30;
+/// Keyspace ids stay below this: bits 30 and 31 of a record's `ks` word are flags.
+pub(crate) const KEYSPACE_LIMIT: u32 = RUN_FLAG;
 /// Top bit of a key record's `next` link: the rest is a wide-set id, not an overflow position.
 const WIDE_FLAG: u32 = 1 << 31;
 /// Overflow holders a key keeps in its chain; one more converts the chain into a wide set.
@@ -271,6 +282,22 @@ pub(crate) struct Store {
     /// record, so the visited keys stay exactly `0..visited` and every unvisited key stays at
     /// or above it, whatever is removed or added between two slices.
     visited: u32,
+    /// Key records moved or removed so far (wrapping): a [`RunCursor`] is only continued while
+    /// this is unchanged, so its position still names the record it touched.
+    moves: u32,
+}
+
+/// The last upsert of a chain being ingested, for the run bits ([`RUN_FLAG`]): the record it
+/// changed (or created) at `pos`, by a holder with `data` = (replica, tier, `last_seen`). The
+/// successor's bit was left as it was: the next upsert either gives the successor the same
+/// holder (then the two records changed alike and the bit stays true to them) or the bit is
+/// cleared ([`Store::end_run`]).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct RunCursor {
+    pos: u32,
+    data: (u32, u8, i64),
+    created: bool,
+    moves: u32,
 }
 
 impl Store {
@@ -289,6 +316,7 @@ impl Store {
             hasher: DefaultHashBuilder::default(),
             entries: 0,
             visited: 0,
+            moves: 0,
         }
     }
 
@@ -311,9 +339,10 @@ impl Store {
         (h >> SEGMENT_SHIFT) as usize & (SEGMENTS - 1)
     }
 
+    #[inline(always)]
     fn rec_key(rec: &KeyRec) -> KeyId {
         KeyId {
-            ks: rec.ks,
+            ks: rec.ks & !RUN_FLAG,
             h: (rec.h[1] as u64) << 32 | rec.h[0] as u64,
         }
     }
@@ -364,6 +393,129 @@ impl Store {
             return Some(next);
         }
         self.find(k)
+    }
+
+    /// How many key records from `prev + 1` on continue a run and hold, in order, the keys
+    /// `key(0)`, `key(1)`, … (at most `max`; `key` returns None for a key the index cannot
+    /// hold, which ends the match): the blocks of a chain that follow block `prev`'s stored run.
+    /// One comparison per record along the slab, chunk by chunk, with no table probe; the key
+    /// and the run bit are compared in one step (the record's `ks` word is the key's with the
+    /// bit set).
+    #[inline]
+    pub fn run_matches(
+        &self,
+        prev: u32,
+        max: usize,
+        mut key: impl FnMut(usize) -> Option<KeyId>,
+    ) -> usize {
+        let mut m = 0;
+        let mut pos = prev as usize + 1;
+        while m < max && pos < self.keys.len {
+            let chunk = &self.keys.chunks[pos >> CHUNK_SHIFT];
+            let from = pos & (CHUNK - 1);
+            let take = (chunk.len() - from).min(max - m);
+            for rec in &chunk[from..from + take] {
+                let Some(k) = key(m) else {
+                    return m;
+                };
+                let h = (rec.h[1] as u64) << 32 | rec.h[0] as u64;
+                if rec.ks != k.ks | RUN_FLAG || h != k.h {
+                    return m;
+                }
+                m += 1;
+            }
+            pos += take;
+        }
+        m
+    }
+
+    /// Whether the key record at `pos` continues a run: its holders equal those of the record
+    /// at `pos - 1` in replica, tier and `last_seen` (see [`RUN_FLAG`]).
+    #[inline(always)]
+    pub fn continues_run(&self, pos: u32) -> bool {
+        self.keys.get(pos).ks & RUN_FLAG != 0
+    }
+
+    /// Clears the run bit of the record at `pos`, if there is one.
+    fn clear_run(&mut self, pos: u32) {
+        if (pos as usize) < self.keys.len {
+            self.keys.get_mut(pos).ks &= !RUN_FLAG;
+        }
+    }
+
+    /// The holders of the record at `pos` changed (or it was replaced): neither it nor its
+    /// successor is known to continue a run.
+    fn holders_changed(&mut self, pos: u32) {
+        self.clear_run(pos);
+        self.clear_run(pos.wrapping_add(1));
+    }
+
+    /// Records an upsert of a holder with `data` = (replica, tier, `last_seen`) at `pos` (a
+    /// record created by it when `created`, else changed by it unless `applied` is false: the
+    /// key was full), with `cursor` the previous upsert of the same chain. Keeps the run bits
+    /// exact: a record changed right after its predecessor was changed alike keeps its bit (a
+    /// created one gets it when its predecessor was created alike: both hold exactly `data`);
+    /// any other change clears the bits that depended on the old holders.
+    pub fn note_upsert(
+        &mut self,
+        cursor: &mut Option<RunCursor>,
+        pos: u32,
+        data: (u32, u8, i64),
+        created: bool,
+        applied: bool,
+    ) {
+        let prev = cursor.take();
+        let follows = prev.is_some_and(|c| {
+            c.moves == self.moves && c.data == data && c.pos.wrapping_add(1) == pos && applied
+        });
+        match prev {
+            Some(c) if follows => {
+                if created && c.created {
+                    self.keys.get_mut(pos).ks |= RUN_FLAG;
+                }
+            }
+            Some(c) => {
+                self.clear_run(c.pos.wrapping_add(1));
+                if applied && !created {
+                    self.clear_run(pos);
+                }
+            }
+            None if applied && !created => self.clear_run(pos),
+            None => {}
+        }
+        if applied {
+            *cursor = Some(RunCursor {
+                pos,
+                data,
+                created,
+                moves: self.moves,
+            });
+        }
+    }
+
+    /// Ends a chain's upserts: the successor of the last changed record no longer continues it.
+    pub fn end_run(&mut self, cursor: Option<RunCursor>) {
+        if let Some(c) = cursor {
+            self.clear_run(c.pos.wrapping_add(1));
+        }
+    }
+
+    /// Checks every run bit against the holders (tests: panics on a stale bit).
+    pub fn check_runs(&self) {
+        let data = |pos: u32| {
+            let mut v: Vec<(u32, u8, i64)> = self
+                .holders(pos)
+                .map(|(_, h)| (h.replica(), h.tier(), h.last_seen()))
+                .collect();
+            v.sort_unstable();
+            v
+        };
+        for pos in 0..self.keys.len as u32 {
+            if self.continues_run(pos) {
+                assert!(pos > 0, "the first record continues a run");
+                assert_eq!(data(pos - 1), data(pos), "stale run bit at {pos}");
+            }
+        }
     }
 
     /// The key at a slab position (`pos < key_count()`).
@@ -630,6 +782,7 @@ impl Store {
     pub fn remove_holder(&mut self, pos: u32, replica: u32) -> Option<(Holder, bool)> {
         let at = self.find_holder(pos, replica)?;
         self.entries -= 1;
+        self.holders_changed(pos);
         match at {
             HolderPos::Inline(_) => {
                 let rec = self.keys.get(pos);
@@ -721,6 +874,7 @@ impl Store {
             if pos != b {
                 self.relink(b, pos);
                 self.keys.swap(pos, b);
+                self.holders_changed(pos);
                 pos = b;
             }
             self.visited = b;
@@ -730,6 +884,8 @@ impl Store {
             self.relink(last, pos);
         }
         self.keys.swap_remove(pos);
+        self.holders_changed(pos);
+        self.moves = self.moves.wrapping_add(1);
     }
 
     /// Points the table slot of the key record at `from` to `to` (the record is about to move).
