@@ -32,8 +32,16 @@ pub(crate) const BLOB_FLAG: u32 = 1 << 31;
 /// (removals here, upserts through the ingest's [`RunCursor`]); only a chain's upserts of one
 /// (replica, tier, time) to consecutive records keep or set it.
 const RUN_FLAG: u32 = 1 << 30;
-/// Keyspace ids stay below this: bits 30 and 31 of a record's `ks` word are flags.
-pub(crate) const KEYSPACE_LIMIT: u32 = RUN_FLAG;
+/// Bit 29 of a key record's `ks` word: the *next* record may continue a run (set whenever its
+/// [`RUN_FLAG`] is; may stay set after that is cleared). A change to a record's holders must
+/// clear its successor's run bit: the hint spares reading the successor (another cache line,
+/// often a miss on a large index) when it cannot be set, as in most of a slab reordered by
+/// removals.
+const NEXT_RUN_FLAG: u32 = 1 << 29;
+/// Both run bits.
+const RUN_BITS: u32 = RUN_FLAG | NEXT_RUN_FLAG;
+/// Keyspace ids stay below this: bits 29–31 of a record's `ks` word are flags.
+pub(crate) const KEYSPACE_LIMIT: u32 = NEXT_RUN_FLAG;
 /// Top bit of a key record's `next` link: the rest is a wide-set id, not an overflow position.
 const WIDE_FLAG: u32 = 1 << 31;
 /// Overflow holders a key keeps in its chain; one more converts the chain into a wide set.
@@ -342,7 +350,7 @@ impl Store {
     #[inline(always)]
     fn rec_key(rec: &KeyRec) -> KeyId {
         KeyId {
-            ks: rec.ks & !RUN_FLAG,
+            ks: rec.ks & !RUN_BITS,
             h: (rec.h[1] as u64) << 32 | rec.h[0] as u64,
         }
     }
@@ -419,7 +427,7 @@ impl Store {
                     return m;
                 };
                 let h = (rec.h[1] as u64) << 32 | rec.h[0] as u64;
-                if rec.ks != k.ks | RUN_FLAG || h != k.h {
+                if rec.ks & !NEXT_RUN_FLAG != k.ks | RUN_FLAG || h != k.h {
                     return m;
                 }
                 m += 1;
@@ -443,11 +451,28 @@ impl Store {
         }
     }
 
-    /// The holders of the record at `pos` changed (or it was replaced): neither it nor its
-    /// successor is known to continue a run.
-    fn holders_changed(&mut self, pos: u32) {
-        self.clear_run(pos);
-        self.clear_run(pos.wrapping_add(1));
+    /// The record at `pos` no longer continues a run (its holders changed, or it leaves).
+    fn leave_run(&mut self, pos: u32) {
+        self.keys.get_mut(pos).ks &= !RUN_FLAG;
+    }
+
+    /// The successor of the record at `pos` no longer continues it (the record's holders
+    /// changed, or it leaves its place): clears the successor's run bit, reading it only when
+    /// the record's hint says it may be set.
+    fn detach_next(&mut self, pos: u32) {
+        let rec = self.keys.get_mut(pos);
+        if rec.ks & NEXT_RUN_FLAG != 0 {
+            rec.ks &= !NEXT_RUN_FLAG;
+            self.clear_run(pos.wrapping_add(1));
+        }
+    }
+
+    /// A record arrived at `pos` from elsewhere in the slab: it continues nothing there, and
+    /// its hint spoke of its old successor.
+    fn arrive(&mut self, pos: u32) {
+        if (pos as usize) < self.keys.len {
+            self.keys.get_mut(pos).ks &= !RUN_BITS;
+        }
     }
 
     /// Records an upsert of a holder with `data` = (replica, tier, `last_seen`) at `pos` (a
@@ -472,15 +497,16 @@ impl Store {
             Some(c) if follows => {
                 if created && c.created {
                     self.keys.get_mut(pos).ks |= RUN_FLAG;
+                    self.keys.get_mut(c.pos).ks |= NEXT_RUN_FLAG;
                 }
             }
             Some(c) => {
-                self.clear_run(c.pos.wrapping_add(1));
+                self.end_run(Some(c));
                 if applied && !created {
-                    self.clear_run(pos);
+                    self.leave_run(pos);
                 }
             }
-            None if applied && !created => self.clear_run(pos),
+            None if applied && !created => self.leave_run(pos),
             None => {}
         }
         if applied {
@@ -495,8 +521,12 @@ impl Store {
 
     /// Ends a chain's upserts: the successor of the last changed record no longer continues it.
     pub fn end_run(&mut self, cursor: Option<RunCursor>) {
-        if let Some(c) = cursor {
-            self.clear_run(c.pos.wrapping_add(1));
+        // After a record moved, `c.pos` may name another record: clearing its successor's bit
+        // is then merely unneeded (the changed record's own move cleared its successor's).
+        if let Some(c) = cursor
+            && (c.pos as usize) < self.keys.len
+        {
+            self.detach_next(c.pos);
         }
     }
 
@@ -514,6 +544,11 @@ impl Store {
             if self.continues_run(pos) {
                 assert!(pos > 0, "the first record continues a run");
                 assert_eq!(data(pos - 1), data(pos), "stale run bit at {pos}");
+                let hint = self.keys.get(pos - 1).ks & NEXT_RUN_FLAG != 0;
+                assert!(
+                    hint,
+                    "record {pos} continues a run its predecessor does not hint at"
+                );
             }
         }
     }
@@ -782,7 +817,8 @@ impl Store {
     pub fn remove_holder(&mut self, pos: u32, replica: u32) -> Option<(Holder, bool)> {
         let at = self.find_holder(pos, replica)?;
         self.entries -= 1;
-        self.holders_changed(pos);
+        self.leave_run(pos);
+        self.detach_next(pos);
         match at {
             HolderPos::Inline(_) => {
                 let rec = self.keys.get(pos);
@@ -872,9 +908,10 @@ impl Store {
             // when every key was visited, that same slot).
             let b = self.visited - 1;
             if pos != b {
+                self.detach_next(b);
                 self.relink(b, pos);
                 self.keys.swap(pos, b);
-                self.holders_changed(pos);
+                self.arrive(pos);
                 pos = b;
             }
             self.visited = b;
@@ -883,8 +920,9 @@ impl Store {
         if pos != last {
             self.relink(last, pos);
         }
+        // The removed record's successor lost its predecessor (remove_holder detached it).
         self.keys.swap_remove(pos);
-        self.holders_changed(pos);
+        self.arrive(pos);
         self.moves = self.moves.wrapping_add(1);
     }
 
@@ -1049,6 +1087,63 @@ mod tests {
         assert!(s.remove_holder(s.find(first).unwrap(), 1).unwrap().1);
         assert_eq!(s.visited() as usize, s.key_count());
         assert!(s.find(last).is_some());
+    }
+
+    /// Stores chain `c` of `n` blocks for `replica` at time `ts` as the ingest does (one
+    /// cursor over the chain's upserts).
+    fn store_chain(s: &mut Store, c: u64, n: u64, replica: u32, ts: i64) {
+        let mut run = None;
+        for b in 0..n {
+            let k = KeyId { ks: 1, h: c << 32 | b };
+            let h = Holder::new(replica, 1, b as i32, ts);
+            let (pos, created) = s.find_or_insert(k, h);
+            if !created {
+                match s.find_or_add_holder(pos, h, usize::MAX) {
+                    HolderUpsert::Existing(at) => s.holder_mut(at).set_last_seen(ts),
+                    HolderUpsert::Added => {}
+                    HolderUpsert::Full => unreachable!("no bound"),
+                }
+            }
+            s.note_upsert(&mut run, pos, (replica, 1, ts), created, true);
+        }
+        s.end_run(run);
+    }
+
+    /// The run bits stay exact through removals that move records (also below a sliced scan's
+    /// visited mark, which swaps a second record), chains stored over each other and partial
+    /// re-stores; the chains of one holder set are runs.
+    #[test]
+    fn run_bits_stay_exact_as_records_move() {
+        let mut s = Store::new();
+        // Each chain at its own time: a record moved next to another chain differs from it.
+        for c in 0..6u64 {
+            store_chain(&mut s, c, 30, 1, 10 * c as i64);
+            store_chain(&mut s, c, 30, 2, 10 * c as i64);
+        }
+        s.check_runs();
+        let runs = (0..s.key_count() as u32).filter(|&p| s.continues_run(p)).count();
+        assert_eq!(runs, 6 * 29, "each chain is one run after its first block");
+        // A key below the visited mark goes: the last visited record (inside chain 2's run)
+        // fills its place and the slab's last record (chain 5's) the hole that leaves.
+        s.set_visited(70);
+        for r in [1, 2] {
+            s.remove_holder(s.find(KeyId { ks: 1, h: 10 }).expect("key"), r);
+        }
+        s.check_runs();
+        let mut x = 11u64;
+        for round in 0..300u64 {
+            x = x
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            let (c, b, r) = ((x >> 33) % 8, (x >> 40) % 30, 1 + (x >> 50) % 3);
+            if round % 7 == 0 {
+                store_chain(&mut s, c, b + 1, r as u32, 10 + round as i64 % 3);
+            } else if let Some(p) = s.find(KeyId { ks: 1, h: c << 32 | b }) {
+                s.remove_holder(p, r as u32);
+            }
+            s.check_runs();
+        }
+        assert!(s.visited() < 70, "no removal below the visited mark was exercised");
     }
 
     /// Inserts `k`; returns how many keys a grow or tombstone rehash of its table moved (the
