@@ -494,12 +494,11 @@ impl Store {
             c.moves == self.moves && c.data == data && c.pos.wrapping_add(1) == pos && applied
         });
         match prev {
-            Some(c) if follows => {
-                if created && c.created {
-                    self.keys.get_mut(pos).ks |= RUN_FLAG;
-                    self.keys.get_mut(c.pos).ks |= NEXT_RUN_FLAG;
-                }
+            Some(c) if follows && created && c.created => {
+                self.keys.get_mut(pos).ks |= RUN_FLAG;
+                self.keys.get_mut(c.pos).ks |= NEXT_RUN_FLAG;
             }
+            Some(_) if follows => {}
             Some(c) => {
                 self.end_run(Some(c));
                 if applied && !created {
@@ -1094,7 +1093,10 @@ mod tests {
     fn store_chain(s: &mut Store, c: u64, n: u64, replica: u32, ts: i64) {
         let mut run = None;
         for b in 0..n {
-            let k = KeyId { ks: 1, h: c << 32 | b };
+            let k = KeyId {
+                ks: 1,
+                h: c << 32 | b,
+            };
             let h = Holder::new(replica, 1, b as i32, ts);
             let (pos, created) = s.find_or_insert(k, h);
             if !created {
@@ -1121,7 +1123,9 @@ mod tests {
             store_chain(&mut s, c, 30, 2, 10 * c as i64);
         }
         s.check_runs();
-        let runs = (0..s.key_count() as u32).filter(|&p| s.continues_run(p)).count();
+        let runs = (0..s.key_count() as u32)
+            .filter(|&p| s.continues_run(p))
+            .count();
         assert_eq!(runs, 6 * 29, "each chain is one run after its first block");
         // A key below the visited mark goes: the last visited record (inside chain 2's run)
         // fills its place and the slab's last record (chain 5's) the hole that leaves.
@@ -1138,12 +1142,18 @@ mod tests {
             let (c, b, r) = ((x >> 33) % 8, (x >> 40) % 30, 1 + (x >> 50) % 3);
             if round % 7 == 0 {
                 store_chain(&mut s, c, b + 1, r as u32, 10 + round as i64 % 3);
-            } else if let Some(p) = s.find(KeyId { ks: 1, h: c << 32 | b }) {
+            } else if let Some(p) = s.find(KeyId {
+                ks: 1,
+                h: c << 32 | b,
+            }) {
                 s.remove_holder(p, r as u32);
             }
             s.check_runs();
         }
-        assert!(s.visited() < 70, "no removal below the visited mark was exercised");
+        assert!(
+            s.visited() < 70,
+            "no removal below the visited mark was exercised"
+        );
     }
 
     /// Inserts `k`; returns how many keys a grow or tombstone rehash of its table moved (the
