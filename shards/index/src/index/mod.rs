@@ -763,7 +763,7 @@ impl Index {
     #[allow(clippy::too_many_arguments)]
     fn upsert(
         &mut self,
-        cursor: &mut Option<RunCursor>,
+        cursor: &mut RunCursor,
         ks: u32,
         bytes: &[u8],
         replica: u32,
@@ -787,9 +787,8 @@ impl Index {
         let (pos, created) = self
             .store
             .find_or_insert(key, Holder::new(replica, tier, tokens, ts));
-        let data = (replica, tier, ts);
         if created {
-            self.store.note_upsert(cursor, pos, data, true, true);
+            self.store.note_upsert(cursor, pos, true, true);
             if key.is_blob() && !fresh_blob {
                 self.cat.blobs.retain(key.h as u32);
             }
@@ -807,14 +806,14 @@ impl Index {
                     h.tokens = tokens;
                     h.set_last_seen(ts);
                     h.set_tier(tier);
-                    self.store.note_upsert(cursor, pos, data, false, true);
+                    self.store.note_upsert(cursor, pos, false, true);
                 }
                 HolderUpsert::Added => {
-                    self.store.note_upsert(cursor, pos, data, false, true);
+                    self.store.note_upsert(cursor, pos, false, true);
                     self.on_entry_created(key, replica);
                 }
                 HolderUpsert::Full => {
-                    self.store.note_upsert(cursor, pos, data, false, false);
+                    self.store.note_upsert(cursor, pos, false, false);
                     return false;
                 }
             }
@@ -1195,7 +1194,7 @@ impl Index {
             }
         };
         // The chain's upserts keep the store's run bits (see `RunCursor`).
-        let mut run = None;
+        let mut run = RunCursor::new();
         if !p.block_hashes.is_empty() {
             let mut cum: i32 = 0;
             for (h, c) in p.block_hashes.iter().zip(&p.block_token_counts) {

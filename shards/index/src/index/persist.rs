@@ -229,7 +229,7 @@ impl Index {
                 id
             }
         };
-        let mut run = None;
+        let mut run = super::store::RunCursor::new();
         let applied = self.upsert(&mut run, ks, e.hash, replica, e.tokens, e.tier, e.last_seen);
         self.store.end_run(run);
         self.flush();

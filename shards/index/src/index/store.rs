@@ -290,22 +290,36 @@ pub(crate) struct Store {
     /// record, so the visited keys stay exactly `0..visited` and every unvisited key stays at
     /// or above it, whatever is removed or added between two slices.
     visited: u32,
-    /// Key records moved or removed so far (wrapping): a [`RunCursor`] is only continued while
-    /// this is unchanged, so its position still names the record it touched.
+    /// Key records moved or removed so far (wrapping; debug builds check that none moves while
+    /// a [`RunCursor`] is in use).
     moves: u32,
 }
 
 /// The last upsert of a chain being ingested, for the run bits ([`RUN_FLAG`]): the record it
-/// changed (or created) at `pos`, by a holder with `data` = (replica, tier, `last_seen`). The
-/// successor's bit was left as it was: the next upsert either gives the successor the same
-/// holder (then the two records changed alike and the bit stays true to them) or the bit is
-/// cleared ([`Store::end_run`]).
+/// changed (or created) at `pos` ([`NIL`]: none yet). Every upsert of one cursor is by the same
+/// holder data (replica, tier, `last_seen`: one `PrefixEntry` of one update). The successor's
+/// bit was left as it was: the next upsert either gives the successor the same holder (then the
+/// two records changed alike and the bit stays true to them) or the bit is cleared
+/// ([`Store::end_run`]). No key record moves while a cursor is in use: upserts never remove.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct RunCursor {
     pos: u32,
-    data: (u32, u8, i64),
     created: bool,
+    /// [`Store::moves`] when the cursor was last updated (checked in debug builds).
+    #[cfg(debug_assertions)]
     moves: u32,
+}
+
+impl RunCursor {
+    /// A cursor before a chain's first upsert.
+    pub fn new() -> RunCursor {
+        RunCursor {
+            pos: NIL,
+            created: false,
+            #[cfg(debug_assertions)]
+            moves: 0,
+        }
+    }
 }
 
 impl Store {
@@ -475,57 +489,75 @@ impl Store {
         }
     }
 
-    /// Records an upsert of a holder with `data` = (replica, tier, `last_seen`) at `pos` (a
-    /// record created by it when `created`, else changed by it unless `applied` is false: the
-    /// key was full), with `cursor` the previous upsert of the same chain. Keeps the run bits
-    /// exact: a record changed right after its predecessor was changed alike keeps its bit (a
-    /// created one gets it when its predecessor was created alike: both hold exactly `data`);
-    /// any other change clears the bits that depended on the old holders.
-    pub fn note_upsert(
-        &mut self,
-        cursor: &mut Option<RunCursor>,
-        pos: u32,
-        data: (u32, u8, i64),
-        created: bool,
-        applied: bool,
-    ) {
-        let prev = cursor.take();
-        let follows = prev.is_some_and(|c| {
-            c.moves == self.moves && c.data == data && c.pos.wrapping_add(1) == pos && applied
-        });
-        match prev {
-            Some(c) if follows && created && c.created => {
-                self.keys.get_mut(pos).ks |= RUN_FLAG;
-                self.keys.get_mut(c.pos).ks |= NEXT_RUN_FLAG;
+    /// Records an upsert at `pos` (a record created by it when `created`, else changed by it
+    /// unless `applied` is false: the key was full) made after the upserts of `cursor`, all by
+    /// the same holder data. Keeps the run bits exact: a record changed right after its
+    /// predecessor was changed alike keeps its bit (a created one gets it when its predecessor
+    /// was created alike: both hold exactly that holder); any other change clears the bits
+    /// that depended on the old holders. Inlined: the common case (the next record of a stored
+    /// chain refreshed) is a few comparisons.
+    #[inline(always)]
+    pub fn note_upsert(&mut self, cursor: &mut RunCursor, pos: u32, created: bool, applied: bool) {
+        #[cfg(debug_assertions)]
+        debug_assert!(
+            cursor.pos == NIL || cursor.moves == self.moves,
+            "a record moved"
+        );
+        // A fresh cursor (NIL) "follows" into position 0: harmless, as the first record never
+        // has its run bit set, so keeping it is clearing it.
+        let follows = cursor.pos.wrapping_add(1) == pos && applied;
+        if follows && !created {
+            cursor.pos = pos;
+            cursor.created = false;
+            #[cfg(debug_assertions)]
+            {
+                cursor.moves = self.moves;
             }
-            Some(_) if follows => {}
-            Some(c) => {
-                self.end_run(Some(c));
-                if applied && !created {
-                    self.leave_run(pos);
-                }
-            }
-            None if applied && !created => self.leave_run(pos),
-            None => {}
-        }
-        if applied {
-            *cursor = Some(RunCursor {
-                pos,
-                data,
-                created,
-                moves: self.moves,
-            });
+        } else {
+            self.note_upsert_cold(cursor, pos, created, applied, follows);
         }
     }
 
+    /// [`Store::note_upsert`] when the record does not keep its run bit as it is.
+    #[inline(never)]
+    fn note_upsert_cold(
+        &mut self,
+        cursor: &mut RunCursor,
+        pos: u32,
+        created: bool,
+        applied: bool,
+        follows: bool,
+    ) {
+        if follows {
+            // Created right after its predecessor.
+            if cursor.created {
+                self.keys.get_mut(pos).ks |= RUN_FLAG;
+                self.keys.get_mut(cursor.pos).ks |= NEXT_RUN_FLAG;
+            }
+        } else {
+            self.end_run(*cursor);
+            if applied && !created {
+                self.leave_run(pos);
+            }
+        }
+        *cursor = if applied {
+            RunCursor {
+                pos,
+                created,
+                #[cfg(debug_assertions)]
+                moves: self.moves,
+            }
+        } else {
+            RunCursor::new()
+        };
+    }
+
     /// Ends a chain's upserts: the successor of the last changed record no longer continues it.
-    pub fn end_run(&mut self, cursor: Option<RunCursor>) {
-        // After a record moved, `c.pos` may name another record: clearing its successor's bit
+    pub fn end_run(&mut self, cursor: RunCursor) {
+        // After a record moved, `pos` may name another record: clearing its successor's bit
         // is then merely unneeded (the changed record's own move cleared its successor's).
-        if let Some(c) = cursor
-            && (c.pos as usize) < self.keys.len
-        {
-            self.detach_next(c.pos);
+        if (cursor.pos as usize) < self.keys.len {
+            self.detach_next(cursor.pos);
         }
     }
 
@@ -1091,7 +1123,7 @@ mod tests {
     /// Stores chain `c` of `n` blocks for `replica` at time `ts` as the ingest does (one
     /// cursor over the chain's upserts).
     fn store_chain(s: &mut Store, c: u64, n: u64, replica: u32, ts: i64) {
-        let mut run = None;
+        let mut run = RunCursor::new();
         for b in 0..n {
             let k = KeyId {
                 ks: 1,
@@ -1106,7 +1138,7 @@ mod tests {
                     HolderUpsert::Full => unreachable!("no bound"),
                 }
             }
-            s.note_upsert(&mut run, pos, (replica, 1, ts), created, true);
+            s.note_upsert(&mut run, pos, created, true);
         }
         s.end_run(run);
     }
