@@ -500,12 +500,14 @@ impl Default for Index {
 }
 
 impl Index {
-    /// Builds an empty index. A non-positive default TTL is clamped back to 30 min (§3.1).
+    /// Builds an empty index. A non-positive default TTL is clamped back to 30 min (§3.1);
+    /// the keyspace bound to the ids a key record can hold (2^29: the bits above carry flags).
     pub fn new(mut config: IndexConfig) -> Index {
         if config.default_ttl_ns <= 0 {
             config.default_ttl_ns = DEFAULT_TTL_NS;
         }
         config.max_holders_per_key = config.max_holders_per_key.max(1);
+        config.max_keyspaces = config.max_keyspaces.min(KEYSPACE_LIMIT as usize);
         let dir = config.directory.clone();
         let cat = Catalog {
             strings: Strings::new(config.max_strings, config.max_string_bytes),
