@@ -6,7 +6,8 @@
 //!
 //! Layout (the memory target is < 48 bytes per storage entry, docs/ARCHITECTURE.md §3):
 //! * `KeyRec` (36 bytes, align 4): the key's 8-byte hash (or blob id), its keyspace id
-//!   (`(scope, adapter)`, top bit = "hash is a blob id"), the first holder, and the head of the
+//!   (`(scope, adapter)`, top bit = "hash is a blob id"; bits 30 and 29 of the record's copy are
+//!   the run bits the chain walk uses, see [`RUN_FLAG`]), the first holder, and the head of the
 //!   overflow chain.
 //! * `OverRec` (24 bytes): a further holder and the next link.
 //! * `HashTable<u32>` × [`SEGMENTS`]: slab positions, ~5 bytes per bucket, split by hash bits
