@@ -289,6 +289,21 @@ impl Scratch {
     }
 }
 
+/// Where a chain walk stands (see [`Index::walk_blocks`]).
+#[derive(Clone, Copy, Default)]
+struct Walk {
+    /// Runs still going: those with `last_block == anchor`.
+    alive: usize,
+    /// The last block the going runs were updated at (block 0, a block whose holders were
+    /// visited, or the end of a stored run consumed before such a block).
+    anchor: u32,
+    /// The last block the going runs reached (blocks after the anchor continued its stored run).
+    reached: u32,
+    /// The request's tokens of the blocks after the anchor up to `reached` (wrapping, as sums
+    /// of the wire's int32 counts are).
+    pending: i32,
+}
+
 /// What extending the runs by one block needs besides the holder.
 #[derive(Clone, Copy)]
 struct Step {
@@ -303,6 +318,9 @@ struct Step {
     ttl: i64,
     /// Record an LFU hit per extended run.
     lfu: bool,
+    /// The last block whose holders were visited: the runs still going have `last_block ==
+    /// anchor` (blocks consumed as part of a stored run since then extended them all alike).
+    anchor: u32,
 }
 
 impl Step {
@@ -366,8 +384,9 @@ impl Scratch {
     }
 
     /// Extends by block `step.block > 0` (slab position `pos`) the runs that reached the
-    /// previous block (`alive` of them) and whose replica holds a live entry for it; a run
-    /// that missed a block froze and never rejoins. Stops visiting the block's holders once
+    /// previous block (`alive` of them, `last_block == step.anchor`) and whose replica holds a
+    /// live entry for it; a run that missed a block froze and never rejoins. `step.count` is the
+    /// request's tokens of every block after the anchor up to this one. Stops visiting the block's holders once
     /// every live run is extended. Returns how many runs reached the block.
     #[inline]
     fn extend_runs(&mut self, store: &Store, pos: u32, step: &Step, alive: usize) -> usize {
@@ -398,7 +417,7 @@ impl Scratch {
     }
 
     /// Extends holder `h`'s run to `step.block` if its entry is live and its run reached the
-    /// previous block.
+    /// previous block (its last visited block is the anchor).
     #[inline(always)]
     fn extend_run(&mut self, h: &Holder, step: &Step) -> bool {
         let r = h.replica();
@@ -407,7 +426,7 @@ impl Scratch {
             return false;
         }
         let run = &mut self.runs[slot.run as usize];
-        if run.last_block + 1 != step.block {
+        if run.last_block != step.anchor {
             return false;
         }
         run.matched = run.matched.wrapping_add(step.count);
@@ -422,6 +441,25 @@ impl Scratch {
             self.run_hits.push((slot.run, hit));
         }
         true
+    }
+}
+
+impl Scratch {
+    /// Extends the runs going (`last_block == walk.anchor`) over the blocks consumed after the
+    /// anchor, which they all reached: one update per run per stored run consumed. The anchor
+    /// moves to the last block reached.
+    #[inline]
+    fn settle_runs(&mut self, walk: &mut Walk) {
+        if walk.reached == walk.anchor {
+            return;
+        }
+        let (anchor, reached, pending) = (walk.anchor, walk.reached, walk.pending);
+        for run in self.runs.iter_mut().filter(|r| r.last_block == anchor) {
+            run.matched = run.matched.wrapping_add(pending);
+            run.last_block = reached;
+        }
+        walk.anchor = reached;
+        walk.pending = 0;
     }
 }
 
@@ -750,6 +788,16 @@ impl Index {
 
     /// [`Self::walk_chain`] over hashes held as `H`. Not inlined: one compiled copy per
     /// representation, each laid out like the walk the perf gate's baseline measured.
+    ///
+    /// Cost per *stored run*, not per (block, holder): a block whose key record follows the
+    /// previous block's in the slab and is marked as continuing a run (same holders, tiers and
+    /// times as its predecessor, see `Store::continues_run`) extends exactly the runs that
+    /// reached the previous block, by its token count, with their oldest time and worst tier
+    /// unchanged; so it costs one key comparison and the counts of a stretch of such blocks are
+    /// added to the runs in one step, at the next block whose holders are visited (or at the
+    /// end). Holders are visited
+    /// at block 0, where the slab breaks, and where the holder set or data changes. LFU tenants
+    /// visit every block's holders: each (block, holder) is an LFU hit.
     #[inline(never)]
     fn walk_blocks<H: AsRef<[u8]>>(
         &mut self,
@@ -764,34 +812,64 @@ impl Index {
         sc.next_epoch(self.cat.strings.slots());
         sc.runs.clear();
         sc.run_hits.clear();
-        // Blocks are resolved in batches: the table probes of one batch are independent, so
-        // their cache misses overlap instead of serialising block by block. Most blocks need
-        // no probe: a stored chain's next block is usually the next key record in the slab.
-        // A block the index does not hold ends the walk, so the blocks after it are not resolved.
+        // Blocks whose holders are visited are resolved in batches: the table probes of one
+        // batch are independent, so their cache misses overlap instead of serialising block by
+        // block. Most blocks need no probe: a stored chain's next block is usually the next key
+        // record in the slab, and most of those continue a stored run, consumed without a visit
+        // (`Store::run_matches`). A block the index does not hold ends the walk, so the blocks
+        // after it are not resolved.
         const BATCH: usize = 8;
         let n = hashes.len();
         let mut batch = [(KeyId { ks: 0, h: 0 }, NIL); BATCH];
         let mut start = 0;
         let mut prev = NIL;
-        let mut alive = 0;
+        // Runs going: `alive`, all with `last_block == anchor`; they also reached every block
+        // up to `reached`, whose tokens after the anchor sum to `pending`.
+        let mut walk = Walk::default();
         while start < n {
-            let end = (start + BATCH).min(n);
-            for (slot, hash) in batch.iter_mut().zip(&hashes[start..end]) {
-                *slot = match self.cat.key_for(ks, hash.as_ref()) {
-                    Some(k) => (k, self.store.find_after(prev, k).unwrap_or(NIL)),
-                    None => (KeyId { ks: 0, h: 0 }, NIL),
-                };
-                prev = slot.1;
-                if prev == NIL {
-                    // The walk ends at this block: the rest of the batch is never read.
-                    break;
+            if start > 0 && !lfu {
+                let key = |j: usize| self.cat.key_for(ks, hashes[start + j].as_ref());
+                let m = self.store.run_matches(prev, n - start, key);
+                if m > 0 {
+                    let sum = counts[start..start + m]
+                        .iter()
+                        .fold(0i32, |a, c| a.wrapping_add(*c));
+                    walk.pending = walk.pending.wrapping_add(sum);
+                    start += m;
+                    walk.reached = (start - 1) as u32;
+                    prev += m as u32;
+                    continue;
                 }
             }
-            for i in start..end {
-                let block = batch[i - start];
-                if block.1 == NIL {
-                    return;
+            let end = (start + BATCH).min(n);
+            let mut resolved = start;
+            let mut ended = false;
+            for (slot, hash) in batch.iter_mut().zip(&hashes[start..end]) {
+                let Some(pos) = self
+                    .cat
+                    .key_for(ks, hash.as_ref())
+                    .and_then(|k| self.store.find_after(prev, k).map(|p| (k, p)))
+                else {
+                    // The walk ends at this block: the rest of the batch is never read.
+                    ended = true;
+                    break;
+                };
+                if !lfu
+                    && resolved > start
+                    && pos.1 == prev.wrapping_add(1)
+                    && self.store.continues_run(pos.1)
+                {
+                    // Consumed by the run match of the next round.
+                    break;
                 }
+                *slot = pos;
+                prev = pos.1;
+                resolved += 1;
+            }
+            for i in start..resolved {
+                let block = batch[i - start];
+                // The runs going reached the consumed blocks, whether or not they reach this one.
+                sc.settle_runs(&mut walk);
                 let step = Step {
                     key: block.0,
                     block: i as u32,
@@ -799,18 +877,25 @@ impl Index {
                     now,
                     ttl,
                     lfu,
+                    anchor: walk.anchor,
                 };
-                alive = if i == 0 {
+                walk.alive = if i == 0 {
                     sc.start_runs(&self.store, block.1, &step)
                 } else {
-                    sc.extend_runs(&self.store, block.1, &step, alive)
+                    sc.extend_runs(&self.store, block.1, &step, walk.alive)
                 };
-                if alive == 0 {
+                walk.anchor = i as u32;
+                walk.reached = i as u32;
+                if walk.alive == 0 {
                     return;
                 }
             }
-            start = end;
+            if ended {
+                break;
+            }
+            start = resolved;
         }
+        sc.settle_runs(&mut walk);
     }
 
     /// Scores every run with a positive matched sum and a fresh oldest entry (marking it
@@ -1065,6 +1150,13 @@ impl Index {
             self.cap_touch(hit.key, hit.replica, Some(pos));
         }
         n
+    }
+
+    /// Test aid: panics unless every run bit of the store is exact (a record marked as
+    /// continuing a run holds exactly its predecessor's holders: replica, tier, `last_seen`).
+    #[doc(hidden)]
+    pub fn check_run_summaries(&self) {
+        self.store.check_runs();
     }
 
     /// Affinity pick (§8.6): `sorted(serving replicas)[BE-u64(SHA-256(seed)[..8]) mod n]`.

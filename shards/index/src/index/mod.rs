@@ -51,7 +51,7 @@ use inferencecache_proto::v1alpha1::{
 use intern::{Blobs, Strings};
 use std::cell::Cell;
 use std::sync::Arc;
-use store::{BLOB_FLAG, Holder, HolderUpsert, KeyId, Store};
+use store::{BLOB_FLAG, Holder, HolderUpsert, KEYSPACE_LIMIT, KeyId, RunCursor, Store};
 
 pub use intern::MAX_STRINGS;
 
@@ -500,12 +500,14 @@ impl Default for Index {
 }
 
 impl Index {
-    /// Builds an empty index. A non-positive default TTL is clamped back to 30 min (§3.1).
+    /// Builds an empty index. A non-positive default TTL is clamped back to 30 min (§3.1);
+    /// the keyspace bound to the ids a key record can hold (2^29: the bits above carry flags).
     pub fn new(mut config: IndexConfig) -> Index {
         if config.default_ttl_ns <= 0 {
             config.default_ttl_ns = DEFAULT_TTL_NS;
         }
         config.max_holders_per_key = config.max_holders_per_key.max(1);
+        config.max_keyspaces = config.max_keyspaces.min(KEYSPACE_LIMIT as usize);
         let dir = config.directory.clone();
         let cat = Catalog {
             strings: Strings::new(config.max_strings, config.max_string_bytes),
@@ -721,7 +723,7 @@ impl Index {
                 (self.cat.keyspaces.len() - 1) as u32
             }
         };
-        assert!(id < BLOB_FLAG, "too many keyspaces");
+        assert!(id < KEYSPACE_LIMIT, "too many keyspaces");
         self.reclaimable += 1;
         self.cat.keyspace_ids.insert((scope, adapter), id);
         self.cat.scopes[scope as usize].keyspaces.push(id);
@@ -758,8 +760,12 @@ impl Index {
     /// *Upsert(key, replica, token_count, tier, ts)* of §3.3 for a key given as wire bytes.
     /// Returns false (and changes nothing) when the key is new to the replica but already has
     /// the maximum number of holders.
+    /// `cursor` carries the previous upsert of the same chain (None before its first block);
+    /// the caller ends it with [`Store::end_run`] after the chain's last upsert.
+    #[allow(clippy::too_many_arguments)]
     fn upsert(
         &mut self,
+        cursor: &mut RunCursor,
         ks: u32,
         bytes: &[u8],
         replica: u32,
@@ -784,6 +790,7 @@ impl Index {
             .store
             .find_or_insert(key, Holder::new(replica, tier, tokens, ts));
         if created {
+            self.store.note_upsert(cursor, pos, true, true);
             if key.is_blob() && !fresh_blob {
                 self.cat.blobs.retain(key.h as u32);
             }
@@ -801,9 +808,16 @@ impl Index {
                     h.tokens = tokens;
                     h.set_last_seen(ts);
                     h.set_tier(tier);
+                    self.store.note_upsert(cursor, pos, false, true);
                 }
-                HolderUpsert::Added => self.on_entry_created(key, replica),
-                HolderUpsert::Full => return false,
+                HolderUpsert::Added => {
+                    self.store.note_upsert(cursor, pos, false, true);
+                    self.on_entry_created(key, replica);
+                }
+                HolderUpsert::Full => {
+                    self.store.note_upsert(cursor, pos, false, false);
+                    return false;
+                }
             }
         }
         self.cap_touch(key, replica, Some(pos));
@@ -1181,18 +1195,30 @@ impl Index {
                 out.holders_refused += 1;
             }
         };
+        // The chain's upserts keep the store's run bits (see `RunCursor`).
+        let mut run = RunCursor::new();
         if !p.block_hashes.is_empty() {
             let mut cum: i32 = 0;
             for (h, c) in p.block_hashes.iter().zip(&p.block_token_counts) {
                 cum = cum.wrapping_add(*c);
-                count(self.upsert(ks, h, replica, cum, tier, ts));
+                count(self.upsert(&mut run, ks, h, replica, cum, tier, ts));
             }
             if !p.prefix_hash.is_empty() {
-                count(self.upsert(ks, &p.prefix_hash, replica, p.token_count, tier, ts));
+                let (h, n) = (&p.prefix_hash, p.token_count);
+                count(self.upsert(&mut run, ks, h, replica, n, tier, ts));
             }
         } else {
-            count(self.upsert(ks, &p.prefix_hash, replica, p.token_count, tier, ts));
+            count(self.upsert(
+                &mut run,
+                ks,
+                &p.prefix_hash,
+                replica,
+                p.token_count,
+                tier,
+                ts,
+            ));
         }
+        self.store.end_run(run);
         if out.holders_refused > 0 {
             self.reclaimable += 1;
         }
