@@ -10,9 +10,9 @@ use zeromq::{PubSocket, Socket, SocketSend, ZmqMessage};
 
 /// Tokens per engine block in this test: large enough that two blocks (128 tokens) pass the
 /// server's default 64-token matched floor, so shrinking matches stay visible as PREFIX_MATCH.
-const BS: u32 = 64;
+pub(crate) const BS: u32 = 64;
 
-fn batch(events: Vec<Value>) -> Bytes {
+pub(crate) fn batch(events: Vec<Value>) -> Bytes {
     let mut out = Vec::new();
     // ts 0 → timestamp_us 0 → "now" at the server.
     rmpv::encode::write_value(
@@ -23,7 +23,7 @@ fn batch(events: Vec<Value>) -> Bytes {
     Bytes::from(out)
 }
 
-fn stored(hashes: &[u64], tokens: std::ops::Range<u32>) -> Value {
+pub(crate) fn stored(hashes: &[u64], tokens: std::ops::Range<u32>) -> Value {
     Value::Map(vec![
         ("type".into(), "BlockStored".into()),
         (
@@ -56,7 +56,7 @@ fn cleared() -> Value {
     Value::Map(vec![("type".into(), "AllBlocksCleared".into())])
 }
 
-async fn publish(p: &mut PubSocket, seq: u64, body: Bytes) {
+pub(crate) async fn publish(p: &mut PubSocket, seq: u64, body: Bytes) {
     let msg = ZmqMessage::try_from(vec![
         Bytes::from_static(b"kv"),
         Bytes::copy_from_slice(&seq.to_be_bytes()),
@@ -90,7 +90,12 @@ async fn lookup(srv: &Server, tokens: std::ops::Range<u32>) -> (String, i32) {
 
 /// Polls until the lookup answers `(reason, matched)` (events are asynchronous), with a
 /// generous deadline.
-async fn eventually(srv: &Server, tokens: std::ops::Range<u32>, reason: &str, matched: i32) {
+pub(crate) async fn eventually(
+    srv: &Server,
+    tokens: std::ops::Range<u32>,
+    reason: &str,
+    matched: i32,
+) {
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         let last = lookup(srv, tokens.clone()).await;
@@ -105,7 +110,7 @@ async fn eventually(srv: &Server, tokens: std::ops::Range<u32>, reason: &str, ma
     }
 }
 
-async fn subscriber_batches(port: u16) -> f64 {
+pub(crate) async fn subscriber_batches(port: u16) -> f64 {
     let Ok((_, body)) = http_get(port, "/metrics") else {
         return 0.0;
     };

@@ -16,6 +16,16 @@ pub struct NatsServer {
     child: Child,
     pub port: u16,
     pub store: ScratchDir,
+    /// With [`NatsServer::start_secured`]: what clients must present.
+    pub secured: Option<Secured>,
+}
+
+/// The TLS and credentials a secured nats-server requires (files in its store directory).
+pub struct Secured {
+    /// The CA that signed the server's certificate (SANs localhost, 127.0.0.1).
+    pub ca_file: std::path::PathBuf,
+    pub user: String,
+    pub password: String,
 }
 
 impl NatsServer {
@@ -38,7 +48,60 @@ impl NatsServer {
             std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()
         });
         assert!(up, "nats-server did not listen on {port}");
-        NatsServer { child, port, store }
+        NatsServer {
+            child,
+            port,
+            store,
+            secured: None,
+        }
+    }
+
+    /// Starts one that requires TLS (generated certificates) and user `user` / `password`,
+    /// from a configuration file written here.
+    pub fn start_secured(user: &str, password: &str) -> NatsServer {
+        let port = free_port();
+        let store = scratch_dir("nats-secured");
+        let pki = super::pki::gen_pki("nats");
+        let file = |name: &str, text: &str| {
+            let p = store.join(name);
+            std::fs::write(&p, text).unwrap();
+            p
+        };
+        let ca_file = file("ca.pem", &pki.ca_pem);
+        let cert = file("server.pem", &pki.cert_pem);
+        let key = file("server.key", &pki.key_pem);
+        let js_dir = store.join("js");
+        let conf = format!(
+            "listen: \"127.0.0.1:{port}\"\n\
+             jetstream {{ store_dir: {js:?} }}\n\
+             tls {{ cert_file: {cert:?}, key_file: {key:?}, timeout: 5 }}\n\
+             authorization {{ user: {user:?}, password: {password:?} }}\n",
+            js = js_dir.display().to_string(),
+            cert = cert.display().to_string(),
+            key = key.display().to_string(),
+        );
+        let conf = file("nats.conf", &conf);
+        let child = Command::new("nats-server")
+            .arg("-c")
+            .arg(&conf)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn nats-server");
+        let up = wait_until(Duration::from_secs(20), || {
+            std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()
+        });
+        assert!(up, "nats-server did not listen on {port}");
+        NatsServer {
+            child,
+            port,
+            store,
+            secured: Some(Secured {
+                ca_file,
+                user: user.into(),
+                password: password.into(),
+            }),
+        }
     }
 
     /// The `nats://` URL.
@@ -46,9 +109,17 @@ impl NatsServer {
         format!("nats://127.0.0.1:{}", self.port)
     }
 
-    /// A JetStream context on a fresh connection.
+    /// A JetStream context on a fresh connection (with the TLS and credentials a secured
+    /// server requires).
     pub async fn jetstream(&self) -> jetstream::Context {
-        let client = async_nats::connect(self.url()).await.expect("connect nats");
+        let mut opts = async_nats::ConnectOptions::new();
+        if let Some(s) = &self.secured {
+            opts = opts
+                .add_root_certificates(s.ca_file.clone())
+                .require_tls(true)
+                .user_and_password(s.user.clone(), s.password.clone());
+        }
+        let client = opts.connect(self.url()).await.expect("connect nats");
         jetstream::new(client)
     }
 }

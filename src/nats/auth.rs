@@ -1,0 +1,235 @@
+//! TLS and credentials of the event log's NATS connection (`--nats-ca-file`,
+//! `--nats-client-cert-file`/`--nats-client-key-file`, `--nats-creds-file`, `--nats-user` with
+//! `--nats-password-file` or `NATS_PASSWORD`; docs/OPERATIONS.md "Replicas"). Every file is
+//! checked at start-up (exit 2 naming the flag); the password is never logged (`Debug` hides it).
+
+use std::path::{Path, PathBuf};
+
+use rustls::pki_types::CertificateDer;
+use rustls::pki_types::pem::PemObject;
+
+use crate::cli::Cli;
+
+/// Environment variable holding the `--nats-user` password when `--nats-password-file` is not
+/// given (same name as kvevent-subscriber's).
+pub const PASSWORD_ENV: &str = "NATS_PASSWORD";
+
+/// What the NATS connection authenticates with.
+#[derive(Clone, Default)]
+pub struct NatsAuth {
+    ca_file: Option<PathBuf>,
+    client_cert: Option<(PathBuf, PathBuf)>,
+    creds_file: Option<PathBuf>,
+    user: Option<(String, String)>,
+}
+
+impl std::fmt::Debug for NatsAuth {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NatsAuth")
+            .field("ca_file", &self.ca_file)
+            .field("client_cert", &self.client_cert)
+            .field("creds_file", &self.creds_file)
+            .field("user", &self.user.as_ref().map(|(u, _)| u))
+            .finish()
+    }
+}
+
+fn opt(s: &str) -> Option<PathBuf> {
+    (!s.is_empty()).then(|| PathBuf::from(s))
+}
+
+/// Checks that `path` holds at least one PEM certificate.
+fn check_certs(flag: &str, path: &Path) -> Result<(), String> {
+    let n = CertificateDer::pem_file_iter(path)
+        .map_err(|e| format!("{flag} {}: cannot read: {e}", path.display()))?
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| format!("{flag} {}: not PEM certificates: {e}", path.display()))?
+        .len();
+    if n == 0 {
+        return Err(format!(
+            "{flag} {}: no certificate in the file",
+            path.display()
+        ));
+    }
+    Ok(())
+}
+
+impl NatsAuth {
+    /// From the flags (and `env`, the password variable's value): a usage error names the flag.
+    pub fn from_cli(cli: &Cli, env: Option<String>) -> Result<Self, String> {
+        let ca_file = opt(&cli.nats_ca_file);
+        if let Some(ca) = &ca_file {
+            check_certs("--nats-ca-file", ca)?;
+        }
+        let client_cert = match (
+            opt(&cli.nats_client_cert_file),
+            opt(&cli.nats_client_key_file),
+        ) {
+            (None, None) => None,
+            (Some(c), Some(k)) => {
+                crate::grpc::tls::load_pair(&c, &k)
+                    .map_err(|e| format!("--nats-client-cert-file/--nats-client-key-file: {e}"))?;
+                Some((c, k))
+            }
+            _ => {
+                return Err(
+                    "--nats-client-cert-file and --nats-client-key-file must be set together"
+                        .into(),
+                );
+            }
+        };
+        let creds_file = opt(&cli.nats_creds_file);
+        if let Some(c) = &creds_file {
+            std::fs::metadata(c).map_err(|e| format!("--nats-creds-file {}: {e}", c.display()))?;
+        }
+        let user = match (cli.nats_user.as_str(), opt(&cli.nats_password_file)) {
+            ("", None) => None,
+            ("", Some(_)) => return Err("--nats-password-file needs --nats-user".into()),
+            (u, file) => Some((u.to_string(), password(file.as_deref(), env)?)),
+        };
+        if user.is_some() && creds_file.is_some() {
+            return Err("--nats-user and --nats-creds-file are alternatives; give one".into());
+        }
+        let any = ca_file.is_some() || client_cert.is_some() || creds_file.is_some();
+        if (any || user.is_some()) && cli.nats_url.is_empty() {
+            return Err("the --nats-* TLS and credential flags need --nats-url".into());
+        }
+        Ok(Self {
+            ca_file,
+            client_cert,
+            creds_file,
+            user,
+        })
+    }
+
+    /// `opts` with this TLS and these credentials (reads the creds file).
+    pub async fn apply(
+        &self,
+        mut opts: async_nats::ConnectOptions,
+    ) -> Result<async_nats::ConnectOptions, String> {
+        if let Some(ca) = &self.ca_file {
+            opts = opts.add_root_certificates(ca.clone()).require_tls(true);
+        }
+        if let Some((c, k)) = &self.client_cert {
+            opts = opts.add_client_certificate(c.clone(), k.clone());
+        }
+        if let Some(path) = &self.creds_file {
+            opts = opts
+                .credentials_file(path)
+                .await
+                .map_err(|e| format!("--nats-creds-file {}: {e}", path.display()))?;
+        }
+        if let Some((u, p)) = &self.user {
+            opts = opts.user_and_password(u.clone(), p.clone());
+        }
+        Ok(opts)
+    }
+}
+
+/// The password: the file's content (trimmed), else the environment variable's value.
+fn password(file: Option<&Path>, env: Option<String>) -> Result<String, String> {
+    let pass = match file {
+        Some(path) => std::fs::read_to_string(path)
+            .map_err(|e| format!("--nats-password-file {}: cannot read: {e}", path.display()))?
+            .trim()
+            .to_string(),
+        None => env.ok_or_else(|| {
+            format!(
+                "--nats-user needs --nats-password-file or the {PASSWORD_ENV} environment variable"
+            )
+        })?,
+    };
+    if pass.is_empty() {
+        return Err("--nats-user: the password is empty".into());
+    }
+    Ok(pass)
+}
+
+/// Whether a failed connection is NATS refusing this client (credentials, TLS) rather than an
+/// unreachable server: `Some(true)` for TLS, `Some(false)` for credentials.
+pub fn refusal(kind: async_nats::ConnectErrorKind) -> Option<bool> {
+    use async_nats::ConnectErrorKind as K;
+    match kind {
+        K::AuthorizationViolation | K::Authentication => Some(false),
+        K::Tls => Some(true),
+        _ => None,
+    }
+}
+
+/// The same for a background reconnect's event (the client retries those by itself).
+pub fn event_refusal(ev: &async_nats::Event) -> Option<bool> {
+    use async_nats::ConnectErrorKind as K;
+    match ev {
+        async_nats::Event::ServerError(async_nats::ServerError::AuthorizationViolation) => {
+            Some(false)
+        }
+        async_nats::Event::ClientError(async_nats::ClientError::Other(text)) => {
+            [K::AuthorizationViolation, K::Authentication, K::Tls]
+                .into_iter()
+                .find(|k| *text == k.to_string())
+                .and_then(refusal)
+        }
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    fn cli(extra: &[&str]) -> Cli {
+        let mut args = vec![
+            "inference-cache-server",
+            "--nats-url",
+            "nats://127.0.0.1:4222",
+        ];
+        args.extend_from_slice(extra);
+        Cli::parse_from(args)
+    }
+
+    #[test]
+    fn password_comes_from_the_file_else_the_environment_and_is_never_shown() {
+        let dir = std::env::temp_dir().join(format!("ic-nats-auth-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("pw");
+        std::fs::write(&file, "s3cret-from-file\n").unwrap();
+        let f = file.to_str().unwrap();
+        let a = NatsAuth::from_cli(&cli(&["--nats-user", "u", "--nats-password-file", f]), None)
+            .unwrap();
+        assert_eq!(a.user, Some(("u".into(), "s3cret-from-file".into())));
+        assert!(!format!("{a:?}").contains("s3cret"), "{a:?}");
+        let b = NatsAuth::from_cli(&cli(&["--nats-user", "u"]), Some("env-pass".into())).unwrap();
+        assert_eq!(b.user, Some(("u".into(), "env-pass".into())));
+        let e = NatsAuth::from_cli(&cli(&["--nats-user", "u"]), None).unwrap_err();
+        assert!(e.contains("NATS_PASSWORD"), "{e}");
+        std::fs::write(&file, " \n").unwrap();
+        let e = NatsAuth::from_cli(&cli(&["--nats-user", "u", "--nats-password-file", f]), None)
+            .unwrap_err();
+        assert!(e.contains("empty"), "{e}");
+        let e = NatsAuth::from_cli(&cli(&["--nats-ca-file", f]), None).unwrap_err();
+        assert!(e.contains("--nats-ca-file"), "{e}");
+        let e = NatsAuth::from_cli(&cli(&["--nats-client-cert-file", f]), None).unwrap_err();
+        assert!(e.contains("together"), "{e}");
+        let none = NatsAuth::from_cli(&cli(&[]), None).unwrap();
+        assert!(none.user.is_none() && none.ca_file.is_none());
+        let no_url = Cli::parse_from(["inference-cache-server", "--nats-user", "u"]);
+        assert!(NatsAuth::from_cli(&no_url, Some("p".into())).is_err());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn refusals_are_told_apart_from_an_unreachable_server() {
+        use async_nats::ConnectErrorKind as K;
+        assert_eq!(refusal(K::AuthorizationViolation), Some(false));
+        assert_eq!(refusal(K::Tls), Some(true));
+        assert_eq!(refusal(K::Io), None);
+        assert_eq!(refusal(K::TimedOut), None);
+        let ev = async_nats::Event::ClientError(async_nats::ClientError::Other(
+            K::AuthorizationViolation.to_string(),
+        ));
+        assert_eq!(event_refusal(&ev), Some(false));
+        let ev = async_nats::Event::ClientError(async_nats::ClientError::Other(K::Io.to_string()));
+        assert_eq!(event_refusal(&ev), None);
+    }
+}
