@@ -526,9 +526,10 @@ async fn assert_same_answers(a: &Server, b: &Server) {
     }
 }
 
-/// The event log over TLS with a user and password: a nats-server that requires both; the
-/// server's consumer and kvevent-subscriber's publisher (`--nats-only`, no direct gRPC) connect
-/// with `--nats-ca-file`, `--nats-user` and `--nats-password-file`, and an engine's events reach
+/// The event log over TLS with a client certificate and a user and password: a nats-server
+/// that requires all three; the server's consumer and kvevent-subscriber's publisher
+/// (`--nats-only`, no direct gRPC) connect with `--nats-ca-file`, `--nats-client-cert-file`,
+/// `--nats-client-key-file`, `--nats-user` and `--nats-password-file`, and an engine's events reach
 /// LookupRoute through the stream. A wrong password is refused loudly, never silently: the
 /// subscriber fails at start-up naming the refusal, and a server replica logs
 /// `nats_connect_refused`, counts `inferencecache_nats_connect_refused_total{reason="auth"}` and
@@ -544,6 +545,10 @@ async fn event_log_over_tls_with_credentials(shards: usize) {
     std::fs::write(&pw, "pa55-w0rd\n").unwrap();
     let wrong = dir.join("wrong");
     std::fs::write(&wrong, "not-the-password").unwrap();
+    let (cc, ck) = (
+        sec.client_cert.display().to_string(),
+        sec.client_key.display().to_string(),
+    );
     let (ca, pw, wrong) = (
         sec.ca_file.display().to_string(),
         pw.display().to_string(),
@@ -557,6 +562,10 @@ async fn event_log_over_tls_with_credentials(shards: usize) {
             [
                 "--nats-ca-file",
                 &ca,
+                "--nats-client-cert-file",
+                &cc,
+                "--nats-client-key-file",
+                &ck,
                 "--nats-user",
                 "producer",
                 "--nats-password-file",
@@ -605,6 +614,10 @@ async fn event_log_over_tls_with_credentials(shards: usize) {
             [
                 "--nats-ca-file",
                 &ca,
+                "--nats-client-cert-file",
+                &cc,
+                "--nats-client-key-file",
+                &ck,
                 "--nats-user",
                 "producer",
                 "--nats-password-file",

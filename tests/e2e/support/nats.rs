@@ -24,6 +24,9 @@ pub struct NatsServer {
 pub struct Secured {
     /// The CA that signed the server's certificate (SANs localhost, 127.0.0.1).
     pub ca_file: std::path::PathBuf,
+    /// A client certificate and key from that CA (the server verifies client certificates).
+    pub client_cert: std::path::PathBuf,
+    pub client_key: std::path::PathBuf,
     pub user: String,
     pub password: String,
 }
@@ -56,12 +59,13 @@ impl NatsServer {
         }
     }
 
-    /// Starts one that requires TLS (generated certificates) and user `user` / `password`,
-    /// from a configuration file written here.
+    /// Starts one that requires TLS with a client certificate (generated certificates) and
+    /// user `user` / `password`, from a configuration file written here.
     pub fn start_secured(user: &str, password: &str) -> NatsServer {
         let port = free_port();
         let store = scratch_dir("nats-secured");
-        let pki = super::pki::gen_pki("nats");
+        let all = super::pki::gen_pki_with_client("nats", "producer");
+        let pki = &all.pki;
         let file = |name: &str, text: &str| {
             let p = store.join(name);
             std::fs::write(&p, text).unwrap();
@@ -70,13 +74,17 @@ impl NatsServer {
         let ca_file = file("ca.pem", &pki.ca_pem);
         let cert = file("server.pem", &pki.cert_pem);
         let key = file("server.key", &pki.key_pem);
+        let client_cert = file("client.pem", &all.client_cert_pem);
+        let client_key = file("client.key", &all.client_key_pem);
         let js_dir = store.join("js");
         let conf = format!(
             "listen: \"127.0.0.1:{port}\"\n\
              jetstream {{ store_dir: {js:?} }}\n\
-             tls {{ cert_file: {cert:?}, key_file: {key:?}, timeout: 5 }}\n\
+             tls {{ cert_file: {cert:?}, key_file: {key:?}, ca_file: {ca:?}, verify: true, \
+             timeout: 5 }}\n\
              authorization {{ user: {user:?}, password: {password:?} }}\n",
             js = js_dir.display().to_string(),
+            ca = ca_file.display().to_string(),
             cert = cert.display().to_string(),
             key = key.display().to_string(),
         );
@@ -98,6 +106,8 @@ impl NatsServer {
             store,
             secured: Some(Secured {
                 ca_file,
+                client_cert,
+                client_key,
                 user: user.into(),
                 password: password.into(),
             }),
@@ -116,6 +126,7 @@ impl NatsServer {
         if let Some(s) = &self.secured {
             opts = opts
                 .add_root_certificates(s.ca_file.clone())
+                .add_client_certificate(s.client_cert.clone(), s.client_key.clone())
                 .require_tls(true)
                 .user_and_password(s.user.clone(), s.password.clone());
         }
