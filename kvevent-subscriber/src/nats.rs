@@ -131,14 +131,35 @@ fn read_password(file: Option<&std::path::Path>, env: Option<String>) -> Result<
 }
 
 /// Whether a connection failure is a configuration problem that retrying cannot fix (refused
-/// credentials, TLS setup) rather than an unreachable server; also its metric label.
-pub fn refusal_reason(kind: async_nats::ConnectErrorKind) -> Option<&'static str> {
+/// credentials, TLS setup) rather than an unreachable server; also its metric label. A TLS
+/// alert from the server (`bad_certificate` when it requires a client certificate) or a
+/// rejected server certificate arrives as an IO error wrapping rustls' error: `tls` too.
+pub fn refusal_reason(e: &async_nats::ConnectError) -> Option<&'static str> {
     use async_nats::ConnectErrorKind as K;
-    match kind {
+    match e.kind() {
         K::AuthorizationViolation | K::Authentication => Some("auth"),
         K::Tls => Some("tls"),
-        _ => None,
+        _ => tls_in_chain(e).then_some("tls"),
     }
+}
+
+/// Whether a rustls error is somewhere in `e`'s source chain (directly or inside an IO error).
+fn tls_in_chain(e: &(dyn std::error::Error + 'static)) -> bool {
+    let mut cur = Some(e);
+    while let Some(err) = cur {
+        if err.is::<rustls::Error>() {
+            return true;
+        }
+        if let Some(io) = err.downcast_ref::<std::io::Error>()
+            && io
+                .get_ref()
+                .is_some_and(|inner| inner.is::<rustls::Error>())
+        {
+            return true;
+        }
+        cur = err.source();
+    }
+    false
 }
 
 /// Counts and logs the refusals a background (re)connect reports through the client's events
@@ -209,7 +230,7 @@ impl NatsPublisher {
         let client = match opts.clone().connect(url).await {
             Ok(c) => c,
             Err(e) => {
-                if let Some(reason) = refusal_reason(e.kind()) {
+                if let Some(reason) = refusal_reason(&e) {
                     metrics
                         .nats_connect_errors
                         .get_or_create(&[("reason", reason)])
@@ -312,5 +333,29 @@ impl NatsPublisher {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use async_nats::{ConnectError, ConnectErrorKind as K};
+
+    #[test]
+    fn refusals_are_told_apart_from_an_unreachable_server() {
+        let r = |e: ConnectError| refusal_reason(&e);
+        assert_eq!(
+            r(ConnectError::new(K::AuthorizationViolation)),
+            Some("auth")
+        );
+        assert_eq!(r(ConnectError::new(K::Tls)), Some("tls"));
+        assert_eq!(r(ConnectError::new(K::TimedOut)), None);
+        let refused = std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "refused");
+        assert_eq!(r(ConnectError::with_source(K::Io, refused)), None);
+        let alert = std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            rustls::Error::AlertReceived(rustls::AlertDescription::BadCertificate),
+        );
+        assert_eq!(r(ConnectError::with_source(K::Io, alert)), Some("tls"));
     }
 }

@@ -146,14 +146,35 @@ fn password(file: Option<&Path>, env: Option<String>) -> Result<String, String> 
 }
 
 /// Whether a failed connection is NATS refusing this client (credentials, TLS) rather than an
-/// unreachable server: `Some(true)` for TLS, `Some(false)` for credentials.
-pub fn refusal(kind: async_nats::ConnectErrorKind) -> Option<bool> {
+/// unreachable server: `Some(true)` for TLS, `Some(false)` for credentials. A TLS alert from the
+/// server (e.g. `bad_certificate` when a client certificate is required) or a rejected server
+/// certificate arrives as an IO error wrapping rustls' error: it counts as TLS too.
+pub fn refusal(e: &async_nats::ConnectError) -> Option<bool> {
     use async_nats::ConnectErrorKind as K;
-    match kind {
+    match e.kind() {
         K::AuthorizationViolation | K::Authentication => Some(false),
         K::Tls => Some(true),
-        _ => None,
+        _ => tls_in_chain(e).then_some(true),
     }
+}
+
+/// Whether a rustls error is somewhere in `e`'s source chain (directly or inside an IO error).
+fn tls_in_chain(e: &(dyn std::error::Error + 'static)) -> bool {
+    let mut cur = Some(e);
+    while let Some(err) = cur {
+        if err.is::<rustls::Error>() {
+            return true;
+        }
+        if let Some(io) = err.downcast_ref::<std::io::Error>()
+            && io
+                .get_ref()
+                .is_some_and(|inner| inner.is::<rustls::Error>())
+        {
+            return true;
+        }
+        cur = err.source();
+    }
+    false
 }
 
 /// The same for a background reconnect's event (the client retries those by itself).
@@ -167,7 +188,7 @@ pub fn event_refusal(ev: &async_nats::Event) -> Option<bool> {
             [K::AuthorizationViolation, K::Authentication, K::Tls]
                 .into_iter()
                 .find(|k| *text == k.to_string())
-                .and_then(refusal)
+                .and_then(|k| refusal(&async_nats::ConnectError::new(k)))
         }
         _ => None,
     }
@@ -220,11 +241,25 @@ mod tests {
 
     #[test]
     fn refusals_are_told_apart_from_an_unreachable_server() {
-        use async_nats::ConnectErrorKind as K;
-        assert_eq!(refusal(K::AuthorizationViolation), Some(false));
-        assert_eq!(refusal(K::Tls), Some(true));
-        assert_eq!(refusal(K::Io), None);
-        assert_eq!(refusal(K::TimedOut), None);
+        use async_nats::{ConnectError, ConnectErrorKind as K};
+        assert_eq!(
+            refusal(&ConnectError::new(K::AuthorizationViolation)),
+            Some(false)
+        );
+        assert_eq!(refusal(&ConnectError::new(K::Tls)), Some(true));
+        assert_eq!(refusal(&ConnectError::new(K::Io)), None);
+        assert_eq!(refusal(&ConnectError::new(K::TimedOut)), None);
+        let refused = std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "refused");
+        assert_eq!(refusal(&ConnectError::with_source(K::Io, refused)), None);
+        // What a nats-server with `verify: true` answers a client without a certificate.
+        let alert = std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            rustls::Error::AlertReceived(rustls::AlertDescription::BadCertificate),
+        );
+        assert_eq!(
+            refusal(&ConnectError::with_source(K::Io, alert)),
+            Some(true)
+        );
         let ev = async_nats::Event::ClientError(async_nats::ClientError::Other(
             K::AuthorizationViolation.to_string(),
         ));

@@ -184,7 +184,7 @@ async fn connect(
     while !shutting_down() {
         match async_nats::connect_with_options(addrs.clone(), options.clone()).await {
             Ok(c) => return Some(c),
-            Err(e) => match auth::refusal(e.kind()) {
+            Err(e) => match auth::refusal(&e) {
                 Some(tls) => {
                     m::record_refused(tls);
                     tracing::error!(error = %e, "nats_connect_refused");

@@ -664,6 +664,19 @@ async fn event_log_over_tls_with_credentials(shards: usize) {
     let _ = stop_tx.send(());
     let _ = tokio::time::timeout(Duration::from_secs(15), sub).await;
 
+    // Without the client certificate NATS requires: refused at the TLS handshake, at start-up.
+    let mut no_cert = sub_args(&pw, "");
+    no_cert.nats_client_cert_file = None;
+    no_cert.nats_client_key_file = None;
+    let err = tokio::time::timeout(
+        Duration::from_secs(30),
+        kvevent_subscriber::app::run(no_cert, std::future::pending()),
+    )
+    .await
+    .expect("a refused TLS handshake must not be retried silently")
+    .expect_err("a refused TLS handshake must fail the start-up");
+    assert!(format!("{err:#}").contains("(tls)"), "{err:#}");
+
     // A wrong password: the subscriber does not start.
     let err = kvevent_subscriber::app::run(sub_args(&wrong, ""), std::future::pending())
         .await
@@ -710,6 +723,33 @@ async fn event_log_over_tls_with_credentials(shards: usize) {
     assert!(counted, "the refusal is counted");
     let (st, _) = http_get(h, "/readyz").expect("GET /readyz");
     assert_eq!(st, 503, "not ready without its event log");
+
+    // A replica without the client certificate is refused at the handshake: counted as tls.
+    let no_cert: Vec<String> = secured(&pw)
+        .chunks(2)
+        .filter(|kv| !kv[0].starts_with("--nats-client-"))
+        .flatten()
+        .cloned()
+        .collect();
+    let no_cert: Vec<&str> = no_cert.iter().map(String::as_str).collect();
+    let bad = Server::spawn(
+        shards,
+        &StartOpts {
+            flags: &no_cert,
+            log_level: Some("error"),
+            ..Default::default()
+        },
+    );
+    let h = bad.http_port;
+    let counted = wait_until(Duration::from_secs(30), || {
+        http_get(h, "/metrics").is_ok_and(|(_, m)| {
+            metric_value(
+                &m,
+                "inferencecache_nats_connect_refused_total{reason=\"tls\"}",
+            ) >= Some(1.0)
+        })
+    });
+    assert!(counted, "the TLS refusal is counted");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
