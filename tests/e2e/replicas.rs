@@ -769,3 +769,130 @@ async fn event_log_over_tls_with_credentials_shards_1() {
 async fn event_log_over_tls_with_credentials_shards_2() {
     event_log_over_tls_with_credentials(2).await;
 }
+
+/// `--nats-creds-file` on both ends: a nats-server in operator mode (JWT authentication) and a
+/// user credentials file; the server's consumer and the subscriber's publisher log in with it and
+/// the engine's blocks reach LookupRoute through the stream. Without it the server counts the
+/// refusal.
+async fn event_log_with_a_creds_file(shards: usize) {
+    use crate::kvevents::{BS, batch, eventually, publish, stored, subscriber_batches};
+    use zeromq::{PubSocket, Socket};
+    const STREAM: &str = "IC_E2E_CREDS";
+    let (nats, creds) = NatsServer::start_operator_mode();
+    let dir = scratch_dir("nats-creds-file");
+    let creds_file = dir.join("user.creds");
+    std::fs::write(&creds_file, &creds).unwrap();
+    let creds_file = creds_file.display().to_string();
+    let client = async_nats::ConnectOptions::new()
+        .credentials(&creds)
+        .unwrap()
+        .connect(nats.url())
+        .await
+        .expect("the test's own login with the creds");
+    let js = async_nats::jetstream::new(client);
+    create_stream(&js, STREAM, SUBJECT, -1).await;
+    let mut flags = nats_flags(&nats, STREAM);
+    flags.extend(["--nats-creds-file".into(), creds_file.clone()]);
+    flags.extend(["--engine-block-size".to_string(), BS.to_string()]);
+    let srv = start_replica(shards, &flags);
+
+    let mut pub_sock = PubSocket::new();
+    let ep = pub_sock.bind("tcp://127.0.0.1:0").await.unwrap();
+    let metrics_port = free_port();
+    let args = <kvevent_subscriber::cli::Args as clap::Parser>::parse_from([
+        "kvevent-subscriber",
+        "--endpoint",
+        &ep.to_string(),
+        "--topic",
+        "kv",
+        "--replica-id",
+        "engine-0",
+        "--model-id",
+        "m",
+        "--tenant-id",
+        "t",
+        "--flush-interval",
+        "10ms",
+        "--metrics-bind",
+        &format!("127.0.0.1:{metrics_port}"),
+        "--nats-url",
+        &nats.url(),
+        "--nats-subject",
+        SUBJECT,
+        "--nats-only",
+        "--nats-creds-file",
+        &creds_file,
+    ]);
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let sub = tokio::spawn(kvevent_subscriber::app::run(args, async move {
+        let _ = stop_rx.await;
+    }));
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut seq = 0u64;
+    while subscriber_batches(metrics_port).await < 1.0 {
+        assert!(
+            !sub.is_finished(),
+            "the subscriber stopped: {:?}",
+            sub.await
+        );
+        assert!(
+            Instant::now() < deadline,
+            "subscriber never received a batch"
+        );
+        publish(&mut pub_sock, seq, batch(vec![])).await;
+        seq += 1;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    publish(
+        &mut pub_sock,
+        seq,
+        batch(vec![stored(&[51, 52], 0..2 * BS)]),
+    )
+    .await;
+    eventually(&srv, 0..2 * BS, "PREFIX_MATCH", 2 * BS as i32).await;
+    let _ = stop_tx.send(());
+    let _ = tokio::time::timeout(Duration::from_secs(15), sub).await;
+
+    // No credentials at all: refused, counted.
+    let bare = nats_flags(&nats, STREAM);
+    let bare: Vec<&str> = bare.iter().map(String::as_str).collect();
+    let bad = Server::spawn(
+        shards,
+        &StartOpts {
+            flags: &bare,
+            log_level: Some("error"),
+            ..Default::default()
+        },
+    );
+    let h = bad.http_port;
+    let counted = wait_until(Duration::from_secs(30), || {
+        http_get(h, "/metrics").is_ok_and(|(_, m)| {
+            metric_value(
+                &m,
+                "inferencecache_nats_connect_refused_total{reason=\"auth\"}",
+            ) >= Some(1.0)
+        })
+    });
+    assert!(
+        counted,
+        "a login without credentials is refused and counted"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(has_nats_server),
+    ignore = "nats-server not on PATH: apt-get install nats-server, then touch build.rs"
+)]
+async fn event_log_with_a_creds_file_shards_1() {
+    event_log_with_a_creds_file(1).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(has_nats_server),
+    ignore = "nats-server not on PATH: apt-get install nats-server, then touch build.rs"
+)]
+async fn event_log_with_a_creds_file_shards_2() {
+    event_log_with_a_creds_file(2).await;
+}

@@ -119,6 +119,86 @@ impl NatsServer {
         format!("nats://127.0.0.1:{}", self.port)
     }
 
+    /// Starts one in operator mode (JWT authentication, an in-memory resolver preloaded with
+    /// one JetStream-enabled account) and returns it with the text of a user's credentials file
+    /// (user JWT + nkey seed, the format `nsc` writes).
+    pub fn start_operator_mode() -> (NatsServer, String) {
+        let port = free_port();
+        let store = scratch_dir("nats-operator");
+        let op = nkeys::KeyPair::new_operator();
+        let acc = nkeys::KeyPair::new_account();
+        // JetStream needs a system account.
+        let sys = nkeys::KeyPair::new_account();
+        let user = nkeys::KeyPair::new_user();
+        let op_jwt = jwt(
+            &op,
+            &op.public_key(),
+            "op",
+            serde_json::json!({"type": "operator", "version": 2}),
+        );
+        let unlimited = serde_json::json!({
+            "subs": -1, "data": -1, "payload": -1, "imports": -1, "exports": -1,
+            "wildcards": true, "conn": -1, "leaf": -1,
+            "mem_storage": -1, "disk_storage": -1, "streams": -1, "consumer": -1,
+        });
+        let acc_jwt = jwt(
+            &op,
+            &acc.public_key(),
+            "acc",
+            serde_json::json!({"limits": unlimited, "type": "account", "version": 2}),
+        );
+        let sys_jwt = jwt(
+            &op,
+            &sys.public_key(),
+            "SYS",
+            serde_json::json!({"type": "account", "version": 2}),
+        );
+        let user_jwt = jwt(
+            &acc,
+            &user.public_key(),
+            "producer",
+            serde_json::json!({"pub": {}, "sub": {}, "subs": -1, "data": -1, "payload": -1,
+                               "type": "user", "version": 2}),
+        );
+        let js_dir = store.join("js");
+        let conf = format!(
+            "listen: \"127.0.0.1:{port}\"\n\
+             jetstream {{ store_dir: {js:?} }}\n\
+             operator: {op_jwt}\n\
+             system_account: {sys_pub}\n\
+             resolver: MEMORY\n\
+             resolver_preload: {{ {acc_pub}: {acc_jwt}, {sys_pub}: {sys_jwt} }}\n",
+            js = js_dir.display().to_string(),
+            acc_pub = acc.public_key(),
+            sys_pub = sys.public_key(),
+        );
+        let conf_path = store.join("nats.conf");
+        std::fs::write(&conf_path, conf).unwrap();
+        let creds = format!(
+            "-----BEGIN NATS USER JWT-----\n{user_jwt}\n------END NATS USER JWT------\n\n\
+             -----BEGIN USER NKEY SEED-----\n{seed}\n------END USER NKEY SEED------\n",
+            seed = user.seed().unwrap(),
+        );
+        let child = Command::new("nats-server")
+            .arg("-c")
+            .arg(&conf_path)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn nats-server");
+        let up = wait_until(Duration::from_secs(20), || {
+            std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()
+        });
+        assert!(up, "nats-server did not listen on {port}");
+        let srv = NatsServer {
+            child,
+            port,
+            store,
+            secured: None,
+        };
+        (srv, creds)
+    }
+
     /// A JetStream context on a fresh connection (with the TLS and credentials a secured
     /// server requires).
     pub async fn jetstream(&self) -> jetstream::Context {
@@ -140,6 +220,29 @@ impl Drop for NatsServer {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// A NATS JWT (`ed25519-nkey`) for `sub`, signed by `issuer`, with `nats` as its NATS claims.
+fn jwt(issuer: &nkeys::KeyPair, sub: &str, name: &str, nats: serde_json::Value) -> String {
+    use base64::Engine;
+    let b64 = |b: &[u8]| base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(b);
+    let header = b64(br#"{"typ":"JWT","alg":"ed25519-nkey"}"#);
+    let iat = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    let claims = serde_json::json!({
+        "jti": format!("{name}{iat}"),
+        "iat": iat,
+        "iss": issuer.public_key(),
+        "name": name,
+        "sub": sub,
+        "nats": nats,
+    });
+    let body = b64(claims.to_string().as_bytes());
+    let signed = format!("{header}.{body}");
+    let sig = issuer.sign(signed.as_bytes()).unwrap();
+    format!("{signed}.{}", b64(&sig))
 }
 
 /// Creates stream `name` over subjects `<subject>.>` (file storage), with at most `max_msgs`
