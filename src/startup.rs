@@ -109,7 +109,16 @@ fn validate(cli: &Cli) -> Result<Settings, StartupError> {
     if !cli.nats_url.is_empty() {
         nats::parse_urls(&cli.nats_url).map_err(StartupError::usage)?;
     }
-    let nats_auth = nats::NatsAuth::from_cli(cli, std::env::var(nats::PASSWORD_ENV).ok())
+    let nats_flags = nats::AuthFlags {
+        url: &cli.nats_url,
+        ca_file: &cli.nats_ca_file,
+        client_cert_file: &cli.nats_client_cert_file,
+        client_key_file: &cli.nats_client_key_file,
+        creds_file: &cli.nats_creds_file,
+        user: &cli.nats_user,
+        password_file: &cli.nats_password_file,
+    };
+    let nats_auth = nats::NatsAuth::from_flags(nats_flags, std::env::var(nats::PASSWORD_ENV).ok())
         .map_err(StartupError::usage)?;
     cli::busy_poll(cli, shards, cpus).map_err(StartupError::usage)?;
     logging::init(json, level, asks_port_zero(cli));

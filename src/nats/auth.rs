@@ -5,10 +5,27 @@
 
 use std::path::{Path, PathBuf};
 
-use rustls::pki_types::CertificateDer;
 use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 
-use crate::cli::Cli;
+/// The `--nats-*` flag values (empty = not given).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Flags<'a> {
+    /// `--nats-url`.
+    pub url: &'a str,
+    /// `--nats-ca-file`.
+    pub ca_file: &'a str,
+    /// `--nats-client-cert-file`.
+    pub client_cert_file: &'a str,
+    /// `--nats-client-key-file`.
+    pub client_key_file: &'a str,
+    /// `--nats-creds-file`.
+    pub creds_file: &'a str,
+    /// `--nats-user`.
+    pub user: &'a str,
+    /// `--nats-password-file`.
+    pub password_file: &'a str,
+}
 
 /// Environment variable holding the `--nats-user` password when `--nats-password-file` is not
 /// given (same name as kvevent-subscriber's).
@@ -38,37 +55,50 @@ fn opt(s: &str) -> Option<PathBuf> {
     (!s.is_empty()).then(|| PathBuf::from(s))
 }
 
-/// Checks that `path` holds at least one PEM certificate.
-fn check_certs(flag: &str, path: &Path) -> Result<(), String> {
-    let n = CertificateDer::pem_file_iter(path)
+/// Reads the PEM certificates of `path` (at least one).
+fn read_certs(flag: &str, path: &Path) -> Result<Vec<CertificateDer<'static>>, String> {
+    let certs = CertificateDer::pem_file_iter(path)
         .map_err(|e| format!("{flag} {}: cannot read: {e}", path.display()))?
         .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| format!("{flag} {}: not PEM certificates: {e}", path.display()))?
-        .len();
-    if n == 0 {
+        .map_err(|e| format!("{flag} {}: not PEM certificates: {e}", path.display()))?;
+    if certs.is_empty() {
         return Err(format!(
             "{flag} {}: no certificate in the file",
             path.display()
         ));
     }
-    Ok(())
+    Ok(certs)
+}
+
+/// Checks that the client certificate and key load and belong together (errors name the
+/// files, never the key).
+fn check_pair(cert: &Path, key: &Path) -> Result<(), String> {
+    let certs = read_certs("--nats-client-cert-file", cert)?;
+    let key_der = PrivateKeyDer::from_pem_file(key).map_err(|e| {
+        format!(
+            "--nats-client-key-file {}: not a PEM private key: {e}",
+            key.display()
+        )
+    })?;
+    let provider = rustls::crypto::ring::default_provider();
+    rustls::sign::CertifiedKey::from_der(certs, key_der, &provider)
+        .map(|_| ())
+        .map_err(|e| {
+            format!("--nats-client-cert-file/--nats-client-key-file: certificate and key do not match: {e}")
+        })
 }
 
 impl NatsAuth {
     /// From the flags (and `env`, the password variable's value): a usage error names the flag.
-    pub fn from_cli(cli: &Cli, env: Option<String>) -> Result<Self, String> {
-        let ca_file = opt(&cli.nats_ca_file);
+    pub fn from_flags(f: Flags<'_>, env: Option<String>) -> Result<Self, String> {
+        let ca_file = opt(f.ca_file);
         if let Some(ca) = &ca_file {
-            check_certs("--nats-ca-file", ca)?;
+            read_certs("--nats-ca-file", ca)?;
         }
-        let client_cert = match (
-            opt(&cli.nats_client_cert_file),
-            opt(&cli.nats_client_key_file),
-        ) {
+        let client_cert = match (opt(f.client_cert_file), opt(f.client_key_file)) {
             (None, None) => None,
             (Some(c), Some(k)) => {
-                crate::grpc::tls::load_pair(&c, &k)
-                    .map_err(|e| format!("--nats-client-cert-file/--nats-client-key-file: {e}"))?;
+                check_pair(&c, &k)?;
                 Some((c, k))
             }
             _ => {
@@ -78,11 +108,11 @@ impl NatsAuth {
                 );
             }
         };
-        let creds_file = opt(&cli.nats_creds_file);
+        let creds_file = opt(f.creds_file);
         if let Some(c) = &creds_file {
             std::fs::metadata(c).map_err(|e| format!("--nats-creds-file {}: {e}", c.display()))?;
         }
-        let user = match (cli.nats_user.as_str(), opt(&cli.nats_password_file)) {
+        let user = match (f.user, opt(f.password_file)) {
             ("", None) => None,
             ("", Some(_)) => return Err("--nats-password-file needs --nats-user".into()),
             (u, file) => Some((u.to_string(), password(file.as_deref(), env)?)),
@@ -91,7 +121,7 @@ impl NatsAuth {
             return Err("--nats-user and --nats-creds-file are alternatives; give one".into());
         }
         let any = ca_file.is_some() || client_cert.is_some() || creds_file.is_some();
-        if (any || user.is_some()) && cli.nats_url.is_empty() {
+        if (any || user.is_some()) && f.url.is_empty() {
             return Err("the --nats-* TLS and credential flags need --nats-url".into());
         }
         Ok(Self {
@@ -197,16 +227,24 @@ pub fn event_refusal(ev: &async_nats::Event) -> Option<bool> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use clap::Parser;
 
-    fn cli(extra: &[&str]) -> Cli {
-        let mut args = vec![
-            "inference-cache-server",
-            "--nats-url",
-            "nats://127.0.0.1:4222",
-        ];
-        args.extend_from_slice(extra);
-        Cli::parse_from(args)
+    /// Flags with `--nats-url` and `extra` as (flag, value) pairs.
+    fn cli<'a>(extra: &[&'a str]) -> Flags<'a> {
+        let mut f = Flags {
+            url: "nats://127.0.0.1:4222",
+            ..Default::default()
+        };
+        for kv in extra.chunks(2) {
+            let v = kv[1];
+            match kv[0] {
+                "--nats-user" => f.user = v,
+                "--nats-password-file" => f.password_file = v,
+                "--nats-ca-file" => f.ca_file = v,
+                "--nats-client-cert-file" => f.client_cert_file = v,
+                other => panic!("{other}"),
+            }
+        }
+        f
     }
 
     #[test]
@@ -216,26 +254,29 @@ mod tests {
         let file = dir.join("pw");
         std::fs::write(&file, "s3cret-from-file\n").unwrap();
         let f = file.to_str().unwrap();
-        let a = NatsAuth::from_cli(&cli(&["--nats-user", "u", "--nats-password-file", f]), None)
+        let a = NatsAuth::from_flags(cli(&["--nats-user", "u", "--nats-password-file", f]), None)
             .unwrap();
         assert_eq!(a.user, Some(("u".into(), "s3cret-from-file".into())));
         assert!(!format!("{a:?}").contains("s3cret"), "{a:?}");
-        let b = NatsAuth::from_cli(&cli(&["--nats-user", "u"]), Some("env-pass".into())).unwrap();
+        let b = NatsAuth::from_flags(cli(&["--nats-user", "u"]), Some("env-pass".into())).unwrap();
         assert_eq!(b.user, Some(("u".into(), "env-pass".into())));
-        let e = NatsAuth::from_cli(&cli(&["--nats-user", "u"]), None).unwrap_err();
+        let e = NatsAuth::from_flags(cli(&["--nats-user", "u"]), None).unwrap_err();
         assert!(e.contains("NATS_PASSWORD"), "{e}");
         std::fs::write(&file, " \n").unwrap();
-        let e = NatsAuth::from_cli(&cli(&["--nats-user", "u", "--nats-password-file", f]), None)
+        let e = NatsAuth::from_flags(cli(&["--nats-user", "u", "--nats-password-file", f]), None)
             .unwrap_err();
         assert!(e.contains("empty"), "{e}");
-        let e = NatsAuth::from_cli(&cli(&["--nats-ca-file", f]), None).unwrap_err();
+        let e = NatsAuth::from_flags(cli(&["--nats-ca-file", f]), None).unwrap_err();
         assert!(e.contains("--nats-ca-file"), "{e}");
-        let e = NatsAuth::from_cli(&cli(&["--nats-client-cert-file", f]), None).unwrap_err();
+        let e = NatsAuth::from_flags(cli(&["--nats-client-cert-file", f]), None).unwrap_err();
         assert!(e.contains("together"), "{e}");
-        let none = NatsAuth::from_cli(&cli(&[]), None).unwrap();
+        let none = NatsAuth::from_flags(cli(&[]), None).unwrap();
         assert!(none.user.is_none() && none.ca_file.is_none());
-        let no_url = Cli::parse_from(["inference-cache-server", "--nats-user", "u"]);
-        assert!(NatsAuth::from_cli(&no_url, Some("p".into())).is_err());
+        let no_url = Flags {
+            user: "u",
+            ..Default::default()
+        };
+        assert!(NatsAuth::from_flags(no_url, Some("p".into())).is_err());
         std::fs::remove_dir_all(&dir).unwrap();
     }
 

@@ -20,7 +20,7 @@ mod auth;
 
 use std::time::Duration;
 
-pub use auth::{NatsAuth, PASSWORD_ENV};
+pub use auth::{Flags as AuthFlags, NatsAuth, PASSWORD_ENV};
 
 use async_nats::jetstream::{self, consumer, stream};
 use futures_util::StreamExt;
