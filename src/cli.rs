@@ -163,6 +163,25 @@ pub struct Cli {
     /// messages ahead of the last one applied.
     #[arg(long, default_value_t = DEFAULT_NATS_READY_MAX_LAG)]
     pub nats_ready_max_lag: u64,
+    /// PEM CA bundle verifying the NATS server's certificate; makes TLS to NATS required.
+    #[arg(long, default_value = "")]
+    pub nats_ca_file: String,
+    /// PEM client certificate for TLS to NATS (with `--nats-client-key-file`).
+    #[arg(long, default_value = "")]
+    pub nats_client_cert_file: String,
+    /// PEM private key of `--nats-client-cert-file`.
+    #[arg(long, default_value = "")]
+    pub nats_client_key_file: String,
+    /// NATS credentials file (user JWT and nkey seed, as `nsc` writes it).
+    #[arg(long, default_value = "")]
+    pub nats_creds_file: String,
+    /// NATS user name; the password comes from `--nats-password-file`, else from the
+    /// `NATS_PASSWORD` environment variable (never from a flag, never logged).
+    #[arg(long, default_value = "")]
+    pub nats_user: String,
+    /// File holding the password of `--nats-user` (surrounding whitespace trimmed).
+    #[arg(long, default_value = "")]
+    pub nats_password_file: String,
 }
 
 /// A flag combination the server refuses to start with (exit 2).

@@ -93,6 +93,8 @@ pub fn run() -> i32 {
 struct Settings {
     shards: usize,
     grpc_tls: bool,
+    /// TLS and credentials of the event log's NATS connection (password read once, here).
+    nats_auth: nats::NatsAuth,
 }
 
 /// Checks every flag before anything starts, then installs logging.
@@ -107,11 +109,23 @@ fn validate(cli: &Cli) -> Result<Settings, StartupError> {
     if !cli.nats_url.is_empty() {
         nats::parse_urls(&cli.nats_url).map_err(StartupError::usage)?;
     }
+    let nats_flags = nats::AuthFlags {
+        url: &cli.nats_url,
+        ca_file: &cli.nats_ca_file,
+        client_cert_file: &cli.nats_client_cert_file,
+        client_key_file: &cli.nats_client_key_file,
+        creds_file: &cli.nats_creds_file,
+        user: &cli.nats_user,
+        password_file: &cli.nats_password_file,
+    };
+    let nats_auth = nats::NatsAuth::from_flags(nats_flags, std::env::var(nats::PASSWORD_ENV).ok())
+        .map_err(StartupError::usage)?;
     cli::busy_poll(cli, shards, cpus).map_err(StartupError::usage)?;
     logging::init(json, level, asks_port_zero(cli));
     Ok(Settings {
         shards,
         grpc_tls: !cli.tls_cert_file.is_empty(),
+        nats_auth,
     })
 }
 
@@ -170,6 +184,7 @@ fn start(cli: &Cli) -> Result<Server, StartupError> {
                 // What the restored snapshot includes is not replayed.
                 start_sequence: stream_sequence + 1,
                 ready_max_lag: cli.nats_ready_max_lag,
+                auth: settings.nats_auth.clone(),
             },
         );
     }

@@ -29,3 +29,48 @@ pub fn gen_pki(cn: &str) -> TestPki {
         key_pem: key.serialize_pem(),
     }
 }
+
+/// A [`TestPki`] plus a client certificate/key pair signed by the same CA (for servers that
+/// require client certificates).
+pub struct TestPkiWithClient {
+    pub pki: TestPki,
+    pub client_cert_pem: String,
+    pub client_key_pem: String,
+}
+
+/// Generates a CA, a server pair (SANs localhost, 127.0.0.1) and a client pair (CN `client_cn`,
+/// extended key usage client authentication).
+pub fn gen_pki_with_client(cn: &str, client_cn: &str) -> TestPkiWithClient {
+    use rcgen::{
+        BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
+    };
+    let ca_key = KeyPair::generate().unwrap();
+    let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    ca_params
+        .distinguished_name
+        .push(DnType::CommonName, format!("{cn} CA"));
+    let ca_cert = ca_params.self_signed(&ca_key).unwrap();
+    let issuer = Issuer::from_params(&ca_params, &ca_key);
+    let key = KeyPair::generate().unwrap();
+    let mut params =
+        CertificateParams::new(vec!["localhost".to_string(), "127.0.0.1".to_string()]).unwrap();
+    params.distinguished_name.push(DnType::CommonName, cn);
+    let cert = params.signed_by(&key, &issuer).unwrap();
+    let client_key = KeyPair::generate().unwrap();
+    let mut client = CertificateParams::new(Vec::<String>::new()).unwrap();
+    client
+        .distinguished_name
+        .push(DnType::CommonName, client_cn);
+    client.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
+    let client_cert = client.signed_by(&client_key, &issuer).unwrap();
+    TestPkiWithClient {
+        pki: TestPki {
+            ca_pem: ca_cert.pem(),
+            cert_pem: cert.pem(),
+            key_pem: key.serialize_pem(),
+        },
+        client_cert_pem: client_cert.pem(),
+        client_key_pem: client_key.serialize_pem(),
+    }
+}
