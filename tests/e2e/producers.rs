@@ -404,6 +404,47 @@ async fn certificates_and_policy(shards: usize) {
         "PERMISSION_DENIED",
     );
     assert!(log_text_with(&log, "\"producer_policy_reload\"").contains("producer_policy_reload"));
+    // The client CA rotates on disk: certificates of the new CA connect, those of the old one
+    // no longer do; connections already open keep their identity.
+    let (new_ca, new_certs) = gen_client_certs("engines-2", &[&[ENGINE_A]]);
+    write_at(&dir.join("clients-ca.pem"), &new_ca, 30);
+    poll_until(
+        "the new client CA is in force",
+        Duration::from_secs(10),
+        || async {
+            tls_client(port, &server_pki.ca_pem, Some(&new_certs[0]))
+                .await
+                .is_ok()
+        },
+    )
+    .await;
+    let mut rotated = tls_client(port, &server_pki.ca_pem, Some(&new_certs[0]))
+        .await
+        .unwrap();
+    accepted(
+        report_as(
+            &mut rotated,
+            vec![update("decode-a9", "team-a", b"h-rot")],
+            None,
+            None,
+        )
+        .await,
+    );
+    assert!(
+        tls_client(port, &server_pki.ca_pem, Some(&certs[0]))
+            .await
+            .is_err()
+    );
+    accepted(
+        report_as(
+            &mut a,
+            vec![update("decode-a1", "team-a", b"h-old-conn")],
+            None,
+            None,
+        )
+        .await,
+    );
+    log_text_with(&log, "grpc_client_ca_reloaded");
 }
 
 shards_1_and_2!(certificates_and_policy);
