@@ -197,16 +197,19 @@ fn client_verifier(path: &Path) -> Result<Arc<dyn ClientCertVerifier>, TlsError>
         .map_err(|e| bad(e.to_string()))
 }
 
+/// (bundle mtime loaded, its verifier, mtime of the last failed reload).
+type ClientCaState = (
+    Option<SystemTime>,
+    Arc<dyn ClientCertVerifier>,
+    Option<SystemTime>,
+);
+
 /// The client verifier of `--client-ca-file`, rebuilt when the bundle's mtime moves forward (a
 /// failed reload is logged once as `grpc_client_ca_reload` and the previous bundle kept).
 #[derive(Debug)]
 pub struct ReloadingClientVerifier {
     path: PathBuf,
-    state: RwLock<(
-        Option<SystemTime>,
-        Arc<dyn ClientCertVerifier>,
-        Option<SystemTime>,
-    )>,
+    state: RwLock<ClientCaState>,
 }
 
 impl ReloadingClientVerifier {

@@ -87,14 +87,17 @@ pub fn admit(tenant: &str, replica: &str, epoch: Epoch) -> Result<(), ()> {
     }
 }
 
-/// The whole table, for a snapshot: `(key, ms, id)` rows.
-pub fn rows() -> Vec<(u128, u64, u64)> {
+/// One table row: (replica key, start ms, id hash).
+pub type Row = (u128, u64, u64);
+
+/// The whole table, for a snapshot.
+pub fn rows() -> Vec<Row> {
     table().iter().map(|(k, e)| (*k, e.ms, e.id)).collect()
 }
 
 /// Restores snapshot rows (start-up, before serving); at most [`MAX_PRODUCER_EPOCHS`], newer
 /// epochs win over ones already present.
-pub fn restore(rows: impl IntoIterator<Item = (u128, u64, u64)>) -> usize {
+pub fn restore(rows: impl IntoIterator<Item = Row>) -> usize {
     let mut t = table();
     let mut n = 0;
     for (k, ms, id) in rows {
@@ -111,7 +114,7 @@ pub fn restore(rows: impl IntoIterator<Item = (u128, u64, u64)>) -> usize {
 }
 
 /// Encodes rows as a snapshot section body: count × (key u128 | ms u64 | id u64), little-endian.
-pub fn encode(rows: &[(u128, u64, u64)]) -> Vec<u8> {
+pub fn encode(rows: &[Row]) -> Vec<u8> {
     let mut out = Vec::with_capacity(rows.len() * 32);
     for (k, ms, id) in rows {
         out.extend_from_slice(&k.to_le_bytes());
@@ -122,7 +125,7 @@ pub fn encode(rows: &[(u128, u64, u64)]) -> Vec<u8> {
 }
 
 /// Decodes [`encode`]'s body; `None` when its length is not a whole number of rows.
-pub fn decode(body: &[u8]) -> Option<Vec<(u128, u64, u64)>> {
+pub fn decode(body: &[u8]) -> Option<Vec<Row>> {
     if !body.len().is_multiple_of(32) {
         return None;
     }

@@ -112,7 +112,7 @@ fn read_policy(dir: &Path) -> Result<Option<(PolicyStore, u64)>, Skip> {
 /// table starts empty). Independent of the index restore: a bad file is logged and skipped.
 fn restore_producers(dir: &Path) {
     let max = (crate::limits::MAX_PRODUCER_EPOCHS * 32 + 4096) as u64;
-    let read = || -> Result<Option<Vec<(u128, u64, u64)>>, Skip> {
+    let read = || -> Result<Option<Vec<crate::producer::epochs::Row>>, Skip> {
         let Some((r, _)) = open(dir, PRODUCERS_FILE, max)? else {
             return Ok(None);
         };

@@ -88,7 +88,7 @@ impl ProducerReviews {
         // As for the controller endpoints: the review must name the producer audience.
         let ok = status.authenticated
             && !status.username.is_empty()
-            && status.audiences.iter().any(|a| *a == self.audience);
+            && status.audiences.contains(&self.audience);
         if !ok {
             lock(&self.denied).insert(key, (), now);
             return Err(TokenError::Rejected);
