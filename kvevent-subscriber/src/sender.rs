@@ -408,7 +408,7 @@ impl Sender {
             let mut client = self.client.clone();
             let call = tokio::spawn(async move {
                 client
-                    .report_cache_state(ReceiverStream::new(rx))
+                    .report_cache_state(with_epoch(ReceiverStream::new(rx)))
                     .await
                     .map(tonic::Response::into_inner)
             });
@@ -588,6 +588,39 @@ impl Sender {
     }
 }
 
+/// The call metadata key of the producer epoch (docs/BEHAVIOUR.md §4.3).
+pub const EPOCH_HEADER: &str = "x-producer-epoch";
+
+/// This process's producer epoch, `<start unix ms>-<random id>`: sent on every ReportCacheState
+/// and PublishEvent, so that once this subscriber has reported for its replica the server refuses
+/// (fences) an older one still running for the same replica — a zombie cannot re-add what this
+/// one's engine evicted. Epochs compare by start time first: the sidecars of one replica need
+/// clocks closer than the time between their starts.
+pub fn producer_epoch() -> &'static str {
+    use std::hash::{BuildHasher, Hasher};
+    static EPOCH: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    EPOCH.get_or_init(|| {
+        let ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_millis() as u64)
+            .unwrap_or(0);
+        // RandomState is seeded from the OS per process; the pid separates sidecars anyway.
+        let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+        h.write_u32(std::process::id());
+        h.write_u64(ms);
+        format!("{ms}-{:016x}", h.finish())
+    })
+}
+
+/// `msg` as a request carrying [`producer_epoch`].
+fn with_epoch<T>(msg: T) -> tonic::Request<T> {
+    let mut req = tonic::Request::new(msg);
+    if let Ok(v) = producer_epoch().parse() {
+        req.metadata_mut().insert(EPOCH_HEADER, v);
+    }
+    req
+}
+
 /// Unary `PublishEvent` calls in flight at once during an eviction burst.
 pub const MAX_IN_FLIGHT_EVENTS: usize = 32;
 
@@ -601,7 +634,7 @@ async fn publish_one(
 ) {
     let mut backoff = Backoff::new();
     loop {
-        match timeout(call_timeout, client.publish_event(ev.clone())).await {
+        match timeout(call_timeout, client.publish_event(with_epoch(ev.clone()))).await {
             Ok(Ok(_)) => {
                 metrics
                     .cache_events_sent
