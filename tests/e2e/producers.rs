@@ -728,6 +728,72 @@ async fn fencing_survives_restart(shards: usize) {
 
 shards_1_and_2!(fencing_survives_restart);
 
+/// `--require-producer-auth` without a policy: a caller without an identity is refused, reads
+/// are unaffected; an identity (here a reviewed token) may report for any replica.
+async fn required_without_policy(shards: usize) {
+    let dir = scratch_dir(&format!("producers-require-{shards}"));
+    let state = std::sync::Arc::new(StandIn::default());
+    state.add("engine-a-token", ENGINE_SA, &[PRODUCER_AUD]);
+    let (port, ca) = start_stand_in(state.clone(), &dir);
+    let sa_token = dir.join("sa-token");
+    std::fs::write(&sa_token, format!("{SA_TOKEN}\n")).unwrap();
+    let url = format!("https://127.0.0.1:{port}");
+    let srv = Server::start_opts(
+        shards,
+        StartOpts {
+            flags: &[
+                "--producer-token-audience",
+                PRODUCER_AUD,
+                "--kube-api-server",
+                &url,
+                "--kube-ca-file",
+                &ca,
+                "--kube-token-file",
+                sa_token.to_str().unwrap(),
+                "--require-producer-auth",
+            ],
+            ..Default::default()
+        },
+    );
+    let mut c = srv.client().await;
+    refused(
+        report_as(
+            &mut c,
+            vec![update("any-replica", "any-tenant", b"q")],
+            None,
+            None,
+        )
+        .await,
+        "UNAUTHENTICATED",
+    );
+    let st = publish_as(
+        &mut c,
+        cache_event(Type::AllCleared, "any-tenant", "m", "any-replica", b"", ""),
+        None,
+        None,
+    )
+    .await
+    .unwrap_err();
+    assert_eq!(st.code(), tonic::Code::Unauthenticated, "{st:?}");
+    assert!(holders(&mut c, "any-tenant", b"q").await.is_empty());
+    accepted(
+        report_as(
+            &mut c,
+            vec![update("any-replica", "any-tenant", b"q")],
+            Some("engine-a-token"),
+            None,
+        )
+        .await,
+    );
+    assert_eq!(holders(&mut c, "any-tenant", b"q").await, ["any-replica"]);
+    assert_eq!(
+        refused_count(&metrics_text(&srv), "none", "unauthenticated"),
+        2.0
+    );
+}
+
+shards_1_and_2!(required_without_policy);
+
 /// Flags that cannot work are refused at start-up; a policy that does not load fails it.
 #[test]
 fn producer_startup_failures() {
