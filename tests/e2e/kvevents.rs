@@ -173,6 +173,21 @@ async fn engine_events_drive_lookups(shards: usize) {
     seq += 1;
     eventually(&srv, 0..4 * BS, "PREFIX_MATCH", 256).await;
 
+    // The subscriber sends its producer epoch: the server records it for (t, engine-0), and an
+    // older producer of that replica (a zombie sidecar) is fenced.
+    assert_eq!(
+        metric_value(&metrics_text(&srv), "inferencecache_producer_epochs"),
+        Some(1.0)
+    );
+    let mut zombie = srv.client().await;
+    let mut req = tonic::Request::new(tokio_stream::iter(vec![legacy_update(
+        "engine-0", "t", "m", "vllm", b"zombie", 16,
+    )]));
+    req.metadata_mut()
+        .insert("x-producer-epoch", "1-zombie".parse().unwrap());
+    let ack = zombie.report_cache_state(req).await.unwrap().into_inner();
+    assert_eq!((ack.accepted, ack.reason_code.as_str()), (false, "FENCED"));
+
     // The last two blocks are evicted → the match shrinks to two blocks.
     publish(&mut pub_sock, seq, batch(vec![removed(&hashes[2..])])).await;
     seq += 1;
