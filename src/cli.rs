@@ -53,6 +53,22 @@ pub struct Cli {
     /// PEM private key for the gRPC port (requires --tls-cert-file).
     #[arg(long, default_value = "")]
     pub tls_key_file: String,
+    /// PEM CA bundle for producer client certificates on the gRPC port (requires
+    /// --tls-cert-file; re-read when it changes). A client may present a certificate signed by
+    /// it (its SAN URI/DNS names are the producer identity) or none at all (gateways).
+    #[arg(long, default_value = "")]
+    pub client_ca_file: String,
+    /// TokenReview audience of producer bearer tokens on the ingest RPCs (empty = tokens are
+    /// not reviewed); uses the --kube-* review client.
+    #[arg(long, default_value = "")]
+    pub producer_token_audience: String,
+    /// YAML or JSON file binding producer identities to the replicas and tenants they may
+    /// report for (re-read when it changes; a bad file keeps the last good one).
+    #[arg(long, default_value = "")]
+    pub producer_policy: String,
+    /// Refuse ReportCacheState/PublishEvent messages from callers without a producer identity.
+    #[arg(long, action = ArgAction::Set, num_args = 0..=1, default_value = "false", default_missing_value = "true")]
+    pub require_producer_auth: bool,
     /// Directory of per-model tokenizer artifacts for LookupRoute.prompt_text.
     #[arg(long, default_value = "")]
     pub tokenizer_models_dir: String,
@@ -163,6 +179,25 @@ pub struct Cli {
     /// messages ahead of the last one applied.
     #[arg(long, default_value_t = DEFAULT_NATS_READY_MAX_LAG)]
     pub nats_ready_max_lag: u64,
+    /// PEM CA bundle verifying the NATS server's certificate; makes TLS to NATS required.
+    #[arg(long, default_value = "")]
+    pub nats_ca_file: String,
+    /// PEM client certificate for TLS to NATS (with `--nats-client-key-file`).
+    #[arg(long, default_value = "")]
+    pub nats_client_cert_file: String,
+    /// PEM private key of `--nats-client-cert-file`.
+    #[arg(long, default_value = "")]
+    pub nats_client_key_file: String,
+    /// NATS credentials file (user JWT and nkey seed, as `nsc` writes it).
+    #[arg(long, default_value = "")]
+    pub nats_creds_file: String,
+    /// NATS user name; the password comes from `--nats-password-file`, else from the
+    /// `NATS_PASSWORD` environment variable (never from a flag, never logged).
+    #[arg(long, default_value = "")]
+    pub nats_user: String,
+    /// File holding the password of `--nats-user` (surrounding whitespace trimmed).
+    #[arg(long, default_value = "")]
+    pub nats_password_file: String,
 }
 
 /// A flag combination the server refuses to start with (exit 2).
@@ -184,6 +219,8 @@ pub enum FlagError {
     SnapshotInterval,
     /// `--busy-poll-us` over MAX_BUSY_POLL.
     BusyPoll,
+    /// A flag that needs another one.
+    Requires(&'static str, &'static str),
 }
 
 impl std::fmt::Display for FlagError {
@@ -203,6 +240,7 @@ impl std::fmt::Display for FlagError {
                 f,
                 "--snapshot-interval-ms must be at least {MIN_SNAPSHOT_INTERVAL_MS}"
             ),
+            Self::Requires(a, b) => write!(f, "{a} requires {b}"),
             Self::BusyPoll => write!(
                 f,
                 "--busy-poll-us must be at most {}",
@@ -281,6 +319,33 @@ pub fn validate_tls(cli: &Cli) -> Result<(), FlagError> {
         (true, true) | (false, false) => Ok(()),
         _ => Err(FlagError::TlsPair),
     }
+}
+
+/// Validates the producer flags: a client CA needs TLS, and requiring an identity (or a policy,
+/// which never allows an anonymous caller) needs a way to have one.
+pub fn validate_producer(cli: &Cli) -> Result<(), FlagError> {
+    if !cli.client_ca_file.is_empty() && cli.tls_cert_file.is_empty() {
+        return Err(FlagError::Requires("--client-ca-file", "--tls-cert-file"));
+    }
+    if cli.producer_token_audience.trim() != cli.producer_token_audience {
+        return Err(FlagError::Whitespace("--producer-token-audience"));
+    }
+    let identity_source = !cli.client_ca_file.is_empty() || !cli.producer_token_audience.is_empty();
+    if !identity_source {
+        if cli.require_producer_auth {
+            return Err(FlagError::Requires(
+                "--require-producer-auth",
+                "--client-ca-file or --producer-token-audience",
+            ));
+        }
+        if !cli.producer_policy.is_empty() {
+            return Err(FlagError::Requires(
+                "--producer-policy",
+                "--client-ca-file or --producer-token-audience",
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// The number of executors: `--shards`, else the machine default; within 1..=MAX_SHARDS.
@@ -454,6 +519,39 @@ mod tests {
             "sa",
         ]);
         assert!(validate_auth(&c).is_ok());
+    }
+
+    #[test]
+    fn producer_flags_need_an_identity_source() {
+        let ok = |args: &[&str]| validate_producer(&parse(args));
+        assert_eq!(ok(&[]), Ok(()));
+        assert_eq!(
+            ok(&["--client-ca-file", "/ca"]),
+            Err(FlagError::Requires("--client-ca-file", "--tls-cert-file"))
+        );
+        assert!(ok(&["--require-producer-auth"]).is_err());
+        assert!(ok(&["--producer-policy", "/p"]).is_err());
+        assert_eq!(
+            ok(&[
+                "--producer-token-audience",
+                "aud",
+                "--require-producer-auth",
+                "--producer-policy",
+                "/p"
+            ]),
+            Ok(())
+        );
+        assert_eq!(
+            ok(&[
+                "--tls-cert-file",
+                "/c",
+                "--client-ca-file",
+                "/ca",
+                "--require-producer-auth"
+            ]),
+            Ok(())
+        );
+        assert!(ok(&["--producer-token-audience", " aud"]).is_err());
     }
 
     #[test]

@@ -12,6 +12,7 @@ const LAYERS: &[&[&str]] = &[
     &["http2"],
     &["ingest"],
     &["templates", "pd", "feeds", "snapshot"],
+    &["producer"],
     &["tenant_registry"],
     &["lookup"],
     &["tokenizer"],

@@ -9,6 +9,7 @@
 //! * [`admin`] — the HTTP listeners, controller auth, cross-core gathers (admin thread);
 //! * [`grpc`] — per-connection serving, dispatch, the InferenceCache handlers;
 //! * [`nats`] — the replicated event log consumer (JetStream, on the admin thread);
+//! * [`producer`] — producer identity, authorization and fencing of the ingest RPCs;
 //! * [`snapshot`] — warm restart: per-core snapshot files under `--state-dir` and their restore;
 //! * [`lookup`] — LookupRoute: the receiving half and the owner half;
 //! * [`runtime`] — pinned executors, accept loop, the cross-core mailbox, the admin thread;
@@ -32,6 +33,7 @@ mod nats;
 mod pd;
 #[doc(hidden)]
 pub mod perf_harness;
+mod producer;
 mod runtime;
 mod shard;
 mod snapshot;

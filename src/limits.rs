@@ -145,9 +145,13 @@ pub const HTTP2_MAX_HEADER_BLOCK_BYTES: usize = 2 * HTTP2_MAX_HEADER_LIST_BYTES 
 /// Output bytes one gRPC connection buffers; past it the connection reads no more input until
 /// the peer reads, so a peer that never reads cannot grow the server's memory.
 pub const HTTP2_WRITE_BUFFER_BYTES: usize = 256 * 1024;
-/// Streams a connection remembers having reset, so the peer's late frames on them are ignored
-/// rather than treated as protocol errors.
-pub const HTTP2_RECENT_RESETS: usize = 64;
+/// Streams a connection remembers having closed (and how: END_STREAM, the peer's reset or
+/// ours), so a late frame on one gets the reaction RFC 9113 §5.1 gives its closed state: frames
+/// in flight after this server's reset are dropped, HEADERS or DATA after the peer ended its
+/// side is a stream error STREAM_CLOSED. Past it a stream is forgotten: DATA on it is
+/// STREAM_CLOSED, HEADERS a connection error PROTOCOL_ERROR (an id below the highest, §5.1.1).
+/// 8 bytes each, allocated as the connection closes streams.
+pub const HTTP2_RECENT_CLOSED_STREAMS: usize = 128;
 /// Decoded request-head bytes of the streams open on one core's gRPC connections: streams that
 /// send a head and then nothing (up to 16 KiB each, a few bytes on the wire with HPACK) cannot
 /// pin more than this; past it new streams are refused with REFUSED_STREAM
@@ -270,6 +274,26 @@ pub const TOKEN_REVIEW_TIMEOUT: Duration = Duration::from_secs(10);
 pub const MAX_TOKEN_REVIEW_RESPONSE_BYTES: usize = 1 << 20;
 /// Shortest static controller token accepted (`--controller-token-file`).
 pub const MIN_STATIC_TOKEN_BYTES: usize = 16;
+
+// ---- Producer identity, authorization and fencing (docs/OPERATIONS.md "Hardened setup") ----
+
+/// Producer tokens whose successful TokenReview is remembered (for [`AUTH_CACHE_TTL`]); one per
+/// engine sidecar in a large fleet, so far more than the controller endpoints' 32.
+pub const PRODUCER_TOKEN_CACHE_CAPACITY: usize = 4096;
+/// Certificate SANs (URI and DNS names) kept as a producer's identity; further names are ignored.
+pub const MAX_PRODUCER_IDENTITY_NAMES: usize = 16;
+/// Largest `--producer-policy` file read; a larger one is refused like a malformed one.
+pub const MAX_PRODUCER_POLICY_BYTES: u64 = 1 << 20;
+/// Bindings of one producer policy file.
+pub const MAX_PRODUCER_BINDINGS: usize = 4096;
+/// How often the admin thread checks `--producer-policy` for a change.
+pub const PRODUCER_POLICY_POLL_INTERVAL: Duration = Duration::from_secs(1);
+/// `(tenant, replica)` producer epochs the server remembers for fencing; past it a new replica's
+/// epoch is not recorded (its messages are accepted unfenced, counted in
+/// `inferencecache_limit_hits_total{limit="producer_epochs"}`).
+pub const MAX_PRODUCER_EPOCHS: usize = 65_536;
+/// Longest random part of an `x-producer-epoch` value.
+pub const MAX_PRODUCER_EPOCH_ID_BYTES: usize = 64;
 
 // ---- prompt_text tokenization ---------------------------------------------------------------
 
@@ -438,6 +462,10 @@ const _: () = assert!(
 const _: () = assert!(
     MAX_MESSAGE_BYTES + 64 * 1024 < MAX_SNAPSHOT_SECTION_BYTES,
     "an entry with the longest hash a message can carry fits one section"
+);
+const _: () = assert!(
+    MAX_PRODUCER_EPOCHS * 32 <= MAX_SNAPSHOT_SECTION_BYTES,
+    "the producer epoch table fits one snapshot section"
 );
 const _: () = assert!(
     SNAPSHOT_SLICE_MAX_ENTRIES * 64 <= MAX_SNAPSHOT_SECTION_BYTES,

@@ -16,7 +16,7 @@ use crate::limits::{DRAIN_TIMEOUT, HTTP_SHUTDOWN_BUDGET, MAX_STRINGS, SNAPSHOT_S
 use crate::lookup::LookupConfig;
 use crate::runtime::{self, Runtime, RuntimeConfig, admin_thread};
 use crate::shard::{self, CoreState};
-use crate::{feeds, grpc, logging, metrics, nats, snapshot, tokenizer};
+use crate::{feeds, grpc, logging, metrics, nats, producer, snapshot, tokenizer};
 
 /// Why the server did not start; each maps to the reference's exit code.
 #[derive(Debug)]
@@ -93,6 +93,8 @@ pub fn run() -> i32 {
 struct Settings {
     shards: usize,
     grpc_tls: bool,
+    /// TLS and credentials of the event log's NATS connection (password read once, here).
+    nats_auth: nats::NatsAuth,
 }
 
 /// Checks every flag before anything starts, then installs logging.
@@ -101,17 +103,30 @@ fn validate(cli: &Cli) -> Result<Settings, StartupError> {
     let level = logging::parse_level(&cli.log_level).map_err(StartupError::usage)?;
     cli::validate_auth(cli).map_err(StartupError::usage)?;
     cli::validate_tls(cli).map_err(StartupError::usage)?;
+    cli::validate_producer(cli).map_err(StartupError::usage)?;
     cli::validate_snapshots(cli).map_err(StartupError::usage)?;
     let cpus = available_cpus();
     let shards = cli::shards(cli, cpus).map_err(StartupError::usage)?;
     if !cli.nats_url.is_empty() {
         nats::parse_urls(&cli.nats_url).map_err(StartupError::usage)?;
     }
+    let nats_flags = nats::AuthFlags {
+        url: &cli.nats_url,
+        ca_file: &cli.nats_ca_file,
+        client_cert_file: &cli.nats_client_cert_file,
+        client_key_file: &cli.nats_client_key_file,
+        creds_file: &cli.nats_creds_file,
+        user: &cli.nats_user,
+        password_file: &cli.nats_password_file,
+    };
+    let nats_auth = nats::NatsAuth::from_flags(nats_flags, std::env::var(nats::PASSWORD_ENV).ok())
+        .map_err(StartupError::usage)?;
     cli::busy_poll(cli, shards, cpus).map_err(StartupError::usage)?;
     logging::init(json, level, asks_port_zero(cli));
     Ok(Settings {
         shards,
         grpc_tls: !cli.tls_cert_file.is_empty(),
+        nats_auth,
     })
 }
 
@@ -129,13 +144,22 @@ fn start(cli: &Cli) -> Result<Server, StartupError> {
     let controller_auth = auth::setup(&auth_flags(cli))
         .map_err(|e| StartupError::fatal("controller_auth_setup", e))?;
     if settings.grpc_tls {
-        grpc::tls::install(&cli.tls_cert_file, &cli.tls_key_file)
+        grpc::tls::install(&cli.tls_cert_file, &cli.tls_key_file, &cli.client_ca_file)
             .map_err(|e| StartupError::fatal("grpc_tls_load", e))?;
     }
+    configure_producers(cli)?;
     metrics::set_grpc_tls_enabled(settings.grpc_tls);
     feeds::configure(cli.max_event_subscribers, cli.max_metric_subscribers);
     feeds::metrics::set_scraper(|| Box::pin(admin::render_metrics()));
     let admin = admin_thread::start();
+    if let Some(policy) = producer::watched_policy() {
+        admin.spawn(async move {
+            loop {
+                tokio::time::sleep(crate::limits::PRODUCER_POLICY_POLL_INTERVAL).await;
+                policy.poll();
+            }
+        });
+    }
     let (http_listener, snapshot_listener) = bind_http(cli, &admin)?;
     let http_addr = addr_of(&http_listener);
     tracing::info!(
@@ -170,6 +194,7 @@ fn start(cli: &Cli) -> Result<Server, StartupError> {
                 // What the restored snapshot includes is not replayed.
                 start_sequence: stream_sequence + 1,
                 ready_max_lag: cli.nats_ready_max_lag,
+                auth: settings.nats_auth.clone(),
             },
         );
     }
@@ -273,6 +298,51 @@ fn load_tokenizers(cli: &Cli, shards: usize) {
         )
     };
     let _ = tokenizer::install_global(tokenizers);
+}
+
+/// Installs the producer checks (docs/OPERATIONS.md "Hardened setup"): the policy file and the
+/// producer token reviewer (the controller endpoints' TokenReview client settings, caches and
+/// concurrency bound). A policy that does not load, or a review client that cannot be built,
+/// fails start-up.
+fn configure_producers(cli: &Cli) -> Result<(), StartupError> {
+    let policy = if cli.producer_policy.is_empty() {
+        None
+    } else {
+        Some(
+            producer::policy::Watched::load(&cli.producer_policy)
+                .map_err(|e| StartupError::fatal("producer_policy_load", e))?,
+        )
+    };
+    let tokens: Option<&'static dyn producer::TokenReview> =
+        if cli.producer_token_audience.is_empty() {
+            None
+        } else {
+            let reviewer = auth::tokenreview::TokenReviewer::new(&auth_flags(cli).kube)
+                .map_err(|e| StartupError::fatal("producer_auth_setup", e))?;
+            Some(Box::leak(Box::new(auth::producer::ProducerReviews::new(
+                reviewer,
+                &cli.producer_token_audience,
+            ))))
+        };
+    if cli.require_producer_auth
+        || policy.is_some()
+        || tokens.is_some()
+        || !cli.client_ca_file.is_empty()
+    {
+        tracing::info!(
+            require = cli.require_producer_auth,
+            policy = policy.is_some(),
+            client_certificates = !cli.client_ca_file.is_empty(),
+            tokens = tokens.is_some(),
+            "producer_auth_enabled"
+        );
+    }
+    producer::configure(producer::Config {
+        require: cli.require_producer_auth,
+        policy,
+        tokens,
+    });
+    Ok(())
 }
 
 fn auth_flags(cli: &Cli) -> auth::AuthFlags {

@@ -10,16 +10,18 @@ use std::net::SocketAddr;
 use tokio::net::TcpListener;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
-use tonic::transport::Endpoint;
+use tonic::transport::{Channel, Endpoint};
 
+use crate::auth;
 use crate::cli::{Args, DEFAULT_METRICS_BIND, DEFAULT_METRICS_PORTS, MetricsBind};
 use crate::ingest::{self, Processor, ReplayConfig};
 use crate::mapping::{Mapper, MappingConfig, Op};
 use crate::metrics::{self, Metrics};
-use crate::nats::NatsPublisher;
+use crate::nats::{NatsAuth, NatsPublisher};
 use crate::sender::{Sender, SenderConfig};
 use crate::state::{self, Resume};
 use crate::stats::{self, StatsConfig};
+use crate::tls;
 
 /// How long shutdown waits for the sender to flush and be acknowledged.
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
@@ -47,10 +49,12 @@ pub async fn run(args: Args, shutdown: impl Future<Output = ()>) -> anyhow::Resu
     let (ops_tx, ops_rx) = mpsc::channel(cap);
     let mut sender = new_sender(&args, &metrics)?;
     if let Some(url) = &args.nats_url {
+        let auth = NatsAuth::from_args(&args).map_err(StartupError)?;
         let nats = NatsPublisher::connect(
             url,
             &args.nats_subject,
             args.nats_max_in_flight,
+            &auth,
             metrics.clone(),
         )
         .await
@@ -140,14 +144,24 @@ pub async fn bind_metrics(bind: Option<MetricsBind>) -> anyhow::Result<Option<Tc
     Ok(Some(listener))
 }
 
-/// The sender of ReportCacheState streams to `--server` (connected lazily, on first use).
+/// The sender of ReportCacheState streams to `--server` (connected lazily, on first use), with
+/// the call credentials (epoch, token) on every call.
 fn new_sender(args: &Args, metrics: &Arc<Metrics>) -> anyhow::Result<Sender> {
-    let channel = Endpoint::from_shared(args.server.clone())?
-        .connect_timeout(Duration::from_secs(5))
-        .tcp_nodelay(true)
-        .http2_keep_alive_interval(Duration::from_secs(20))
-        .keep_alive_while_idle(true)
-        .connect_lazy();
+    let channel = server_channel(args, metrics)?;
+    let epoch = auth::new_epoch();
+    let token = match &args.token_file {
+        Some(path) => Some(Arc::new(
+            auth::TokenFile::open(path.clone(), metrics.clone())
+                .map_err(|e| StartupError(format!("--token-file {e}")))?,
+        )),
+        None => None,
+    };
+    if token.is_some() && !args.server.starts_with("https://") && !args.nats_only {
+        tracing::warn!(
+            "--token-file with a plain-text http:// --server: the token crosses the network unencrypted"
+        );
+    }
+    tracing::info!(producer_epoch = %epoch, "producer epoch of this process");
     Ok(Sender::new(
         SenderConfig {
             model_id: args.model_id.clone(),
@@ -161,8 +175,65 @@ fn new_sender(args: &Args, metrics: &Arc<Metrics>) -> anyhow::Result<Sender> {
             state_file: args.state_file.clone(),
         },
         channel,
+        auth::CallCredentials::new(&epoch, token),
         metrics.clone(),
     ))
+}
+
+/// The lazily connected channel to `--server`: plain text for `http://`; for `https://` our own
+/// TCP + TLS connector (src/tls.rs) with the server verified against `--server-ca-file` and the
+/// rotating client certificate. Flag combinations that cannot work are start-up errors.
+fn server_channel(args: &Args, metrics: &Arc<Metrics>) -> anyhow::Result<Channel> {
+    let uri: http::Uri = args.server.parse()?;
+    let https = uri.scheme_str() == Some("https");
+    let base = |url: String| -> anyhow::Result<Endpoint> {
+        Ok(Endpoint::from_shared(url)?
+            .connect_timeout(Duration::from_secs(5))
+            .tcp_nodelay(true)
+            .http2_keep_alive_interval(Duration::from_secs(20))
+            .keep_alive_while_idle(true))
+    };
+    if !https {
+        for (set, flag) in [
+            (args.server_ca_file.is_some(), "--server-ca-file"),
+            (args.client_cert_file.is_some(), "--client-cert-file"),
+        ] {
+            if set {
+                return Err(StartupError(format!(
+                    "{flag} needs an https:// --server (got {})",
+                    args.server
+                ))
+                .into());
+            }
+        }
+        return Ok(base(args.server.clone())?.connect_lazy());
+    }
+    let ca = args.server_ca_file.as_ref().ok_or_else(|| {
+        StartupError(format!(
+            "--server {} is https://: --server-ca-file must name the CA that signed the server's certificate",
+            args.server
+        ))
+    })?;
+    let client = match (&args.client_cert_file, &args.client_key_file) {
+        (Some(c), Some(k)) => Some(Arc::new(
+            tls::ReloadingClientCert::new(c.clone(), k.clone(), metrics.clone())
+                .map_err(|e| StartupError(format!("--client-cert-file/--client-key-file: {e}")))?,
+        )),
+        _ => None,
+    };
+    let cfg = tls::client_config(ca, client)
+        .map_err(|e| StartupError(format!("--server-ca-file: {e}")))?;
+    let host = uri.host().unwrap_or_default();
+    let port = uri.port_u16().unwrap_or(443);
+    let connector =
+        tls::Connector::new(cfg, host, port).map_err(|e| StartupError(format!("--server: {e}")))?;
+    // The connector makes the TLS connection; tonic sees a plain `http://` endpoint (so its own
+    // TLS, when compiled in for another crate, stays out of the way) while requests carry the
+    // real `https://` origin.
+    let authority = uri.authority().map_or("", |a| a.as_str());
+    Ok(base(format!("http://{authority}"))?
+        .origin(uri.clone())
+        .connect_with_connector_lazy(connector))
 }
 
 /// With `--metrics-url`, the task that scrapes the engine and reports stats for every replica

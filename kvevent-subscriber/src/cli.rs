@@ -5,6 +5,7 @@ use std::collections::HashMap;
 use std::fmt;
 use std::net::SocketAddr;
 use std::num::{ParseFloatError, ParseIntError};
+use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::Parser;
@@ -50,9 +51,30 @@ pub struct Args {
     #[arg(long, default_value = "5s", value_parser = parse_duration)]
     pub replay_timeout: Duration,
 
-    /// InferenceCache gRPC server: `http://HOST:PORT` or just `HOST:PORT` (plain-text gRPC).
+    /// InferenceCache gRPC server: `http://HOST:PORT` or just `HOST:PORT` (plain-text gRPC), or
+    /// `https://HOST:PORT` (TLS, with `--server-ca-file`).
     #[arg(long, default_value = "http://127.0.0.1:9090", value_parser = parse_server)]
     pub server: String,
+
+    /// PEM CA bundle that verifies the server's certificate (required by an `https://`
+    /// `--server`); the certificate must name `--server`'s host.
+    #[arg(long)]
+    pub server_ca_file: Option<PathBuf>,
+
+    /// PEM client certificate (chain) presented to an `https://` `--server` for mutual TLS
+    /// (with `--client-key-file`). Re-read when it or the key changes, for new connections.
+    #[arg(long, requires = "client_key_file")]
+    pub client_cert_file: Option<PathBuf>,
+
+    /// PEM private key of `--client-cert-file`.
+    #[arg(long, requires = "client_cert_file")]
+    pub client_key_file: Option<PathBuf>,
+
+    /// File holding a bearer token (e.g. a projected service-account token with the server's
+    /// producer audience) sent as `authorization: Bearer <token>` on every ingest call; re-read
+    /// when the file changes. Never logged.
+    #[arg(long)]
+    pub token_file: Option<PathBuf>,
 
     /// NATS server URL (e.g. `nats://nats:4222`): every update and event is also published to
     /// the JetStream stream that server replicas consume (docs/KV-EVENTS.md "Publishing through
@@ -72,6 +94,31 @@ pub struct Args {
     /// With `--nats-url`: publish only to JetStream, never call `--server` directly.
     #[arg(long, requires = "nats_url")]
     pub nats_only: bool,
+
+    /// PEM CA bundle that verifies the NATS server's certificate; makes TLS required.
+    #[arg(long, requires = "nats_url")]
+    pub nats_ca_file: Option<PathBuf>,
+
+    /// PEM client certificate for TLS to NATS (with `--nats-client-key-file`).
+    #[arg(long, requires_all = ["nats_url", "nats_client_key_file"])]
+    pub nats_client_cert_file: Option<PathBuf>,
+
+    /// PEM private key of `--nats-client-cert-file`.
+    #[arg(long, requires = "nats_client_cert_file")]
+    pub nats_client_key_file: Option<PathBuf>,
+
+    /// NATS credentials file (user JWT and nkey seed, as `nsc` writes it).
+    #[arg(long, requires = "nats_url", conflicts_with = "nats_user")]
+    pub nats_creds_file: Option<PathBuf>,
+
+    /// NATS user name; the password comes from `--nats-password-file`, else from the
+    /// `NATS_PASSWORD` environment variable (never from a flag, never logged).
+    #[arg(long, requires = "nats_url")]
+    pub nats_user: Option<String>,
+
+    /// File holding the password of `--nats-user` (surrounding whitespace trimmed).
+    #[arg(long, requires = "nats_user")]
+    pub nats_password_file: Option<PathBuf>,
 
     /// Replica id reported to the server (the routing target, e.g. the pod's address).
     #[arg(long)]
@@ -252,13 +299,8 @@ pub fn parse_server(s: &str) -> Result<String, String> {
         .parse()
         .map_err(|e| format!("expected http://HOST:PORT or HOST:PORT, got {s:?}: {e}"))?;
     match uri.scheme_str() {
-        Some("http") => {}
-        Some("https") => {
-            return Err(format!(
-                "{s:?}: TLS is not supported by this subscriber; use http:// (plain-text gRPC)"
-            ));
-        }
-        _ => return Err(format!("{s:?}: the scheme must be http://")),
+        Some("http" | "https") => {}
+        _ => return Err(format!("{s:?}: the scheme must be http:// or https://")),
     }
     let host = uri.host().unwrap_or("");
     if host.is_empty() {
@@ -477,10 +519,14 @@ mod tests {
             "http://cache.svc:9090"
         );
         assert_eq!(parse_server("[::1]:9090").unwrap(), "http://[::1]:9090");
+        assert_eq!(
+            parse_server("https://cache:9090").unwrap(),
+            "https://cache:9090"
+        );
         for bad in [
             "not a url",
             "127.0.0.1:notaport",
-            "https://cache:9090",
+            "https://cache:notaport",
             "ftp://cache:9090",
             "http://:9090",
             "http://cache:9090/path",

@@ -10,6 +10,7 @@
 #![warn(missing_docs)]
 
 pub mod app;
+pub mod auth;
 pub mod cli;
 pub mod decode;
 pub mod ingest;
@@ -20,3 +21,4 @@ pub mod sender;
 pub mod seq;
 pub mod state;
 pub mod stats;
+pub mod tls;

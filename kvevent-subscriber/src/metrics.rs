@@ -79,6 +79,12 @@ pub struct Metrics {
     pub nats_acked: Counter,
     /// Messages re-published after an acknowledgement failed (NATS down, no stream, timeout).
     pub nats_republished: Counter,
+    /// Failed re-reads of a rotated credential file by `file` (`token`, `client_cert`); the
+    /// last good credential stays in use.
+    pub credential_reload_errors: Family<Label, Counter>,
+    /// NATS connection attempts refused by `reason` (`auth`: wrong user/password or creds,
+    /// `tls`: certificate or TLS setup, `other`).
+    pub nats_connect_errors: Family<Label, Counter>,
 }
 
 /// One registered metric of [`Metrics`], by kind.
@@ -92,7 +98,7 @@ enum Registered<'a> {
 /// Every metric the subscriber exposes (under the `kvevent_` prefix), in exposition order:
 /// name, help, field.
 type MetricRow = (&'static str, &'static str, fn(&Metrics) -> Registered<'_>);
-const METRICS: [MetricRow; 25] = [
+const METRICS: [MetricRow; 27] = [
     ("batches", "ZMQ event batches decoded", |m| {
         Registered::Counter(&m.batches)
     }),
@@ -198,6 +204,16 @@ const METRICS: [MetricRow; 25] = [
         "Messages re-published after a JetStream acknowledgement failed",
         |m| Registered::Counter(&m.nats_republished),
     ),
+    (
+        "credential_reload_errors",
+        "Failed re-reads of a rotated credential file by file",
+        |m| Registered::Family(&m.credential_reload_errors),
+    ),
+    (
+        "nats_connect_errors",
+        "NATS connection attempts refused by reason",
+        |m| Registered::Family(&m.nats_connect_errors),
+    ),
 ];
 
 impl Metrics {
@@ -229,6 +245,8 @@ impl Metrics {
             nats_published: Counter::default(),
             nats_acked: Counter::default(),
             nats_republished: Counter::default(),
+            credential_reload_errors: Family::default(),
+            nats_connect_errors: Family::default(),
             registry: Registry::default(),
         };
         let mut registry = Registry::with_prefix("kvevent");

@@ -14,6 +14,7 @@
 //! harmless, one applied before an older one would not be).
 
 use std::collections::VecDeque;
+use std::path::PathBuf;
 use std::sync::Arc;
 
 use async_nats::jetstream::{self, context::PublishAckFuture};
@@ -22,8 +23,169 @@ use inferencecache_proto::v1alpha1::{CacheEvent, CacheStateUpdate};
 use prost::Message;
 use tokio::time::sleep;
 
+use crate::cli::Args;
 use crate::metrics::Metrics;
 use crate::sender::Backoff;
+
+/// Environment variable holding the `--nats-user` password when `--nats-password-file` is not
+/// given.
+pub const PASSWORD_ENV: &str = "NATS_PASSWORD";
+
+/// TLS and credentials of the NATS connection (the `--nats-*` flags). Its `Debug` never shows
+/// the password.
+#[derive(Default, Clone)]
+pub struct NatsAuth {
+    /// CA bundle verifying the NATS server (TLS required when set).
+    pub ca_file: Option<PathBuf>,
+    /// Client certificate and key for TLS.
+    pub client_cert: Option<(PathBuf, PathBuf)>,
+    /// NATS credentials file (JWT + nkey seed).
+    pub creds_file: Option<PathBuf>,
+    /// User name and password.
+    pub user: Option<(String, String)>,
+}
+
+impl std::fmt::Debug for NatsAuth {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NatsAuth")
+            .field("ca_file", &self.ca_file)
+            .field("client_cert", &self.client_cert)
+            .field("creds_file", &self.creds_file)
+            .field("user", &self.user.as_ref().map(|(u, _)| u))
+            .finish()
+    }
+}
+
+impl NatsAuth {
+    /// From the flags: reads the password (file, else [`PASSWORD_ENV`]) and checks that every
+    /// named file is readable PEM, so a mistake is a start-up error naming its flag.
+    pub fn from_args(args: &Args) -> Result<Self, String> {
+        let env = std::env::var(PASSWORD_ENV).ok();
+        let user = match &args.nats_user {
+            None => None,
+            Some(u) => Some((
+                u.clone(),
+                read_password(args.nats_password_file.as_deref(), env)?,
+            )),
+        };
+        if let Some(ca) = &args.nats_ca_file {
+            crate::tls::client_config(ca, None).map_err(|e| format!("--nats-ca-file: {e}"))?;
+        }
+        let client_cert = match (&args.nats_client_cert_file, &args.nats_client_key_file) {
+            (Some(c), Some(k)) => {
+                crate::tls::load_pair(c, k)
+                    .map_err(|e| format!("--nats-client-cert-file/--nats-client-key-file: {e}"))?;
+                Some((c.clone(), k.clone()))
+            }
+            _ => None,
+        };
+        Ok(Self {
+            ca_file: args.nats_ca_file.clone(),
+            client_cert,
+            creds_file: args.nats_creds_file.clone(),
+            user,
+        })
+    }
+
+    /// `opts` with this TLS and these credentials.
+    pub async fn apply(
+        &self,
+        mut opts: async_nats::ConnectOptions,
+    ) -> Result<async_nats::ConnectOptions, String> {
+        if let Some(ca) = &self.ca_file {
+            opts = opts.add_root_certificates(ca.clone()).require_tls(true);
+        }
+        if let Some((c, k)) = &self.client_cert {
+            opts = opts.add_client_certificate(c.clone(), k.clone());
+        }
+        if let Some(path) = &self.creds_file {
+            opts = opts
+                .credentials_file(path)
+                .await
+                .map_err(|e| format!("--nats-creds-file {}: {e}", path.display()))?;
+        }
+        if let Some((u, p)) = &self.user {
+            opts = opts.user_and_password(u.clone(), p.clone());
+        }
+        Ok(opts)
+    }
+}
+
+/// The `--nats-user` password: the file's content (trimmed) or else `env`.
+fn read_password(file: Option<&std::path::Path>, env: Option<String>) -> Result<String, String> {
+    let pass = match file {
+        Some(path) => std::fs::read_to_string(path)
+            .map_err(|e| format!("--nats-password-file {}: cannot read: {e}", path.display()))?
+            .trim()
+            .to_string(),
+        None => env.ok_or_else(|| {
+            format!(
+                "--nats-user needs --nats-password-file or the {PASSWORD_ENV} environment variable"
+            )
+        })?,
+    };
+    if pass.is_empty() {
+        return Err("--nats-user: the password is empty".into());
+    }
+    Ok(pass)
+}
+
+/// Whether a connection failure is a configuration problem that retrying cannot fix (refused
+/// credentials, TLS setup) rather than an unreachable server; also its metric label. A TLS
+/// alert from the server (`bad_certificate` when it requires a client certificate) or a
+/// rejected server certificate arrives as an IO error wrapping rustls' error: `tls` too.
+pub fn refusal_reason(e: &async_nats::ConnectError) -> Option<&'static str> {
+    use async_nats::ConnectErrorKind as K;
+    match e.kind() {
+        K::AuthorizationViolation | K::Authentication => Some("auth"),
+        K::Tls => Some("tls"),
+        _ => tls_in_chain(e).then_some("tls"),
+    }
+}
+
+/// Whether a rustls error is somewhere in `e`'s source chain (directly or inside an IO error).
+fn tls_in_chain(e: &(dyn std::error::Error + 'static)) -> bool {
+    let mut cur = Some(e);
+    while let Some(err) = cur {
+        if err.is::<rustls::Error>() {
+            return true;
+        }
+        if let Some(io) = err.downcast_ref::<std::io::Error>()
+            && io
+                .get_ref()
+                .is_some_and(|inner| inner.is::<rustls::Error>())
+        {
+            return true;
+        }
+        cur = err.source();
+    }
+    false
+}
+
+/// Counts and logs the refusals a background (re)connect reports through the client's events
+/// (the client keeps retrying them, so they would be silent otherwise).
+fn count_refusals(ev: &async_nats::Event, metrics: &Metrics) {
+    use async_nats::ConnectErrorKind as K;
+    let reason = match ev {
+        async_nats::Event::ServerError(async_nats::ServerError::AuthorizationViolation) => "auth",
+        async_nats::Event::ClientError(async_nats::ClientError::Other(text)) => {
+            let is = |k: K| *text == k.to_string();
+            if is(K::AuthorizationViolation) || is(K::Authentication) {
+                "auth"
+            } else if is(K::Tls) {
+                "tls"
+            } else {
+                return;
+            }
+        }
+        _ => return,
+    };
+    metrics
+        .nats_connect_errors
+        .get_or_create(&[("reason", reason)])
+        .inc();
+    tracing::error!(reason, event = %ev, "NATS refused the connection; check --nats-* credentials");
+}
 
 /// Default `--nats-max-in-flight`.
 pub const DEFAULT_MAX_IN_FLIGHT: usize = 256;
@@ -45,20 +207,43 @@ pub struct NatsPublisher {
 }
 
 impl NatsPublisher {
-    /// Connects to `url` (reconnecting in the background, forever, if it is down: only a
-    /// malformed URL fails here).
+    /// Connects to `url` with `auth`. A first attempt that NATS refuses for its credentials or
+    /// TLS (or a malformed URL) fails here; an unreachable server is retried in the background,
+    /// forever, and so is every later reconnect (refusals then counted in
+    /// `kvevent_nats_connect_errors_total{reason}` and logged).
     pub async fn connect(
         url: &str,
         subject: &str,
         max_in_flight: usize,
+        auth: &NatsAuth,
         metrics: Arc<Metrics>,
     ) -> anyhow::Result<Self> {
-        let client = async_nats::ConnectOptions::new()
+        let m = metrics.clone();
+        let opts = async_nats::ConnectOptions::new()
             .name("kvevent-subscriber")
-            .retry_on_initial_connect()
             .max_reconnects(None)
-            .connect(url)
-            .await?;
+            .event_callback(move |ev| {
+                let m = m.clone();
+                async move { count_refusals(&ev, &m) }
+            });
+        let opts = auth.apply(opts).await.map_err(anyhow::Error::msg)?;
+        let client = match opts.clone().connect(url).await {
+            Ok(c) => c,
+            Err(e) => {
+                if let Some(reason) = refusal_reason(&e) {
+                    metrics
+                        .nats_connect_errors
+                        .get_or_create(&[("reason", reason)])
+                        .inc();
+                    anyhow::bail!("NATS refused the connection ({reason}): {e}");
+                }
+                if e.kind() == async_nats::ConnectErrorKind::ServerParse {
+                    anyhow::bail!("{e}");
+                }
+                tracing::warn!(error = %e, "NATS not reachable yet; connecting in the background");
+                opts.retry_on_initial_connect().connect(url).await?
+            }
+        };
         Ok(Self {
             js: jetstream::new(client),
             subject: subject.to_string(),
@@ -148,5 +333,29 @@ impl NatsPublisher {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use async_nats::{ConnectError, ConnectErrorKind as K};
+
+    #[test]
+    fn refusals_are_told_apart_from_an_unreachable_server() {
+        let r = |e: ConnectError| refusal_reason(&e);
+        assert_eq!(
+            r(ConnectError::new(K::AuthorizationViolation)),
+            Some("auth")
+        );
+        assert_eq!(r(ConnectError::new(K::Tls)), Some("tls"));
+        assert_eq!(r(ConnectError::new(K::TimedOut)), None);
+        let refused = std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "refused");
+        assert_eq!(r(ConnectError::with_source(K::Io, refused)), None);
+        let alert = std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            rustls::Error::AlertReceived(rustls::AlertDescription::BadCertificate),
+        );
+        assert_eq!(r(ConnectError::with_source(K::Io, alert)), Some("tls"));
     }
 }

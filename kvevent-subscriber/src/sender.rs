@@ -30,8 +30,10 @@ use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tokio::time::{Instant, sleep, timeout};
 use tokio_stream::wrappers::ReceiverStream;
+use tonic::service::interceptor::InterceptedService;
 use tonic::transport::Channel;
 
+use crate::auth::CallCredentials;
 use crate::mapping::Op;
 use crate::metrics::Metrics;
 use crate::nats::NatsPublisher;
@@ -107,6 +109,9 @@ impl Default for Backoff {
     }
 }
 
+/// The gRPC client: every call carries the producer epoch and, when configured, the token.
+pub type Client = InferenceCacheClient<InterceptedService<Channel, CallCredentials>>;
+
 struct OpenStream {
     tx: mpsc::Sender<CacheStateUpdate>,
     call: JoinHandle<Result<Ack, tonic::Status>>,
@@ -115,7 +120,7 @@ struct OpenStream {
 /// The delivery task's state.
 pub struct Sender {
     cfg: SenderConfig,
-    client: InferenceCacheClient<Channel>,
+    client: Client,
     metrics: Arc<Metrics>,
     stream: Option<OpenStream>,
     unacked: Vec<CacheStateUpdate>,
@@ -144,17 +149,35 @@ pub struct Sender {
     direct: bool,
 }
 
-/// Consecutive refusals (RESOURCE_EXHAUSTED, INVALID_ARGUMENT, OUT_OF_RANGE) of the same
-/// unacknowledged messages after which they are dropped (`reason="refused_by_server"`) instead of
-/// being re-sent forever; transient failures (UNAVAILABLE, timeouts) are retried without limit.
+/// Consecutive refusals (RESOURCE_EXHAUSTED, INVALID_ARGUMENT, OUT_OF_RANGE, PERMISSION_DENIED)
+/// of the same unacknowledged messages (or of one event) after which they are dropped
+/// (`reason="refused_by_server"`) instead of being re-sent forever; transient failures
+/// (UNAVAILABLE, timeouts, UNAUTHENTICATED: a rotated token may fix it) are retried without limit.
 pub const MAX_REFUSALS: u32 = 5;
 
+/// A failure whose status says the content itself is refused (too large, invalid, not allowed
+/// for this producer or fenced by a newer epoch): it does not heal by waiting, unlike an
+/// unavailable server.
+pub fn is_refusal(status: &tonic::Status) -> bool {
+    use tonic::Code;
+    matches!(
+        status.code(),
+        Code::ResourceExhausted | Code::InvalidArgument | Code::OutOfRange | Code::PermissionDenied
+    )
+}
+
 impl Sender {
-    /// A sender over `channel` (lazily connected; reconnects are handled by tonic + backoff).
-    pub fn new(cfg: SenderConfig, channel: Channel, metrics: Arc<Metrics>) -> Self {
+    /// A sender over `channel` (lazily connected; reconnects are handled by tonic + backoff),
+    /// each call carrying `creds`.
+    pub fn new(
+        cfg: SenderConfig,
+        channel: Channel,
+        creds: CallCredentials,
+        metrics: Arc<Metrics>,
+    ) -> Self {
         Self {
             cfg,
-            client: InferenceCacheClient::new(channel),
+            client: InferenceCacheClient::with_interceptor(channel, creds),
             metrics,
             stream: None,
             unacked: Vec::new(),
@@ -343,14 +366,10 @@ impl Sender {
         }
     }
 
-    /// Counts a stream failure whose status says the content itself is refused (too large,
-    /// invalid): such a failure does not heal by waiting, unlike an unavailable server.
+    /// Counts a stream failure whose status says the content itself is refused (see
+    /// [`is_refusal`]).
     fn note_failure(&mut self, status: &tonic::Status) {
-        use tonic::Code;
-        if matches!(
-            status.code(),
-            Code::ResourceExhausted | Code::InvalidArgument | Code::OutOfRange
-        ) {
+        if is_refusal(status) {
             self.refusals += 1;
         }
     }
@@ -593,13 +612,14 @@ pub const MAX_IN_FLIGHT_EVENTS: usize = 32;
 
 /// One `PublishEvent`, retried with its own backoff until accepted.
 async fn publish_one(
-    mut client: InferenceCacheClient<Channel>,
+    mut client: Client,
     ev: CacheEvent,
     kind: &'static str,
     call_timeout: Duration,
     metrics: Arc<Metrics>,
 ) {
     let mut backoff = Backoff::new();
+    let mut refusals = 0;
     loop {
         match timeout(call_timeout, client.publish_event(ev.clone())).await {
             Ok(Ok(_)) => {
@@ -611,9 +631,19 @@ async fn publish_one(
             }
             res => {
                 let err = match res {
-                    Ok(Err(status)) => status.to_string(),
+                    Ok(Err(status)) => {
+                        if is_refusal(&status) {
+                            refusals += 1;
+                        }
+                        status.to_string()
+                    }
                     _ => "timeout".to_string(),
                 };
+                if refusals >= MAX_REFUSALS {
+                    tracing::error!(error = %err, event = kind, "server refused the event {MAX_REFUSALS} times; dropping it");
+                    metrics.drop_n("refused_by_server", 1);
+                    return;
+                }
                 tracing::warn!(error = %err, event = kind, "PublishEvent failed; retrying");
                 metrics.reconnects.inc();
                 sleep(backoff.step()).await;

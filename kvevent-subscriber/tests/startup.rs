@@ -50,6 +50,7 @@ fn run_bad(extra: &[&str]) -> (i32, String) {
     let child = Command::new(BIN)
         .args(["--replica-id", "r", "--model-id", "m"])
         .args(extra)
+        .env_remove("NATS_PASSWORD")
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()
@@ -69,6 +70,9 @@ fn malformed_addresses_exit_2_naming_the_flag() {
     let file = std::env::temp_dir().join(format!("kvevent-startup-{}", std::process::id()));
     std::fs::write(&file, b"").unwrap();
     let not_a_dir = file.join("state").to_string_lossy().into_owned();
+    let missing = file.join("missing.pem").to_string_lossy().into_owned();
+    // An empty file: no certificate, no token, no credentials in it.
+    let file_s = file.to_string_lossy().into_owned();
     let cases: Vec<(Vec<&str>, &str)> = vec![
         (vec!["--endpoint", "127.0.0.1:5557"], "--endpoint"),
         (vec!["--endpoint", "tcp://127.0.0.1:notaport"], "--endpoint"),
@@ -79,7 +83,68 @@ fn malformed_addresses_exit_2_naming_the_flag() {
         ),
         (vec!["--server", "not a url"], "--server"),
         (vec!["--server", "127.0.0.1:notaport"], "--server"),
-        (vec!["--server", "https://127.0.0.1:9090"], "--server"),
+        // TLS and credentials that cannot work are found before anything connects.
+        (
+            vec!["--server", "https://127.0.0.1:9090"],
+            "--server-ca-file",
+        ),
+        (
+            vec![
+                "--server-ca-file",
+                &missing,
+                "--server",
+                "https://127.0.0.1:9090",
+            ],
+            "--server-ca-file",
+        ),
+        (
+            vec![
+                "--server-ca-file",
+                &file_s,
+                "--server",
+                "https://127.0.0.1:9090",
+            ],
+            "--server-ca-file",
+        ),
+        (
+            vec!["--client-cert-file", &file_s, "--client-key-file", &file_s],
+            "--client-cert-file",
+        ),
+        (vec!["--token-file", &missing], "--token-file"),
+        (vec!["--token-file", &file_s], "--token-file"),
+        (
+            vec!["--nats-url", "nats://127.0.0.1:1", "--nats-user", "u"],
+            "--nats-user",
+        ),
+        (
+            vec![
+                "--nats-url",
+                "nats://127.0.0.1:1",
+                "--nats-user",
+                "u",
+                "--nats-password-file",
+                &missing,
+            ],
+            "--nats-password-file",
+        ),
+        (
+            vec![
+                "--nats-url",
+                "nats://127.0.0.1:1",
+                "--nats-ca-file",
+                &missing,
+            ],
+            "--nats-ca-file",
+        ),
+        (
+            vec![
+                "--nats-url",
+                "nats://127.0.0.1:1",
+                "--nats-creds-file",
+                &file_s,
+            ],
+            "--nats-creds-file",
+        ),
         (vec!["--metrics-bind", "localhost"], "--metrics-bind"),
         (vec!["--metrics-bind", "0.0.0.0:99999"], "--metrics-bind"),
         // Parses, but cannot be bound: found at start-up, same exit code and flag name.

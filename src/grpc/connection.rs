@@ -13,6 +13,7 @@ use glommio::net::TcpStream;
 use crate::http2::{self, HeaderList, Inline, RecvHalf, Responder};
 use crate::lookup::Waiting;
 use crate::metrics::InlineOutcome;
+use crate::producer::PeerCertificate;
 use crate::runtime::watch::WatchedStream;
 
 use super::body::{ConnectionHeld, RequestBody};
@@ -28,7 +29,10 @@ pub fn serve_connection(stream: TcpStream) -> Pin<Box<dyn Future<Output = ()>>> 
             None => serve_http2(stream).await,
             Some(acceptor) => {
                 if let Some(tls) = tls::handshake(acceptor, stream).await {
-                    serve_http2(tls).await;
+                    // The producer identity, once per connection (none for a client without a
+                    // certificate, e.g. a gateway: nothing more to do on its requests).
+                    let peer = crate::producer::identity::of_connection(tls.get_ref().1);
+                    serve_http2_as(tls, peer).await;
                 }
             }
         }
@@ -40,8 +44,17 @@ pub async fn serve_http2<S>(stream: S)
 where
     S: futures_lite::AsyncRead + futures_lite::AsyncWrite + Unpin + 'static,
 {
+    serve_http2_as(stream, None).await;
+}
+
+/// Serves gRPC over HTTP/2 on a stream whose peer presented the certificate identity `peer`.
+async fn serve_http2_as<S>(stream: S, peer: Option<PeerCertificate>)
+where
+    S: futures_lite::AsyncRead + futures_lite::AsyncWrite + Unpin + 'static,
+{
     let grpc = Grpc {
         held: ConnectionHeld::default(),
+        peer,
     };
     http2::serve(stream, grpc).await;
 }
@@ -50,6 +63,9 @@ where
 struct Grpc {
     /// Bytes of incomplete messages held by this connection's streams (see `body`).
     held: ConnectionHeld,
+    /// The verified client certificate's identity, attached to every general-path request
+    /// (the ingest handlers read it; the inline LookupRoute path never looks).
+    peer: Option<PeerCertificate>,
 }
 
 impl http2::Service for Grpc {
@@ -92,7 +108,10 @@ impl http2::Service for Grpc {
             // not decoded...).
             crate::metrics::record_inline_lookup(InlineOutcome::HandedOn);
         }
-        let req = req.map(|recv| RequestBody::new(recv, self.held.clone()));
+        let mut req = req.map(|recv| RequestBody::new(recv, self.held.clone()));
+        if let Some(peer) = &self.peer {
+            req.extensions_mut().insert(peer.clone());
+        }
         glommio::spawn_local(super::respond::serve_stream(req, respond)).detach();
     }
 }

@@ -14,6 +14,7 @@ use tonic::{Request, Response, Status, Streaming};
 
 use crate::ingest;
 use crate::lookup::LookupConfig;
+use crate::producer;
 use crate::runtime::mailbox;
 use crate::shard::owner;
 
@@ -103,25 +104,31 @@ impl InferenceCache for CacheService {
         &self,
         request: Request<Streaming<pb::CacheStateUpdate>>,
     ) -> Result<Response<pb::Ack>, Status> {
+        let caller = producer::caller(&request).await?;
         let mut stream = request.into_inner();
-        let mut refused = None;
+        let mut refused: Option<&'static str> = None;
         // Each message is applied as soon as it is received (docs/BEHAVIOUR.md §4.1); the await on
         // the owner's reply bounds this stream to one message in flight, so a slow owner slows
         // the producer through HTTP/2 flow control instead of growing a queue. A refused message
         // does not stop the stream, but the Ack then says so: nothing unapplied is acknowledged.
         while let Some(update) = stream.message().await.map_err(receive_status)? {
+            // Producer checks first: nothing of a refused message reaches the index or a feed.
+            if let Err(why) = caller.admit(&update.tenant_id, &update.replica_id) {
+                refused.get_or_insert(why.reason_code());
+                continue;
+            }
             let applied = ingest::apply_update(update).await.map_err(|_| {
                 Status::unavailable("owner core unavailable (stalled or shutting down)")
             })?;
             if let Err(why) = applied {
-                refused.get_or_insert(why);
+                refused.get_or_insert(why.reason_code());
             }
         }
         Ok(match refused {
             None => ack(),
             Some(why) => Response::new(pb::Ack {
                 accepted: false,
-                reason_code: why.reason_code().to_string(),
+                reason_code: why.to_string(),
             }),
         })
     }
@@ -130,9 +137,16 @@ impl InferenceCache for CacheService {
         &self,
         request: Request<pb::CacheEvent>,
     ) -> Result<Response<pb::Ack>, Status> {
+        // A refused producer is answered with the refusal's status (docs/BEHAVIOUR.md §4.3),
+        // before anything of the event is applied or published.
+        let caller = producer::caller(&request).await?;
+        let event = request.into_inner();
+        caller
+            .admit(&event.tenant_id, &event.replica_id)
+            .map_err(|why| why.status())?;
         // An event that cannot be delivered (shutdown) is still acknowledged: PublishEvent never
-        // returns an error in the contract.
-        let _ = ingest::apply_event(request.into_inner()).await;
+        // returns another error in the contract.
+        let _ = ingest::apply_event(event).await;
         Ok(ack())
     }
 

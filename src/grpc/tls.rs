@@ -1,5 +1,8 @@
 //! TLS on the gRPC port (docs/BEHAVIOUR.md §1.1): rustls with the ring provider, TLS 1.2 and 1.3,
-//! ALPN `h2`, no client certificates. The certificate is served through a resolver that re-reads
+//! ALPN `h2`; client certificates are requested, never required, when `--client-ca-file` is set
+//! (producer identity, docs/OPERATIONS.md "Hardened setup"): a presented certificate must chain
+//! to that CA, and a client without one (a gateway) handshakes as before. The CA bundle is
+//! re-read when its mtime advances, like the server certificate. The certificate is served through a resolver that re-reads
 //! the PEM pair whenever the certificate file's mtime advances, so cert-manager style rotation
 //! needs no restart; a failed reload is logged (`grpc_tls_reload`) and the cached pair keeps
 //! being served.
@@ -11,12 +14,14 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock, RwLock};
 use std::time::SystemTime;
 
-use rustls::ServerConfig;
+use rustls::client::danger::HandshakeSignatureValid;
 use rustls::crypto::CryptoProvider;
 use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, PrivateKeyDer};
-use rustls::server::{ClientHello, ResolvesServerCert};
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, UnixTime};
+use rustls::server::danger::{ClientCertVerified, ClientCertVerifier};
+use rustls::server::{ClientHello, ResolvesServerCert, WebPkiClientVerifier};
 use rustls::sign::CertifiedKey;
+use rustls::{DigitallySignedStruct, DistinguishedName, ServerConfig, SignatureScheme};
 
 use crate::limits::TLS_HANDSHAKE_TIMEOUT;
 
@@ -36,6 +41,8 @@ pub enum TlsError {
     KeyPair(PathBuf, PathBuf, String),
     /// rustls refused the protocol versions.
     Versions(String),
+    /// The client CA bundle (`--client-ca-file`) could not be read or holds no usable CA.
+    ClientCa(PathBuf, String),
 }
 
 impl std::fmt::Display for TlsError {
@@ -49,6 +56,7 @@ impl std::fmt::Display for TlsError {
                 write!(f, "load key pair ({}, {}): {e}", c.display(), k.display())
             }
             Self::Versions(e) => write!(f, "tls versions: {e}"),
+            Self::ClientCa(p, e) => write!(f, "client CA {}: {e}", p.display()),
         }
     }
 }
@@ -169,21 +177,150 @@ impl ResolvesServerCert for ReloadingResolver {
     }
 }
 
-/// Builds the gRPC server TLS config (TLS ≥ 1.2, ALPN h2, hot-reloading certificate).
-pub fn server_config(cert: &str, key: &str) -> Result<ServerConfig, TlsError> {
+/// A client-certificate verifier over the CA bundle at `path`, offering client auth without
+/// requiring it (a client without a certificate is anonymous; one with a certificate the CA did
+/// not sign fails the handshake).
+fn client_verifier(path: &Path) -> Result<Arc<dyn ClientCertVerifier>, TlsError> {
+    let bad = |e: String| TlsError::ClientCa(path.into(), e);
+    let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(path)
+        .map_err(|e| bad(e.to_string()))?
+        .collect::<Result<_, _>>()
+        .map_err(|e| bad(e.to_string()))?;
+    let mut roots = rustls::RootCertStore::empty();
+    let (added, _) = roots.add_parsable_certificates(certs);
+    if added == 0 {
+        return Err(bad("no usable CA certificate".into()));
+    }
+    WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider())
+        .allow_unauthenticated()
+        .build()
+        .map_err(|e| bad(e.to_string()))
+}
+
+/// (bundle mtime loaded, its verifier, mtime of the last failed reload).
+type ClientCaState = (
+    Option<SystemTime>,
+    Arc<dyn ClientCertVerifier>,
+    Option<SystemTime>,
+);
+
+/// The client verifier of `--client-ca-file`, rebuilt when the bundle's mtime moves forward (a
+/// failed reload is logged once as `grpc_client_ca_reload` and the previous bundle kept).
+#[derive(Debug)]
+pub struct ReloadingClientVerifier {
+    path: PathBuf,
+    state: RwLock<ClientCaState>,
+}
+
+impl ReloadingClientVerifier {
+    /// Loads the bundle once; an error here is the start-up `grpc_tls_load` failure.
+    pub fn new(path: PathBuf) -> Result<Self, TlsError> {
+        let mt = mtime(&path);
+        let inner = client_verifier(&path)?;
+        Ok(Self {
+            path,
+            state: RwLock::new((mt, inner, None)),
+        })
+    }
+
+    /// The verifier to use now (reloading first if the bundle is newer).
+    fn current(&self) -> Arc<dyn ClientCertVerifier> {
+        let now_mtime = mtime(&self.path);
+        {
+            let st = self.state.read().unwrap_or_else(|e| e.into_inner());
+            if !advanced(st.0, now_mtime) {
+                return st.1.clone();
+            }
+        }
+        let mut st = self.state.write().unwrap_or_else(|e| e.into_inner());
+        if advanced(st.0, now_mtime) {
+            match client_verifier(&self.path) {
+                Ok(v) => {
+                    *st = (now_mtime, v, None);
+                    tracing::info!(client_ca_file = %self.path.display(), "grpc_client_ca_reloaded");
+                }
+                Err(e) if st.2 != now_mtime => {
+                    st.2 = now_mtime;
+                    tracing::error!(error = %e, "grpc_client_ca_reload");
+                }
+                Err(_) => {}
+            }
+        }
+        st.1.clone()
+    }
+}
+
+impl ClientCertVerifier for ReloadingClientVerifier {
+    fn offer_client_auth(&self) -> bool {
+        true
+    }
+
+    fn client_auth_mandatory(&self) -> bool {
+        false
+    }
+
+    fn root_hint_subjects(&self) -> &[DistinguishedName] {
+        // No hints (they would borrow from a bundle that may be swapped): a client sends the
+        // certificate it is configured with.
+        &[]
+    }
+
+    fn verify_client_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        now: UnixTime,
+    ) -> Result<ClientCertVerified, rustls::Error> {
+        self.current()
+            .verify_client_cert(end_entity, intermediates, now)
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.current().verify_tls12_signature(message, cert, dss)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.current().verify_tls13_signature(message, cert, dss)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.current().supported_verify_schemes()
+    }
+}
+
+/// Builds the gRPC server TLS config (TLS ≥ 1.2, ALPN h2, hot-reloading certificate; with
+/// `client_ca`, optional client certificates verified against it).
+pub fn server_config(cert: &str, key: &str, client_ca: &str) -> Result<ServerConfig, TlsError> {
     let resolver = ReloadingResolver::new(PathBuf::from(cert), PathBuf::from(key))?;
-    let mut cfg = ServerConfig::builder_with_provider(provider())
+    let builder = ServerConfig::builder_with_provider(provider())
         .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])
-        .map_err(|e| TlsError::Versions(e.to_string()))?
-        .with_no_client_auth()
-        .with_cert_resolver(Arc::new(resolver));
+        .map_err(|e| TlsError::Versions(e.to_string()))?;
+    let builder = if client_ca.is_empty() {
+        builder.with_no_client_auth()
+    } else {
+        builder.with_client_cert_verifier(Arc::new(ReloadingClientVerifier::new(PathBuf::from(
+            client_ca,
+        ))?))
+    };
+    let mut cfg = builder.with_cert_resolver(Arc::new(resolver));
     cfg.alpn_protocols = vec![b"h2".to_vec()];
     Ok(cfg)
 }
 
-/// Loads the pair and installs the acceptor the cores use. Call before the runtime starts.
-pub fn install(cert: &str, key: &str) -> Result<(), TlsError> {
-    let cfg = server_config(cert, key)?;
+/// Loads the pair (and the client CA bundle, when set) and installs the acceptor the cores use.
+/// Call before the runtime starts.
+pub fn install(cert: &str, key: &str, client_ca: &str) -> Result<(), TlsError> {
+    let cfg = server_config(cert, key, client_ca)?;
     let _ = ACCEPTOR.set(futures_rustls::TlsAcceptor::from(Arc::new(cfg)));
     Ok(())
 }

@@ -11,9 +11,15 @@
 //! ([`HTTP2_MAX_HEADER_BLOCK_BYTES`]); received body bytes (the flow-control windows, returned
 //! only once read); response bytes queued per stream ([`HTTP2_MAX_SEND_BUFFER_BYTES`]); and the
 //! output buffer ([`HTTP2_WRITE_BUFFER_BYTES`]): past it no input is read, so a peer that does
-//! not read (PING or SETTINGS floods included) is held back by TCP, not by the server's memory.
+//! not read (PING or SETTINGS floods included) is held back by TCP, not by the server's memory;
+//! the closed streams remembered for late frames
+//! ([`HTTP2_RECENT_CLOSED_STREAMS`](crate::limits::HTTP2_RECENT_CLOSED_STREAMS)).
+//!
+//! Stream states move only through [`transition`] (RFC 9113 §5.1, in `state.rs`): a stream in
+//! the table is open or half-closed, one below the highest id used and not in it is closed (on
+//! record with its cause, or forgotten), one above it idle.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::future::{Future, poll_fn};
 use std::hash::{BuildHasherDefault, Hasher};
 use std::pin::{Pin, pin};
@@ -29,12 +35,13 @@ use crate::limits::{
     DRAIN_TIMEOUT, HTTP2_CONNECTION_WINDOW_BYTES, HTTP2_KEEPALIVE_INTERVAL,
     HTTP2_KEEPALIVE_TIMEOUT, HTTP2_MAX_HEADER_BLOCK_BYTES, HTTP2_MAX_HEADER_BYTES_PER_CORE,
     HTTP2_MAX_HEADER_LIST_BYTES, HTTP2_MAX_QUEUED_RESPONSE_BYTES, HTTP2_MAX_SEND_BUFFER_BYTES,
-    HTTP2_PREFACE_TIMEOUT, HTTP2_RECENT_RESETS, HTTP2_STREAM_WINDOW_BYTES,
-    HTTP2_WRITE_BUFFER_BYTES, MAX_CONCURRENT_STREAMS,
+    HTTP2_PREFACE_TIMEOUT, HTTP2_STREAM_WINDOW_BYTES, HTTP2_WRITE_BUFFER_BYTES,
+    MAX_CONCURRENT_STREAMS,
 };
 
 use super::frame::{self, FrameHeader, Reason, flag, kind, setting};
 use super::headers::{Decoded, Decoder, HeaderList};
+use super::state::{Cause, ClosedStreams, ContentLength, Event, Reaction, State, transition};
 use super::stream::{Outgoing, RecvHalf, Responder, Shared, StreamLink, Wakeups};
 
 /// What the connection asks of the application it serves.
@@ -114,22 +121,38 @@ impl Hasher for IdHasher {
 
 type StreamTable = HashMap<u32, Stream, BuildHasherDefault<IdHasher>>;
 
-/// A stream the peer opened that is not closed yet.
-enum Stream {
+/// A stream the peer opened that is not closed yet: its state (open or half-closed, RFC 9113
+/// §5.1, moved only through [`transition`]), its request's `content-length` accounting, and
+/// how it is served.
+struct Stream {
+    state: State,
+    length: ContentLength,
+    path: Path,
+}
+
+/// How an open stream is served.
+enum Path {
     /// An inline candidate whose body has not arrived.
-    Inline {
-        head: HeaderList,
-        /// The head's share of the core's header budget, counted while the stream is open.
-        charge: HeaderCharge,
-        recv_window: i64,
-        send_window: i64,
-        /// The message, parked when it came in a DATA frame of its own and the end of the
-        /// stream is still to come (gRPC clients send an empty END_STREAM frame after it).
-        /// Parked only until the end of the read batch it arrived in.
-        parked: Option<Bytes>,
-    },
+    Inline(InlineStream),
     /// Served by a task of its own, or an answer waiting for the peer's windows.
     General(General),
+}
+
+struct InlineStream {
+    head: HeaderList,
+    /// The head's share of the core's header budget, counted while the stream is open.
+    charge: HeaderCharge,
+    recv_window: i64,
+    send_window: i64,
+    /// The message, parked when it came in a DATA frame of its own and the end of the
+    /// stream is still to come (gRPC clients send an empty END_STREAM frame after it).
+    /// Parked only until the end of the read batch it arrived in.
+    parked: Option<Bytes>,
+}
+
+/// Whether the peer may still send on a stream in `state` (its side is not closed).
+fn recv_open(state: State) -> bool {
+    matches!(state, State::Open | State::HalfClosedLocal)
 }
 
 struct General {
@@ -172,7 +195,6 @@ struct Flow {
     recv_window: i64,
     /// Bytes read by the body and not yet returned with a stream WINDOW_UPDATE.
     unreleased: usize,
-    recv_closed: bool,
     /// Waiting in the connection's list for window.
     blocked: bool,
 }
@@ -195,6 +217,8 @@ enum Phase {
 struct PendingBlock {
     stream: u32,
     end_stream: bool,
+    /// The HEADERS frame's priority named the stream itself (§5.3.1).
+    self_dependent: bool,
     block: BytesMut,
 }
 
@@ -232,8 +256,8 @@ struct Connection<S, H> {
     streams: StreamTable,
     pending_block: Option<PendingBlock>,
     last_stream: u32,
-    /// Streams this server reset recently: late frames on them are ignored, not errors.
-    recent_resets: VecDeque<u32>,
+    /// Streams closed recently and how: a late frame's reaction depends on it (§5.1).
+    closed: ClosedStreams,
     peer_initial_window: i64,
     peer_max_frame: usize,
     send_window: i64,
@@ -292,7 +316,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin, H: Service> Connection<S, H> {
             streams: StreamTable::default(),
             pending_block: None,
             last_stream: 0,
-            recent_resets: VecDeque::with_capacity(HTTP2_RECENT_RESETS),
+            closed: ClosedStreams::default(),
             peer_initial_window: frame::DEFAULT_WINDOW,
             peer_max_frame: frame::DEFAULT_MAX_FRAME_BYTES as usize,
             send_window: frame::DEFAULT_WINDOW,
@@ -540,15 +564,15 @@ impl<S: AsyncRead + AsyncWrite + Unpin, H: Service> Connection<S, H> {
         let delta = value - self.peer_initial_window;
         self.peer_initial_window = value;
         for (id, stream) in self.streams.iter_mut() {
-            let window = match stream {
-                Stream::General(g) => {
+            let window = match &mut stream.path {
+                Path::General(g) => {
                     if delta > 0 && g.flow.blocked {
                         g.flow.blocked = false;
                         self.visit.push(*id);
                     }
                     &mut g.flow.send_window
                 }
-                Stream::Inline { send_window, .. } => send_window,
+                Path::Inline(inline) => &mut inline.send_window,
             };
             *window += delta;
             if *window > frame::MAX_WINDOW {
@@ -587,25 +611,43 @@ impl<S: AsyncRead + AsyncWrite + Unpin, H: Service> Connection<S, H> {
         Ok(())
     }
 
+    /// PRIORITY: its size and a stream depending on itself (§5.3.1) are stream errors; in
+    /// any state it is otherwise taken and changes nothing (priorities are not used).
     fn on_priority(&mut self, head: FrameHeader, payload: &[u8]) -> Result<(), ConnError> {
         if head.stream == 0 {
             return Err(ConnError(Reason::PROTOCOL_ERROR));
         }
         if payload.len() != 5 {
             self.reset_stream(head.stream, Reason::FRAME_SIZE_ERROR);
+            return Ok(());
+        }
+        if dependency(payload) == head.stream {
+            self.reset_stream(head.stream, Reason::PROTOCOL_ERROR);
+            return Ok(());
+        }
+        match self.streams.get_mut(&head.stream) {
+            Some(stream) => stream.state = transition(stream.state, Event::RecvPriority).0,
+            None => self.off_table(head.stream, Event::RecvPriority)?,
         }
         Ok(())
     }
 
     fn on_rst_stream(&mut self, head: FrameHeader, payload: &[u8]) -> Result<(), ConnError> {
-        if head.stream == 0 || head.stream > self.last_stream {
+        if head.stream == 0 {
             return Err(ConnError(Reason::PROTOCOL_ERROR));
+        }
+        if head.stream > self.last_stream {
+            // Idle: a connection error (§5.1).
+            return self.off_table(head.stream, Event::RecvRstStream);
         }
         let Ok(code) = <[u8; 4]>::try_from(payload) else {
             return Err(ConnError(Reason::FRAME_SIZE_ERROR));
         };
         let reason = Reason(u32::from_be_bytes(code));
-        self.drop_stream(head.stream, reason);
+        match self.streams.remove(&head.stream) {
+            Some(stream) => self.close_removed(head.stream, stream, Event::RecvRstStream, reason),
+            None => self.off_table(head.stream, Event::RecvRstStream)?,
+        }
         Ok(())
     }
 
@@ -625,35 +667,60 @@ impl<S: AsyncRead + AsyncWrite + Unpin, H: Service> Connection<S, H> {
             self.unblock_all();
             return Ok(());
         }
-        if head.stream > self.last_stream {
-            return Err(ConnError(Reason::PROTOCOL_ERROR));
+        let Some(stream) = self.streams.get_mut(&head.stream) else {
+            // Idle: a connection error; closed: ignored (§6.9).
+            return self.off_table(head.stream, Event::RecvWindowUpdate);
+        };
+        // Every open or half-closed state takes it unchanged.
+        let (state, _) = transition(stream.state, Event::RecvWindowUpdate);
+        stream.state = state;
+        if increment == 0 {
+            self.reset_stream(head.stream, Reason::PROTOCOL_ERROR);
+            return Ok(());
         }
-        match self.streams.get_mut(&head.stream) {
-            Some(Stream::General(g)) if increment > 0 => {
-                g.flow.send_window += increment;
-                if g.flow.send_window > frame::MAX_WINDOW {
-                    self.reset_stream(head.stream, Reason::FLOW_CONTROL_ERROR);
-                } else if g.flow.blocked {
-                    g.flow.blocked = false;
-                    self.visit.push(head.stream);
-                }
-            }
-            Some(Stream::Inline { send_window, .. }) if increment > 0 => {
-                *send_window += increment;
-                if *send_window > frame::MAX_WINDOW {
-                    self.reset_stream(head.stream, Reason::FLOW_CONTROL_ERROR);
-                }
-            }
-            Some(_) => self.reset_stream(head.stream, Reason::PROTOCOL_ERROR),
-            // Closed streams: ignored (§6.9).
-            None => {}
+        let (window, blocked) = match &mut stream.path {
+            Path::General(g) => (&mut g.flow.send_window, Some(&mut g.flow.blocked)),
+            Path::Inline(inline) => (&mut inline.send_window, None),
+        };
+        *window += increment;
+        if *window > frame::MAX_WINDOW {
+            self.reset_stream(head.stream, Reason::FLOW_CONTROL_ERROR);
+        } else if let Some(blocked) = blocked
+            && *blocked
+        {
+            *blocked = false;
+            self.visit.push(head.stream);
         }
         Ok(())
     }
 
+    /// A frame on a stream that is not in the table: idle (above the highest id the peer
+    /// used), or closed, as [`ClosedStreams`] remembers it or forgotten. Applies the table's
+    /// reaction: a connection error, or RST_STREAM (which changes no record: the stream is
+    /// closed already), or nothing.
+    fn off_table(&mut self, id: u32, event: Event) -> Result<(), ConnError> {
+        let state = if id > self.last_stream {
+            State::Idle
+        } else {
+            State::Closed(self.closed.cause_of(id).unwrap_or(Cause::Forgotten))
+        };
+        match transition(state, event).1 {
+            Reaction::Connection(reason) => Err(ConnError(reason)),
+            Reaction::Stream(reason) => {
+                frame::put_rst_stream(&mut self.out, id, reason);
+                Ok(())
+            }
+            Reaction::Accept | Reaction::Ignore => Ok(()),
+        }
+    }
+
     fn unblock_all(&mut self) {
         for id in self.blocked.drain(..) {
-            if let Some(Stream::General(g)) = self.streams.get_mut(&id) {
+            if let Some(Stream {
+                path: Path::General(g),
+                ..
+            }) = self.streams.get_mut(&id)
+            {
                 g.flow.blocked = false;
                 self.visit.push(id);
             }
@@ -667,10 +734,11 @@ impl<S: AsyncRead + AsyncWrite + Unpin, H: Service> Connection<S, H> {
         let Some((start, end)) = frame::unpad(&payload, head.has(flag::PADDED)) else {
             return Err(ConnError(Reason::PROTOCOL_ERROR));
         };
-        let start = if head.has(flag::PRIORITY) {
-            start + 5
+        let (start, self_dependent) = if head.has(flag::PRIORITY) {
+            let dependent = payload.get(start..start + 5).map(dependency);
+            (start + 5, dependent == Some(head.stream))
         } else {
-            start
+            (start, false)
         };
         if start > end {
             return Err(ConnError(Reason::PROTOCOL_ERROR));
@@ -678,7 +746,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin, H: Service> Connection<S, H> {
         let fragment = &payload[start..end];
         let end_stream = head.has(flag::END_STREAM);
         if head.has(flag::END_HEADERS) {
-            return self.on_header_block(head.stream, end_stream, fragment);
+            return self.on_header_block(head.stream, end_stream, self_dependent, fragment);
         }
         if fragment.len() > HTTP2_MAX_HEADER_BLOCK_BYTES {
             return Err(self.calm("http2_header_block_bytes"));
@@ -686,6 +754,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin, H: Service> Connection<S, H> {
         self.pending_block = Some(PendingBlock {
             stream: head.stream,
             end_stream,
+            self_dependent,
             block: BytesMut::from(fragment),
         });
         Ok(())
@@ -703,7 +772,13 @@ impl<S: AsyncRead + AsyncWrite + Unpin, H: Service> Connection<S, H> {
             self.pending_block = Some(pending);
             return Ok(());
         }
-        self.on_header_block(pending.stream, pending.end_stream, &pending.block)
+        let PendingBlock {
+            stream,
+            end_stream,
+            self_dependent,
+            block,
+        } = pending;
+        self.on_header_block(stream, end_stream, self_dependent, &block)
     }
 
     /// A peer over a bound: counted, then GOAWAY ENHANCE_YOUR_CALM.
@@ -712,11 +787,14 @@ impl<S: AsyncRead + AsyncWrite + Unpin, H: Service> Connection<S, H> {
         ConnError(Reason::ENHANCE_YOUR_CALM)
     }
 
-    /// A complete header block: a new request, or the trailers of an open one.
+    /// A complete header block: a new request, or one on a stream already used (trailers, or
+    /// a frame the stream's state refuses). Decoded first whatever follows: the HPACK state is
+    /// the connection's (§4.3).
     fn on_header_block(
         &mut self,
         id: u32,
         end_stream: bool,
+        self_dependent: bool,
         block: &[u8],
     ) -> Result<(), ConnError> {
         let is_new = id > self.last_stream;
@@ -725,110 +803,143 @@ impl<S: AsyncRead + AsyncWrite + Unpin, H: Service> Connection<S, H> {
             .decode(block, !is_new, &mut self.arena)
             .map_err(|_| ConnError(Reason::COMPRESSION_ERROR))?;
         if !is_new {
-            return self.on_trailers(id, end_stream, decoded);
+            return self.on_trailers(id, end_stream, self_dependent, decoded);
         }
         self.last_stream = id;
+        // Idle to open, or to half-closed (remote) with END_STREAM.
+        let (state, _) = transition(State::Idle, Event::RecvHeaders { end_stream });
         let list = match decoded {
             Decoded::List(list) => list,
             Decoded::Malformed => {
-                self.reset_stream(id, Reason::PROTOCOL_ERROR);
+                self.reset_unlisted(id, state, Reason::PROTOCOL_ERROR);
                 return Ok(());
             }
             Decoded::TooLarge => {
                 crate::metrics::record_limit_hit("http2_header_list_bytes");
-                self.answer_status(
-                    id,
-                    http::StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
-                    end_stream,
-                );
+                self.answer_status(id, state, http::StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE);
                 return Ok(());
             }
         };
-        if self.phase == Phase::Draining || self.peer_goaway {
-            self.reset_stream(id, Reason::REFUSED_STREAM);
+        let length = ContentLength::new(list.content_length());
+        // A stream depending on itself (§5.3.1), or a request ended with less than its
+        // content-length (§8.1.1): stream errors, the request is not served.
+        if self_dependent || (end_stream && !length.complete()) {
+            self.reset_unlisted(id, state, Reason::PROTOCOL_ERROR);
             return Ok(());
         }
-        let live_tasks = Arc::strong_count(&self.tasks) - 1;
-        if self.streams.len() >= MAX_CONCURRENT_STREAMS as usize
-            || live_tasks >= 2 * MAX_CONCURRENT_STREAMS as usize
-        {
-            crate::metrics::record_limit_hit("http2_concurrent_streams");
-            self.reset_stream(id, Reason::REFUSED_STREAM);
-            return Ok(());
-        }
-        // A peer that does not read its answers gets no new ones: past the bound, new streams
-        // are refused (retryable, and a gateway fails open) until the queued answers drain.
-        if self.queued.load(Ordering::Relaxed) >= HTTP2_MAX_QUEUED_RESPONSE_BYTES {
-            crate::metrics::record_limit_hit("http2_queued_response_bytes");
-            self.reset_stream(id, Reason::REFUSED_STREAM);
-            return Ok(());
-        }
-        // Streams that send a head and then nothing hold it: the heads of a core's open streams
-        // are bounded together, past which new streams are refused.
-        let Some(charge) = HeaderCharge::take(list.byte_len()) else {
-            crate::metrics::record_limit_hit("http2_header_bytes_per_core");
-            self.reset_stream(id, Reason::REFUSED_STREAM);
+        let Some(charge) = self.admit_stream(id, state, &list) else {
             return Ok(());
         };
         if !end_stream && self.service.is_inline(&list) {
             let recv_window = i64::from(HTTP2_STREAM_WINDOW_BYTES);
             self.streams.insert(
                 id,
-                Stream::Inline {
-                    head: list,
-                    charge,
-                    recv_window,
-                    send_window: self.peer_initial_window,
-                    parked: None,
+                Stream {
+                    state,
+                    length,
+                    path: Path::Inline(InlineStream {
+                        head: list,
+                        charge,
+                        recv_window,
+                        send_window: self.peer_initial_window,
+                        parked: None,
+                    }),
                 },
             );
             return Ok(());
         }
         let send_window = self.peer_initial_window;
-        self.start_general(id, list, Bytes::new(), end_stream, send_window, charge);
+        let opened = Opened {
+            state,
+            length,
+            send_window,
+            charge,
+        };
+        self.start_general(id, list, Bytes::new(), opened);
         Ok(())
     }
 
-    /// A header block on a stream already opened: trailers ending its request.
+    /// Whether a new stream may open (draining, the stream and task bounds, queued answers,
+    /// the core's header budget); refused streams are reset with REFUSED_STREAM. Returns the
+    /// stream's share of the header budget.
+    fn admit_stream(&mut self, id: u32, state: State, list: &HeaderList) -> Option<HeaderCharge> {
+        if self.phase == Phase::Draining || self.peer_goaway {
+            self.reset_unlisted(id, state, Reason::REFUSED_STREAM);
+            return None;
+        }
+        let live_tasks = Arc::strong_count(&self.tasks) - 1;
+        if self.streams.len() >= MAX_CONCURRENT_STREAMS as usize
+            || live_tasks >= 2 * MAX_CONCURRENT_STREAMS as usize
+        {
+            crate::metrics::record_limit_hit("http2_concurrent_streams");
+            self.reset_unlisted(id, state, Reason::REFUSED_STREAM);
+            return None;
+        }
+        // A peer that does not read its answers gets no new ones: past the bound, new streams
+        // are refused (retryable, and a gateway fails open) until the queued answers drain.
+        if self.queued.load(Ordering::Relaxed) >= HTTP2_MAX_QUEUED_RESPONSE_BYTES {
+            crate::metrics::record_limit_hit("http2_queued_response_bytes");
+            self.reset_unlisted(id, state, Reason::REFUSED_STREAM);
+            return None;
+        }
+        // Streams that send a head and then nothing hold it: the heads of a core's open streams
+        // are bounded together, past which new streams are refused.
+        let charge = HeaderCharge::take(list.byte_len());
+        if charge.is_none() {
+            crate::metrics::record_limit_hit("http2_header_bytes_per_core");
+            self.reset_unlisted(id, state, Reason::REFUSED_STREAM);
+        }
+        charge
+    }
+
+    /// A header block on a stream already used: trailers ending an open request, or what the
+    /// stream's state makes of it (§5.1: STREAM_CLOSED once the peer ended its side, whether
+    /// or not the answer has gone; dropped after this server's reset).
     fn on_trailers(
         &mut self,
         id: u32,
         end_stream: bool,
+        self_dependent: bool,
         decoded: Decoded,
     ) -> Result<(), ConnError> {
+        let event = Event::RecvHeaders { end_stream };
         let Some(stream) = self.streams.get(&id) else {
-            // Closed or never opened (an id below the last): ignored if this server reset it
-            // lately, else a connection error (§5.1.1).
-            return if self.recent_resets.contains(&id) {
-                Ok(())
-            } else {
-                Err(ConnError(Reason::PROTOCOL_ERROR))
-            };
+            return self.off_table(id, event);
         };
+        match transition(stream.state, event).1 {
+            Reaction::Stream(reason) => {
+                self.reset_stream(id, reason);
+                return Ok(());
+            }
+            Reaction::Connection(reason) => return Err(ConnError(reason)),
+            Reaction::Accept | Reaction::Ignore => {}
+        }
         let trailers = match decoded {
-            Decoded::List(list) if end_stream => list.to_header_map(),
+            Decoded::List(list) if !self_dependent && stream.length.complete() => {
+                list.to_header_map()
+            }
             _ => None,
         };
         let Some(trailers) = trailers else {
             self.reset_stream(id, Reason::PROTOCOL_ERROR);
             return Ok(());
         };
-        match stream {
-            Stream::Inline { .. } => {
-                self.inline_to_general(id);
-                self.end_general_body(id, Some(trailers));
-            }
-            Stream::General(g) if g.flow.recv_closed => {
-                self.reset_stream(id, Reason::STREAM_CLOSED)
-            }
-            Stream::General(_) => self.end_general_body(id, Some(trailers)),
+        if let Path::Inline(_) = stream.path {
+            self.inline_to_general(id);
         }
+        self.end_general_body(id, Some(trailers));
         Ok(())
     }
 
     fn on_data(&mut self, head: FrameHeader, payload: Bytes) -> Result<(), ConnError> {
-        if head.stream == 0 || head.stream > self.last_stream {
+        let end_stream = head.has(flag::END_STREAM);
+        let event = Event::RecvData { end_stream };
+        if head.stream == 0 {
             return Err(ConnError(Reason::PROTOCOL_ERROR));
+        }
+        if head.stream > self.last_stream {
+            // Idle: a connection error.
+            return self.off_table(head.stream, event);
         }
         let flow = payload.len() as i64;
         self.recv_window -= flow;
@@ -842,35 +953,31 @@ impl<S: AsyncRead + AsyncWrite + Unpin, H: Service> Connection<S, H> {
         let padding = payload.len() - (end - start);
         self.recv_unreleased += padding;
         let data = payload.slice(start..end);
-        let end_stream = head.has(flag::END_STREAM);
-        match self.streams.get_mut(&head.stream) {
-            None => {
-                self.recv_unreleased += data.len();
-                if !self.recent_resets.contains(&head.stream) {
-                    self.reset_stream(head.stream, Reason::STREAM_CLOSED);
-                }
-            }
-            Some(Stream::Inline { recv_window, .. }) => {
-                *recv_window -= flow;
-                if *recv_window < 0 {
-                    self.recv_unreleased += data.len();
-                    self.reset_stream(head.stream, Reason::FLOW_CONTROL_ERROR);
-                } else {
-                    self.on_inline_data(head.stream, data, end_stream);
-                }
-            }
-            Some(Stream::General(g)) => {
-                g.flow.recv_window -= flow;
-                if g.flow.recv_closed || g.flow.recv_window < 0 {
-                    let reason = if g.flow.recv_closed {
-                        Reason::STREAM_CLOSED
-                    } else {
-                        Reason::FLOW_CONTROL_ERROR
-                    };
-                    self.recv_unreleased += data.len();
-                    self.reset_stream(head.stream, reason);
-                    return Ok(());
-                }
+        let Some(stream) = self.streams.get_mut(&head.stream) else {
+            // Closed: STREAM_CLOSED, or dropped after our reset (§6.1, §5.1).
+            self.recv_unreleased += data.len();
+            return self.off_table(head.stream, event);
+        };
+        let window = match &mut stream.path {
+            Path::Inline(inline) => &mut inline.recv_window,
+            Path::General(g) => &mut g.flow.recv_window,
+        };
+        *window -= flow;
+        let reset = match transition(stream.state, event).1 {
+            Reaction::Stream(reason) => Some(reason),
+            _ if *window < 0 => Some(Reason::FLOW_CONTROL_ERROR),
+            // More than the content-length, or a different total at the end: malformed.
+            _ if !stream.length.on_data(data.len(), end_stream) => Some(Reason::PROTOCOL_ERROR),
+            _ => None,
+        };
+        if let Some(reason) = reset {
+            self.recv_unreleased += data.len();
+            self.reset_stream(head.stream, reason);
+            return Ok(());
+        }
+        match &mut stream.path {
+            Path::Inline(_) => self.on_inline_data(head.stream, data, end_stream),
+            Path::General(g) => {
                 let mut s = g.link.lock();
                 let dropped = s.recv_dropped;
                 if dropped {
@@ -902,10 +1009,13 @@ impl<S: AsyncRead + AsyncWrite + Unpin, H: Service> Connection<S, H> {
         if padding == 0 || end_stream {
             return;
         }
-        let window = match self.streams.get_mut(&id) {
-            Some(Stream::Inline { recv_window, .. }) => recv_window,
-            Some(Stream::General(g)) if !g.flow.recv_closed => &mut g.flow.recv_window,
-            _ => return,
+        let Some(stream) = self.streams.get_mut(&id) else {
+            return;
+        };
+        let window = match &mut stream.path {
+            Path::Inline(inline) => &mut inline.recv_window,
+            Path::General(g) if recv_open(stream.state) => &mut g.flow.recv_window,
+            Path::General(_) => return,
         };
         *window += padding as i64;
         frame::put_window_update(&mut self.out, id, padding as u32);
@@ -914,18 +1024,22 @@ impl<S: AsyncRead + AsyncWrite + Unpin, H: Service> Connection<S, H> {
     /// DATA on an inline candidate: answered now when it is the whole body; anything else
     /// moves the stream to the general path with what arrived.
     fn on_inline_data(&mut self, id: u32, data: Bytes, end_stream: bool) {
-        let Some(Stream::Inline { parked, .. }) = self.streams.get_mut(&id) else {
+        let Some(Stream {
+            path: Path::Inline(inline),
+            ..
+        }) = self.streams.get_mut(&id)
+        else {
             unreachable!("called for inline streams")
         };
         if !end_stream && data.is_empty() {
             return;
         }
-        if !end_stream && parked.is_none() {
-            *parked = Some(data);
+        if !end_stream && inline.parked.is_none() {
+            inline.parked = Some(data);
             self.parked_streams.push(id);
             return;
         }
-        let (head, send_window, parked, charge) = self.take_inline(id);
+        let (mut opened, head, parked) = self.take_inline(id);
         let data = match parked {
             None => data,
             Some(parked) if data.is_empty() => parked,
@@ -938,9 +1052,11 @@ impl<S: AsyncRead + AsyncWrite + Unpin, H: Service> Connection<S, H> {
         };
         let len = data.len();
         if !end_stream {
-            self.start_general(id, head, data, false, send_window, charge);
+            self.start_general(id, head, data, opened);
             return;
         }
+        // Open to half-closed (remote).
+        opened.state = transition(opened.state, Event::RecvData { end_stream }).0;
         self.answer.clear();
         match self
             .service
@@ -948,19 +1064,19 @@ impl<S: AsyncRead + AsyncWrite + Unpin, H: Service> Connection<S, H> {
         {
             Inline::Answered => {
                 self.recv_unreleased += len;
-                self.write_inline_answer(id, send_window, charge);
+                self.write_inline_answer(id, opened);
             }
             Inline::Later(later) => {
                 self.recv_unreleased += len;
-                self.start_later(id, later, send_window, charge);
+                self.start_later(id, later, opened);
             }
-            Inline::General => self.start_general(id, head, data, true, send_window, charge),
+            Inline::General => self.start_general(id, head, data, opened),
         }
     }
 
     /// Gives an inline request the service answers later (its body read whole) a responder:
     /// from here it is a general stream whose request has ended.
-    fn start_later(&mut self, id: u32, later: H::Later, send_window: i64, charge: HeaderCharge) {
+    fn start_later(&mut self, id: u32, later: H::Later, opened: Opened) {
         let link = self.link(id);
         link.lock().recv_ended = true;
         let respond = Responder::new(
@@ -968,15 +1084,17 @@ impl<S: AsyncRead + AsyncWrite + Unpin, H: Service> Connection<S, H> {
             HTTP2_MAX_SEND_BUFFER_BYTES,
             self.tasks.clone(),
         );
-        self.insert_general(id, link, true, send_window, charge);
+        self.insert_general(id, link, opened);
         self.service.answer_later(later, respond);
     }
 
-    /// Writes an inline answer now when the windows allow, else queues it like a general
-    /// stream's response.
-    fn write_inline_answer(&mut self, id: u32, send_window: i64, charge: HeaderCharge) {
+    /// Writes an inline answer now when the windows allow (the stream closes), else queues it
+    /// like a general stream's response.
+    fn write_inline_answer(&mut self, id: u32, opened: Opened) {
         let len = self.answer.len() as i64;
-        if len <= self.send_window && len <= send_window && self.answer.len() <= self.peer_max_frame
+        if len <= self.send_window
+            && len <= opened.send_window
+            && self.answer.len() <= self.peer_max_frame
         {
             self.send_window -= len;
             frame::put_headers(
@@ -994,6 +1112,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin, H: Service> Connection<S, H> {
                 true,
                 self.peer_max_frame,
             );
+            self.record_closed(id, opened.state, &[Event::SendEndStream]);
             return;
         }
         let link = self.link(id);
@@ -1016,7 +1135,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin, H: Service> Connection<S, H> {
                 end: true,
             });
         }
-        self.insert_general(id, link, true, send_window, charge);
+        self.insert_general(id, link, opened);
         self.visit.push(id);
     }
 
@@ -1029,45 +1148,34 @@ impl<S: AsyncRead + AsyncWrite + Unpin, H: Service> Connection<S, H> {
         }
     }
 
-    fn insert_general(
-        &mut self,
-        id: u32,
-        link: StreamLink,
-        recv_closed: bool,
-        send_window: i64,
-        charge: HeaderCharge,
-    ) {
+    fn insert_general(&mut self, id: u32, link: StreamLink, opened: Opened) {
         self.streams.insert(
             id,
-            Stream::General(General {
-                link,
-                flow: Flow {
-                    send_window,
-                    recv_window: i64::from(HTTP2_STREAM_WINDOW_BYTES),
-                    unreleased: 0,
-                    recv_closed,
-                    blocked: false,
-                },
-                _charge: charge,
-            }),
+            Stream {
+                state: opened.state,
+                length: opened.length,
+                path: Path::General(General {
+                    link,
+                    flow: Flow {
+                        send_window: opened.send_window,
+                        recv_window: i64::from(HTTP2_STREAM_WINDOW_BYTES),
+                        unreleased: 0,
+                        blocked: false,
+                    },
+                    _charge: opened.charge,
+                }),
+            },
         );
     }
 
     /// Hands a request to the general path, with the body bytes that already arrived.
-    fn start_general(
-        &mut self,
-        id: u32,
-        head: HeaderList,
-        received: Bytes,
-        end_stream: bool,
-        send_window: i64,
-        charge: HeaderCharge,
-    ) {
+    fn start_general(&mut self, id: u32, head: HeaderList, received: Bytes, opened: Opened) {
         let Some(builder) = head.to_request() else {
             self.recv_unreleased += received.len();
-            self.reset_stream(id, Reason::PROTOCOL_ERROR);
+            self.reset_unlisted(id, opened.state, Reason::PROTOCOL_ERROR);
             return;
         };
+        let end_stream = !recv_open(opened.state);
         let link = self.link(id);
         {
             let mut s = link.lock();
@@ -1075,7 +1183,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin, H: Service> Connection<S, H> {
             s.recv_ended = end_stream;
         }
         let Ok(req) = builder.body(RecvHalf::new(link.clone())) else {
-            self.reset_stream(id, Reason::PROTOCOL_ERROR);
+            self.reset_unlisted(id, opened.state, Reason::PROTOCOL_ERROR);
             return;
         };
         let respond = Responder::new(
@@ -1083,19 +1191,29 @@ impl<S: AsyncRead + AsyncWrite + Unpin, H: Service> Connection<S, H> {
             HTTP2_MAX_SEND_BUFFER_BYTES,
             self.tasks.clone(),
         );
-        self.insert_general(id, link, end_stream, send_window, charge);
-        if let Some(Stream::General(g)) = self.streams.get_mut(&id) {
+        self.insert_general(id, link, opened);
+        if let Some(Stream {
+            path: Path::General(g),
+            ..
+        }) = self.streams.get_mut(&id)
+        {
             g.flow.recv_window -= received.len() as i64;
         }
         self.service.serve_general(&head, req, respond);
     }
 
-    /// The request of a general stream ended (END_STREAM, with trailers or not).
+    /// The request of a general stream ended (END_STREAM, with trailers or not): the stream
+    /// is half-closed (remote).
     fn end_general_body(&mut self, id: u32, trailers: Option<http::HeaderMap>) {
-        let Some(Stream::General(g)) = self.streams.get_mut(&id) else {
+        let Some(Stream {
+            state,
+            path: Path::General(g),
+            ..
+        }) = self.streams.get_mut(&id)
+        else {
             return;
         };
-        g.flow.recv_closed = true;
+        *state = transition(*state, Event::RecvData { end_stream: true }).0;
         let mut s = g.link.lock();
         s.recv_ended = true;
         s.trailers = trailers;
@@ -1104,37 +1222,59 @@ impl<S: AsyncRead + AsyncWrite + Unpin, H: Service> Connection<S, H> {
         }
     }
 
-    /// A trailers-only answer with an HTTP status (a request refused before the service).
-    fn answer_status(&mut self, id: u32, status: http::StatusCode, end_stream: bool) {
+    /// A trailers-only answer with an HTTP status to a new stream in `state` (a request
+    /// refused before the service).
+    fn answer_status(&mut self, id: u32, state: State, status: http::StatusCode) {
         let mut block = BytesMut::new();
         super::headers::encode_response_head(status, &http::HeaderMap::new(), &mut block);
         frame::put_headers(&mut self.out, id, &block, true, self.peer_max_frame);
-        if !end_stream {
+        if recv_open(state) {
             // The peer may stop sending the body (§8.1).
             frame::put_rst_stream(&mut self.out, id, Reason::NO_ERROR);
+            self.record_closed(id, state, &[Event::SendEndStream, Event::SendReset]);
+        } else {
+            self.record_closed(id, state, &[Event::SendEndStream]);
         }
-        self.note_reset(id);
     }
 
-    /// RST_STREAM: the stream ends here (its task, if any, sees the reset).
+    /// RST_STREAM: the stream ends here (its task, if any, sees the reset). On a stream not in
+    /// the table only the frame is sent: it is idle or closed already.
     fn reset_stream(&mut self, id: u32, reason: Reason) {
         frame::put_rst_stream(&mut self.out, id, reason);
-        self.drop_stream(id, reason);
-        self.note_reset(id);
+        if let Some(stream) = self.streams.remove(&id) {
+            self.close_removed(id, stream, Event::SendReset, reason);
+        }
     }
 
-    /// Forgets a stream that was reset: its task sees the reset, and the body bytes it had
-    /// received go back to the connection window.
-    fn drop_stream(&mut self, id: u32, reason: Reason) {
-        match self.streams.remove(&id) {
-            Some(Stream::General(g)) => {
+    /// RST_STREAM on a stream just opened in `state` and never put in the table.
+    fn reset_unlisted(&mut self, id: u32, state: State, reason: Reason) {
+        frame::put_rst_stream(&mut self.out, id, reason);
+        self.record_closed(id, state, &[Event::SendReset]);
+    }
+
+    /// A stream taken out of the table on `event` (a reset either way): its task sees
+    /// `reason`, the body bytes it held go back to the connection window, and how it closed is
+    /// recorded.
+    fn close_removed(&mut self, id: u32, stream: Stream, event: Event, reason: Reason) {
+        match stream.path {
+            Path::General(g) => {
                 self.recv_unreleased += unreleased_of(&g);
                 end_shared(&g.link, reason);
             }
-            Some(Stream::Inline { parked, .. }) => {
-                self.recv_unreleased += parked.map_or(0, |p| p.len());
+            Path::Inline(inline) => {
+                self.recv_unreleased += inline.parked.map_or(0, |p| p.len());
             }
-            None => {}
+        }
+        self.record_closed(id, stream.state, &[event]);
+    }
+
+    /// Moves a stream in `state` through `events` and, once closed, records how (§5.1).
+    fn record_closed(&mut self, id: u32, mut state: State, events: &[Event]) {
+        for &event in events {
+            state = transition(state, event).0;
+        }
+        if let State::Closed(cause) = state {
+            self.closed.record(id, cause);
         }
     }
 
@@ -1142,8 +1282,12 @@ impl<S: AsyncRead + AsyncWrite + Unpin, H: Service> Connection<S, H> {
     /// go to the general path with the message they hold, so no read buffer stays pinned.
     fn release_parked(&mut self) {
         for id in std::mem::take(&mut self.parked_streams) {
-            if let Some(Stream::Inline {
-                parked: Some(_), ..
+            if let Some(Stream {
+                path:
+                    Path::Inline(InlineStream {
+                        parked: Some(_), ..
+                    }),
+                ..
             }) = self.streams.get(&id)
             {
                 self.inline_to_general(id);
@@ -1151,41 +1295,45 @@ impl<S: AsyncRead + AsyncWrite + Unpin, H: Service> Connection<S, H> {
         }
     }
 
-    /// Takes an inline candidate out of the table: its head, send window and parked message.
-    fn take_inline(&mut self, id: u32) -> (HeaderList, i64, Option<Bytes>, HeaderCharge) {
-        let Some(Stream::Inline {
-            head,
-            charge,
-            send_window,
-            parked,
-            ..
+    /// Takes an inline candidate out of the table: what opened it, its head and its parked
+    /// message.
+    fn take_inline(&mut self, id: u32) -> (Opened, HeaderList, Option<Bytes>) {
+        let Some(Stream {
+            state,
+            length,
+            path: Path::Inline(inline),
         }) = self.streams.remove(&id)
         else {
             unreachable!("stream {id} is an inline candidate")
         };
-        (head, send_window, parked, charge)
+        let opened = Opened {
+            state,
+            length,
+            send_window: inline.send_window,
+            charge: inline.charge,
+        };
+        (opened, inline.head, inline.parked)
     }
 
     /// Moves an inline candidate to the general path, with its parked message if any.
     fn inline_to_general(&mut self, id: u32) {
-        let (head, send_window, parked, charge) = self.take_inline(id);
-        self.start_general(
-            id,
-            head,
-            parked.unwrap_or_default(),
-            false,
-            send_window,
-            charge,
-        );
+        let (opened, head, parked) = self.take_inline(id);
+        self.start_general(id, head, parked.unwrap_or_default(), opened);
     }
+}
 
-    /// Remembers a stream this server ended early, so the peer's late frames are tolerated.
-    fn note_reset(&mut self, id: u32) {
-        if self.recent_resets.len() == HTTP2_RECENT_RESETS {
-            self.recent_resets.pop_front();
-        }
-        self.recent_resets.push_back(id);
-    }
+/// What a stream carries from one path to another: its state, its content-length accounting,
+/// its send window and its share of the core's header budget.
+struct Opened {
+    state: State,
+    length: ContentLength,
+    send_window: i64,
+    charge: HeaderCharge,
+}
+
+/// The stream a PRIORITY frame's (or a HEADERS frame's priority block's) five bytes depend on.
+fn dependency(priority: &[u8]) -> u32 {
+    u32::from_be_bytes([priority[0], priority[1], priority[2], priority[3]]) & 0x7fff_ffff
 }
 
 /// The body bytes a general stream took from the connection window and has not returned: read
@@ -1202,12 +1350,18 @@ fn unreleased_of(g: &General) -> usize {
 }
 
 /// Moves the body bytes a stream's task has read into the stream's returned count, sending a
-/// stream WINDOW_UPDATE once half its window is back. Returns the bytes for the connection's
-/// window.
-fn return_read_window(id: u32, flow: &mut Flow, s: &mut Shared, out: &mut BytesMut) -> usize {
+/// stream WINDOW_UPDATE once half its window is back (while the peer may still send).
+/// Returns the bytes for the connection's window.
+fn return_read_window(
+    id: u32,
+    recv_open: bool,
+    flow: &mut Flow,
+    s: &mut Shared,
+    out: &mut BytesMut,
+) -> usize {
     let released = std::mem::take(&mut s.released);
     flow.unreleased += released;
-    if !flow.recv_closed && flow.unreleased >= HTTP2_STREAM_WINDOW_BYTES as usize / 2 {
+    if recv_open && flow.unreleased >= HTTP2_STREAM_WINDOW_BYTES as usize / 2 {
         frame::put_window_update(out, id, flow.unreleased as u32);
         flow.recv_window += flow.unreleased as i64;
         flow.unreleased = 0;
@@ -1356,14 +1510,20 @@ impl<S: AsyncRead + AsyncWrite + Unpin, H: Service> Connection<S, H> {
     /// Moves one stream's returned window and queued output to the wire. Returns whether
     /// anything was written.
     fn visit_stream(&mut self, id: u32) -> bool {
-        let Some(Stream::General(g)) = self.streams.get_mut(&id) else {
+        let Some(Stream {
+            state,
+            path: Path::General(g),
+            ..
+        }) = self.streams.get_mut(&id)
+        else {
             return false;
         };
+        let recv_open = recv_open(*state);
         let written_before = self.out.len();
         let mut guard = g.link.lock();
         let s = &mut *guard;
         s.scheduled = false;
-        self.recv_unreleased += return_read_window(id, &mut g.flow, s, &mut self.out);
+        self.recv_unreleased += return_read_window(id, recv_open, &mut g.flow, s, &mut self.out);
         let mut send = SendState {
             out: &mut self.out,
             connection_window: &mut self.send_window,
@@ -1392,21 +1552,34 @@ impl<S: AsyncRead + AsyncWrite + Unpin, H: Service> Connection<S, H> {
     }
 
     /// The response of a general stream is complete (`None`) or was reset (`Some`): the stream
-    /// leaves the table, and a peer still sending is told to stop (§8.1).
+    /// leaves the table, and a peer still sending is told to stop (§8.1: half-closed (local),
+    /// then RST_STREAM NO_ERROR).
     fn end_sent_stream(&mut self, id: u32, reset: Option<Reason>) {
-        let Some(Stream::General(g)) = self.streams.remove(&id) else {
+        let Some(Stream {
+            path: Path::General(_),
+            ..
+        }) = self.streams.get(&id)
+        else {
             return;
         };
-        self.recv_unreleased += unreleased_of(&g);
-        match reset {
-            Some(reason) => end_shared(&g.link, reason),
-            None if g.flow.recv_closed => return,
-            None => {
-                frame::put_rst_stream(&mut self.out, id, Reason::NO_ERROR);
-                end_shared(&g.link, Reason::NO_ERROR);
-            }
+        let Some(stream) = self.streams.remove(&id) else {
+            return;
+        };
+        if let Some(reason) = reset {
+            self.close_removed(id, stream, Event::SendReset, reason);
+            return;
         }
-        self.note_reset(id);
+        let (state, _) = transition(stream.state, Event::SendEndStream);
+        if state == State::HalfClosedLocal {
+            frame::put_rst_stream(&mut self.out, id, Reason::NO_ERROR);
+            let stream = Stream { state, ..stream };
+            self.close_removed(id, stream, Event::SendReset, Reason::NO_ERROR);
+            return;
+        }
+        if let Path::General(g) = &stream.path {
+            self.recv_unreleased += unreleased_of(g);
+        }
+        self.record_closed(id, state, &[]);
     }
 
     /// Returns consumed bytes to the peer's connection window, half a window at a time.
@@ -1524,7 +1697,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin, H: Service> Connection<S, H> {
     /// Ends every open stream (the connection is going away).
     fn reset_all(&mut self, reason: Reason) {
         for (_, stream) in self.streams.drain() {
-            if let Stream::General(g) = stream {
+            if let Path::General(g) = stream.path {
                 end_shared(&g.link, reason);
             }
         }

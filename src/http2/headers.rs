@@ -19,6 +19,8 @@ const ENTRY_OVERHEAD: usize = 32;
 #[derive(Clone, Debug, Default)]
 pub struct HeaderList {
     buf: Bytes,
+    /// The request's `content-length`, parsed as it was decoded (§8.1.1).
+    content_length: Option<u64>,
 }
 
 impl HeaderList {
@@ -36,6 +38,11 @@ impl HeaderList {
             rest = tail;
             Some((name, value))
         })
+    }
+
+    /// The request's declared `content-length`, if it has one.
+    pub fn content_length(&self) -> Option<u64> {
+        self.content_length
     }
 
     /// Bytes the list occupies.
@@ -114,6 +121,7 @@ struct ListCheck {
     seen_regular: bool,
     seen_pseudo: u8,
     malformed: bool,
+    content_length: Option<u64>,
 }
 
 impl Decoder {
@@ -139,6 +147,7 @@ impl Decoder {
             seen_regular: false,
             seen_pseudo: 0,
             malformed: false,
+            content_length: None,
         };
         let max = self.max_list_bytes;
         self.hpack
@@ -159,6 +168,7 @@ impl Decoder {
             .map_err(|_| CompressionError)?;
         let list = HeaderList {
             buf: arena.split().freeze(),
+            content_length: check.content_length,
         };
         Ok(if check.size > max {
             Decoded::TooLarge
@@ -238,8 +248,20 @@ impl ListCheck {
             b"connection" | b"keep-alive" | b"proxy-connection" | b"transfer-encoding"
             | b"upgrade" => false,
             b"te" => value == b"trailers",
+            b"content-length" if !trailers => self.content_length(value),
             _ => true,
         }
+    }
+
+    /// Notes a request's `content-length`: digits only, and every copy the same value
+    /// (RFC 9110 §8.6); anything else is malformed.
+    fn content_length(&mut self, value: &[u8]) -> bool {
+        if value.is_empty() || value.len() > 19 || !value.iter().all(u8::is_ascii_digit) {
+            return false;
+        }
+        let n = value.iter().fold(0u64, |n, d| n * 10 + u64::from(d - b'0'));
+        let first = *self.content_length.get_or_insert(n);
+        first == n
     }
 }
 
@@ -377,6 +399,41 @@ mod tests {
         }
         assert!(matches!(
             decode(&request(&[("te", "trailers")]), false),
+            Decoded::List(_)
+        ));
+    }
+
+    #[test]
+    fn content_length_is_parsed_or_malformed() {
+        let length = |values: &[&str]| {
+            let extra: Vec<(&str, &str)> = values.iter().map(|v| ("content-length", *v)).collect();
+            match decode(&request(&extra), false) {
+                Decoded::List(list) => Some(list.content_length()),
+                _ => None,
+            }
+        };
+        assert_eq!(length(&[]), Some(None));
+        assert_eq!(length(&["0"]), Some(Some(0)));
+        assert_eq!(length(&["1234"]), Some(Some(1234)));
+        assert_eq!(length(&["7", "7"]), Some(Some(7)));
+        assert_eq!(
+            length(&["9999999999999999999"]),
+            Some(Some(9_999_999_999_999_999_999))
+        );
+        for bad in [
+            &["7", "8"][..],
+            &["-1"],
+            &[""],
+            &["1 "],
+            &["0x10"],
+            &["1,1"],
+            &["99999999999999999999"],
+        ] {
+            assert_eq!(length(bad), None, "{bad:?}");
+        }
+        // In trailers it is an ordinary field.
+        assert!(matches!(
+            decode(&[("content-length", "x".into())], true),
             Decoded::List(_)
         ));
     }

@@ -15,6 +15,10 @@ use super::hpack_tables::{HUFFMAN_CODES, STATIC_TABLE};
 const ENTRY_OVERHEAD: usize = 32;
 /// Largest integer a field may carry; more continuation bytes than this needs are an error.
 const MAX_INTEGER: usize = 1 << 28;
+/// Most bytes one integer may take (RFC 7541 §5.1): the prefix and four continuation bytes,
+/// 28 bits, which carries every value up to [`MAX_INTEGER`]. Over-long encodings (padding
+/// `0x80` bytes) past it are a COMPRESSION_ERROR, as in `h2`.
+const MAX_INTEGER_BYTES: usize = 5;
 
 /// A decoding failure: a connection error of type COMPRESSION_ERROR.
 #[derive(Debug, PartialEq, Eq)]
@@ -225,7 +229,9 @@ impl Decoder {
     }
 }
 
-/// An integer with an `n`-bit prefix (§5.1), advancing `at` past it.
+/// An integer with an `n`-bit prefix (§5.1), advancing `at` past it. At most
+/// [`MAX_INTEGER_BYTES`] bytes (the prefix and four continuation bytes, as `h2` allows): a
+/// longer encoding is an error, so the shift never passes 28 bits whatever the peer sends.
 fn integer(block: &[u8], at: &mut usize, prefix_bits: u8) -> Result<usize, HpackError> {
     let max = (1usize << prefix_bits) - 1;
     let first = usize::from(*block.get(*at).ok_or(HpackError("truncated integer"))?) & max;
@@ -234,19 +240,18 @@ fn integer(block: &[u8], at: &mut usize, prefix_bits: u8) -> Result<usize, Hpack
         return Ok(first);
     }
     let mut value = max;
-    let mut shift = 0;
-    loop {
+    for continuation in 0..MAX_INTEGER_BYTES - 1 {
         let b = *block.get(*at).ok_or(HpackError("truncated integer"))?;
         *at += 1;
-        value += usize::from(b & 0x7f) << shift;
+        value += usize::from(b & 0x7f) << (7 * continuation);
         if value > MAX_INTEGER {
             return Err(HpackError("integer too large"));
         }
         if b & 0x80 == 0 {
             return Ok(value);
         }
-        shift += 7;
     }
+    Err(HpackError("integer too long"))
 }
 
 /// Symbols whose codes are at most [`SHORT_BITS`] long decode from one table lookup.
@@ -587,6 +592,73 @@ mod tests {
                 .decode(&hex("3fe1 1f 82"), |_, _| {})
                 .is_ok()
         );
+    }
+
+    #[test]
+    fn integers_decode_at_the_rfc_7541_examples() {
+        // §C.1.1: 10 in a 5-bit prefix; §C.1.2: 1337 in a 5-bit prefix; §C.1.3: 42 at 8 bits.
+        for (bytes, prefix, want) in [
+            (&[0x0a][..], 5, 10),
+            (&[0x1f, 0x9a, 0x0a], 5, 1337),
+            (&[0x2a], 8, 42),
+        ] {
+            let mut at = 0;
+            assert_eq!(integer(bytes, &mut at, prefix), Ok(want), "{bytes:x?}");
+            assert_eq!(at, bytes.len());
+        }
+    }
+
+    #[test]
+    fn integers_take_at_most_five_bytes() {
+        // The prefix and four continuation bytes: the largest value allowed decodes.
+        let mut at = 0;
+        let five = [0x7f, 0x80, 0x80, 0x80, 0x7f];
+        assert_eq!(integer(&five, &mut at, 7), Ok(127 + (0x7f << 21)));
+        // A redundant zero continuation byte within five bytes is the same value.
+        let mut at = 0;
+        assert_eq!(integer(&[0x1f, 0x8a, 0x00], &mut at, 5), Ok(31 + 10));
+        // Past 28 bits: too large.
+        let mut at = 0;
+        assert_eq!(
+            integer(&[0x7f, 0xff, 0xff, 0xff, 0x7f], &mut at, 7),
+            Err(HpackError("integer too large"))
+        );
+        // Six bytes, even of zero continuations: too long.
+        let mut at = 0;
+        assert_eq!(
+            integer(&[0x7f, 0x80, 0x80, 0x80, 0x80, 0x00], &mut at, 7),
+            Err(HpackError("integer too long"))
+        );
+        // Truncated.
+        let mut at = 0;
+        assert_eq!(
+            integer(&[0x7f, 0x80], &mut at, 7),
+            Err(HpackError("truncated integer"))
+        );
+    }
+
+    #[test]
+    fn an_over_long_integer_is_an_error_not_a_panic() {
+        // Issue 32: `0xff` and twenty `0x80` shifted past 64 bits (a debug-build panic, a
+        // wrong value in release). Now an error in every prefix size and field kind.
+        let mut long = vec![0xffu8];
+        long.extend_from_slice(&[0x80; 20]);
+        let mut at = 0;
+        assert_eq!(
+            integer(&long, &mut at, 7),
+            Err(HpackError("integer too long"))
+        );
+        let mut at = 0;
+        assert!(integer(&long, &mut at, 8).is_err());
+        for first in [0xff, 0x3f, 0x7f, 0x0f, 0x1f] {
+            let mut block = vec![first];
+            block.extend_from_slice(&[0x80; 20]);
+            block.push(0x01);
+            assert!(
+                Decoder::new(4096).decode(&block, |_, _| {}).is_err(),
+                "{first:#x}"
+            );
+        }
     }
 
     #[test]

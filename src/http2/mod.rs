@@ -10,6 +10,8 @@
 //! * [`frame`]: frame headers and writers.
 //! * [`hpack`]: HPACK decoding (RFC 7541).
 //! * [`headers`]: decoded blocks as checked header lists, and response encoding.
+//! * [`state`]: stream states and their transitions (RFC 9113 §5.1), the record of closed
+//!   streams, `content-length` accounting.
 //! * [`stream`]: what a general-path stream's task shares with its connection.
 //! * [`connection`]: the connection itself, and the [`Service`] it serves.
 
@@ -18,6 +20,7 @@ pub mod frame;
 pub mod headers;
 mod hpack;
 mod hpack_tables;
+mod state;
 mod stream;
 
 pub use connection::{Inline, Service, serve};

@@ -102,6 +102,7 @@ impl Collector for Scrape {
         eviction_families(&self.total, &mut fams);
         auth_families(&mut fams);
         super::nats::families(&mut fams);
+        super::producer::families(&mut fams);
         operator_families(self, &mut fams);
         core_families(&self.cores, &mut fams);
         super::snapshot::families(&mut fams);

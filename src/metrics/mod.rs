@@ -9,6 +9,7 @@
 mod exposition;
 pub mod nats;
 pub mod process;
+pub mod producer;
 pub mod snapshot;
 
 pub use exposition::{CONTENT_TYPE, CoreView, Scrape, encode};

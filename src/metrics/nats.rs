@@ -24,6 +24,10 @@ static GAP_MESSAGES: AtomicU64 = AtomicU64::new(0);
 static DECODE_ERRORS: AtomicU64 = AtomicU64::new(0);
 /// Times the consumer was (re)created after an error (NATS down, stream missing, ...).
 static RESTARTS: AtomicU64 = AtomicU64::new(0);
+/// Connection attempts NATS refused for their credentials (`reason="auth"`) or TLS
+/// (`reason="tls"`).
+static REFUSED_AUTH: AtomicU64 = AtomicU64::new(0);
+static REFUSED_TLS: AtomicU64 = AtomicU64::new(0);
 /// Set once, after start, the first time the lag is within `--nats-ready-max-lag`.
 static CAUGHT_UP: AtomicBool = AtomicBool::new(false);
 
@@ -87,6 +91,12 @@ pub fn caught_up() -> bool {
     !enabled() || CAUGHT_UP.load(Ordering::SeqCst)
 }
 
+/// Counts one connection attempt NATS refused: `tls` for a TLS failure, else credentials.
+pub fn record_refused(tls: bool) {
+    let c = if tls { &REFUSED_TLS } else { &REFUSED_AUTH };
+    c.fetch_add(1, Ordering::Relaxed);
+}
+
 /// The `inferencecache_nats_*` families, when a consumer is configured.
 pub(super) fn families(fams: &mut Vec<Family>) {
     if !enabled() {
@@ -127,6 +137,19 @@ pub(super) fn families(fams: &mut Vec<Family>) {
             Box::new(move |e| counter(e, &[], v.load(Ordering::Relaxed))),
         ));
     }
+    fams.push((
+        "inferencecache_nats_connect_refused",
+        "NATS connection attempts refused: reason=auth (credentials) or tls (certificates).",
+        MetricType::Counter,
+        Box::new(|e| {
+            counter(
+                e,
+                &[("reason", "auth")],
+                REFUSED_AUTH.load(Ordering::Relaxed),
+            )?;
+            counter(e, &[("reason", "tls")], REFUSED_TLS.load(Ordering::Relaxed))
+        }),
+    ));
     fams.push((
         "inferencecache_nats_applied_sequence",
         "Highest event log stream sequence applied (or skipped as lost) on this replica.",

@@ -16,7 +16,11 @@
 //! down, stream missing, consumer lost) drops the consumer and recreates it from the next
 //! unapplied sequence after a back-off; nothing here panics or exits.
 
+mod auth;
+
 use std::time::Duration;
+
+pub use auth::{Flags as AuthFlags, NatsAuth, PASSWORD_ENV};
 
 use async_nats::jetstream::{self, consumer, stream};
 use futures_util::StreamExt;
@@ -45,6 +49,8 @@ pub struct NatsConfig {
     pub start_sequence: u64,
     /// `/readyz` stays 503 until the lag is at most this, once after start.
     pub ready_max_lag: u64,
+    /// TLS and credentials of the connection.
+    pub auth: NatsAuth,
 }
 
 /// The highest stream sequence applied on this replica (0 before the first). Every message up
@@ -117,12 +123,6 @@ async fn run(cfg: NatsConfig) {
         start_sequence = cfg.start_sequence,
         "nats_consumer_starting"
     );
-    let options = async_nats::ConnectOptions::new()
-        .name("inference-cache-server")
-        .retry_on_initial_connect()
-        .max_reconnects(None)
-        .connection_timeout(NATS_REQUEST_TIMEOUT)
-        .request_timeout(Some(NATS_REQUEST_TIMEOUT));
     let addrs = match parse_urls(&cfg.url) {
         Ok(a) => a,
         Err(e) => {
@@ -131,15 +131,8 @@ async fn run(cfg: NatsConfig) {
             return;
         }
     };
-    let client = loop {
-        match async_nats::connect_with_options(addrs.clone(), options.clone()).await {
-            Ok(c) => break c,
-            Err(e) => {
-                // Connecting is retried in the background; this is not expected to fail.
-                tracing::error!(error = %e, "nats_connect_failed");
-                tokio::time::sleep(NATS_BACKOFF_MAX).await;
-            }
-        }
+    let Some(client) = connect(addrs, &cfg.auth).await else {
+        return;
     };
     let js = jetstream::new(client);
     tokio::spawn(poll_lag(js.clone(), cfg.clone()));
@@ -158,6 +151,60 @@ async fn run(cfg: NatsConfig) {
             }
         }
     }
+}
+
+/// The connection: a first attempt that NATS refuses (credentials, TLS) is logged
+/// (`nats_connect_refused`), counted (`inferencecache_nats_connect_refused_total{reason}`) and
+/// retried after the longest back-off (a rotated Secret may fix it; `/readyz` stays 503
+/// meanwhile); an unreachable server is left to the client's own background reconnects, whose
+/// refusals are counted and logged the same way. `None` only at shutdown.
+async fn connect(
+    addrs: Vec<async_nats::ServerAddr>,
+    auth: &NatsAuth,
+) -> Option<async_nats::Client> {
+    let base = async_nats::ConnectOptions::new()
+        .name("inference-cache-server")
+        .max_reconnects(None)
+        .connection_timeout(NATS_REQUEST_TIMEOUT)
+        .request_timeout(Some(NATS_REQUEST_TIMEOUT))
+        .event_callback(|ev| async move {
+            if let Some(tls) = auth::event_refusal(&ev) {
+                m::record_refused(tls);
+                tracing::error!(event = %ev, "nats_connect_refused");
+            }
+        });
+    let options = match auth.apply(base).await {
+        Ok(o) => o,
+        Err(e) => {
+            // The files were checked at start-up; one that went bad since is retried.
+            tracing::error!(error = %e, "nats_credentials_unreadable");
+            return None;
+        }
+    };
+    while !shutting_down() {
+        match async_nats::connect_with_options(addrs.clone(), options.clone()).await {
+            Ok(c) => return Some(c),
+            Err(e) => match auth::refusal(&e) {
+                Some(tls) => {
+                    m::record_refused(tls);
+                    tracing::error!(error = %e, "nats_connect_refused");
+                    tokio::time::sleep(NATS_BACKOFF_MAX).await;
+                }
+                None => {
+                    tracing::warn!(error = %e, "nats_unreachable_retrying_in_background");
+                    let retrying = options.clone().retry_on_initial_connect();
+                    match async_nats::connect_with_options(addrs.clone(), retrying).await {
+                        Ok(c) => return Some(c),
+                        Err(e) => {
+                            tracing::error!(error = %e, "nats_connect_failed");
+                            tokio::time::sleep(NATS_BACKOFF_MAX).await;
+                        }
+                    }
+                }
+            },
+        }
+    }
+    None
 }
 
 /// The stream, created (file storage, subjects `<subject>.>`, no limits) when missing.

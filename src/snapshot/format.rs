@@ -22,6 +22,9 @@
 //! MANIFEST body = count × (core u32 | file_len u64 | file_xxh3 u64) | stream_sequence u64
 //!          (the last event-log sequence applied before the snapshot began; 0 without one)
 //! POLICY   body = the last installed `/policy` body, verbatim (count = 1)
+//! EPOCHS   body = count × (replica key u128 | start ms u64 | id hash u64): the producer epoch
+//!          table (file `producers.icsnap`, written with every generation; a snapshot without
+//!          it restores with an empty table)
 //! END      body = sections u64 | entries u64 | stats rows u64 (count = 0)
 //! ```
 //!
@@ -63,6 +66,8 @@ pub enum FileKind {
     Manifest = 2,
     /// The last installed `/policy` body.
     Policy = 3,
+    /// The producer epoch table (fencing).
+    Producers = 4,
 }
 
 /// Section kinds.
@@ -77,6 +82,8 @@ pub enum SectionKind {
     Manifest = 3,
     /// A policy body.
     Policy = 4,
+    /// Producer epochs.
+    Epochs = 5,
     /// The end of the file, with its totals.
     End = 0xFF,
 }
@@ -88,6 +95,7 @@ impl SectionKind {
             2 => SectionKind::Stats,
             3 => SectionKind::Manifest,
             4 => SectionKind::Policy,
+            5 => SectionKind::Epochs,
             0xFF => SectionKind::End,
             _ => return None,
         })
@@ -616,6 +624,7 @@ impl<R: Read> Decoder<R> {
             1 => FileKind::Core,
             2 => FileKind::Manifest,
             3 => FileKind::Policy,
+            4 => FileKind::Producers,
             _ => return Err(FormatError::Corrupt("unknown file kind")),
         };
         let header = Header {

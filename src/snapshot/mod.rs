@@ -33,6 +33,8 @@ use format::{FileKind, Header, SectionKind};
 pub const MANIFEST_FILE: &str = "manifest.icsnap";
 /// The last installed `/policy` body.
 pub const POLICY_FILE: &str = "policy.icsnap";
+/// The producer epoch table (fencing survives a restart).
+pub const PRODUCERS_FILE: &str = "producers.icsnap";
 /// Suffix of files being written (removed at start-up; never read).
 const TMP_SUFFIX: &str = ".tmp";
 
@@ -107,6 +109,23 @@ pub fn save_policy(body: &[u8]) {
         crate::metrics::snapshot::record_write_failure("policy_io_error");
         tracing::error!(error = %e, file = POLICY_FILE, "snapshot_policy_write_failed");
     }
+}
+
+/// Writes the producer epoch table (snapshot thread, with every generation). Small (at most
+/// `MAX_PRODUCER_EPOCHS` rows of 32 bytes).
+fn save_producers(dir: &Path, generation: u64) -> std::io::Result<u64> {
+    let rows = crate::producer::epochs::rows();
+    let header = Header {
+        kind: FileKind::Producers,
+        generation,
+        created_unix_ns: unix_now_ns(),
+        core: 0,
+        cores: 0,
+    };
+    let body = crate::producer::epochs::encode(&rows);
+    let bytes = format::encode_file(&header, SectionKind::Epochs, rows.len() as u32, &body);
+    write_atomic(dir, PRODUCERS_FILE, &bytes)?;
+    Ok(bytes.len() as u64)
 }
 
 #[cfg(test)]

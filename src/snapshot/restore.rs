@@ -12,7 +12,7 @@ use inferencecache_index::index::{RestoreCache, RestoreOutcome};
 use inferencecache_index::policy::{PolicyStore, parse_policy_body};
 
 use super::format::{Decoder, FileKind, FormatError, SectionKind};
-use super::{MANIFEST_FILE, POLICY_FILE, core_file};
+use super::{MANIFEST_FILE, POLICY_FILE, PRODUCERS_FILE, core_file};
 use crate::limits::{MAX_POLICY_BODY_BYTES, MAX_SNAPSHOT_FILE_BYTES};
 use crate::metrics::snapshot as m;
 use crate::shard::{self, CoreState};
@@ -106,6 +106,41 @@ fn read_policy(dir: &Path) -> Result<Option<(PolicyStore, u64)>, Skip> {
         detail: e.to_string(),
     })?;
     Ok(Some((store, len)))
+}
+
+/// Restores the producer epoch table, if the snapshot has one (an older snapshot has none: the
+/// table starts empty). Independent of the index restore: a bad file is logged and skipped.
+fn restore_producers(dir: &Path) {
+    let max = (crate::limits::MAX_PRODUCER_EPOCHS * 32 + 4096) as u64;
+    let read = || -> Result<Option<Vec<crate::producer::epochs::Row>>, Skip> {
+        let Some((r, _)) = open(dir, PRODUCERS_FILE, max)? else {
+            return Ok(None);
+        };
+        let err = |e| Skip::format(PRODUCERS_FILE, e);
+        let (mut d, header) = Decoder::open(r, max).map_err(err)?;
+        if header.kind != FileKind::Producers {
+            return Err(Skip::mismatch(PRODUCERS_FILE, "not a producers file"));
+        }
+        match d.next_section().map_err(err)? {
+            Some(s) if s.kind == SectionKind::Epochs => crate::producer::epochs::decode(s.body)
+                .map(Some)
+                .ok_or_else(|| err(FormatError::Corrupt("epoch rows"))),
+            _ => Err(err(FormatError::Corrupt("no epochs section"))),
+        }
+    };
+    match read() {
+        Ok(Some(rows)) => {
+            let n = crate::producer::epochs::restore(rows);
+            tracing::info!(epochs = n, "snapshot_producers_restored");
+        }
+        Ok(None) => {}
+        Err(skip) => tracing::error!(
+            file = %skip.file,
+            reason = skip.reason,
+            detail = %skip.detail,
+            "snapshot_producers_skipped"
+        ),
+    }
 }
 
 /// The manifest's generation, writer core count, creation time, `(core, len, xxh3)` rows and
@@ -246,6 +281,7 @@ pub fn restore(dir: &Path, cores: usize, fresh: &dyn Fn() -> Vec<CoreState>) -> 
     let mut states = fresh();
     debug_assert_eq!(states.len(), cores);
     let mut counts = Counts::default();
+    restore_producers(dir);
     let result = (|| -> Result<Option<(Manifest, u64)>, Skip> {
         // The policy first: the TTL filter (and later the eviction order) depends on it.
         if let Some((policy, len)) = read_policy(dir)? {

@@ -263,6 +263,7 @@ impl Ctx {
         );
         write_atomic(&self.dir, MANIFEST_FILE, &manifest)?;
         bytes += manifest.len() as u64;
+        bytes += super::save_producers(&self.dir, generation)?;
         self.remove_other_generations(generation);
         let took = started.elapsed();
         m::record_snapshot_written(created, bytes, entries, took.as_micros() as u64);

@@ -4,5 +4,6 @@
 pub mod civil;
 pub mod clock;
 pub mod cpus;
+pub mod http_auth;
 pub mod memory;
 pub mod test_hooks;

@@ -1411,3 +1411,229 @@ async fn client_goaway_keeps_open_streams(shards: usize) {
     lookup_answer(&replies.remove(&1).unwrap(), "after client GOAWAY");
 }
 shards_1_and_2!(client_goaway_keeps_open_streams);
+
+// ---------------------------------------------------------------------------------------------
+// 11. Stream states, priorities and malformed requests (issue 32)
+
+/// Reads until `stream` is reset and returns the code; the stream may be answered first (the
+/// RFC's reaction does not depend on whether the answer went). Fails the scenario on a GOAWAY,
+/// the connection closing, or no reset.
+async fn reset_code(c: &mut FrameConn, stream: u32) -> u32 {
+    for _ in 0..1_000 {
+        match c.next().await {
+            Event::RstStream { stream: s, code } if s == stream => return code,
+            ev @ (Event::GoAway { .. } | Event::Closed) => {
+                panic!("stream {stream}: connection ended instead of a stream error: {ev:?}")
+            }
+            _ => {}
+        }
+    }
+    panic!("stream {stream}: no RST_STREAM within 1,000 frames");
+}
+
+/// A HEADERS frame whose priority block (exclusive bit clear, weight 16) depends on `dependency`.
+fn headers_with_priority(stream: u32, dependency: u32, block: &[u8], flags: u8) -> Vec<u8> {
+    let mut p = dependency.to_be_bytes().to_vec();
+    p.push(15);
+    p.extend_from_slice(block);
+    frame(kind::HEADERS, flags | flag::PRIORITY, stream, &p)
+}
+
+/// HEADERS whose priority names the stream itself is a stream error PROTOCOL_ERROR (RFC 9113
+/// §5.3.1), with the block whole or continued; the DATA after it is dropped, and the
+/// connection serves the next call.
+async fn headers_depending_on_their_own_stream(shards: usize) {
+    let srv = Server::start(shards, &[]);
+    let mut c = FrameConn::handshake(srv.grpc_port).await;
+    let block = grpc_request_block(LOOKUP_PATH);
+    let mut w = headers_with_priority(1, 1, &block, flag::END_HEADERS);
+    w.extend_from_slice(&data(1, &lookup_body(), true));
+    c.send(&w).await;
+    assert_eq!(c.failure(1).await, Failure::Reset(code::PROTOCOL_ERROR));
+    // The same, with the header block continued (the check survives the CONTINUATION).
+    let (a, b) = block.split_at(block.len() / 2);
+    let mut w = headers_with_priority(3, 3, a, 0);
+    w.extend_from_slice(&frame(kind::CONTINUATION, flag::END_HEADERS, 3, b));
+    w.extend_from_slice(&data(3, &lookup_body(), true));
+    c.send(&w).await;
+    assert_eq!(c.failure(3).await, Failure::Reset(code::PROTOCOL_ERROR));
+    // A priority on another stream is fine.
+    let mut w = headers_with_priority(5, 1, &block, flag::END_HEADERS);
+    w.extend_from_slice(&data(5, &lookup_body(), true));
+    c.send(&w).await;
+    lookup_answer(&c.reply(5).await, "priority on another stream");
+    assert_eq!(c.goaway, None);
+}
+shards_1_and_2!(headers_depending_on_their_own_stream);
+
+/// A PRIORITY frame naming its own stream is a stream error PROTOCOL_ERROR (§5.3.1), on an
+/// open stream (whose request is then not answered) and on an idle one; the connection serves
+/// the next call.
+async fn priority_depending_on_its_own_stream(shards: usize) {
+    let srv = Server::start(shards, &[]);
+    let mut c = FrameConn::handshake(srv.grpc_port).await;
+    let self_priority = |stream: u32| {
+        let mut p = stream.to_be_bytes().to_vec();
+        p.push(15);
+        frame(kind::PRIORITY, 0, stream, &p)
+    };
+    let mut w = headers(1, &grpc_request_block(LOOKUP_PATH), false);
+    w.extend_from_slice(&self_priority(1));
+    w.extend_from_slice(&data(1, &lookup_body(), true));
+    c.send(&w).await;
+    assert_eq!(c.failure(1).await, Failure::Reset(code::PROTOCOL_ERROR));
+    c.send(&self_priority(3)).await;
+    assert_eq!(c.failure(3).await, Failure::Reset(code::PROTOCOL_ERROR));
+    send_lookup(&mut c, 5).await;
+    lookup_answer(&c.reply(5).await, "after self-dependent PRIORITY");
+    assert_eq!(c.goaway, None);
+}
+shards_1_and_2!(priority_depending_on_its_own_stream);
+
+/// HEADERS on a stream whose request already ended (END_STREAM) is a stream error
+/// STREAM_CLOSED (§5.1, half-closed (remote) and closed), whatever the timing: a general-path
+/// call still being served, an inline call already answered, a general call already answered.
+/// Streams the connection no longer remembers (more than HTTP2_RECENT_CLOSED_STREAMS, 128,
+/// closed since) are below the highest id used: HEADERS there is a connection error
+/// PROTOCOL_ERROR (§5.1.1).
+async fn headers_after_end_stream_is_stream_closed(shards: usize) {
+    let mut srv = Server::start(shards, &[]);
+    let mut c = FrameConn::handshake(srv.grpc_port).await;
+    let again = |stream: u32, path: &str| headers(stream, &grpc_request_block(path), true);
+    // Before the answer: the general path answers in a task of its own, after this batch.
+    let mut w = headers(1, &grpc_request_block(STATE_PATH), false);
+    w.extend_from_slice(&data(1, &grpc_message(&[]), true));
+    w.extend_from_slice(&again(1, STATE_PATH));
+    c.send(&w).await;
+    assert_eq!(reset_code(&mut c, 1).await, code::STREAM_CLOSED, "before");
+    // After an inline answer.
+    send_lookup(&mut c, 3).await;
+    lookup_answer(&c.reply(3).await, "inline");
+    c.send(&again(3, LOOKUP_PATH)).await;
+    assert_eq!(reset_code(&mut c, 3).await, code::STREAM_CLOSED, "inline");
+    // After a general-path answer.
+    let mut w = headers(5, &grpc_request_block(STATE_PATH), false);
+    w.extend_from_slice(&data(5, &grpc_message(&[]), true));
+    c.send(&w).await;
+    assert!(c.reply(5).await.ended, "general call answered");
+    c.send(&again(5, STATE_PATH)).await;
+    assert_eq!(reset_code(&mut c, 5).await, code::STREAM_CLOSED, "general");
+    // DATA after the answer, too (§6.1).
+    c.send(&data(3, &lookup_body(), true)).await;
+    assert_eq!(reset_code(&mut c, 3).await, code::STREAM_CLOSED, "DATA");
+    send_lookup(&mut c, 7).await;
+    lookup_answer(&c.reply(7).await, "same connection");
+    // Long closed: 200 calls later stream 7 is forgotten.
+    let ids: Vec<u32> = (0..200).map(|i| 9 + 2 * i).collect();
+    for chunk in ids.chunks(50) {
+        let mut w = Vec::new();
+        for &id in chunk {
+            w.extend_from_slice(&headers(id, &grpc_request_block(LOOKUP_PATH), false));
+            w.extend_from_slice(&data(id, &lookup_body(), true));
+        }
+        c.send(&w).await;
+        let replies = c.replies(chunk).await;
+        for id in chunk {
+            lookup_answer(&replies[id], "filler");
+        }
+    }
+    let last = *ids.last().unwrap();
+    c.send(&again(last, LOOKUP_PATH)).await;
+    assert_eq!(
+        reset_code(&mut c, last).await,
+        code::STREAM_CLOSED,
+        "recent"
+    );
+    let _ = c.write(&again(7, LOOKUP_PATH)).await;
+    let code = c.expect_goaway_and_close(CLOSE_WITHIN).await;
+    assert_eq!(code, code::PROTOCOL_ERROR, "long closed");
+    drop(c);
+    assert_answers_within(&mut srv, Duration::from_secs(5), "after").await;
+}
+shards_1_and_2!(headers_after_end_stream_is_stream_closed);
+
+/// A DATA frame as the body's bytes `from..to`, with END_STREAM if set.
+type Slice = (usize, usize, bool);
+
+/// A request whose `content-length` differs from its DATA (one frame, the sum of several,
+/// DATA beyond it, a header block ending the stream with none, trailers ending it short) is
+/// malformed (§8.1.1): a stream
+/// error PROTOCOL_ERROR and no answer, on the inline path and the general one. An exact
+/// length, in one frame or two, is answered.
+async fn content_length_must_match_the_data(shards: usize) {
+    let srv = Server::start(shards, &[]);
+    let mut c = FrameConn::handshake(srv.grpc_port).await;
+    let body = lookup_body();
+    let n = body.len();
+    let head = |path: &str, length: usize| {
+        let length = length.to_string();
+        let mut fields = grpc_request_fields(path);
+        fields.push(("content-length", &length));
+        header_block(&fields)
+    };
+    let mut stream = 1;
+    let mut next = || {
+        stream += 2;
+        stream - 2
+    };
+    // (declared length, DATA frames as (from, to, end)) that must fail.
+    let bad: [(usize, &[Slice]); 6] = [
+        (n + 1, &[(0, n, true)]),
+        (n - 1, &[(0, n, true)]),
+        (n - 1, &[(0, n, false)]),
+        (n + 3, &[(0, 4, false), (4, n, true)]),
+        (n - 3, &[(0, 4, false), (4, n, false), (n, n, true)]),
+        (5, &[]),
+    ];
+    for path in [LOOKUP_PATH, STATE_PATH] {
+        for (declared, frames) in bad {
+            let id = next();
+            let mut w = headers(id, &head(path, declared), frames.is_empty());
+            for &(from, to, end) in frames {
+                w.extend_from_slice(&data(id, &body[from..to], end));
+            }
+            c.send(&w).await;
+            assert_eq!(
+                c.failure(id).await,
+                Failure::Reset(code::PROTOCOL_ERROR),
+                "{path}: content-length {declared} (body {n}), frames {frames:?}"
+            );
+        }
+    }
+    // A body short of its length, ended by trailers.
+    for path in [LOOKUP_PATH, STATE_PATH] {
+        let id = next();
+        let mut w = headers(id, &head(path, n + 1), false);
+        w.extend_from_slice(&data(id, &body, false));
+        w.extend_from_slice(&headers(id, &header_block(&[("x-trailer", "1")]), true));
+        c.send(&w).await;
+        assert_eq!(
+            c.failure(id).await,
+            Failure::Reset(code::PROTOCOL_ERROR),
+            "{path}: ended by trailers"
+        );
+    }
+    for frames in [&[(0, n, true)][..], &[(0, 4, false), (4, n, true)]] {
+        let id = next();
+        let mut w = headers(id, &head(LOOKUP_PATH, n), false);
+        for &(from, to, end) in frames {
+            w.extend_from_slice(&data(id, &body[from..to], end));
+        }
+        c.send(&w).await;
+        lookup_answer(&c.reply(id).await, "exact content-length");
+    }
+    assert_eq!(c.goaway, None);
+}
+shards_1_and_2!(content_length_must_match_the_data);
+
+/// An HPACK integer longer than five bytes (`0xff` and twenty `0x80`: a shift overflow once)
+/// is a connection error COMPRESSION_ERROR (RFC 7541 §5.1, RFC 9113 §4.3), and the server
+/// stays up.
+async fn over_long_hpack_integer(shards: usize) {
+    let mut block = vec![0xffu8];
+    block.extend_from_slice(&[0x80; 20]);
+    block.push(0x01);
+    let bad = headers(1, &block, true);
+    connection_error(shards, None, bad, &[code::COMPRESSION_ERROR]).await;
+}
+shards_1_and_2!(over_long_hpack_integer);

@@ -10,9 +10,9 @@ use zeromq::{PubSocket, Socket, SocketSend, ZmqMessage};
 
 /// Tokens per engine block in this test: large enough that two blocks (128 tokens) pass the
 /// server's default 64-token matched floor, so shrinking matches stay visible as PREFIX_MATCH.
-const BS: u32 = 64;
+pub(crate) const BS: u32 = 64;
 
-fn batch(events: Vec<Value>) -> Bytes {
+pub(crate) fn batch(events: Vec<Value>) -> Bytes {
     let mut out = Vec::new();
     // ts 0 → timestamp_us 0 → "now" at the server.
     rmpv::encode::write_value(
@@ -23,7 +23,7 @@ fn batch(events: Vec<Value>) -> Bytes {
     Bytes::from(out)
 }
 
-fn stored(hashes: &[u64], tokens: std::ops::Range<u32>) -> Value {
+pub(crate) fn stored(hashes: &[u64], tokens: std::ops::Range<u32>) -> Value {
     Value::Map(vec![
         ("type".into(), "BlockStored".into()),
         (
@@ -56,7 +56,7 @@ fn cleared() -> Value {
     Value::Map(vec![("type".into(), "AllBlocksCleared".into())])
 }
 
-async fn publish(p: &mut PubSocket, seq: u64, body: Bytes) {
+pub(crate) async fn publish(p: &mut PubSocket, seq: u64, body: Bytes) {
     let msg = ZmqMessage::try_from(vec![
         Bytes::from_static(b"kv"),
         Bytes::copy_from_slice(&seq.to_be_bytes()),
@@ -90,7 +90,12 @@ async fn lookup(srv: &Server, tokens: std::ops::Range<u32>) -> (String, i32) {
 
 /// Polls until the lookup answers `(reason, matched)` (events are asynchronous), with a
 /// generous deadline.
-async fn eventually(srv: &Server, tokens: std::ops::Range<u32>, reason: &str, matched: i32) {
+pub(crate) async fn eventually(
+    srv: &Server,
+    tokens: std::ops::Range<u32>,
+    reason: &str,
+    matched: i32,
+) {
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         let last = lookup(srv, tokens.clone()).await;
@@ -105,7 +110,7 @@ async fn eventually(srv: &Server, tokens: std::ops::Range<u32>, reason: &str, ma
     }
 }
 
-async fn subscriber_batches(port: u16) -> f64 {
+pub(crate) async fn subscriber_batches(port: u16) -> f64 {
     let Ok((_, body)) = http_get(port, "/metrics") else {
         return 0.0;
     };
@@ -167,6 +172,21 @@ async fn engine_events_drive_lookups(shards: usize) {
     publish(&mut pub_sock, seq, batch(vec![stored(&hashes, 0..4 * BS)])).await;
     seq += 1;
     eventually(&srv, 0..4 * BS, "PREFIX_MATCH", 256).await;
+
+    // The subscriber sends its producer epoch: the server records it for (t, engine-0), and an
+    // older producer of that replica (a zombie sidecar) is fenced.
+    assert_eq!(
+        metric_value(&metrics_text(&srv), "inferencecache_producer_epochs"),
+        Some(1.0)
+    );
+    let mut zombie = srv.client().await;
+    let mut req = tonic::Request::new(tokio_stream::iter(vec![legacy_update(
+        "engine-0", "t", "m", "vllm", b"zombie", 16,
+    )]));
+    req.metadata_mut()
+        .insert("x-producer-epoch", "1-zombie".parse().unwrap());
+    let ack = zombie.report_cache_state(req).await.unwrap().into_inner();
+    assert_eq!((ack.accepted, ack.reason_code.as_str()), (false, "FENCED"));
 
     // The last two blocks are evicted → the match shrinks to two blocks.
     publish(&mut pub_sock, seq, batch(vec![removed(&hashes[2..])])).await;
@@ -646,3 +666,133 @@ async fn send_fixture_exact(p: &mut PubSocket, metrics_port: u16, frames: &[Vec<
         }
     }
 }
+
+// ---------------------------------------------------------------- TLS and credentials
+
+/// The subscriber against the real server over TLS (`--tls-cert-file`): `https://` with
+/// `--server-ca-file`, a client certificate and a bearer token file. Engine events reach
+/// LookupRoute (asked over TLS too), so the subscriber's own TLS connector, ALPN and `https`
+/// origin work with the server's HTTP/2 layer. (What the server does with the certificate, the
+/// token and the `x-producer-epoch` header is the producer-auth work of issue 33; the TLS test
+/// double in kvevent-subscriber/tests/credentials.rs checks that all three are presented.)
+async fn subscriber_over_tls_with_credentials(shards: usize) {
+    use tonic::transport::{Certificate, Channel, ClientTlsConfig};
+    let all = gen_pki_with_client("server", "engine-0");
+    let dir = scratch_dir("kvevents-tls");
+    let file = |name: &str, text: &str| {
+        let p = dir.join(name);
+        std::fs::write(&p, text).unwrap();
+        p.display().to_string()
+    };
+    let (ca, cert, key) = (
+        file("ca.pem", &all.pki.ca_pem),
+        file("tls.crt", &all.pki.cert_pem),
+        file("tls.key", &all.pki.key_pem),
+    );
+    let (ccert, ckey) = (
+        file("client.crt", &all.client_cert_pem),
+        file("client.key", &all.client_key_pem),
+    );
+    let token = file("token", "producer-token\n");
+    let srv = Server::start(
+        shards,
+        &[
+            "--engine-block-size",
+            &BS.to_string(),
+            "--tls-cert-file",
+            &cert,
+            "--tls-key-file",
+            &key,
+        ],
+    );
+    let mut pub_sock = PubSocket::new();
+    let ep = pub_sock.bind("tcp://127.0.0.1:0").await.unwrap();
+    let metrics_port = free_port();
+    let server = format!("https://localhost:{}", srv.grpc_port);
+    let args = <kvevent_subscriber::cli::Args as clap::Parser>::parse_from([
+        "kvevent-subscriber",
+        "--endpoint",
+        &ep.to_string(),
+        "--topic",
+        "kv",
+        "--server",
+        &server,
+        "--server-ca-file",
+        &ca,
+        "--client-cert-file",
+        &ccert,
+        "--client-key-file",
+        &ckey,
+        "--token-file",
+        &token,
+        "--replica-id",
+        "engine-0",
+        "--model-id",
+        "m",
+        "--tenant-id",
+        "t",
+        "--flush-interval",
+        "10ms",
+        "--metrics-bind",
+        &format!("127.0.0.1:{metrics_port}"),
+    ]);
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let sub = tokio::spawn(kvevent_subscriber::app::run(args, async move {
+        let _ = stop_rx.await;
+    }));
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut seq = 0u64;
+    while subscriber_batches(metrics_port).await < 1.0 {
+        assert!(!sub.is_finished(), "the subscriber stopped");
+        assert!(
+            Instant::now() < deadline,
+            "subscriber never received a batch"
+        );
+        publish(&mut pub_sock, seq, batch(vec![])).await;
+        seq += 1;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    publish(
+        &mut pub_sock,
+        seq,
+        batch(vec![stored(&[41, 42], 0..2 * BS)]),
+    )
+    .await;
+
+    let tls = ClientTlsConfig::new()
+        .ca_certificate(Certificate::from_pem(&all.pki.ca_pem))
+        .domain_name("localhost");
+    let ch = Channel::from_shared(server.clone())
+        .unwrap()
+        .tls_config(tls)
+        .unwrap()
+        .connect()
+        .await
+        .expect("TLS client");
+    let mut client = pb::inference_cache_client::InferenceCacheClient::new(ch);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let r = client
+            .lookup_route(pb::LookupRouteRequest {
+                model_id: "m".into(),
+                tenant_id: "t".into(),
+                hash_scheme: "vllm".into(),
+                token_ids: (0..2 * BS).collect(),
+                ..Default::default()
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        let top = r.replica_scores.first().map(|s| s.matched_tokens);
+        if r.reason_code == "PREFIX_MATCH" && top == Some(2 * BS as i32) {
+            assert_eq!(r.replica_scores[0].replica_id, "engine-0");
+            break;
+        }
+        assert!(Instant::now() < deadline, "never matched: {r:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let _ = stop_tx.send(());
+    let _ = tokio::time::timeout(Duration::from_secs(15), sub).await;
+}
+
+shards_1_and_2!(subscriber_over_tls_with_credentials);

@@ -46,6 +46,8 @@ mod lookup_basics;
 mod metrics;
 /// LookupPDRoute with prefill/decode topologies registered on the controller-facing listener.
 mod pd;
+/// Producer identity (client certificates, tokens), the producer policy and epoch fencing.
+mod producers;
 /// `prompt_text` input through a real tokenizer: echo, fail-open, saturation, deadlines.
 mod prompt_text;
 /// Replicas fed through the NATS JetStream event log.

@@ -525,3 +525,374 @@ async fn assert_same_answers(a: &Server, b: &Server) {
         }
     }
 }
+
+/// The event log over TLS with a client certificate and a user and password: a nats-server
+/// that requires all three; the server's consumer and kvevent-subscriber's publisher
+/// (`--nats-only`, no direct gRPC) connect with `--nats-ca-file`, `--nats-client-cert-file`,
+/// `--nats-client-key-file`, `--nats-user` and `--nats-password-file`, and an engine's events reach
+/// LookupRoute through the stream. A wrong password is refused loudly, never silently: the
+/// subscriber fails at start-up naming the refusal, and a server replica logs
+/// `nats_connect_refused`, counts `inferencecache_nats_connect_refused_total{reason="auth"}` and
+/// stays unready.
+async fn event_log_over_tls_with_credentials(shards: usize) {
+    use crate::kvevents::{BS, batch, eventually, publish, stored, subscriber_batches};
+    use zeromq::{PubSocket, Socket};
+    const STREAM: &str = "IC_E2E_SECURED";
+    let nats = NatsServer::start_secured("producer", "pa55-w0rd");
+    let sec = nats.secured.as_ref().unwrap();
+    let dir = scratch_dir("nats-creds");
+    let pw = dir.join("password");
+    std::fs::write(&pw, "pa55-w0rd\n").unwrap();
+    let wrong = dir.join("wrong");
+    std::fs::write(&wrong, "not-the-password").unwrap();
+    let (cc, ck) = (
+        sec.client_cert.display().to_string(),
+        sec.client_key.display().to_string(),
+    );
+    let (ca, pw, wrong) = (
+        sec.ca_file.display().to_string(),
+        pw.display().to_string(),
+        wrong.display().to_string(),
+    );
+    let js = nats.jetstream().await;
+    create_stream(&js, STREAM, SUBJECT, -1).await;
+    let secured = |password_file: &str| -> Vec<String> {
+        let mut f = nats_flags(&nats, STREAM);
+        f.extend(
+            [
+                "--nats-ca-file",
+                &ca,
+                "--nats-client-cert-file",
+                &cc,
+                "--nats-client-key-file",
+                &ck,
+                "--nats-user",
+                "producer",
+                "--nats-password-file",
+                password_file,
+            ]
+            .map(String::from),
+        );
+        f
+    };
+    let mut flags = secured(&pw);
+    flags.extend(["--engine-block-size".to_string(), BS.to_string()]);
+    let srv = start_replica(shards, &flags);
+
+    // The subscriber publishes only to the stream; the server applies it from there.
+    let mut pub_sock = PubSocket::new();
+    let ep = pub_sock.bind("tcp://127.0.0.1:0").await.unwrap();
+    let metrics_port = free_port();
+    let sub_args = |password_file: &str, metrics_bind: &str| {
+        let mut a: Vec<String> = [
+            "kvevent-subscriber",
+            "--endpoint",
+            &ep.to_string(),
+            "--topic",
+            "kv",
+            "--server",
+            "http://127.0.0.1:1",
+            "--replica-id",
+            "engine-0",
+            "--model-id",
+            "m",
+            "--tenant-id",
+            "t",
+            "--flush-interval",
+            "10ms",
+            "--metrics-bind",
+            metrics_bind,
+            "--nats-url",
+            &nats.url(),
+            "--nats-subject",
+            SUBJECT,
+            "--nats-only",
+        ]
+        .map(String::from)
+        .to_vec();
+        a.extend(
+            [
+                "--nats-ca-file",
+                &ca,
+                "--nats-client-cert-file",
+                &cc,
+                "--nats-client-key-file",
+                &ck,
+                "--nats-user",
+                "producer",
+                "--nats-password-file",
+                password_file,
+            ]
+            .map(String::from),
+        );
+        <kvevent_subscriber::cli::Args as clap::Parser>::parse_from(a)
+    };
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let sub = tokio::spawn(kvevent_subscriber::app::run(
+        sub_args(&pw, &format!("127.0.0.1:{metrics_port}")),
+        async move {
+            let _ = stop_rx.await;
+        },
+    ));
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut seq = 0u64;
+    while subscriber_batches(metrics_port).await < 1.0 {
+        assert!(
+            !sub.is_finished(),
+            "the subscriber stopped: {:?}",
+            sub.await
+        );
+        assert!(
+            Instant::now() < deadline,
+            "subscriber never received a batch"
+        );
+        publish(&mut pub_sock, seq, batch(vec![])).await;
+        seq += 1;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    publish(
+        &mut pub_sock,
+        seq,
+        batch(vec![stored(&[31, 32], 0..2 * BS)]),
+    )
+    .await;
+    eventually(&srv, 0..2 * BS, "PREFIX_MATCH", 2 * BS as i32).await;
+    assert!(
+        last_sequence(&js, STREAM).await >= 1,
+        "it went through the stream"
+    );
+    let _ = stop_tx.send(());
+    let _ = tokio::time::timeout(Duration::from_secs(15), sub).await;
+
+    // Without the client certificate NATS requires: refused at the TLS handshake, at start-up.
+    let mut no_cert = sub_args(&pw, "");
+    no_cert.nats_client_cert_file = None;
+    no_cert.nats_client_key_file = None;
+    let err = tokio::time::timeout(
+        Duration::from_secs(30),
+        kvevent_subscriber::app::run(no_cert, std::future::pending()),
+    )
+    .await
+    .expect("a refused TLS handshake must not be retried silently")
+    .expect_err("a refused TLS handshake must fail the start-up");
+    assert!(format!("{err:#}").contains("(tls)"), "{err:#}");
+
+    // A wrong password: the subscriber does not start.
+    let err = kvevent_subscriber::app::run(sub_args(&wrong, ""), std::future::pending())
+        .await
+        .expect_err("a refused NATS login must fail the start-up");
+    assert!(
+        err.downcast_ref::<kvevent_subscriber::app::StartupError>()
+            .is_some(),
+        "{err:#}"
+    );
+    let text = format!("{err:#}");
+    assert!(text.contains("refused") && text.contains("auth"), "{text}");
+    assert!(
+        !text.contains("not-the-password"),
+        "the password is never shown: {text}"
+    );
+
+    // ... and a server replica says so instead of waiting silently.
+    let log = dir.join("wrong-replica.log");
+    let wrong_flags = secured(&wrong);
+    let wrong_flags: Vec<&str> = wrong_flags.iter().map(String::as_str).collect();
+    let bad = Server::spawn(
+        shards,
+        &StartOpts {
+            flags: &wrong_flags,
+            stderr_file: Some(log.clone()),
+            log_level: Some("warn"),
+            ..Default::default()
+        },
+    );
+    let logs = log_text_with(&log, "nats_connect_refused");
+    assert!(
+        !logs.contains("not-the-password"),
+        "the password is never logged"
+    );
+    let h = bad.http_port;
+    let counted = wait_until(Duration::from_secs(30), || {
+        http_get(h, "/metrics").is_ok_and(|(_, m)| {
+            metric_value(
+                &m,
+                "inferencecache_nats_connect_refused_total{reason=\"auth\"}",
+            ) >= Some(1.0)
+        })
+    });
+    assert!(counted, "the refusal is counted");
+    let (st, _) = http_get(h, "/readyz").expect("GET /readyz");
+    assert_eq!(st, 503, "not ready without its event log");
+
+    // A replica without the client certificate is refused at the handshake: counted as tls.
+    let no_cert: Vec<String> = secured(&pw)
+        .chunks(2)
+        .filter(|kv| !kv[0].starts_with("--nats-client-"))
+        .flatten()
+        .cloned()
+        .collect();
+    let no_cert: Vec<&str> = no_cert.iter().map(String::as_str).collect();
+    let bad = Server::spawn(
+        shards,
+        &StartOpts {
+            flags: &no_cert,
+            log_level: Some("error"),
+            ..Default::default()
+        },
+    );
+    let h = bad.http_port;
+    let counted = wait_until(Duration::from_secs(30), || {
+        http_get(h, "/metrics").is_ok_and(|(_, m)| {
+            metric_value(
+                &m,
+                "inferencecache_nats_connect_refused_total{reason=\"tls\"}",
+            ) >= Some(1.0)
+        })
+    });
+    assert!(counted, "the TLS refusal is counted");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(has_nats_server),
+    ignore = "nats-server not on PATH: apt-get install nats-server, then touch build.rs"
+)]
+async fn event_log_over_tls_with_credentials_shards_1() {
+    event_log_over_tls_with_credentials(1).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(has_nats_server),
+    ignore = "nats-server not on PATH: apt-get install nats-server, then touch build.rs"
+)]
+async fn event_log_over_tls_with_credentials_shards_2() {
+    event_log_over_tls_with_credentials(2).await;
+}
+
+/// `--nats-creds-file` on both ends: a nats-server in operator mode (JWT authentication) and a
+/// user credentials file; the server's consumer and the subscriber's publisher log in with it and
+/// the engine's blocks reach LookupRoute through the stream. Without it the server counts the
+/// refusal.
+async fn event_log_with_a_creds_file(shards: usize) {
+    use crate::kvevents::{BS, batch, eventually, publish, stored, subscriber_batches};
+    use zeromq::{PubSocket, Socket};
+    const STREAM: &str = "IC_E2E_CREDS";
+    let (nats, creds) = NatsServer::start_operator_mode();
+    let dir = scratch_dir("nats-creds-file");
+    let creds_file = dir.join("user.creds");
+    std::fs::write(&creds_file, &creds).unwrap();
+    let creds_file = creds_file.display().to_string();
+    let client = async_nats::ConnectOptions::new()
+        .credentials(&creds)
+        .unwrap()
+        .connect(nats.url())
+        .await
+        .expect("the test's own login with the creds");
+    let js = async_nats::jetstream::new(client);
+    create_stream(&js, STREAM, SUBJECT, -1).await;
+    let mut flags = nats_flags(&nats, STREAM);
+    flags.extend(["--nats-creds-file".into(), creds_file.clone()]);
+    flags.extend(["--engine-block-size".to_string(), BS.to_string()]);
+    let srv = start_replica(shards, &flags);
+
+    let mut pub_sock = PubSocket::new();
+    let ep = pub_sock.bind("tcp://127.0.0.1:0").await.unwrap();
+    let metrics_port = free_port();
+    let args = <kvevent_subscriber::cli::Args as clap::Parser>::parse_from([
+        "kvevent-subscriber",
+        "--endpoint",
+        &ep.to_string(),
+        "--topic",
+        "kv",
+        "--replica-id",
+        "engine-0",
+        "--model-id",
+        "m",
+        "--tenant-id",
+        "t",
+        "--flush-interval",
+        "10ms",
+        "--metrics-bind",
+        &format!("127.0.0.1:{metrics_port}"),
+        "--nats-url",
+        &nats.url(),
+        "--nats-subject",
+        SUBJECT,
+        "--nats-only",
+        "--nats-creds-file",
+        &creds_file,
+    ]);
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let sub = tokio::spawn(kvevent_subscriber::app::run(args, async move {
+        let _ = stop_rx.await;
+    }));
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut seq = 0u64;
+    while subscriber_batches(metrics_port).await < 1.0 {
+        assert!(
+            !sub.is_finished(),
+            "the subscriber stopped: {:?}",
+            sub.await
+        );
+        assert!(
+            Instant::now() < deadline,
+            "subscriber never received a batch"
+        );
+        publish(&mut pub_sock, seq, batch(vec![])).await;
+        seq += 1;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    publish(
+        &mut pub_sock,
+        seq,
+        batch(vec![stored(&[51, 52], 0..2 * BS)]),
+    )
+    .await;
+    eventually(&srv, 0..2 * BS, "PREFIX_MATCH", 2 * BS as i32).await;
+    let _ = stop_tx.send(());
+    let _ = tokio::time::timeout(Duration::from_secs(15), sub).await;
+
+    // No credentials at all: refused, counted.
+    let bare = nats_flags(&nats, STREAM);
+    let bare: Vec<&str> = bare.iter().map(String::as_str).collect();
+    let bad = Server::spawn(
+        shards,
+        &StartOpts {
+            flags: &bare,
+            log_level: Some("error"),
+            ..Default::default()
+        },
+    );
+    let h = bad.http_port;
+    let counted = wait_until(Duration::from_secs(30), || {
+        http_get(h, "/metrics").is_ok_and(|(_, m)| {
+            metric_value(
+                &m,
+                "inferencecache_nats_connect_refused_total{reason=\"auth\"}",
+            ) >= Some(1.0)
+        })
+    });
+    assert!(
+        counted,
+        "a login without credentials is refused and counted"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(has_nats_server),
+    ignore = "nats-server not on PATH: apt-get install nats-server, then touch build.rs"
+)]
+async fn event_log_with_a_creds_file_shards_1() {
+    event_log_with_a_creds_file(1).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(has_nats_server),
+    ignore = "nats-server not on PATH: apt-get install nats-server, then touch build.rs"
+)]
+async fn event_log_with_a_creds_file_shards_2() {
+    event_log_with_a_creds_file(2).await;
+}

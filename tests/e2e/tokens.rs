@@ -146,7 +146,21 @@ async fn c137_oversized_token_ids_and_prompt_fail_open(shards: usize) {
     let mut toks = toks_1000();
     toks.resize(1 << 20, 7);
     let r = lookup(&mut c, tokens_req(TEN, MOD, toks.clone())).await;
-    assert_resp(&r, "PREFIX_MATCH", &[exp(REP, 64.0, 64, T1)]);
+    // Fingerprinting 1M token ids takes seconds in a debug build on a loaded machine, and the
+    // score decays with the entry's age (1 - age/TTL, 30 min), so the score is checked to
+    // within 30 s of age instead of assert_resp's 1e-3 (1.8 s): the subject here is the match.
+    assert_eq!(r.reason_code, "PREFIX_MATCH", "{r:?}");
+    let [s] = r.replica_scores.as_slice() else {
+        panic!("one replica expected: {r:?}")
+    };
+    assert_eq!(
+        (s.replica_id.as_str(), s.matched_tokens, s.tier),
+        (REP, 64, T1)
+    );
+    assert!(
+        s.score <= 64.0 && s.score > 64.0 * (1.0 - 30.0 / 1800.0),
+        "{r:?}"
+    );
     assert!(r.token_ids.is_empty());
 
     toks.push(7);

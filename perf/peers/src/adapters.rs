@@ -49,6 +49,13 @@ pub struct Ours {
     update: pb::CacheStateUpdate,
     event: pb::CacheEvent,
     spare_hashes: Vec<Vec<u8>>,
+    /// The worker of each interned replica id an answer has named (`u32::MAX`: not yet seen),
+    /// so an answer's replicas map to workers by an array read, as kv-index's adapter maps its
+    /// slots (`workers_of_slot`), not by parsing each name. An id names one string while that
+    /// string is live; this harness never runs the reclaim pass that frees names (no sweep, far
+    /// from the table's limit), so an id keeps its name for the whole run (checked in debug
+    /// builds, and the ground-truth pass would see a wrong worker).
+    worker_of_replica: Vec<u32>,
 }
 
 impl Ours {
@@ -78,6 +85,7 @@ impl Ours {
                 ..Default::default()
             },
             spare_hashes: Vec::new(),
+            worker_of_replica: Vec::new(),
         }
     }
 
@@ -150,10 +158,19 @@ impl Adapter for Ours {
             tbt_ms: 0,
         };
         let view = self.index.lookup_route(&query, NOW_NS, &NoRules);
+        let worker_of = &mut self.worker_of_replica;
         for s in view.scores {
-            let worker = view.replica_id(s)[1..]
-                .parse()
-                .expect("replica ids are w<n>");
+            let id = s.replica as usize;
+            if id >= worker_of.len() {
+                worker_of.resize(id + 1, u32::MAX);
+            }
+            if worker_of[id] == u32::MAX {
+                worker_of[id] = view.replica_id(s)[1..]
+                    .parse()
+                    .expect("replica ids are w<n>");
+            }
+            let worker = worker_of[id];
+            debug_assert_eq!(view.replica_id(s), format!("w{worker}"));
             out.push((worker, (s.matched_tokens / self.tokens_per_block) as u32));
         }
     }

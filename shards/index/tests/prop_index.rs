@@ -1076,6 +1076,7 @@ fn run(ops: Vec<Op>, ranker: RankerConfig, cap: u64, k: usize) -> Result<(), Tes
             }
         }
         ix.cap_check_invariant();
+        ix.check_run_summaries();
         prop_assert_eq!(ix.dump_entries(), model.dump(), "step {} entries", step);
         for t in TENANTS {
             for m in MODELS {

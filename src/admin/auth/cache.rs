@@ -30,14 +30,14 @@ pub struct ReviewCache<V> {
     ttl: Duration,
 }
 
-impl<V: Copy> Default for ReviewCache<V> {
+impl<V: Clone> Default for ReviewCache<V> {
     /// The cache of successful reviews (the reference's 32 entries for 30 s).
     fn default() -> Self {
         Self::new(AUTH_CACHE_CAPACITY, AUTH_CACHE_TTL)
     }
 }
 
-impl<V: Copy> ReviewCache<V> {
+impl<V: Clone> ReviewCache<V> {
     /// An empty cache of at most `capacity` entries, each valid for `ttl`.
     pub fn new(capacity: usize, ttl: Duration) -> Self {
         assert!(capacity > 0);
@@ -52,7 +52,7 @@ impl<V: Copy> ReviewCache<V> {
     pub fn get(&self, key: &str, now: Instant) -> Option<V> {
         self.entries
             .get(key)
-            .and_then(|(exp, v)| (now < *exp).then_some(*v))
+            .and_then(|(exp, v)| (now < *exp).then(|| v.clone()))
     }
 
     /// Whether `key` holds an unexpired entry at `now`.

@@ -14,6 +14,7 @@
 //! `*_auth_total{result}` counter.
 
 pub mod cache;
+pub mod producer;
 pub mod static_token;
 pub mod tokenreview;
 
@@ -66,21 +67,13 @@ pub struct Authenticator {
     in_flight: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
 }
 
-/// TokenReview calls in flight in the whole process; past it a request is answered 503 at once
-/// instead of queueing calls to the API server.
-static REVIEW_PERMITS: tokio::sync::Semaphore =
+/// TokenReview calls in flight in the whole process (controller endpoints and producers
+/// together); past it a request is answered 503 (a producer call UNAVAILABLE) at once instead of
+/// queueing calls to the API server.
+pub(crate) static REVIEW_PERMITS: tokio::sync::Semaphore =
     tokio::sync::Semaphore::const_new(MAX_CONCURRENT_TOKEN_REVIEWS);
 
-/// Extracts the bearer token: scheme case-insensitive, token trimmed and non-empty.
-pub fn bearer_token(headers: &HeaderMap) -> Option<&str> {
-    let value = headers.get(http::header::AUTHORIZATION)?.to_str().ok()?;
-    let (scheme, token) = value.split_once(' ')?;
-    if !scheme.eq_ignore_ascii_case("bearer") {
-        return None;
-    }
-    let token = token.trim();
-    (!token.is_empty()).then_some(token)
-}
+pub use crate::sys::http_auth::bearer_token;
 
 impl Authenticator {
     /// An authenticator for `endpoint` reviewing tokens for `audience` (empty = no audience).
@@ -223,7 +216,7 @@ impl Authenticator {
 }
 
 /// Locks a mutex whose data stays consistent even if a holder panicked.
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+pub(crate) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 

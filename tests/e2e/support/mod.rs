@@ -16,6 +16,7 @@ mod nats;
 mod pki;
 mod server;
 pub mod tiny_model;
+mod tokenreview;
 mod wait;
 
 pub use cores::*;
@@ -27,6 +28,7 @@ pub use inferencecache_proto::v1alpha1 as pb;
 pub use nats::*;
 pub use pki::*;
 pub use server::*;
+pub use tokenreview::*;
 pub use wait::*;
 
 /// `shards_1_and_2!(name);` turns the scenario `async fn name(shards: usize)` into a module

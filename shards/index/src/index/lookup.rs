@@ -264,6 +264,16 @@ pub(crate) struct Scratch {
     slots: Vec<RunSlot>,
     epoch: u32,
     run_hits: Vec<(u32, LfuHit)>, // (run index, hit)
+    /// [`Scratch::order_by_walk`]: one sort key per score, (descending score, name rank).
+    keys: Vec<u64>,
+    /// [`Scratch::order_by_walk`]: the scores in replica name order.
+    named: Vec<Score>,
+    /// The last block of each chain score's run (parallel to the scores).
+    score_blocks: Vec<u32>,
+    /// [`Scratch::depth_power_by_block`]: per block of the request, the scores whose run ends
+    /// there, then the factor of their group (at most one per request block).
+    per_block: Vec<u32>,
+    factors: Vec<f32>,
 }
 
 impl Scratch {
@@ -277,6 +287,21 @@ impl Scratch {
             self.epoch = 1;
         }
     }
+}
+
+/// Where a chain walk stands (see [`Index::walk_blocks`]).
+#[derive(Clone, Copy, Default)]
+struct Walk {
+    /// Runs still going: those with `last_block == anchor`.
+    alive: usize,
+    /// The last block the going runs were updated at (block 0, a block whose holders were
+    /// visited, or the end of a stored run consumed before such a block).
+    anchor: u32,
+    /// The last block the going runs reached (blocks after the anchor continued its stored run).
+    reached: u32,
+    /// The request's tokens of the blocks after the anchor up to `reached` (wrapping, as sums
+    /// of the wire's int32 counts are).
+    pending: i32,
 }
 
 /// What extending the runs by one block needs besides the holder.
@@ -293,6 +318,9 @@ struct Step {
     ttl: i64,
     /// Record an LFU hit per extended run.
     lfu: bool,
+    /// The last block whose holders were visited: the runs still going have `last_block ==
+    /// anchor` (blocks consumed as part of a stored run since then extended them all alike).
+    anchor: u32,
 }
 
 impl Step {
@@ -356,8 +384,9 @@ impl Scratch {
     }
 
     /// Extends by block `step.block > 0` (slab position `pos`) the runs that reached the
-    /// previous block (`alive` of them) and whose replica holds a live entry for it; a run
-    /// that missed a block froze and never rejoins. Stops visiting the block's holders once
+    /// previous block (`alive` of them, `last_block == step.anchor`) and whose replica holds a
+    /// live entry for it; a run that missed a block froze and never rejoins. `step.count` is the
+    /// request's tokens of every block after the anchor up to this one. Stops visiting the block's holders once
     /// every live run is extended. Returns how many runs reached the block.
     #[inline]
     fn extend_runs(&mut self, store: &Store, pos: u32, step: &Step, alive: usize) -> usize {
@@ -388,7 +417,7 @@ impl Scratch {
     }
 
     /// Extends holder `h`'s run to `step.block` if its entry is live and its run reached the
-    /// previous block.
+    /// previous block (its last visited block is the anchor).
     #[inline(always)]
     fn extend_run(&mut self, h: &Holder, step: &Step) -> bool {
         let r = h.replica();
@@ -397,7 +426,7 @@ impl Scratch {
             return false;
         }
         let run = &mut self.runs[slot.run as usize];
-        if run.last_block + 1 != step.block {
+        if run.last_block != step.anchor {
             return false;
         }
         run.matched = run.matched.wrapping_add(step.count);
@@ -412,6 +441,25 @@ impl Scratch {
             self.run_hits.push((slot.run, hit));
         }
         true
+    }
+}
+
+impl Scratch {
+    /// Extends the runs going (`last_block == walk.anchor`) over the blocks consumed after the
+    /// anchor, which they all reached: one update per run per stored run consumed. The anchor
+    /// moves to the last block reached.
+    #[inline]
+    fn settle_runs(&mut self, walk: &mut Walk) {
+        if walk.reached == walk.anchor {
+            return;
+        }
+        let (anchor, reached, pending) = (walk.anchor, walk.reached, walk.pending);
+        for run in self.runs.iter_mut().filter(|r| r.last_block == anchor) {
+            run.matched = run.matched.wrapping_add(pending);
+            run.last_block = reached;
+        }
+        walk.anchor = reached;
+        walk.pending = 0;
     }
 }
 
@@ -440,6 +488,60 @@ fn apply_depth_power(scores: &mut [Score], total: usize) {
     }
 }
 
+impl Scratch {
+    /// The depth-aware distinguishing power (§9.5) of chain scores without sorting them, when
+    /// a run's matched tokens are strictly increasing in its last block: every request count
+    /// up to the last block any scored run reached is positive and their sum fits an i32
+    /// (no wrap-around). Then the groups of equal matched tokens are the runs ending at one
+    /// block, and a group's `right` (the scores matching at least as much) is the number of
+    /// runs ending at or after it: a histogram over blocks and a suffix sum, `O(scores +
+    /// blocks)` instead of a sort. Each score is multiplied by its group's `f32(dp)`, as
+    /// [`apply_depth_power`] does (a factor of 1 leaves a finite score unchanged, so it is
+    /// applied unconditionally). Returns false, changing nothing, when the condition fails.
+    fn depth_power_by_block(&mut self, scores: &mut [Score], total: usize, counts: &[i32]) -> bool {
+        debug_assert_eq!(scores.len(), self.score_blocks.len());
+        let Some(&last) = self.score_blocks.iter().max() else {
+            return true;
+        };
+        let last = last as usize;
+        // The histogram costs a step per block up to the deepest run, the sort it replaces
+        // about k·log2(k) comparisons: a few scores on a long chain are sorted.
+        let k = self.score_blocks.len();
+        if last >= 2 * k * (usize::BITS - k.leading_zeros()) as usize {
+            return false;
+        }
+        let mut sum = 0i64;
+        for &c in &counts[..=last] {
+            if c <= 0 {
+                return false;
+            }
+            sum += i64::from(c);
+        }
+        if sum > i64::from(i32::MAX) {
+            return false;
+        }
+        self.per_block.clear();
+        self.per_block.resize(last + 1, 0);
+        for &b in &self.score_blocks {
+            self.per_block[b as usize] += 1;
+        }
+        self.factors.clear();
+        self.factors.resize(last + 1, 1.0);
+        let mut right = 0i64;
+        for b in (0..=last).rev() {
+            let n = self.per_block[b];
+            if n > 0 {
+                right += i64::from(n);
+                self.factors[b] = distinguishing_power(right, total as i64) as f32;
+            }
+        }
+        for (s, &b) in scores.iter_mut().zip(&self.score_blocks) {
+            s.score *= self.factors[b as usize];
+        }
+        true
+    }
+}
+
 /// The last lookup's result buffers.
 #[derive(Default)]
 pub(crate) struct LastLookup {
@@ -449,6 +551,82 @@ pub(crate) struct LastLookup {
     hits: Vec<LfuHit>,
 }
 
+/// A comparison sort by name costs about this many steps of the walk over a scope's
+/// name-ordered replicas per comparison (a string comparison against a slot check).
+const WALK_STEPS_PER_COMPARE: usize = 4;
+
+/// Fewer scores than this are sorted by comparison: a handful of comparisons, most of them
+/// between different scores, cost less than the walk's set-up (the perf gate's two-holder
+/// answers measured +7–18% instructions with the walk).
+const MIN_WALK_SCORES: usize = 16;
+
+impl Scratch {
+    /// Orders `scores` as [`sort_scores`] does (score descending, then replica name ascending)
+    /// without comparing names: `by_name` is the scope's serving replicas in name order
+    /// (`ScopeRec::sorted`, kept in lock-step with the entries), and every scored replica holds
+    /// an entry in the scope, so walking it lists the scores in name order; their position in
+    /// that walk is the tie-break of one integer sort key. `replicas` bounds the replica ids.
+    /// Returns false, leaving `scores` as they were, when the walk would cost more than a
+    /// comparison sort (a scope much larger than the answer) or does not find every scored
+    /// replica once (never expected; the caller then sorts by name).
+    fn order_by_walk(&mut self, by_name: &[u32], replicas: usize, scores: &mut [Score]) -> bool {
+        let k = scores.len();
+        let log2 = (usize::BITS - k.leading_zeros()) as usize;
+        if k < MIN_WALK_SCORES || by_name.len() > k * log2 * WALK_STEPS_PER_COMPARE {
+            return false;
+        }
+        self.next_epoch(replicas);
+        for (i, s) in scores.iter().enumerate() {
+            if s.score.is_nan() {
+                return false;
+            }
+            self.slots[s.replica as usize] = RunSlot {
+                epoch: self.epoch,
+                run: i as u32,
+            };
+        }
+        self.keys.clear();
+        self.named.clear();
+        for &r in by_name {
+            let Some(slot) = self.slots.get(r as usize) else {
+                continue;
+            };
+            if slot.epoch != self.epoch {
+                continue;
+            }
+            let s = scores[slot.run as usize];
+            self.keys
+                .push(u64::from(descending(s.score)) << 32 | self.named.len() as u64);
+            self.named.push(s);
+        }
+        if self.named.len() != k {
+            debug_assert!(
+                false,
+                "a scored replica missing from its scope's name order"
+            );
+            return false;
+        }
+        self.keys.sort_unstable();
+        for (out, key) in scores.iter_mut().zip(&self.keys) {
+            *out = self.named[*key as u32 as usize];
+        }
+        true
+    }
+}
+
+/// A sort key of a finite score, smaller for larger scores; -0 and +0 are equal (Go's `>`).
+#[inline]
+fn descending(score: f32) -> u32 {
+    let bits = if score == 0.0 { 0 } else { score.to_bits() };
+    let ascending = if bits >> 31 == 1 {
+        !bits
+    } else {
+        bits | 1 << 31
+    };
+    !ascending
+}
+
+/// The answer's order (§9.6) by comparison: score descending, ties by replica name ascending.
 fn sort_scores(cat: &Catalog, scores: &mut [Score]) {
     scores.sort_unstable_by(|a, b| {
         // Go's `a.Score > b.Score`: -0 == +0, ties by replica id bytewise.
@@ -481,6 +659,19 @@ impl Index {
         self.last.tenant = None;
         self.last.scores.clear();
         self.last.hits.clear();
+    }
+
+    /// Orders a lookup's scores as the answer (§9.6); `scope` is the scope every scored
+    /// replica serves in.
+    fn order_scores(&mut self, scope: u32, scores: &mut [Score]) {
+        if scores.len() < 2 {
+            return;
+        }
+        let by_name = &self.cat.scopes[scope as usize].sorted;
+        let replicas = self.cat.strings.slots();
+        if !self.scratch.order_by_walk(by_name, replicas, scores) {
+            sort_scores(&self.cat, scores);
+        }
     }
 
     /// Pressure of a replica for prefix paths: the stats row's, if its payload is fresh under
@@ -543,7 +734,7 @@ impl Index {
                 s.score *= dp as f32;
             }
         }
-        sort_scores(&self.cat, &mut scores);
+        self.order_scores(scope, &mut scores);
         self.last.scores = scores;
         self.last.hits = hits;
     }
@@ -569,10 +760,15 @@ impl Index {
         let mut scores = std::mem::take(&mut self.last.scores);
         self.score_runs(&mut scores, mscope, q.ttft_ms, now, ttl);
         self.keep_scored_run_hits();
-        if total > 1 && !scores.is_empty() {
+        if total > 1
+            && !scores.is_empty()
+            && !self
+                .scratch
+                .depth_power_by_block(&mut scores, total, q.block_token_counts)
+        {
             apply_depth_power(&mut scores, total);
         }
-        sort_scores(&self.cat, &mut scores);
+        self.order_scores(scope, &mut scores);
         self.last.scores = scores;
     }
 
@@ -592,6 +788,16 @@ impl Index {
 
     /// [`Self::walk_chain`] over hashes held as `H`. Not inlined: one compiled copy per
     /// representation, each laid out like the walk the perf gate's baseline measured.
+    ///
+    /// Cost per *stored run*, not per (block, holder): a block whose key record follows the
+    /// previous block's in the slab and is marked as continuing a run (same holders, tiers and
+    /// times as its predecessor, see `Store::continues_run`) extends exactly the runs that
+    /// reached the previous block, by its token count, with their oldest time and worst tier
+    /// unchanged; so it costs one key comparison and the counts of a stretch of such blocks are
+    /// added to the runs in one step, at the next block whose holders are visited (or at the
+    /// end). Holders are visited
+    /// at block 0, where the slab breaks, and where the holder set or data changes. LFU tenants
+    /// visit every block's holders: each (block, holder) is an LFU hit.
     #[inline(never)]
     fn walk_blocks<H: AsRef<[u8]>>(
         &mut self,
@@ -606,34 +812,64 @@ impl Index {
         sc.next_epoch(self.cat.strings.slots());
         sc.runs.clear();
         sc.run_hits.clear();
-        // Blocks are resolved in batches: the table probes of one batch are independent, so
-        // their cache misses overlap instead of serialising block by block. Most blocks need
-        // no probe: a stored chain's next block is usually the next key record in the slab.
-        // A block the index does not hold ends the walk, so the blocks after it are not resolved.
+        // Blocks whose holders are visited are resolved in batches: the table probes of one
+        // batch are independent, so their cache misses overlap instead of serialising block by
+        // block. Most blocks need no probe: a stored chain's next block is usually the next key
+        // record in the slab, and most of those continue a stored run, consumed without a visit
+        // (`Store::run_matches`). A block the index does not hold ends the walk, so the blocks
+        // after it are not resolved.
         const BATCH: usize = 8;
         let n = hashes.len();
         let mut batch = [(KeyId { ks: 0, h: 0 }, NIL); BATCH];
         let mut start = 0;
         let mut prev = NIL;
-        let mut alive = 0;
+        // Runs going: `alive`, all with `last_block == anchor`; they also reached every block
+        // up to `reached`, whose tokens after the anchor sum to `pending`.
+        let mut walk = Walk::default();
         while start < n {
-            let end = (start + BATCH).min(n);
-            for (slot, hash) in batch.iter_mut().zip(&hashes[start..end]) {
-                *slot = match self.cat.key_for(ks, hash.as_ref()) {
-                    Some(k) => (k, self.store.find_after(prev, k).unwrap_or(NIL)),
-                    None => (KeyId { ks: 0, h: 0 }, NIL),
-                };
-                prev = slot.1;
-                if prev == NIL {
-                    // The walk ends at this block: the rest of the batch is never read.
-                    break;
+            if start > 0 && !lfu {
+                let key = |j: usize| self.cat.key_for(ks, hashes[start + j].as_ref());
+                let m = self.store.run_matches(prev, n - start, key);
+                if m > 0 {
+                    let sum = counts[start..start + m]
+                        .iter()
+                        .fold(0i32, |a, c| a.wrapping_add(*c));
+                    walk.pending = walk.pending.wrapping_add(sum);
+                    start += m;
+                    walk.reached = (start - 1) as u32;
+                    prev += m as u32;
+                    continue;
                 }
             }
-            for i in start..end {
-                let block = batch[i - start];
-                if block.1 == NIL {
-                    return;
+            let end = (start + BATCH).min(n);
+            let mut resolved = start;
+            let mut ended = false;
+            for (slot, hash) in batch.iter_mut().zip(&hashes[start..end]) {
+                let Some(pos) = self
+                    .cat
+                    .key_for(ks, hash.as_ref())
+                    .and_then(|k| self.store.find_after(prev, k).map(|p| (k, p)))
+                else {
+                    // The walk ends at this block: the rest of the batch is never read.
+                    ended = true;
+                    break;
+                };
+                if !lfu
+                    && resolved > start
+                    && pos.1 == prev.wrapping_add(1)
+                    && self.store.continues_run(pos.1)
+                {
+                    // Consumed by the run match of the next round.
+                    break;
                 }
+                *slot = pos;
+                prev = pos.1;
+                resolved += 1;
+            }
+            for i in start..resolved {
+                let block = batch[i - start];
+                // The runs going reached the consumed blocks, whether or not they reach this one.
+                sc.settle_runs(&mut walk);
                 let step = Step {
                     key: block.0,
                     block: i as u32,
@@ -641,18 +877,25 @@ impl Index {
                     now,
                     ttl,
                     lfu,
+                    anchor: walk.anchor,
                 };
-                alive = if i == 0 {
+                walk.alive = if i == 0 {
                     sc.start_runs(&self.store, block.1, &step)
                 } else {
-                    sc.extend_runs(&self.store, block.1, &step, alive)
+                    sc.extend_runs(&self.store, block.1, &step, walk.alive)
                 };
-                if alive == 0 {
+                walk.anchor = i as u32;
+                walk.reached = i as u32;
+                if walk.alive == 0 {
                     return;
                 }
             }
-            start = end;
+            if ended {
+                break;
+            }
+            start = resolved;
         }
+        sc.settle_runs(&mut walk);
     }
 
     /// Scores every run with a positive matched sum and a fresh oldest entry (marking it
@@ -666,6 +909,9 @@ impl Index {
         ttl: i64,
     ) {
         let coeff = self.cfg.ranker.slo_coeff(ttft_ms);
+        // No stats row in the model scope: every pressure is 0, no lookup per run.
+        let no_stats = self.cat.models[mscope as usize].stats.is_empty();
+        self.scratch.score_blocks.clear();
         for i in 0..self.scratch.runs.len() {
             let run = self.scratch.runs[i];
             if run.matched <= 0 {
@@ -676,7 +922,12 @@ impl Index {
                 continue;
             }
             self.scratch.runs[i].scored = true;
-            let pressure = self.prefix_pressure(mscope, run.replica, now, ttl);
+            self.scratch.score_blocks.push(run.last_block);
+            let pressure = if no_stats {
+                0.0
+            } else {
+                self.prefix_pressure(mscope, run.replica, now, ttl)
+            };
             scores.push(Score {
                 replica: run.replica,
                 score: self
@@ -734,7 +985,9 @@ impl Index {
                 tier: 0,
             });
         }
-        sort_scores(&self.cat, &mut self.last.scores);
+        let mut scores = std::mem::take(&mut self.last.scores);
+        self.order_scores(scope, &mut scores);
+        self.last.scores = scores;
     }
 
     /// Miss classifier (§8.5).
@@ -897,6 +1150,13 @@ impl Index {
             self.cap_touch(hit.key, hit.replica, Some(pos));
         }
         n
+    }
+
+    /// Test aid: panics unless every run bit of the store is exact (a record marked as
+    /// continuing a run holds exactly its predecessor's holders: replica, tier, `last_seen`).
+    #[doc(hidden)]
+    pub fn check_run_summaries(&self) {
+        self.store.check_runs();
     }
 
     /// Affinity pick (§8.6): `sorted(serving replicas)[BE-u64(SHA-256(seed)[..8]) mod n]`.

@@ -21,6 +21,8 @@
 //! * `reclaim` — the sliced pass that frees records and names nothing refers to any more.
 
 mod aggregate;
+#[cfg(test)]
+mod chain_batch_tests;
 mod eviction;
 mod intern;
 mod lookup;
@@ -51,7 +53,7 @@ use inferencecache_proto::v1alpha1::{
 use intern::{Blobs, Strings};
 use std::cell::Cell;
 use std::sync::Arc;
-use store::{BLOB_FLAG, Holder, HolderUpsert, KeyId, NIL, Store};
+use store::{BLOB_FLAG, Holder, HolderUpsert, KEYSPACE_LIMIT, KeyId, NIL, RunCursor, Store};
 
 pub use intern::MAX_STRINGS;
 
@@ -536,12 +538,14 @@ impl Default for Index {
 }
 
 impl Index {
-    /// Builds an empty index. A non-positive default TTL is clamped back to 30 min (§3.1).
+    /// Builds an empty index. A non-positive default TTL is clamped back to 30 min (§3.1);
+    /// the keyspace bound to the ids a key record can hold (2^29: the bits above carry flags).
     pub fn new(mut config: IndexConfig) -> Index {
         if config.default_ttl_ns <= 0 {
             config.default_ttl_ns = DEFAULT_TTL_NS;
         }
         config.max_holders_per_key = config.max_holders_per_key.max(1);
+        config.max_keyspaces = config.max_keyspaces.min(KEYSPACE_LIMIT as usize);
         let dir = config.directory.clone();
         let cat = Catalog {
             strings: Strings::new(config.max_strings, config.max_string_bytes),
@@ -757,7 +761,7 @@ impl Index {
                 (self.cat.keyspaces.len() - 1) as u32
             }
         };
-        assert!(id < BLOB_FLAG, "too many keyspaces");
+        assert!(id < KEYSPACE_LIMIT, "too many keyspaces");
         self.reclaimable += 1;
         self.cat.keyspace_ids.insert((scope, adapter), id);
         self.cat.scopes[scope as usize].keyspaces.push(id);
@@ -794,8 +798,12 @@ impl Index {
     /// *Upsert(key, replica, token_count, tier, ts)* of §3.3 for a key given as wire bytes.
     /// Returns false (and changes nothing) when the key is new to the replica but already has
     /// the maximum number of holders.
+    /// `cursor` carries the previous upsert of the same chain (None before its first block);
+    /// the caller ends it with [`Store::end_run`] after the chain's last upsert.
+    #[allow(clippy::too_many_arguments)]
     fn upsert(
         &mut self,
+        cursor: &mut RunCursor,
         ks: u32,
         bytes: &[u8],
         replica: u32,
@@ -810,7 +818,7 @@ impl Index {
             tier,
             ts,
         };
-        let applied = self.upsert_at(ks, bytes, None, entry, &mut created);
+        let applied = self.upsert_at(cursor, ks, bytes, None, entry, &mut created);
         self.on_created(ks, replica, created);
         applied
     }
@@ -818,10 +826,13 @@ impl Index {
     /// [`Index::upsert`] without its counters: the keys and entries it creates are added to
     /// `created`, for [`Index::on_created`] to count once per call. `placed`: the key's slab
     /// position and whether it was just created, when the caller already looked it up (or
-    /// created it) with this entry as its first holder.
+    /// created it) with this entry as its first holder. `cursor`: as for [`Index::upsert`]; the
+    /// upsert is noted in it here, so a caller that placed keys ahead still notes every upsert
+    /// in chain order.
     #[inline]
     fn upsert_at(
         &mut self,
+        cursor: &mut RunCursor,
         ks: u32,
         bytes: &[u8],
         placed: Option<(u32, bool)>,
@@ -853,6 +864,7 @@ impl Index {
         };
         debug_assert_eq!(key.keyspace(), ks);
         if new_key {
+            self.store.note_upsert(cursor, pos, true, true);
             created.keys += 1;
             created.entries += 1;
         } else {
@@ -865,9 +877,16 @@ impl Index {
                     h.tokens = e.tokens;
                     h.set_last_seen(e.ts);
                     h.set_tier(e.tier);
+                    self.store.note_upsert(cursor, pos, false, true);
                 }
-                HolderUpsert::Added => created.entries += 1,
-                HolderUpsert::Full => return false,
+                HolderUpsert::Added => {
+                    self.store.note_upsert(cursor, pos, false, true);
+                    created.entries += 1;
+                }
+                HolderUpsert::Full => {
+                    self.store.note_upsert(cursor, pos, false, false);
+                    return false;
+                }
             }
         }
         self.cap_touch(key, e.replica, Some(pos));
@@ -887,8 +906,16 @@ impl Index {
     /// as one upsert after another. A batch holding a hash that is not 8 bytes wide (a blob
     /// key) is upserted one block at a time. The keyspace's, tenant's, model's and scope's
     /// counters are updated once for the chain.
+    ///
+    /// Every upsert is noted in `run` (the store's run bits) in the second pass, in chain order
+    /// and with the arguments one upsert after another would give it. Creating a batch's keys
+    /// ahead of those notes changes no run bit: a record is created without run bits, and
+    /// clearing the bit of a successor not yet created (as one upsert after another would see
+    /// it) finds none set on the record created ahead in its place.
+    #[allow(clippy::too_many_arguments)]
     fn upsert_chain(
         &mut self,
+        run: &mut RunCursor,
         ks: u32,
         p: &PrefixEntry,
         replica: u32,
@@ -926,7 +953,7 @@ impl Index {
                     ts,
                 };
                 let at = batched.then_some(placed[i]);
-                if self.upsert_at(ks, h, at, entry, &mut created) {
+                if self.upsert_at(run, ks, h, at, entry, &mut created) {
                     out.upserts += 1;
                 } else {
                     out.holders_refused += 1;
@@ -1319,16 +1346,21 @@ impl Index {
                 out.holders_refused += 1;
             }
         };
+        // The chain's upserts keep the store's run bits (see `RunCursor`).
+        let mut run = RunCursor::new();
         if !p.block_hashes.is_empty() {
-            self.upsert_chain(ks, p, replica, tier, ts, out);
+            self.upsert_chain(&mut run, ks, p, replica, tier, ts, out);
             if !p.prefix_hash.is_empty() {
-                let applied = self.upsert(ks, &p.prefix_hash, replica, p.token_count, tier, ts);
+                let (h, n) = (&p.prefix_hash, p.token_count);
+                let applied = self.upsert(&mut run, ks, h, replica, n, tier, ts);
                 count(out, applied);
             }
         } else {
-            let applied = self.upsert(ks, &p.prefix_hash, replica, p.token_count, tier, ts);
+            let (h, n) = (&p.prefix_hash, p.token_count);
+            let applied = self.upsert(&mut run, ks, h, replica, n, tier, ts);
             count(out, applied);
         }
+        self.store.end_run(run);
         if out.holders_refused > 0 {
             self.reclaimable += 1;
         }

@@ -229,7 +229,9 @@ impl Index {
                 id
             }
         };
-        let applied = self.upsert(ks, e.hash, replica, e.tokens, e.tier, e.last_seen);
+        let mut run = super::store::RunCursor::new();
+        let applied = self.upsert(&mut run, ks, e.hash, replica, e.tokens, e.tier, e.last_seen);
+        self.store.end_run(run);
         self.flush();
         if !applied {
             return RestoreOutcome::Refused;

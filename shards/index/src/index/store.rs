@@ -6,7 +6,8 @@
 //!
 //! Layout (the memory target is < 48 bytes per storage entry, docs/ARCHITECTURE.md §3):
 //! * `KeyRec` (36 bytes, align 4): the key's 8-byte hash (or blob id), its keyspace id
-//!   (`(scope, adapter)`, top bit = "hash is a blob id"), the first holder, and the head of the
+//!   (`(scope, adapter)`, top bit = "hash is a blob id"; bits 30 and 29 of the record's copy are
+//!   the run bits the chain walk uses, see [`RUN_FLAG`]), the first holder, and the head of the
 //!   overflow chain.
 //! * `OverRec` (24 bytes): a further holder and the next link.
 //! * `HashTable<u32>` × [`SEGMENTS`]: slab positions, ~5 bytes per bucket, split by hash bits
@@ -23,6 +24,25 @@ use std::hash::BuildHasher;
 pub(crate) const NIL: u32 = u32::MAX;
 /// Top bit of [`KeyId::ks`]: the hash word is a blob id, not an inline 8-byte hash.
 pub(crate) const BLOB_FLAG: u32 = 1 << 31;
+/// Bit 30 of a key record's `ks` word (never part of a [`KeyId`]): the record *continues a
+/// run*: its holders are exactly those of the record before it in the slab, with equal replica,
+/// tier and `last_seen` each (token counts and LFU counters may differ). A chain stored in one
+/// update is appended to the slab in order, so its blocks form such runs, and the chain walk of
+/// a lookup consumes a run with one key comparison per block instead of a visit per (block,
+/// holder). Kept exact: every change to a record's holders clears its bit and its successor's
+/// (removals here, upserts through the ingest's [`RunCursor`]); only a chain's upserts of one
+/// (replica, tier, time) to consecutive records keep or set it.
+const RUN_FLAG: u32 = 1 << 30;
+/// Bit 29 of a key record's `ks` word: the *next* record may continue a run (set whenever its
+/// [`RUN_FLAG`] is; may stay set after that is cleared). A change to a record's holders must
+/// clear its successor's run bit: the hint spares reading the successor (another cache line,
+/// often a miss on a large index) when it cannot be set, as in most of a slab reordered by
+/// removals.
+const NEXT_RUN_FLAG: u32 = 1 << 29;
+/// Both run bits.
+const RUN_BITS: u32 = RUN_FLAG | NEXT_RUN_FLAG;
+/// Keyspace ids stay below this: bits 29–31 of a record's `ks` word are flags.
+pub(crate) const KEYSPACE_LIMIT: u32 = NEXT_RUN_FLAG;
 /// Top bit of a key record's `next` link: the rest is a wide-set id, not an overflow position.
 const WIDE_FLAG: u32 = 1 << 31;
 /// Overflow holders a key keeps in its chain; one more converts the chain into a wide set.
@@ -274,6 +294,36 @@ pub(crate) struct Store {
     /// The slab position of the last holder removal ([`NIL`]: none yet): where
     /// [`Store::find_near`] looks first. Only a guess, checked against the key.
     near: u32,
+    /// Key records moved or removed so far (wrapping; debug builds check that none moves while
+    /// a [`RunCursor`] is in use).
+    moves: u32,
+}
+
+/// The last upsert of a chain being ingested, for the run bits ([`RUN_FLAG`]): the record it
+/// changed (or created) at `pos` ([`NIL`]: none yet). Every upsert of one cursor is by the same
+/// holder data (replica, tier, `last_seen`: one `PrefixEntry` of one update). The successor's
+/// bit was left as it was: the next upsert either gives the successor the same holder (then the
+/// two records changed alike and the bit stays true to them) or the bit is cleared
+/// ([`Store::end_run`]). No key record moves while a cursor is in use: upserts never remove.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct RunCursor {
+    pos: u32,
+    created: bool,
+    /// [`Store::moves`] when the cursor was last updated (checked in debug builds).
+    #[cfg(debug_assertions)]
+    moves: u32,
+}
+
+impl RunCursor {
+    /// A cursor before a chain's first upsert.
+    pub fn new() -> RunCursor {
+        RunCursor {
+            pos: NIL,
+            created: false,
+            #[cfg(debug_assertions)]
+            moves: 0,
+        }
+    }
 }
 
 impl Store {
@@ -293,6 +343,7 @@ impl Store {
             entries: 0,
             visited: 0,
             near: NIL,
+            moves: 0,
         }
     }
 
@@ -315,9 +366,10 @@ impl Store {
         (h >> SEGMENT_SHIFT) as usize & (SEGMENTS - 1)
     }
 
+    #[inline(always)]
     fn rec_key(rec: &KeyRec) -> KeyId {
         KeyId {
-            ks: rec.ks,
+            ks: rec.ks & !RUN_BITS,
             h: (rec.h[1] as u64) << 32 | rec.h[0] as u64,
         }
     }
@@ -390,6 +442,189 @@ impl Store {
             }
         }
         self.find(k)
+    }
+
+    /// How many key records from `prev + 1` on continue a run and hold, in order, the keys
+    /// `key(0)`, `key(1)`, … (at most `max`; `key` returns None for a key the index cannot
+    /// hold, which ends the match): the blocks of a chain that follow block `prev`'s stored run.
+    /// One comparison per record along the slab, chunk by chunk, with no table probe; the key
+    /// and the run bit are compared in one step (the record's `ks` word is the key's with the
+    /// bit set).
+    #[inline]
+    pub fn run_matches(
+        &self,
+        prev: u32,
+        max: usize,
+        mut key: impl FnMut(usize) -> Option<KeyId>,
+    ) -> usize {
+        let mut m = 0;
+        let mut pos = prev as usize + 1;
+        while m < max && pos < self.keys.len {
+            let chunk = &self.keys.chunks[pos >> CHUNK_SHIFT];
+            let from = pos & (CHUNK - 1);
+            let take = (chunk.len() - from).min(max - m);
+            for rec in &chunk[from..from + take] {
+                let Some(k) = key(m) else {
+                    return m;
+                };
+                let h = (rec.h[1] as u64) << 32 | rec.h[0] as u64;
+                if rec.ks & !NEXT_RUN_FLAG != k.ks | RUN_FLAG || h != k.h {
+                    return m;
+                }
+                m += 1;
+            }
+            pos += take;
+        }
+        m
+    }
+
+    /// Whether the key record at `pos` continues a run: its holders equal those of the record
+    /// at `pos - 1` in replica, tier and `last_seen` (see [`RUN_FLAG`]).
+    #[inline(always)]
+    pub fn continues_run(&self, pos: u32) -> bool {
+        self.keys.get(pos).ks & RUN_FLAG != 0
+    }
+
+    /// Clears the run bit of the record at `pos`, if there is one.
+    fn clear_run(&mut self, pos: u32) {
+        if (pos as usize) < self.keys.len {
+            self.keys.get_mut(pos).ks &= !RUN_FLAG;
+        }
+    }
+
+    /// The record at `pos` no longer continues a run (its holders changed, or it leaves).
+    fn leave_run(&mut self, pos: u32) {
+        self.keys.get_mut(pos).ks &= !RUN_FLAG;
+    }
+
+    /// The successor of the record at `pos` no longer continues it (the record's holders
+    /// changed, or it leaves its place): clears the successor's run bit, reading it only when
+    /// the record's hint says it may be set.
+    fn detach_next(&mut self, pos: u32) {
+        let rec = self.keys.get_mut(pos);
+        if rec.ks & NEXT_RUN_FLAG != 0 {
+            rec.ks &= !NEXT_RUN_FLAG;
+            self.clear_run(pos.wrapping_add(1));
+        }
+    }
+
+    /// A record arrived at `pos` from elsewhere in the slab: it continues nothing there, and
+    /// its hint spoke of its old successor.
+    fn arrive(&mut self, pos: u32) {
+        if (pos as usize) < self.keys.len {
+            self.keys.get_mut(pos).ks &= !RUN_BITS;
+        }
+    }
+
+    /// Records an upsert at `pos` (a record created by it when `created`, else changed by it
+    /// unless `applied` is false: the key was full) made after the upserts of `cursor`, all by
+    /// the same holder data. Keeps the run bits exact: a record changed right after its
+    /// predecessor was changed alike keeps its bit (a created one gets it when its predecessor
+    /// was created alike: both hold exactly that holder); any other change clears the bits
+    /// that depended on the old holders. Inlined: the common case (the next record of a stored
+    /// chain refreshed) is a few comparisons.
+    #[inline(always)]
+    pub fn note_upsert(&mut self, cursor: &mut RunCursor, pos: u32, created: bool, applied: bool) {
+        #[cfg(debug_assertions)]
+        debug_assert!(
+            cursor.pos == NIL || cursor.moves == self.moves,
+            "a record moved"
+        );
+        // A fresh cursor (NIL) "follows" into position 0: harmless, as the first record never
+        // has its run bit set, so keeping it is clearing it.
+        let follows = cursor.pos.wrapping_add(1) == pos && applied;
+        if follows && !created {
+            cursor.pos = pos;
+            cursor.created = false;
+            #[cfg(debug_assertions)]
+            {
+                cursor.moves = self.moves;
+            }
+        } else {
+            self.note_upsert_cold(cursor, pos, created, applied, follows);
+        }
+    }
+
+    /// [`Store::note_upsert`] when the record does not keep its run bit as it is.
+    #[inline(never)]
+    fn note_upsert_cold(
+        &mut self,
+        cursor: &mut RunCursor,
+        pos: u32,
+        created: bool,
+        applied: bool,
+        follows: bool,
+    ) {
+        if follows {
+            // Created right after its predecessor.
+            if cursor.created {
+                self.keys.get_mut(pos).ks |= RUN_FLAG;
+                self.keys.get_mut(cursor.pos).ks |= NEXT_RUN_FLAG;
+            }
+        } else {
+            self.end_run(*cursor);
+            if applied && !created {
+                self.leave_run(pos);
+            }
+        }
+        *cursor = if applied {
+            RunCursor {
+                pos,
+                created,
+                #[cfg(debug_assertions)]
+                moves: self.moves,
+            }
+        } else {
+            RunCursor::new()
+        };
+    }
+
+    /// Ends a chain's upserts: the successor of the last changed record no longer continues it.
+    pub fn end_run(&mut self, cursor: RunCursor) {
+        // After a record moved, `pos` may name another record: clearing its successor's bit
+        // is then merely unneeded (the changed record's own move cleared its successor's).
+        if (cursor.pos as usize) < self.keys.len {
+            self.detach_next(cursor.pos);
+        }
+    }
+
+    /// Each key record's key and run bits, in slab order (tests).
+    #[cfg(test)]
+    pub fn run_bits(&self) -> Vec<(KeyId, u32)> {
+        (0..self.keys.len as u32)
+            .map(|p| (self.key_at(p), self.keys.get(p).ks & RUN_BITS))
+            .collect()
+    }
+
+    /// How many key records continue a run (tests).
+    #[cfg(test)]
+    pub fn runs(&self) -> usize {
+        (0..self.keys.len as u32)
+            .filter(|&p| self.continues_run(p))
+            .count()
+    }
+
+    /// Checks every run bit against the holders (tests: panics on a stale bit).
+    pub fn check_runs(&self) {
+        let data = |pos: u32| {
+            let mut v: Vec<(u32, u8, i64)> = self
+                .holders(pos)
+                .map(|(_, h)| (h.replica(), h.tier(), h.last_seen()))
+                .collect();
+            v.sort_unstable();
+            v
+        };
+        for pos in 0..self.keys.len as u32 {
+            if self.continues_run(pos) {
+                assert!(pos > 0, "the first record continues a run");
+                assert_eq!(data(pos - 1), data(pos), "stale run bit at {pos}");
+                let hint = self.keys.get(pos - 1).ks & NEXT_RUN_FLAG != 0;
+                assert!(
+                    hint,
+                    "record {pos} continues a run its predecessor does not hint at"
+                );
+            }
+        }
     }
 
     /// The key at a slab position (`pos < key_count()`).
@@ -657,6 +892,8 @@ impl Store {
         let at = self.find_holder(pos, replica)?;
         self.entries -= 1;
         self.near = pos;
+        self.leave_run(pos);
+        self.detach_next(pos);
         match at {
             HolderPos::Inline(_) => {
                 let rec = self.keys.get(pos);
@@ -754,8 +991,10 @@ impl Store {
             // when every key was visited, that same slot).
             let b = self.visited - 1;
             if pos != b {
+                self.detach_next(b);
                 self.relink(b, pos);
                 self.keys.swap(pos, b);
+                self.arrive(pos);
                 pos = b;
             }
             self.visited = b;
@@ -764,7 +1003,10 @@ impl Store {
         if pos != last {
             self.relink(last, pos);
         }
+        // The removed record's successor lost its predecessor (remove_holder detached it).
         self.keys.swap_remove(pos);
+        self.arrive(pos);
+        self.moves = self.moves.wrapping_add(1);
     }
 
     /// Points the table slot of the key record at `from` to `to` (the record is about to move).
@@ -928,6 +1170,74 @@ mod tests {
         assert!(s.remove_holder(s.find(first).unwrap(), 1).unwrap().1);
         assert_eq!(s.visited() as usize, s.key_count());
         assert!(s.find(last).is_some());
+    }
+
+    /// Stores chain `c` of `n` blocks for `replica` at time `ts` as the ingest does (one
+    /// cursor over the chain's upserts).
+    fn store_chain(s: &mut Store, c: u64, n: u64, replica: u32, ts: i64) {
+        let mut run = RunCursor::new();
+        for b in 0..n {
+            let k = KeyId {
+                ks: 1,
+                h: c << 32 | b,
+            };
+            let h = Holder::new(replica, 1, b as i32, ts);
+            let (pos, created) = s.find_or_insert(k, h);
+            if !created {
+                match s.find_or_add_holder(pos, h, usize::MAX) {
+                    HolderUpsert::Existing(at) => s.holder_mut(at).set_last_seen(ts),
+                    HolderUpsert::Added => {}
+                    HolderUpsert::Full => unreachable!("no bound"),
+                }
+            }
+            s.note_upsert(&mut run, pos, created, true);
+        }
+        s.end_run(run);
+    }
+
+    /// The run bits stay exact through removals that move records (also below a sliced scan's
+    /// visited mark, which swaps a second record), chains stored over each other and partial
+    /// re-stores; the chains of one holder set are runs.
+    #[test]
+    fn run_bits_stay_exact_as_records_move() {
+        let mut s = Store::new();
+        // Each chain at its own time: a record moved next to another chain differs from it.
+        for c in 0..6u64 {
+            store_chain(&mut s, c, 30, 1, 10 * c as i64);
+            store_chain(&mut s, c, 30, 2, 10 * c as i64);
+        }
+        s.check_runs();
+        let runs = (0..s.key_count() as u32)
+            .filter(|&p| s.continues_run(p))
+            .count();
+        assert_eq!(runs, 6 * 29, "each chain is one run after its first block");
+        // A key below the visited mark goes: the last visited record (inside chain 2's run)
+        // fills its place and the slab's last record (chain 5's) the hole that leaves.
+        s.set_visited(70);
+        for r in [1, 2] {
+            s.remove_holder(s.find(KeyId { ks: 1, h: 10 }).expect("key"), r);
+        }
+        s.check_runs();
+        let mut x = 11u64;
+        for round in 0..300u64 {
+            x = x
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            let (c, b, r) = ((x >> 33) % 8, (x >> 40) % 30, 1 + (x >> 50) % 3);
+            if round % 7 == 0 {
+                store_chain(&mut s, c, b + 1, r as u32, 10 + round as i64 % 3);
+            } else if let Some(p) = s.find(KeyId {
+                ks: 1,
+                h: c << 32 | b,
+            }) {
+                s.remove_holder(p, r as u32);
+            }
+            s.check_runs();
+        }
+        assert!(
+            s.visited() < 70,
+            "no removal below the visited mark was exercised"
+        );
     }
 
     /// Inserts `k`; returns how many keys a grow or tombstone rehash of its table moved (the
