@@ -225,6 +225,14 @@ impl Decoder {
     }
 }
 
+#[cfg(test)]
+impl Decoder {
+    /// The dynamic table's size and its current bound (the fuzz tests check both).
+    pub(super) fn table_bytes(&self) -> (usize, usize) {
+        (self.size, self.max_size)
+    }
+}
+
 /// An integer with an `n`-bit prefix (§5.1), advancing `at` past it.
 fn integer(block: &[u8], at: &mut usize, prefix_bits: u8) -> Result<usize, HpackError> {
     let max = (1usize << prefix_bits) - 1;
