@@ -24,7 +24,8 @@
 
 use std::alloc::{GlobalAlloc, Layout};
 use std::cell::Cell;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use futures_lite::future;
@@ -625,6 +626,54 @@ async fn case(seed: u64) -> (usize, String) {
     (PEAK.load(Ordering::Relaxed).saturating_sub(start), kind)
 }
 
+/// A case that makes no progress for [`HANG_AFTER`] (its own timers bound it to a few
+/// seconds, so only an executor that sleeps past them gets there) ends the run, naming its
+/// seed: a hang is a failure, not a silent stall of the long run.
+const HANG_AFTER: Duration = Duration::from_secs(30);
+
+struct Watchdog {
+    /// The running case's seed and when it started (ms since the watchdog started); the
+    /// start is `u64::MAX` between cases.
+    seed: Arc<AtomicU64>,
+    started_ms: Arc<AtomicU64>,
+    epoch: Instant,
+}
+
+impl Watchdog {
+    fn start() -> Watchdog {
+        let w = Watchdog {
+            seed: Arc::default(),
+            started_ms: Arc::new(AtomicU64::new(u64::MAX)),
+            epoch: Instant::now(),
+        };
+        let (seed, started_ms, epoch) = (w.seed.clone(), w.started_ms.clone(), w.epoch);
+        std::thread::spawn(move || {
+            loop {
+                std::thread::sleep(Duration::from_secs(1));
+                let started = started_ms.load(Ordering::Relaxed);
+                let now = epoch.elapsed().as_millis() as u64;
+                if started != u64::MAX
+                    && now.saturating_sub(started) > HANG_AFTER.as_millis() as u64
+                {
+                    let seed = seed.load(Ordering::Relaxed);
+                    eprintln!(
+                        "HANG: case seed {seed} made no progress for {HANG_AFTER:?} \
+                         (reproduce with FUZZ_SEED={seed} FUZZ_CASES=1)"
+                    );
+                    std::process::exit(101);
+                }
+            }
+        });
+        w
+    }
+
+    fn case(&self, seed: u64) {
+        self.seed.store(seed, Ordering::Relaxed);
+        let now = self.epoch.elapsed().as_millis() as u64;
+        self.started_ms.store(now, Ordering::Relaxed);
+    }
+}
+
 /// Prints the failing case's seed on the way out of a panic.
 struct SeedOnPanic(u64);
 
@@ -656,12 +705,14 @@ fn fuzz_connection_frame_sequences() {
     });
     let until = secs.map(|s| Instant::now() + Duration::from_secs(s));
     let ex = frontend_harness::setup_core();
+    let watchdog = Watchdog::start();
     let mut n = 0u64;
     let mut peak = 0;
     let mut retained_base = None;
     let mut outcomes = std::collections::BTreeMap::new();
     while n < cases && until.is_none_or(|t| Instant::now() < t) {
         let seed = base.wrapping_add(n);
+        watchdog.case(seed);
         let guard = SeedOnPanic(seed);
         let (grown, kind) = ex.run(case(seed));
         *outcomes.entry(kind).or_insert(0u64) += 1;

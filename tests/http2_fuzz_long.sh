@@ -11,6 +11,7 @@
 #
 #   bash tests/http2_fuzz_long.sh                 # 30 minutes per target
 #   FUZZ_SECS=60 bash tests/http2_fuzz_long.sh
+#   ONLY=connection bash tests/http2_fuzz_long.sh   # targets whose name contains ONLY
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -47,18 +48,20 @@ trap 'rm -rf "$logs"' EXIT
 pids=()
 for i in "${!TARGETS[@]}"; do
   IFS='|' read -r bin name <<<"${TARGETS[$i]}"
+  [[ $name == *"${ONLY:-}"* ]] || continue
   FUZZ_SECS=$FUZZ_SECS "$bin" --exact "$name" --nocapture >"$logs/$i" 2>&1 &
-  pids+=($!)
+  pids[$i]=$!
 done
 failed=0
 for i in "${!TARGETS[@]}"; do
   IFS='|' read -r _ name <<<"${TARGETS[$i]}"
+  [[ $name == *"${ONLY:-}"* ]] || continue
   if wait "${pids[$i]}" && grep -q "1 passed" "$logs/$i"; then
     grep -h "cases from seed" "$logs/$i"
   else
     failed=1
     echo "FAILED: $name" >&2
-    grep -h -E "FAILED|panicked|seed" "$logs/$i" >&2 || cat "$logs/$i" >&2
+    grep -h -E -A2 "FAILED|panicked|seed|HANG" "$logs/$i" >&2 || cat "$logs/$i" >&2
   fi
 done
 exit $failed
