@@ -308,8 +308,11 @@ fn text(rng: &mut Rng, max: usize) -> Vec<u8> {
         .collect()
 }
 
+/// A header list as the generator sees it.
+type Fields = Vec<(Vec<u8>, Vec<u8>)>;
+
 /// One block of a case: fields, an optional size update, and the block's bytes.
-fn well_formed_block(rng: &mut Rng, model: &mut Model) -> (Vec<(Vec<u8>, Vec<u8>)>, Vec<u8>) {
+fn well_formed_block(rng: &mut Rng, model: &mut Model) -> (Fields, Vec<u8>) {
     let fields: Vec<_> = (0..rng.below(12)).map(|_| field(rng, model)).collect();
     let update = match rng.below(8) {
         0 => Some(rng.below(DECODER_TABLE_BYTES + 1)),
