@@ -630,6 +630,21 @@ async fn case(seed: u64) -> (usize, String) {
 /// seconds, so only an executor that sleeps past them gets there) ends the run, naming its
 /// seed: a hang is a failure, not a silent stall of the long run.
 const HANG_AFTER: Duration = Duration::from_secs(30);
+/// A case with no progress for this long (ms) gets its executor woken by the watchdog.
+const KICK_MS: u64 = 10_000;
+/// The waker of the running case's top future, for the watchdog's wake-up.
+static KICK: std::sync::Mutex<Option<std::task::Waker>> = std::sync::Mutex::new(None);
+/// Wake-ups the watchdog gave.
+static KICKS: AtomicU64 = AtomicU64::new(0);
+
+/// Never ready: leaves the case's waker in [`KICK`] each time it is polled.
+async fn kickable<T>() -> T {
+    std::future::poll_fn(|cx| {
+        *KICK.lock().unwrap_or_else(|e| e.into_inner()) = Some(cx.waker().clone());
+        std::task::Poll::Pending
+    })
+    .await
+}
 
 struct Watchdog {
     /// The running case's seed and when it started (ms since the watchdog started); the
@@ -648,13 +663,23 @@ impl Watchdog {
         };
         let (seed, started_ms, epoch) = (w.seed.clone(), w.started_ms.clone(), w.epoch);
         std::thread::spawn(move || {
+            let mut kicked = u64::MAX;
             loop {
                 std::thread::sleep(Duration::from_secs(1));
                 let started = started_ms.load(Ordering::Relaxed);
-                let now = epoch.elapsed().as_millis() as u64;
-                if started != u64::MAX
-                    && now.saturating_sub(started) > HANG_AFTER.as_millis() as u64
-                {
+                let stalled = (epoch.elapsed().as_millis() as u64).saturating_sub(started);
+                if started != u64::MAX && stalled > KICK_MS && kicked != started {
+                    // Wake the executor from here: if the case then ends, the executor had
+                    // slept past its own timers (counted, reported), not the server stalled.
+                    kicked = started;
+                    KICKS.fetch_add(1, Ordering::Relaxed);
+                    let seed = seed.load(Ordering::Relaxed);
+                    eprintln!("STALL: case seed {seed}: no progress for {KICK_MS} ms, woken");
+                    if let Some(w) = KICK.lock().unwrap_or_else(|e| e.into_inner()).take() {
+                        w.wake();
+                    }
+                }
+                if started != u64::MAX && stalled > HANG_AFTER.as_millis() as u64 {
                     let seed = seed.load(Ordering::Relaxed);
                     eprintln!(
                         "HANG: case seed {seed} made no progress for {HANG_AFTER:?} \
@@ -714,7 +739,7 @@ fn fuzz_connection_frame_sequences() {
         let seed = base.wrapping_add(n);
         watchdog.case(seed);
         let guard = SeedOnPanic(seed);
-        let (grown, kind) = ex.run(case(seed));
+        let (grown, kind) = ex.run(future::or(case(seed), kickable()));
         *outcomes.entry(kind).or_insert(0u64) += 1;
         drop(guard);
         assert!(
@@ -733,7 +758,8 @@ fn fuzz_connection_frame_sequences() {
     }
     eprintln!(
         "fuzz_connection_frame_sequences: {n} cases from seed {base} passed; outcomes {outcomes:?}; \
-         largest heap growth in a case {peak} bytes"
+         largest heap growth in a case {peak} bytes; executor stalls woken by the watchdog {}",
+        KICKS.load(Ordering::Relaxed)
     );
     assert!(n > 0);
 }
