@@ -89,7 +89,76 @@ pub struct Report {
     pub tasks: BTreeMap<&'static str, (Duration, Duration, u64)>,
     /// The same per shape and task (`shape/task`).
     pub by_shape: BTreeMap<String, (Duration, Duration, u64)>,
+    /// Every slice over [`SLOW_SLICE`] of thread CPU, with what the kernel says the thread did
+    /// in it (the diagnosis of the rare slow slice).
+    pub slow: Vec<SlowSlice>,
     shape: &'static str,
+}
+
+/// A slice is listed in [`Report::slow`] above this much thread CPU.
+pub const SLOW_SLICE: Duration = Duration::from_micros(1000);
+
+/// One slow slice: `getrusage(RUSAGE_THREAD)` deltas over it.
+#[derive(Clone, Debug)]
+pub struct SlowSlice {
+    /// `shape/task` and the slice's number within that task.
+    pub task: String,
+    pub nth: u64,
+    pub cpu: Duration,
+    pub wall: Duration,
+    /// User and system CPU of the thread over the slice (tick-granular in some kernels).
+    pub user: Duration,
+    pub sys: Duration,
+    /// Minor and major page faults, voluntary and involuntary context switches.
+    pub minflt: i64,
+    pub majflt: i64,
+    pub nvcsw: i64,
+    pub nivcsw: i64,
+}
+
+/// `getrusage(RUSAGE_THREAD)`: user, system, minflt, majflt, nvcsw, nivcsw.
+#[derive(Clone, Copy, Default)]
+struct Usage {
+    user: Duration,
+    sys: Duration,
+    minflt: i64,
+    majflt: i64,
+    nvcsw: i64,
+    nivcsw: i64,
+}
+
+fn thread_usage() -> Usage {
+    #[repr(C)]
+    #[derive(Default)]
+    struct Timeval {
+        sec: i64,
+        usec: i64,
+    }
+    #[repr(C)]
+    #[derive(Default)]
+    struct Rusage {
+        utime: Timeval,
+        stime: Timeval,
+        // maxrss ixrss idrss isrss minflt majflt nswap inblock oublock msgsnd msgrcv nsignals
+        // nvcsw nivcsw
+        longs: [i64; 14],
+    }
+    unsafe extern "C" {
+        fn getrusage(who: i32, usage: *mut Rusage) -> i32;
+    }
+    const RUSAGE_THREAD: i32 = 1;
+    let mut r = Rusage::default();
+    // SAFETY: getrusage writes one struct rusage into the valid local `r`.
+    unsafe { getrusage(RUSAGE_THREAD, &mut r) };
+    let tv = |t: &Timeval| Duration::new(t.sec as u64, (t.usec * 1000) as u32);
+    Usage {
+        user: tv(&r.utime),
+        sys: tv(&r.stime),
+        minflt: r.longs[4],
+        majflt: r.longs[5],
+        nvcsw: r.longs[12],
+        nivcsw: r.longs[13],
+    }
 }
 
 impl Report {
@@ -131,9 +200,28 @@ pub fn thread_cpu() -> Duration {
 }
 
 fn timed<T>(report: &mut Report, task: &'static str, f: impl FnOnce() -> T) -> T {
+    let u0 = thread_usage();
     let (t, c) = (Instant::now(), thread_cpu());
     let out = f();
-    report.record(task, thread_cpu() - c, t.elapsed());
+    let (cpu, wall) = (thread_cpu() - c, t.elapsed());
+    report.record(task, cpu, wall);
+    if cpu > SLOW_SLICE {
+        let u1 = thread_usage();
+        let key = format!("{}/{task}", report.shape);
+        let nth = report.by_shape.get(&key).map_or(0, |e| e.2);
+        report.slow.push(SlowSlice {
+            task: key,
+            nth,
+            cpu,
+            wall,
+            user: u1.user.saturating_sub(u0.user),
+            sys: u1.sys.saturating_sub(u0.sys),
+            minflt: u1.minflt - u0.minflt,
+            majflt: u1.majflt - u0.majflt,
+            nvcsw: u1.nvcsw - u0.nvcsw,
+            nivcsw: u1.nivcsw - u0.nivcsw,
+        });
+    }
     out
 }
 

@@ -49,6 +49,30 @@ fn main() {
             wall.as_secs_f64() * 1e3
         );
     }
+    println!();
+    println!(
+        "slices over {:?} of thread CPU (getrusage(RUSAGE_THREAD) over the slice):",
+        harness::SLOW_SLICE
+    );
+    println!(
+        "| shape/task | slice # | CPU | wall | user | sys | minflt | majflt | nvcsw | nivcsw |"
+    );
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    for s in &report.slow {
+        println!(
+            "| {} | {} | {:.3} ms | {:.3} ms | {:.3} ms | {:.3} ms | {} | {} | {} | {} |",
+            s.task,
+            s.nth,
+            s.cpu.as_secs_f64() * 1e3,
+            s.wall.as_secs_f64() * 1e3,
+            s.user.as_secs_f64() * 1e3,
+            s.sys.as_secs_f64() * 1e3,
+            s.minflt,
+            s.majflt,
+            s.nvcsw,
+            s.nivcsw
+        );
+    }
     let (task, worst) = report.worst().expect("slices ran");
     assert!(
         worst <= Duration::from_millis(1),
