@@ -271,3 +271,65 @@ fn keyspaces_per_core_are_bounded_and_a_full_table_reclaims_first() {
     assert_eq!(ix.keyspace_count(), 50);
     ix.check_catalog();
 }
+
+/// The reclaim pass drops the quota heaps (they may name ids it frees) without visiting them:
+/// their snapshots' blob references are given back afterwards in the cap build's slices, each
+/// within its budget, even on an index without a global cap; the quota keeps evicting the
+/// oldest keys after that (its heap is rebuilt on the next need).
+#[test]
+fn the_quota_heaps_the_reclaim_pass_drops_are_released_in_slices() {
+    let rules = Rules::quota("t", 100);
+    let mut ix = index_cfg(|_| {});
+    // 300 keys of 16-byte hashes (blob keys), oldest first: the quota keeps the newest 100.
+    for i in 0..300u64 {
+        let mut h = [0u8; 16];
+        h[..8].copy_from_slice(&i.to_be_bytes());
+        let u = at(
+            upd("t", "m", "vllm", "r", vec![legacy(&h, 16)]),
+            T0 + i as i64 * SEC,
+        );
+        ix.ingest(&u, T0 + i as i64 * SEC, &rules);
+    }
+    assert_eq!(ix.tenant_prefix_count("t"), 100);
+    // Another tenant's keys expire, so the pass frees records (and reaches its release stage).
+    ix.ingest(&at(adapters("u", "m", 0, 50, T0), T0), T0, &rules);
+    let now = T0 + 11 * MIN;
+    ix.sweep(now, &rules);
+    assert!(!ix.has_tenant_model("u", "m"));
+    ix.check_catalog();
+    assert!(
+        ix.cap_prebuild_wanted(),
+        "the dropped quota heap is left to the cap build's slices"
+    );
+    let mut slices = 0;
+    while ix.cap_prebuild_wanted() {
+        slices += 1;
+        assert!(slices < 1000, "the release never ends");
+        let step = ix.cap_prebuild_step(SweepBudget {
+            max_entries: 16,
+            deadline: None,
+        });
+        assert!(
+            step.entries <= 16,
+            "a slice handled {} snapshots",
+            step.entries
+        );
+    }
+    assert!(slices > 1, "released in {slices} slice(s)");
+    // The quota still evicts the oldest key first.
+    let mut h = [0u8; 16];
+    h[..8].copy_from_slice(&1000u64.to_be_bytes());
+    let u = at(upd("t", "m", "vllm", "r", vec![legacy(&h, 16)]), now);
+    ix.ingest(&u, now, &rules);
+    assert_eq!(ix.tenant_prefix_count("t"), 100);
+    let oldest: Vec<_> = ix
+        .dump_entries()
+        .into_iter()
+        .filter(|e| e.tenant == "t")
+        .map(|e| u64::from_be_bytes(e.hash[..8].try_into().unwrap()))
+        .min()
+        .into_iter()
+        .collect();
+    assert_eq!(oldest, vec![201]);
+    ix.check_catalog();
+}

@@ -242,6 +242,24 @@ pub(crate) struct CapState {
     spare: Vec<CapCand>,
 }
 
+/// Quota heaps dropped by the reclaim pass, whose blob references are still to be given back:
+/// released in the cap build's slices ([`Index::cap_prebuild_step`]), since one reclaim slice
+/// cannot visit every snapshot of every tenant's heap (a client decides how many tenants and
+/// keys there are).
+#[derive(Default)]
+pub(crate) struct QuotaRetired {
+    /// Whole tables of heaps, taken off the index in one move each.
+    tables: Vec<hashbrown::HashMap<u32, QuotaState>>,
+    /// The snapshots of the heap being released (taken from the end).
+    current: Vec<QuotaCand>,
+}
+
+impl QuotaRetired {
+    pub(crate) fn is_empty(&self) -> bool {
+        self.tables.is_empty() && self.current.is_empty()
+    }
+}
+
 /// One tenant's quota candidate heap.
 #[derive(Default)]
 pub(crate) struct QuotaState {
@@ -818,7 +836,10 @@ impl Index {
     /// and holds at most `1 / PREBUILD_LOW_WATER` of the candidates it was built with.
     /// (Or a replaced heap's snapshots are still to be released.)
     pub fn cap_prebuild_wanted(&self) -> bool {
-        self.cap.next.is_some() || !self.cap.retired.is_empty() || self.cap_build_due()
+        self.cap.next.is_some()
+            || !self.cap.retired.is_empty()
+            || !self.quota_retired.is_empty()
+            || self.cap_build_due()
     }
 
     /// Whether a new cap build ahead of need should start (see [`Index::cap_prebuild_wanted`]).
@@ -845,6 +866,12 @@ impl Index {
     /// needs them.
     pub fn cap_prebuild_step(&mut self, budget: SweepBudget) -> CapBuildStep {
         let mut step = CapBuildStep::default();
+        if !self.quota_retired.is_empty() {
+            // A slice of its own (of the same budget).
+            step.entries = self.quota_release_retired(budget.max_entries);
+            step.in_progress = self.cap_prebuild_wanted();
+            return step;
+        }
         if !self.cap.retired.is_empty() {
             // A slice of its own (of the same budget).
             step.entries = self.cap_release_retired(budget.max_entries);
@@ -1056,6 +1083,52 @@ impl Index {
                 self.release_key(k);
             }
         }
+    }
+
+    /// Drops every tenant's quota heap in one move (the reclaim pass's release stage): their
+    /// snapshots' blob references are given back later, in the cap build's slices
+    /// ([`Index::quota_release_retired`]). O(1) here, whatever the number of heaps.
+    pub(crate) fn quota_retire_all(&mut self) {
+        if !self.quotas.is_empty() {
+            let table = std::mem::take(&mut self.quotas);
+            self.quota_retired.tables.push(table);
+        }
+    }
+
+    /// Gives back the blob references of up to `max` retired quota snapshots (a heap at a time,
+    /// from the end of its buffer; `max` also bounds the heaps taken off a retired table).
+    /// Returns how many snapshots and heaps were handled.
+    fn quota_release_retired(&mut self, max: usize) -> usize {
+        let mut work = 0usize;
+        while work < max {
+            let r = &mut self.quota_retired;
+            if !r.current.is_empty() {
+                let n = r.current.len().min(max - work);
+                let at = r.current.len() - n;
+                for c in r.current.drain(at..) {
+                    release_blob(&mut self.cat, c.key);
+                }
+                work += n;
+                continue;
+            }
+            let Some(table) = r.tables.last_mut() else {
+                break;
+            };
+            // One heap off the table: `extract_if` stops where the iterator is dropped.
+            let next = table.extract_if(|_, _| true).next();
+            work += 1;
+            match next {
+                Some((_, mut q)) => {
+                    let mut v = std::mem::take(&mut q.heap.v);
+                    v.extend(q.threshold.take());
+                    r.current = v;
+                }
+                None => {
+                    r.tables.pop();
+                }
+            }
+        }
+        work
     }
 
     fn quota_build(&mut self, tenant: u32, need: usize) {

@@ -468,6 +468,8 @@ pub struct Index {
     gauge: ModelGauge,
     cap: CapState,
     quotas: HashMap<u32, QuotaState>,
+    /// Quota heaps dropped by the reclaim pass, released in the cap build's slices.
+    quota_retired: eviction::QuotaRetired,
     scratch: lookup::Scratch,
     last: lookup::LastLookup,
     min_candidates: usize,
@@ -521,6 +523,7 @@ impl Index {
             gauge: ModelGauge::default(),
             cap: CapState::default(),
             quotas: HashMap::new(),
+            quota_retired: eviction::QuotaRetired::default(),
             scratch: lookup::Scratch::default(),
             last: lookup::LastLookup::default(),
             min_candidates: eviction::MIN_CANDIDATES,
