@@ -92,6 +92,9 @@ pub struct Report {
     /// Every slice over [`SLOW_SLICE`] of thread CPU, with what the kernel says the thread did
     /// in it (the diagnosis of the rare slow slice).
     pub slow: Vec<SlowSlice>,
+    /// Steps not (yet) sliced, timed for the record (not asserted): `shape/step` → the most
+    /// thread CPU one took, and how many ran.
+    pub unsliced: BTreeMap<String, (Duration, u64)>,
     shape: &'static str,
 }
 
@@ -222,6 +225,20 @@ fn timed<T>(report: &mut Report, task: &'static str, f: impl FnOnce() -> T) -> T
             nivcsw: u1.nivcsw - u0.nivcsw,
         });
     }
+    out
+}
+
+/// Times one step that is not sliced ([`Report::unsliced`]).
+fn timed_unsliced<T>(report: &mut Report, step: &'static str, f: impl FnOnce() -> T) -> T {
+    let c = thread_cpu();
+    let out = f();
+    let cpu = thread_cpu() - c;
+    let e = report
+        .unsliced
+        .entry(format!("{}/{step}", report.shape))
+        .or_default();
+    e.0 = e.0.max(cpu);
+    e.1 += 1;
     out
 }
 
@@ -367,7 +384,7 @@ fn sweep(
     ix: &mut Index,
     rules: &mut Rules,
     report: &mut Report,
-    mut churn: impl FnMut(&mut Index, &mut Rules, u64),
+    mut churn: impl FnMut(&mut Index, &mut Rules, u64, &mut Report),
 ) {
     ix.sweep_begin(NOW);
     let mut n = 0u64;
@@ -381,7 +398,7 @@ fn sweep(
         if step.finished.is_some() {
             return;
         }
-        churn(ix, rules, n);
+        churn(ix, rules, n, report);
         n += 1;
     }
 }
@@ -514,8 +531,9 @@ fn run_plain(scale: &Scale, rules: &mut Rules, report: &mut Report) {
     plain(&mut ix, rules, scale.entries);
     cap_build(&mut ix, report);
     snapshot(&ix, report);
+    timed_unsliced(report, "snapshot_part", || ix.snapshot_part());
     let records = records(&ix);
-    sweep(&mut ix, rules, report, |ix, rules, n| {
+    sweep(&mut ix, rules, report, |ix, rules, n, report| {
         if n % 64 == 0 {
             rules.flipped = !rules.flipped;
             ix.rules_changed();
@@ -528,7 +546,7 @@ fn run_plain(scale: &Scale, rules: &mut Rules, report: &mut Report) {
                 tenant_id: format!("t{}", n % 4),
                 ..Default::default()
             };
-            ix.apply_event(&e, NOW, rules);
+            timed_unsliced(report, "all_cleared", || ix.apply_event(&e, NOW, rules));
         }
     });
     cap_build(&mut ix, report);
@@ -542,7 +560,7 @@ fn run_keyspaces(scale: &Scale, rules: &mut Rules, report: &mut Report) {
     let mut ix = index(scale);
     keyspaces(&mut ix, rules, scale.keyspaces);
     snapshot(&ix, report);
-    sweep(&mut ix, rules, report, |_, _, _| {});
+    sweep(&mut ix, rules, report, |_, _, _, _| {});
     assert_eq!(ix.keyspace_count(), 0);
 }
 
@@ -550,7 +568,7 @@ fn run_keyspaces(scale: &Scale, rules: &mut Rules, report: &mut Report) {
 fn run_names(scale: &Scale, rules: &mut Rules, report: &mut Report) {
     let mut ix = index(scale);
     names(&mut ix, rules, scale.names);
-    sweep(&mut ix, rules, report, |_, _, _| {});
+    sweep(&mut ix, rules, report, |_, _, _, _| {});
 }
 
 /// Full keys: `holders` holders each, half expiring.
@@ -559,5 +577,5 @@ fn run_held(scale: &Scale, rules: &mut Rules, report: &mut Report) {
     held(&mut ix, rules, scale.held_keys, scale.holders);
     cap_build(&mut ix, report);
     snapshot(&ix, report);
-    sweep(&mut ix, rules, report, |_, _, _| {});
+    sweep(&mut ix, rules, report, |_, _, _, _| {});
 }
