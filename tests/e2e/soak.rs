@@ -278,6 +278,9 @@ async fn soak(shards: usize, s: Soak) {
     stop.store(true, Ordering::Relaxed);
     let mut quiet = quiet.await.expect("quiet client");
     let quiet_p99 = p99(&mut quiet);
+    // The heartbeat lag with the well-behaved client alone: what this machine's other
+    // processes cost the core thread (the gauge is a maximum since start).
+    let quiet_lags = heartbeat_lags(&srv);
     // Hostile run, the same client alongside.
     let stop = Arc::new(AtomicBool::new(false));
     let good = tokio::spawn(well_behaved(
@@ -324,7 +327,7 @@ async fn soak(shards: usize, s: Soak) {
         "soak --shards {shards} seed {}: {sent} hostile sends, {evicted} cap evictions, \
          {sync} cap builds on an ingest; \
          quiet p99 {quiet_p99:?} ({} lookups), hostile p99 {loaded_p99:?} ({} lookups); \
-         heartbeat max lag per core {lags:?} s; max RSS {} MiB",
+         heartbeat max lag per core {quiet_lags:?} s quiet, {lags:?} s in all; max RSS {} MiB",
         s.seed,
         quiet.len(),
         loaded.len(),

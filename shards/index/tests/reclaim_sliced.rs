@@ -333,3 +333,65 @@ fn the_quota_heaps_the_reclaim_pass_drops_are_released_in_slices() {
     assert_eq!(oldest, vec![201]);
     ix.check_catalog();
 }
+
+/// The cap heap may still hold stale snapshots of a tenant whose keys are all gone when the
+/// reclaim pass unlinks that tenant's record (the snapshots go only at the pass's release
+/// stage). A cap eviction in between pops them: it must drop them as stale, not fail looking up
+/// the tenant. (The adversarial soak's hostile mix hit this on a server core.) Every cut of the
+/// pass is tried: a fresh index per cut, the pass run for that budget, then an ingest at the cap.
+#[test]
+fn a_cap_eviction_between_a_tenant_unlinked_and_released_drops_its_stale_snapshots() {
+    let rules = NoRules;
+    for cut in 1..40usize {
+        let mut ix = index_cfg(|c| c.max_entries = 10);
+        ix.set_min_candidates(64);
+        // The oldest keys belong to `gone`; `keep` fills the cap, and one more ingest builds
+        // the cap heap (every entry a candidate), evicting one of `gone`'s.
+        for i in 0..5u64 {
+            let u = at(
+                upd("gone", "m", "vllm", "r", vec![legacy(&i.to_be_bytes(), 16)]),
+                T0,
+            );
+            ix.ingest(&u, T0, &rules);
+        }
+        for i in 0..6u64 {
+            let u = at(
+                upd(
+                    "keep",
+                    "m",
+                    "vllm",
+                    "r",
+                    vec![legacy(&(100 + i).to_be_bytes(), 16)],
+                ),
+                T0 + SEC,
+            );
+            ix.ingest(&u, T0 + SEC, &rules);
+        }
+        assert_eq!(ix.entry_count(), 10);
+        // `gone`'s replica clears: its keys leave, their snapshots stay in the heap, stale.
+        let e = event(Type::AllCleared, "gone", "m", "r", b"");
+        ix.apply_event(&e, T0 + 2 * SEC, &rules);
+        assert!(!ix.has_tenant_model("gone", "m"));
+        ix.reclaim_step(SweepBudget {
+            max_entries: cut,
+            deadline: None,
+        });
+        ix.check_catalog();
+        // Over the cap: the heap's first snapshots are `gone`'s.
+        for i in 0..6u64 {
+            let u = at(
+                upd(
+                    "keep",
+                    "m",
+                    "vllm",
+                    "r",
+                    vec![legacy(&(200 + i).to_be_bytes(), 16)],
+                ),
+                T0 + 3 * SEC,
+            );
+            ix.ingest(&u, T0 + 3 * SEC, &rules);
+        }
+        assert_eq!(ix.entry_count(), 10, "cut {cut}");
+        ix.check_catalog();
+    }
+}

@@ -479,8 +479,11 @@ impl Index {
 
     /// The current cap snapshot of an entry, if it exists and is not reserved. `pos` is the
     /// key's slab position when the caller already knows it (saves a table probe).
+    /// A stale snapshot's key may belong to a tenant whose record the reclaim pass already
+    /// unlinked (its keys are gone; the snapshots are dropped only at the pass's release stage):
+    /// no record, no entry.
     fn cap_cand(&self, key: KeyId, replica: u32, pos: Option<u32>) -> Option<CapCand> {
-        let t = &self.cat.tenants[&self.cat.tenant_of(key)];
+        let t = self.cat.tenants.get(&self.cat.tenant_of(key))?;
         if t.reserved {
             return None;
         }
