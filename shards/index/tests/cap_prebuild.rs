@@ -490,7 +490,7 @@ fn reserved_buffers_leave_no_build_a_fresh_allocation() {
 
 /// The policy flips which of `t1`/`t2` is LFU on every `RulesChanged`.
 fn flipping_rules(flips: usize) -> Rules {
-    Rules::lfu(if flips % 2 == 0 { "t1" } else { "t2" })
+    Rules::lfu(if flips.is_multiple_of(2) { "t1" } else { "t2" })
 }
 
 /// Runs `ops` with rules that really change on every `RulesChanged` (see [`flipping_rules`]).
