@@ -64,6 +64,8 @@ mod robustness;
 mod self_differential;
 /// The shard-aware listener and the gateway SDK: no request hops.
 mod shard_aware;
+/// The seeded adversarial soak: hostile shapes mixed with a well-behaved client's traffic.
+mod soak;
 /// StreamCacheEvents and StreamMetrics.
 mod streams;
 /// RenderTemplate with tenant templates registered on the controller-facing listener.
