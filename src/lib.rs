@@ -47,3 +47,9 @@ mod tokenizer;
 pub fn run() -> i32 {
     startup::run()
 }
+
+/// Turns transparent huge pages off for the process unless the operator's environment keeps
+/// them (`MIMALLOC_ALLOW_THP`); the binary calls it first thing. Returns whether it did.
+pub fn no_transparent_huge_pages() -> bool {
+    sys::memory::no_transparent_huge_pages()
+}

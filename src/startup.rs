@@ -248,6 +248,8 @@ fn index_config(cli: &Cli, shards: usize) -> IndexConfig {
         // Several cores pick quota and cap victims across cores (runtime::evict).
         cross_core_eviction: shards > 1,
         gradual_buffer_hook: Some(crate::sys::memory::no_huge_pages),
+        // Every policy install calls `rules_changed` (CoreState::set_policy).
+        rules_change_notified: true,
         ..Default::default()
     }
 }

@@ -87,7 +87,7 @@ fn preload_updates() -> Vec<pb::CacheStateUpdate> {
 }
 
 /// The gRPC-framed LookupRouteRequest for chain 0.
-fn lookup_body() -> Vec<u8> {
+pub fn lookup_body() -> Vec<u8> {
     lookup_body_for(0)
 }
 
@@ -119,7 +119,7 @@ fn frame(out: &mut Vec<u8>, kind: u8, flags: u8, stream: u32, payload: &[u8]) {
 
 /// The request header block: every field a literal without indexing with a literal name, so
 /// the server's HPACK table never changes and every request decodes the same bytes.
-fn header_block() -> Vec<u8> {
+pub fn header_block() -> Vec<u8> {
     let fields = [
         (":method", "POST"),
         (":scheme", "http"),
@@ -300,24 +300,43 @@ impl Client {
     }
 }
 
-/// Executor, core, preload, connection and one checked warm-up request.
-pub fn setup() -> (LocalExecutor, Client) {
+/// Executor and core, preloaded, with no connection yet (once per process).
+pub fn setup_core() -> LocalExecutor {
     let ex = LocalExecutorBuilder::new(Placement::Unbound)
         .io_memory(IO_MEMORY_BYTES)
         .make()
         .expect("glommio executor (io_uring available? locked memory large enough?)");
-    let (client_io, server_io) = tokio::io::duplex(DUPLEX_BYTES);
-    let mut client = Client::new(client_io);
     ex.run(async {
         perf_harness::install_core(&[]).expect("install core");
         for u in preload_updates() {
             perf_harness::apply_update(u).await.expect("preload");
         }
-        glommio::spawn_local(perf_harness::serve_http2(ServerEnd(server_io))).detach();
+    });
+    ex
+}
+
+/// A new in-memory connection (`buffer` bytes each way) served by the real front end, inside
+/// the executor of [`setup_core`]: the client's end, and the connection's task (it ends when
+/// the connection does).
+pub fn connect(buffer: usize) -> (DuplexStream, glommio::Task<()>) {
+    let (client_io, server_io) = tokio::io::duplex(buffer);
+    let task = glommio::spawn_local(perf_harness::serve_http2(ServerEnd(server_io)));
+    (client_io, task)
+}
+
+/// Executor, core, preload, connection and one checked warm-up request.
+pub fn setup() -> (LocalExecutor, Client) {
+    let ex = setup_core();
+    let mut client = None;
+    ex.run(async {
+        let (client_io, task) = connect(DUPLEX_BYTES);
+        task.detach();
+        let client = client.insert(Client::new(client_io));
         client.handshake().await;
         client.send(1).await;
         client.answers(1).await;
     });
+    let client = client.expect("set up in the run");
     let data = &client.last_data;
     assert!(
         client.data_frames == 1 && data.len() > 5,

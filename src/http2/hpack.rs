@@ -229,6 +229,14 @@ impl Decoder {
     }
 }
 
+#[cfg(test)]
+impl Decoder {
+    /// The dynamic table's size and its current bound (the fuzz tests check both).
+    pub(super) fn table_bytes(&self) -> (usize, usize) {
+        (self.size, self.max_size)
+    }
+}
+
 /// An integer with an `n`-bit prefix (§5.1), advancing `at` past it. At most
 /// [`MAX_INTEGER_BYTES`] bytes (the prefix and four continuation bytes, as `h2` allows): a
 /// longer encoding is an error, so the shift never passes 28 bits whatever the peer sends.

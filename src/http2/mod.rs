@@ -17,6 +17,8 @@
 
 mod connection;
 pub mod frame;
+#[cfg(test)]
+mod fuzz_hpack;
 pub mod headers;
 mod hpack;
 mod hpack_tables;

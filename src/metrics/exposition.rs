@@ -545,7 +545,12 @@ const PER_CORE: [PerCore; 11] = [
 type PerCoreSeconds = (&'static str, &'static str, fn(&CoreView) -> f64);
 
 /// The per-core gauges in seconds.
-const PER_CORE_SECONDS: [PerCoreSeconds; 6] = [
+const PER_CORE_SECONDS: [PerCoreSeconds; 7] = [
+    (
+        "inferencecache_core_heartbeat_max_lag_seconds",
+        "Most a core's heartbeat tick came late since start: the longest the core's task queue did not get to a due timer (a maintenance step, a request or the OS).",
+        |c| c.metrics.heartbeat_max_lag,
+    ),
     (
         "inferencecache_core_sweep_last_duration_seconds",
         "Wall time of a core's last completed TTL sweep pass, first slice to last.",

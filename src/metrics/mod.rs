@@ -198,6 +198,9 @@ pub struct CoreMetrics {
     pub cap_build_last_max_slice: f64,
     /// Most thread CPU time one slice of that build took (seconds).
     pub cap_build_last_max_slice_cpu: f64,
+    /// Most a heartbeat tick of the core came late since start (seconds; the largest over
+    /// cores once merged).
+    pub heartbeat_max_lag: f64,
     /// Every maintenance slice's wall time, per [`Maintenance`] kind: the longest a request
     /// queued on the core can have waited behind one.
     pub maintenance_slice: [Histogram; Maintenance::KINDS],
@@ -312,6 +315,7 @@ impl CoreMetrics {
         self.cap_build_last_max_slice_cpu = self
             .cap_build_last_max_slice_cpu
             .max(other.cap_build_last_max_slice_cpu);
+        self.heartbeat_max_lag = self.heartbeat_max_lag.max(other.heartbeat_max_lag);
         for kind in 0..Maintenance::KINDS {
             self.maintenance_slice[kind].merge(&other.maintenance_slice[kind]);
             self.maintenance_slice_cpu[kind].merge(&other.maintenance_slice_cpu[kind]);
@@ -456,6 +460,11 @@ pub fn record_cap_build(slices: u64, max_slice: Duration, max_slice_cpu: Duratio
         m.cap_build_last_max_slice = max_slice.as_secs_f64();
         m.cap_build_last_max_slice_cpu = max_slice_cpu.as_secs_f64();
     });
+}
+
+/// One heartbeat tick of the calling core came `lag` after it was due.
+pub fn record_heartbeat_lag(lag: Duration) {
+    with_store(|m| m.heartbeat_max_lag = m.heartbeat_max_lag.max(lag.as_secs_f64()));
 }
 
 /// `n` cap candidate builds run or finished in one go on the path that needed victims.

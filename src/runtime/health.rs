@@ -33,11 +33,15 @@ fn now_ms(h: &Health) -> u64 {
 }
 
 /// Stamps `core`'s heartbeat every [`CORE_HEARTBEAT_INTERVAL`] for the executor's lifetime.
+/// Each tick's lateness (how long after it was due the core's task queue got to it) is
+/// recorded (`inferencecache_core_heartbeat_max_lag_seconds`).
 pub(super) async fn heartbeat_loop(core: usize) {
     let h = HEALTH.get().expect("core health");
     loop {
         h.beats[core].store(now_ms(h), Ordering::Relaxed);
+        let due = Instant::now() + CORE_HEARTBEAT_INTERVAL;
         glommio::timer::sleep(CORE_HEARTBEAT_INTERVAL).await;
+        crate::metrics::record_heartbeat_lag(Instant::now().saturating_duration_since(due));
     }
 }
 

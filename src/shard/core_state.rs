@@ -301,6 +301,15 @@ impl CoreState {
                 .unwrap_or(CAP_BUILD_SLICE_MAX_ENTRIES),
             deadline: Some(Instant::now() + CAP_BUILD_SLICE_BUDGET),
         };
+        if self.index.algorithms_pending() {
+            // After a policy install: the tenants' eviction algorithms first, in slices.
+            let entries = self.index.algorithms_step(&*self.policy, budget);
+            return CapBuildStep {
+                entries,
+                in_progress: self.index.cap_prebuild_wanted(),
+                ..CapBuildStep::default()
+            };
+        }
         self.index.cap_prebuild_step(budget)
     }
 
@@ -335,6 +344,8 @@ impl CoreState {
     /// At start (before serving): builds the cap candidates in one go when a build ahead of need
     /// is wanted (a restored index near the cap), so the first ingests find them ready.
     pub fn build_cap_candidates_at_start(&mut self) {
+        self.index
+            .algorithms_step(&*self.policy, SweepBudget::UNBOUNDED);
         if self.index.cap_prebuild_wanted() {
             self.index.cap_prebuild_step(SweepBudget::UNBOUNDED);
         }

@@ -27,6 +27,28 @@ pub fn no_huge_pages(addr: usize, len: usize) {
     }
 }
 
+/// The environment variable with which an operator keeps transparent huge pages for the
+/// server (any value): see [`no_transparent_huge_pages`].
+pub const ALLOW_THP_ENV: &str = "MIMALLOC_ALLOW_THP";
+
+/// Turns transparent huge pages off for the whole process (`prctl(PR_SET_THP_DISABLE)`, which
+/// also covers memory mimalloc reserved and advised before `main`), unless [`ALLOW_THP_ENV`] is
+/// set. mimalloc advises huge pages on its arenas, and with the kernel's `defrag=madvise` the
+/// first write into each 2 MiB of fresh memory is one fault that zeroes (and may first compact)
+/// 2 MiB: 3–7 ms of system time on this project's VM, landing whole inside one maintenance
+/// slice of whatever task first touched the memory (a cap build's first slice, a sweep or
+/// restore slice as the tables grow: perf/runs/2026-12-06-maintenance-stress.md). With 4 KiB
+/// pages the same faults spread over many slices. Best effort: an old kernel's error changes
+/// nothing and is ignored. Returns whether it was turned off.
+pub fn no_transparent_huge_pages() -> bool {
+    if std::env::var_os(ALLOW_THP_ENV).is_some() {
+        return false;
+    }
+    // SAFETY: PR_SET_THP_DISABLE sets one flag of this process's memory descriptor; it reads no
+    // pointer and changes no mapping's contents.
+    unsafe { libc::prctl(libc::PR_SET_THP_DISABLE, 1, 0, 0, 0) == 0 }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -27,6 +27,10 @@ mod gates;
 mod hardness;
 /// The HTTP listeners: public endpoints, /snapshot, /policy, /probe, shutdown.
 mod http;
+/// The HTTP/2 layer's conformance checklist (RFC 9113 §3–§8, RFC 7541), case by case.
+mod http2_conformance;
+/// The known HTTP/2 denial-of-service families, each with bounds.
+mod http2_dos;
 /// The gRPC port's HTTP/2 wire behaviour (RFC 9113), frame by frame.
 mod http2_wire;
 /// ReportCacheState / PublishEvent semantics: timestamps, REPLICA_UPDATED, PREFIX_EVICTED.
@@ -60,6 +64,8 @@ mod robustness;
 mod self_differential;
 /// The shard-aware listener and the gateway SDK: no request hops.
 mod shard_aware;
+/// The seeded adversarial soak: hostile shapes mixed with a well-behaved client's traffic.
+mod soak;
 /// StreamCacheEvents and StreamMetrics.
 mod streams;
 /// RenderTemplate with tenant templates registered on the controller-facing listener.

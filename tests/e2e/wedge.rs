@@ -228,3 +228,34 @@ async fn sigterm_with_a_stalled_core_exits_within_the_bound() {
         "{r:?}"
     );
 }
+
+/// `THP_enabled` of `/proc/<pid>/status`: whether the process may get transparent huge pages.
+fn thp_enabled(pid: u32) -> String {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("THP_enabled:"))
+        .map(|v| v.trim().to_string())
+        .unwrap_or_default()
+}
+
+/// The server runs without transparent huge pages (a 2 MiB first-touch fault is milliseconds of
+/// system time inside one maintenance slice: perf/runs/2026-12-06-maintenance-stress.md), unless
+/// the operator's environment keeps them (`MIMALLOC_ALLOW_THP`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn transparent_huge_pages_are_off_unless_the_environment_keeps_them() {
+    if std::fs::read_to_string("/proc/self/status").is_ok_and(|s| !s.contains("THP_enabled:")) {
+        eprintln!("skipped: this kernel does not report THP_enabled");
+        return;
+    }
+    let srv = Server::start(1, &[]);
+    assert_eq!(thp_enabled(srv.child.id()), "0");
+    let kept = Server::start_opts(
+        1,
+        StartOpts {
+            env: &[("MIMALLOC_ALLOW_THP", "1")],
+            ..Default::default()
+        },
+    );
+    assert_eq!(thp_enabled(kept.child.id()), "1");
+}

@@ -13,7 +13,7 @@ use std::sync::{Arc, Mutex};
 
 use index_support::*;
 use inferencecache_index::PROBE_TENANT;
-use inferencecache_index::index::{Index, Removed, SweepBudget};
+use inferencecache_index::index::{Index, IndexConfig, Removed, SweepBudget};
 use inferencecache_index::rules::TenantRules;
 use inferencecache_proto::v1alpha1::cache_event::Type;
 
@@ -486,4 +486,182 @@ fn reserved_buffers_leave_no_build_a_fresh_allocation() {
     assert_eq!(sync, 0);
     let fresh = FRESH_BUFFERS.with(|b| b.borrow().len()) - reserved;
     assert_eq!(fresh, 0, "{fresh} builds of {prebuilt} allocated a buffer");
+}
+
+/// The policy flips which of `t1`/`t2` is LFU on every `RulesChanged`.
+fn flipping_rules(flips: usize) -> Rules {
+    Rules::lfu(if flips.is_multiple_of(2) { "t1" } else { "t2" })
+}
+
+/// Runs `ops` with rules that really change on every `RulesChanged` (see [`flipping_rules`]).
+/// `notified = Some((max_entries, steps_between))`: the index relies on `rules_changed`
+/// (`IndexConfig::rules_change_notified`) and re-resolves its tenants' algorithms in slices of
+/// that size, run between the operations like the server's maintenance loop does
+/// (`algorithms_step` while pending, else a cap build slice). `None`: the index checks every
+/// tenant before every enforcement, builds run in one go (the reference).
+fn run_flipping(ops: &[Op], cap: u64, k: usize, notified: Option<(usize, u64)>, seed: u64) -> Run {
+    let mut ix = Index::new(IndexConfig {
+        default_ttl_ns: HOUR,
+        max_entries: cap,
+        rules_change_notified: notified.is_some(),
+        ..IndexConfig::default()
+    });
+    ix.set_min_candidates(k);
+    let rows = record(&mut ix);
+    let mut rng = Rng(seed ^ 0xf11b);
+    let mut candidates = Vec::new();
+    let (mut flips, mut prebuilt, mut sync) = (0usize, 0usize, 0u64);
+    let now = T0 + 10 * SEC;
+    for op in ops {
+        let rules = flipping_rules(flips);
+        if let Op::RulesChanged = op {
+            flips += 1;
+        }
+        let rules_after = flipping_rules(flips);
+        // The rules in force change with the push, before the index is told.
+        let in_force = if matches!(op, Op::RulesChanged) {
+            &rules_after
+        } else {
+            &rules
+        };
+        if let Some(c) = op.apply(&mut ix, now, in_force) {
+            candidates.push(c);
+        }
+        sync += ix.take_cap_sync_builds();
+        if let Some((max_entries, steps_between)) = notified {
+            for _ in 0..rng.below(steps_between + 1) {
+                let budget = SweepBudget {
+                    max_entries,
+                    deadline: None,
+                };
+                if ix.algorithms_pending() {
+                    let visited = ix.algorithms_step(&rules_after, budget);
+                    assert!(visited <= max_entries, "{visited}");
+                } else {
+                    prebuilt += ix.cap_prebuild_step(budget).finished as usize;
+                }
+                ix.cap_check_invariant();
+            }
+        }
+    }
+    let removals = rows.lock().unwrap().clone();
+    Run {
+        removals,
+        candidates,
+        state: state(&ix),
+        prebuilt,
+        sync,
+    }
+}
+
+/// Policy pushes that really change algorithms: an index told of each push
+/// (`rules_change_notified`), re-resolving its tenants in slices between operations (or, when
+/// an enforcement comes first, finishing that itself), evicts exactly what the index that
+/// checks every tenant before every enforcement evicts, in the same order.
+#[test]
+fn algorithms_resolved_in_slices_after_a_push_evict_exactly_like_checking_every_time() {
+    let (mut prebuilt, mut finished_by_ingest) = (0, 0);
+    for seed in 1..=8u64 {
+        let mut rng = Rng(seed);
+        let keys = 40 + rng.below(200);
+        let ops: Vec<Op> = (0..700).map(|_| Op::draw(&mut rng, keys)).collect();
+        let cap = 20 + rng.below(80);
+        for k in [1usize, 16] {
+            let want = run_flipping(&ops, cap, k, None, seed);
+            assert!(
+                want.removals.iter().any(|r| r.contains("Lfu")),
+                "seed {seed}: LFU victims"
+            );
+            for (max_entries, between) in [(1usize, 2u64), (3, 1), (64, 1)] {
+                let got = run_flipping(&ops, cap, k, Some((max_entries, between)), seed);
+                let what = format!("seed {seed} cap {cap} k {k} slices of {max_entries}");
+                assert_eq!(got.removals.len(), want.removals.len(), "{what}");
+                for (i, (g, w)) in got.removals.iter().zip(&want.removals).enumerate() {
+                    assert_eq!(g, w, "{what}: removal #{i}");
+                }
+                assert_eq!(got.candidates, want.candidates, "{what}");
+                assert_eq!(got.state, want.state, "{what}");
+                prebuilt += got.prebuilt;
+                finished_by_ingest += got.sync;
+            }
+        }
+    }
+    assert!(prebuilt > 100, "{prebuilt}");
+    assert!(finished_by_ingest > 10, "{finished_by_ingest}");
+}
+
+/// Counts the rules' eviction lookups.
+struct Counting {
+    inner: Rules,
+    evictions: std::cell::Cell<u64>,
+}
+
+impl TenantRules for Counting {
+    fn ttl_ns(&self, tenant: &str) -> i64 {
+        self.inner.ttl_ns(tenant)
+    }
+    fn eviction(&self, tenant: &str) -> inferencecache_index::rules::Eviction {
+        self.evictions.set(self.evictions.get() + 1);
+        self.inner.eviction(tenant)
+    }
+    fn quota(&self, tenant: &str) -> Option<u64> {
+        self.inner.quota(tenant)
+    }
+}
+
+/// A client decides how many tenants a core holds. With `rules_change_notified` an ingest at the
+/// cap looks up one tenant's algorithm (its own), not every tenant's; after a push, the
+/// re-resolution visits each tenant record once, in slices of its budget.
+#[test]
+fn an_ingest_at_the_cap_does_not_visit_every_tenant() {
+    const TENANTS: u64 = 5000;
+    let rules = Counting {
+        inner: Rules::lfu("t7"),
+        evictions: std::cell::Cell::new(0),
+    };
+    let mut ix = Index::new(IndexConfig {
+        default_ttl_ns: HOUR,
+        max_entries: TENANTS,
+        rules_change_notified: true,
+        ..IndexConfig::default()
+    });
+    for i in 0..TENANTS {
+        let u = upd(
+            &format!("t{i}"),
+            "m",
+            "vllm",
+            "r",
+            vec![legacy(&i.to_be_bytes(), 16)],
+        );
+        ix.ingest(&at(u, T0 + i as i64), T0 + SEC, &rules);
+    }
+    rules.evictions.set(0);
+    for i in TENANTS..TENANTS + 100 {
+        let u = upd("t1", "m", "vllm", "r", vec![legacy(&i.to_be_bytes(), 16)]);
+        ix.ingest(&at(u, T0 + SEC), T0 + SEC, &rules);
+    }
+    assert_eq!(ix.entry_count(), TENANTS);
+    assert!(
+        rules.evictions.get() <= 200,
+        "{} eviction lookups for 100 ingests",
+        rules.evictions.get()
+    );
+    // A push: re-resolved in slices of at most 256 records, each tenant about once.
+    ix.rules_changed();
+    rules.evictions.set(0);
+    let mut slices = 0;
+    while ix.algorithms_pending() {
+        slices += 1;
+        assert!(slices <= 100);
+        let visited = ix.algorithms_step(
+            &rules,
+            SweepBudget {
+                max_entries: 256,
+                deadline: None,
+            },
+        );
+        assert!(visited <= 256);
+    }
+    assert!(slices >= TENANTS as usize / 256, "{slices}");
+    assert!(rules.evictions.get() <= TENANTS + 100);
 }

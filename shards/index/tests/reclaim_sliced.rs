@@ -271,3 +271,127 @@ fn keyspaces_per_core_are_bounded_and_a_full_table_reclaims_first() {
     assert_eq!(ix.keyspace_count(), 50);
     ix.check_catalog();
 }
+
+/// The reclaim pass drops the quota heaps (they may name ids it frees) without visiting them:
+/// their snapshots' blob references are given back afterwards in the cap build's slices, each
+/// within its budget, even on an index without a global cap; the quota keeps evicting the
+/// oldest keys after that (its heap is rebuilt on the next need).
+#[test]
+fn the_quota_heaps_the_reclaim_pass_drops_are_released_in_slices() {
+    let rules = Rules::quota("t", 100);
+    let mut ix = index_cfg(|_| {});
+    // 300 keys of 16-byte hashes (blob keys), oldest first: the quota keeps the newest 100.
+    for i in 0..300u64 {
+        let mut h = [0u8; 16];
+        h[..8].copy_from_slice(&i.to_be_bytes());
+        let u = at(
+            upd("t", "m", "vllm", "r", vec![legacy(&h, 16)]),
+            T0 + i as i64 * SEC,
+        );
+        ix.ingest(&u, T0 + i as i64 * SEC, &rules);
+    }
+    assert_eq!(ix.tenant_prefix_count("t"), 100);
+    // Another tenant's keys expire, so the pass frees records (and reaches its release stage).
+    ix.ingest(&at(adapters("u", "m", 0, 50, T0), T0), T0, &rules);
+    let now = T0 + 11 * MIN;
+    ix.sweep(now, &rules);
+    assert!(!ix.has_tenant_model("u", "m"));
+    ix.check_catalog();
+    assert!(
+        ix.cap_prebuild_wanted(),
+        "the dropped quota heap is left to the cap build's slices"
+    );
+    let mut slices = 0;
+    while ix.cap_prebuild_wanted() {
+        slices += 1;
+        assert!(slices < 1000, "the release never ends");
+        let step = ix.cap_prebuild_step(SweepBudget {
+            max_entries: 16,
+            deadline: None,
+        });
+        assert!(
+            step.entries <= 16,
+            "a slice handled {} snapshots",
+            step.entries
+        );
+    }
+    assert!(slices > 1, "released in {slices} slice(s)");
+    // The quota still evicts the oldest key first.
+    let mut h = [0u8; 16];
+    h[..8].copy_from_slice(&1000u64.to_be_bytes());
+    let u = at(upd("t", "m", "vllm", "r", vec![legacy(&h, 16)]), now);
+    ix.ingest(&u, now, &rules);
+    assert_eq!(ix.tenant_prefix_count("t"), 100);
+    let oldest: Vec<_> = ix
+        .dump_entries()
+        .into_iter()
+        .filter(|e| e.tenant == "t")
+        .map(|e| u64::from_be_bytes(e.hash[..8].try_into().unwrap()))
+        .min()
+        .into_iter()
+        .collect();
+    assert_eq!(oldest, vec![201]);
+    ix.check_catalog();
+}
+
+/// The cap heap may still hold stale snapshots of a tenant whose keys are all gone when the
+/// reclaim pass unlinks that tenant's record (the snapshots go only at the pass's release
+/// stage). A cap eviction in between pops them: it must drop them as stale, not fail looking up
+/// the tenant. (The adversarial soak's hostile mix hit this on a server core.) Every cut of the
+/// pass is tried: a fresh index per cut, the pass run for that budget, then an ingest at the cap.
+#[test]
+fn a_cap_eviction_between_a_tenant_unlinked_and_released_drops_its_stale_snapshots() {
+    let rules = NoRules;
+    for cut in 1..40usize {
+        let mut ix = index_cfg(|c| c.max_entries = 10);
+        ix.set_min_candidates(64);
+        // The oldest keys belong to `gone`; `keep` fills the cap, and one more ingest builds
+        // the cap heap (every entry a candidate), evicting one of `gone`'s.
+        for i in 0..5u64 {
+            let u = at(
+                upd("gone", "m", "vllm", "r", vec![legacy(&i.to_be_bytes(), 16)]),
+                T0,
+            );
+            ix.ingest(&u, T0, &rules);
+        }
+        for i in 0..6u64 {
+            let u = at(
+                upd(
+                    "keep",
+                    "m",
+                    "vllm",
+                    "r",
+                    vec![legacy(&(100 + i).to_be_bytes(), 16)],
+                ),
+                T0 + SEC,
+            );
+            ix.ingest(&u, T0 + SEC, &rules);
+        }
+        assert_eq!(ix.entry_count(), 10);
+        // `gone`'s replica clears: its keys leave, their snapshots stay in the heap, stale.
+        let e = event(Type::AllCleared, "gone", "m", "r", b"");
+        ix.apply_event(&e, T0 + 2 * SEC, &rules);
+        assert!(!ix.has_tenant_model("gone", "m"));
+        ix.reclaim_step(SweepBudget {
+            max_entries: cut,
+            deadline: None,
+        });
+        ix.check_catalog();
+        // Over the cap: the heap's first snapshots are `gone`'s.
+        for i in 0..6u64 {
+            let u = at(
+                upd(
+                    "keep",
+                    "m",
+                    "vllm",
+                    "r",
+                    vec![legacy(&(200 + i).to_be_bytes(), 16)],
+                ),
+                T0 + 3 * SEC,
+            );
+            ix.ingest(&u, T0 + 3 * SEC, &rules);
+        }
+        assert_eq!(ix.entry_count(), 10, "cut {cut}");
+        ix.check_catalog();
+    }
+}

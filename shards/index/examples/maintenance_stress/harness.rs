@@ -89,7 +89,79 @@ pub struct Report {
     pub tasks: BTreeMap<&'static str, (Duration, Duration, u64)>,
     /// The same per shape and task (`shape/task`).
     pub by_shape: BTreeMap<String, (Duration, Duration, u64)>,
+    /// Every slice over [`SLOW_SLICE`] of thread CPU, with what the kernel says the thread did
+    /// in it (the diagnosis of the rare slow slice).
+    pub slow: Vec<SlowSlice>,
+    /// Steps not (yet) sliced, timed for the record (not asserted): `shape/step` → the most
+    /// thread CPU one took, and how many ran.
+    pub unsliced: BTreeMap<String, (Duration, u64)>,
     shape: &'static str,
+}
+
+/// A slice is listed in [`Report::slow`] above this much thread CPU.
+pub const SLOW_SLICE: Duration = Duration::from_micros(1000);
+
+/// One slow slice: `getrusage(RUSAGE_THREAD)` deltas over it.
+#[derive(Clone, Debug)]
+pub struct SlowSlice {
+    /// `shape/task` and the slice's number within that task.
+    pub task: String,
+    pub nth: u64,
+    pub cpu: Duration,
+    pub wall: Duration,
+    /// User and system CPU of the thread over the slice (tick-granular in some kernels).
+    pub user: Duration,
+    pub sys: Duration,
+    /// Minor and major page faults, voluntary and involuntary context switches.
+    pub minflt: i64,
+    pub majflt: i64,
+    pub nvcsw: i64,
+    pub nivcsw: i64,
+}
+
+/// `getrusage(RUSAGE_THREAD)`: user, system, minflt, majflt, nvcsw, nivcsw.
+#[derive(Clone, Copy, Default)]
+struct Usage {
+    user: Duration,
+    sys: Duration,
+    minflt: i64,
+    majflt: i64,
+    nvcsw: i64,
+    nivcsw: i64,
+}
+
+fn thread_usage() -> Usage {
+    #[repr(C)]
+    #[derive(Default)]
+    struct Timeval {
+        sec: i64,
+        usec: i64,
+    }
+    #[repr(C)]
+    #[derive(Default)]
+    struct Rusage {
+        utime: Timeval,
+        stime: Timeval,
+        // maxrss ixrss idrss isrss minflt majflt nswap inblock oublock msgsnd msgrcv nsignals
+        // nvcsw nivcsw
+        longs: [i64; 14],
+    }
+    unsafe extern "C" {
+        fn getrusage(who: i32, usage: *mut Rusage) -> i32;
+    }
+    const RUSAGE_THREAD: i32 = 1;
+    let mut r = Rusage::default();
+    // SAFETY: getrusage writes one struct rusage into the valid local `r`.
+    unsafe { getrusage(RUSAGE_THREAD, &mut r) };
+    let tv = |t: &Timeval| Duration::new(t.sec as u64, (t.usec * 1000) as u32);
+    Usage {
+        user: tv(&r.utime),
+        sys: tv(&r.stime),
+        minflt: r.longs[4],
+        majflt: r.longs[5],
+        nvcsw: r.longs[12],
+        nivcsw: r.longs[13],
+    }
 }
 
 impl Report {
@@ -131,9 +203,42 @@ pub fn thread_cpu() -> Duration {
 }
 
 fn timed<T>(report: &mut Report, task: &'static str, f: impl FnOnce() -> T) -> T {
+    let u0 = thread_usage();
     let (t, c) = (Instant::now(), thread_cpu());
     let out = f();
-    report.record(task, thread_cpu() - c, t.elapsed());
+    let (cpu, wall) = (thread_cpu() - c, t.elapsed());
+    report.record(task, cpu, wall);
+    if cpu > SLOW_SLICE {
+        let u1 = thread_usage();
+        let key = format!("{}/{task}", report.shape);
+        let nth = report.by_shape.get(&key).map_or(0, |e| e.2);
+        report.slow.push(SlowSlice {
+            task: key,
+            nth,
+            cpu,
+            wall,
+            user: u1.user.saturating_sub(u0.user),
+            sys: u1.sys.saturating_sub(u0.sys),
+            minflt: u1.minflt - u0.minflt,
+            majflt: u1.majflt - u0.majflt,
+            nvcsw: u1.nvcsw - u0.nvcsw,
+            nivcsw: u1.nivcsw - u0.nivcsw,
+        });
+    }
+    out
+}
+
+/// Times one step that is not sliced ([`Report::unsliced`]).
+fn timed_unsliced<T>(report: &mut Report, step: &'static str, f: impl FnOnce() -> T) -> T {
+    let c = thread_cpu();
+    let out = f();
+    let cpu = thread_cpu() - c;
+    let e = report
+        .unsliced
+        .entry(format!("{}/{step}", report.shape))
+        .or_default();
+    e.0 = e.0.max(cpu);
+    e.1 += 1;
     out
 }
 
@@ -279,7 +384,7 @@ fn sweep(
     ix: &mut Index,
     rules: &mut Rules,
     report: &mut Report,
-    mut churn: impl FnMut(&mut Index, &mut Rules, u64),
+    mut churn: impl FnMut(&mut Index, &mut Rules, u64, &mut Report),
 ) {
     ix.sweep_begin(NOW);
     let mut n = 0u64;
@@ -293,7 +398,7 @@ fn sweep(
         if step.finished.is_some() {
             return;
         }
-        churn(ix, rules, n);
+        churn(ix, rules, n, report);
         n += 1;
     }
 }
@@ -426,8 +531,9 @@ fn run_plain(scale: &Scale, rules: &mut Rules, report: &mut Report) {
     plain(&mut ix, rules, scale.entries);
     cap_build(&mut ix, report);
     snapshot(&ix, report);
+    timed_unsliced(report, "snapshot_part", || ix.snapshot_part());
     let records = records(&ix);
-    sweep(&mut ix, rules, report, |ix, rules, n| {
+    sweep(&mut ix, rules, report, |ix, rules, n, report| {
         if n % 64 == 0 {
             rules.flipped = !rules.flipped;
             ix.rules_changed();
@@ -440,7 +546,7 @@ fn run_plain(scale: &Scale, rules: &mut Rules, report: &mut Report) {
                 tenant_id: format!("t{}", n % 4),
                 ..Default::default()
             };
-            ix.apply_event(&e, NOW, rules);
+            timed_unsliced(report, "all_cleared", || ix.apply_event(&e, NOW, rules));
         }
     });
     cap_build(&mut ix, report);
@@ -454,7 +560,7 @@ fn run_keyspaces(scale: &Scale, rules: &mut Rules, report: &mut Report) {
     let mut ix = index(scale);
     keyspaces(&mut ix, rules, scale.keyspaces);
     snapshot(&ix, report);
-    sweep(&mut ix, rules, report, |_, _, _| {});
+    sweep(&mut ix, rules, report, |_, _, _, _| {});
     assert_eq!(ix.keyspace_count(), 0);
 }
 
@@ -462,7 +568,7 @@ fn run_keyspaces(scale: &Scale, rules: &mut Rules, report: &mut Report) {
 fn run_names(scale: &Scale, rules: &mut Rules, report: &mut Report) {
     let mut ix = index(scale);
     names(&mut ix, rules, scale.names);
-    sweep(&mut ix, rules, report, |_, _, _| {});
+    sweep(&mut ix, rules, report, |_, _, _, _| {});
 }
 
 /// Full keys: `holders` holders each, half expiring.
@@ -471,5 +577,5 @@ fn run_held(scale: &Scale, rules: &mut Rules, report: &mut Report) {
     held(&mut ix, rules, scale.held_keys, scale.holders);
     cap_build(&mut ix, report);
     snapshot(&ix, report);
-    sweep(&mut ix, rules, report, |_, _, _| {});
+    sweep(&mut ix, rules, report, |_, _, _, _| {});
 }

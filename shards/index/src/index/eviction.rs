@@ -242,6 +242,31 @@ pub(crate) struct CapState {
     spare: Vec<CapCand>,
 }
 
+/// Quota heaps dropped by the reclaim pass, whose blob references are still to be given back:
+/// released in the cap build's slices ([`Index::cap_prebuild_step`]), since one reclaim slice
+/// cannot visit every snapshot of every tenant's heap (a client decides how many tenants and
+/// keys there are).
+#[derive(Default)]
+pub(crate) struct QuotaRetired {
+    /// Whole tables of heaps, taken off the index in one move each.
+    tables: Vec<hashbrown::HashMap<u32, QuotaState>>,
+    /// The snapshots of the heap being released (taken from the end).
+    current: Vec<QuotaCand>,
+}
+
+impl QuotaRetired {
+    pub(crate) fn is_empty(&self) -> bool {
+        self.tables.is_empty() && self.current.is_empty()
+    }
+}
+
+/// Re-resolving the tenants' eviction algorithms after a rules change
+/// ([`Index::algorithms_step`]): model scope records `cursor..end` are still to be visited.
+pub(crate) struct AlgoRefresh {
+    pub(crate) cursor: usize,
+    pub(crate) end: usize,
+}
+
 /// One tenant's quota candidate heap.
 #[derive(Default)]
 pub(crate) struct QuotaState {
@@ -454,8 +479,11 @@ impl Index {
 
     /// The current cap snapshot of an entry, if it exists and is not reserved. `pos` is the
     /// key's slab position when the caller already knows it (saves a table probe).
+    /// A stale snapshot's key may belong to a tenant whose record the reclaim pass already
+    /// unlinked (its keys are gone; the snapshots are dropped only at the pass's release stage):
+    /// no record, no entry.
     fn cap_cand(&self, key: KeyId, replica: u32, pos: Option<u32>) -> Option<CapCand> {
-        let t = &self.cat.tenants[&self.cat.tenant_of(key)];
+        let t = self.cat.tenants.get(&self.cat.tenant_of(key))?;
         if t.reserved {
             return None;
         }
@@ -818,7 +846,11 @@ impl Index {
     /// and holds at most `1 / PREBUILD_LOW_WATER` of the candidates it was built with.
     /// (Or a replaced heap's snapshots are still to be released.)
     pub fn cap_prebuild_wanted(&self) -> bool {
-        self.cap.next.is_some() || !self.cap.retired.is_empty() || self.cap_build_due()
+        self.algo_refresh.is_some()
+            || self.cap.next.is_some()
+            || !self.cap.retired.is_empty()
+            || !self.quota_retired.is_empty()
+            || self.cap_build_due()
     }
 
     /// Whether a new cap build ahead of need should start (see [`Index::cap_prebuild_wanted`]).
@@ -845,10 +877,21 @@ impl Index {
     /// needs them.
     pub fn cap_prebuild_step(&mut self, budget: SweepBudget) -> CapBuildStep {
         let mut step = CapBuildStep::default();
+        if !self.quota_retired.is_empty() {
+            // A slice of its own (of the same budget).
+            step.entries = self.quota_release_retired(budget.max_entries);
+            step.in_progress = self.cap_prebuild_wanted();
+            return step;
+        }
         if !self.cap.retired.is_empty() {
             // A slice of its own (of the same budget).
             step.entries = self.cap_release_retired(budget.max_entries);
             step.in_progress = self.cap_prebuild_wanted();
+            return step;
+        }
+        if self.algo_refresh.is_some() {
+            // No build on algorithms not yet re-resolved ([`Index::algorithms_step`] first).
+            step.in_progress = true;
             return step;
         }
         if self.cap.next.is_none() && !self.cap_build_due() {
@@ -951,6 +994,86 @@ impl Index {
             self.cap_max_stale_pops = self.cap_max_stale_pops.max(stale);
         }
     }
+    /// Before a tenant's entries are stored by an ingest or a restore: the algorithm a new
+    /// tenant record gets, and with [`IndexConfig::rules_change_notified`] the tenant's own
+    /// record brought up to date (one rules lookup, whatever the number of tenants).
+    ///
+    /// [`IndexConfig::rules_change_notified`]: super::IndexConfig::rules_change_notified
+    pub(crate) fn resolve_update_tenant(&mut self, tenant: &str, rules: &dyn TenantRules) {
+        let algo = rules.eviction(tenant);
+        self.new_tenant_algo = algo;
+        if !self.cfg.rules_change_notified {
+            return;
+        }
+        let Some(t) = self.cat.strings.get(tenant) else {
+            return;
+        };
+        let Some(rec) = self.cat.tenants.get_mut(&t) else {
+            return;
+        };
+        if rec.algo != algo {
+            rec.algo = algo;
+            if self.algo_refresh.is_none() {
+                // A change the caller did not announce: the candidates keyed on the old
+                // algorithm must go.
+                self.cap_forget();
+            }
+        }
+    }
+
+    /// Whether the tenants' eviction algorithms are being re-resolved after
+    /// [`Index::rules_changed`] (with `IndexConfig::rules_change_notified`): the server then
+    /// runs [`Index::algorithms_step`] in its cap build slices instead of
+    /// [`Index::cap_prebuild_step`].
+    pub fn algorithms_pending(&self) -> bool {
+        self.algo_refresh.is_some()
+    }
+
+    /// One slice of re-resolving the tenants' eviction algorithms after
+    /// [`Index::rules_changed`]: visits model scope records (each tenant with entries has one)
+    /// until `budget` is spent. Returns the records visited; [`Index::algorithms_pending`] says
+    /// whether it finished. A tenant that ingests or restores meanwhile is resolved by that
+    /// operation; records created after the change began are resolved the same way.
+    pub fn algorithms_step(&mut self, rules: &dyn TenantRules, budget: SweepBudget) -> usize {
+        let Some(mut r) = self.algo_refresh.take() else {
+            return 0;
+        };
+        let mut meter = budget.meter();
+        let mut work = 0;
+        r.end = r.end.min(self.cat.models.len());
+        while r.cursor < r.end {
+            if meter.spent(work) {
+                self.algo_refresh = Some(r);
+                return work;
+            }
+            let t = self.cat.models[r.cursor].tenant;
+            r.cursor += 1;
+            work += 1;
+            if t == super::DEAD {
+                continue;
+            }
+            let Some(rec) = self.cat.tenants.get_mut(&t) else {
+                continue;
+            };
+            if !rec.reserved && rec.entries > 0 {
+                rec.algo = rules.eviction(self.cat.strings.name(t));
+            }
+        }
+        work
+    }
+
+    /// Makes every tenant's algorithm current before cap victims are chosen: finishes a
+    /// re-resolution in progress (counted as a build on the path that needed a victim), or,
+    /// without `IndexConfig::rules_change_notified`, checks every tenant.
+    fn algorithms_current(&mut self, rules: &dyn TenantRules) {
+        if !self.cfg.rules_change_notified {
+            self.refresh_algorithms(rules);
+        } else if self.algo_refresh.is_some() {
+            self.algorithms_step(rules, SweepBudget::UNBOUNDED);
+            self.cap_sync_builds += 1;
+        }
+    }
+
     /// Re-resolves every tenant's eviction algorithm; drops the cap heap if any changed.
     fn refresh_algorithms(&mut self, rules: &dyn TenantRules) {
         let mut changed = false;
@@ -990,7 +1113,7 @@ impl Index {
                 break;
             }
             if !refreshed {
-                self.refresh_algorithms(rules);
+                self.algorithms_current(rules);
                 refreshed = true;
             }
             let mut evicted = 0i64;
@@ -1056,6 +1179,52 @@ impl Index {
                 self.release_key(k);
             }
         }
+    }
+
+    /// Drops every tenant's quota heap in one move (the reclaim pass's release stage): their
+    /// snapshots' blob references are given back later, in the cap build's slices
+    /// ([`Index::quota_release_retired`]). O(1) here, whatever the number of heaps.
+    pub(crate) fn quota_retire_all(&mut self) {
+        if !self.quotas.is_empty() {
+            let table = std::mem::take(&mut self.quotas);
+            self.quota_retired.tables.push(table);
+        }
+    }
+
+    /// Gives back the blob references of up to `max` retired quota snapshots (a heap at a time,
+    /// from the end of its buffer; `max` also bounds the heaps taken off a retired table).
+    /// Returns how many snapshots and heaps were handled.
+    fn quota_release_retired(&mut self, max: usize) -> usize {
+        let mut work = 0usize;
+        while work < max {
+            let r = &mut self.quota_retired;
+            if !r.current.is_empty() {
+                let n = r.current.len().min(max - work);
+                let at = r.current.len() - n;
+                for c in r.current.drain(at..) {
+                    release_blob(&mut self.cat, c.key);
+                }
+                work += n;
+                continue;
+            }
+            let Some(table) = r.tables.last_mut() else {
+                break;
+            };
+            // One heap off the table: `extract_if` stops where the iterator is dropped.
+            let next = table.extract_if(|_, _| true).next();
+            work += 1;
+            match next {
+                Some((_, mut q)) => {
+                    let mut v = std::mem::take(&mut q.heap.v);
+                    v.extend(q.threshold.take());
+                    r.current = v;
+                }
+                None => {
+                    r.tables.pop();
+                }
+            }
+        }
+        work
     }
 
     fn quota_build(&mut self, tenant: u32, need: usize) {
@@ -1539,7 +1708,7 @@ impl Index {
         if k == 0 || self.non_reserved_entry_count() == 0 {
             return Vec::new();
         }
-        self.refresh_algorithms(rules);
+        self.algorithms_current(rules);
         let mut popped = Vec::new();
         let mut seen: hashbrown::HashSet<(KeyId, u32)> = hashbrown::HashSet::new();
         while popped.len() < k {

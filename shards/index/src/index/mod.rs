@@ -150,6 +150,12 @@ pub struct IndexConfig {
     /// (≈ 20 ms on this project's VM, perf/RESULTS.md) would land whole in one slice, where 4 KiB
     /// faults spread over many. `None`: nothing is called.
     pub gradual_buffer_hook: Option<fn(usize, usize)>,
+    /// The caller calls [`Index::rules_changed`] whenever the rules' eviction algorithms may
+    /// have changed (the server does, on every policy install). Then the index re-resolves its
+    /// tenants' algorithms only after such a call, in slices ([`Index::algorithms_step`]),
+    /// instead of visiting every tenant before every cap enforcement. False: the index checks
+    /// every tenant before every cap enforcement itself.
+    pub rules_change_notified: bool,
 }
 
 impl Default for IndexConfig {
@@ -171,6 +177,7 @@ impl Default for IndexConfig {
             max_keyspaces: DEFAULT_MAX_KEYSPACES,
             cross_core_eviction: false,
             gradual_buffer_hook: None,
+            rules_change_notified: false,
         }
     }
 }
@@ -506,6 +513,8 @@ pub struct Index {
     gauge: ModelGauge,
     cap: CapState,
     quotas: HashMap<u32, QuotaState>,
+    /// Quota heaps dropped by the reclaim pass, released in the cap build's slices.
+    quota_retired: eviction::QuotaRetired,
     scratch: lookup::Scratch,
     last: lookup::LastLookup,
     min_candidates: usize,
@@ -523,6 +532,12 @@ pub struct Index {
     /// The sliced reclaim pass in progress, if any (run by sweep slices, or begun by an ingest
     /// that found a table full).
     reclaim_pass: Option<reclaim::ReclaimPass>,
+    /// With [`IndexConfig::rules_change_notified`]: the tenants' eviction algorithms are being
+    /// re-resolved after [`Index::rules_changed`] (see [`Index::algorithms_step`]).
+    algo_refresh: Option<eviction::AlgoRefresh>,
+    /// The algorithm a tenant record created by the current ingest or restore gets (resolved
+    /// from the rules before anything is stored).
+    new_tenant_algo: Eviction,
     /// Cap candidate builds run in one go on a path that needed a victim, not yet taken by
     /// [`Index::take_cap_sync_builds`].
     cap_sync_builds: u64,
@@ -561,6 +576,7 @@ impl Index {
             gauge: ModelGauge::default(),
             cap: CapState::default(),
             quotas: HashMap::new(),
+            quota_retired: eviction::QuotaRetired::default(),
             scratch: lookup::Scratch::default(),
             last: lookup::LastLookup::default(),
             min_candidates: eviction::MIN_CANDIDATES,
@@ -570,6 +586,8 @@ impl Index {
             removal_sink: None,
             sweep_pass: None,
             reclaim_pass: None,
+            algo_refresh: None,
+            new_tenant_algo: Eviction::Lru,
             cap_sync_builds: 0,
             cap_max_stale_pops: 0,
         }
@@ -635,8 +653,19 @@ impl Index {
     /// index also detects algorithm changes itself before every cap enforcement.
     /// The cap heap is retired, not freed here: its snapshots are given back in the cap
     /// build's slices (a policy install must not cost one step of O(cap heap) on every core).
+    ///
+    /// With [`IndexConfig::rules_change_notified`], this is the only way the index learns of a
+    /// change: it begins re-resolving every tenant's algorithm in slices
+    /// ([`Index::algorithms_step`]); no cap candidate build starts before that ends, and a cap
+    /// enforcement that comes first finishes it itself (counted like a cap build on that path).
     pub fn rules_changed(&mut self) {
         self.cap_forget();
+        if self.cfg.rules_change_notified {
+            self.algo_refresh = Some(eviction::AlgoRefresh {
+                cursor: 0,
+                end: self.cat.models.len(),
+            });
+        }
     }
 
     /// Number of storage entries on this core (reserved included).
@@ -670,7 +699,7 @@ impl Index {
                 entries: 0,
                 reserved: name == PROBE_TENANT,
                 fp: Directory::fingerprint(name),
-                algo: Eviction::Lru,
+                algo: self.new_tenant_algo,
                 models: 0,
             };
             self.cat.tenants.insert(tenant, rec);
@@ -1270,6 +1299,7 @@ impl Index {
         }
         let (ts, clamped) = self.producer_ts(u.timestamp_us, now);
         out.timestamp_clamped = clamped;
+        self.resolve_update_tenant(&u.tenant_id, rules);
         let reserved = u.tenant_id == PROBE_TENANT;
         let budget = if reserved {
             None

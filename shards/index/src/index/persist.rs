@@ -207,6 +207,7 @@ impl Index {
                 if !self.restore_names_fit(&[e.tenant, e.model, e.scheme, e.adapter, e.replica]) {
                     return RestoreOutcome::Refused;
                 }
+                self.resolve_update_tenant(e.tenant, rules);
                 let tenant = self.cat.strings.intern(e.tenant);
                 let model = self.cat.strings.intern(e.model);
                 let scheme = self.cat.strings.intern(e.scheme);
@@ -263,6 +264,7 @@ impl Index {
         if !self.restore_names_fit(&[r.tenant, r.model, r.replica]) {
             return RestoreOutcome::Refused;
         }
+        self.resolve_update_tenant(r.tenant, rules);
         let tenant = self.cat.strings.intern(r.tenant);
         let model = self.cat.strings.intern(r.model);
         let replica = self.cat.strings.intern(r.replica);

@@ -25,8 +25,8 @@
 //! 4. *Unlink* every live name that is not marked and that the entries gauge does not hold (a
 //!    non-zero or unpublished count): no longer found, still readable.
 //! 5. *Release*: drop every cached snapshot that may still name an unlinked id (the cap heap is
-//!    retired, its blob references given back in the cap build's slices; the quota heaps; the
-//!    last lookup's buffers), then put the unlinked ids on their free lists and give back the
+//!    retired, its blob references given back in the cap build's slices; so are the quota
+//!    heaps'; the last lookup's buffers), then put the unlinked ids on their free lists and give back the
 //!    names' bytes. Nothing created after that drop can name an unlinked id, so the release
 //!    itself is sliced too.
 
@@ -453,9 +453,7 @@ impl Index {
         if !pass.dropped_snapshots {
             pass.dropped_snapshots = true;
             self.cap_forget();
-            for t in self.quotas.keys().copied().collect::<Vec<_>>() {
-                self.quota_clear(t);
-            }
+            self.quota_retire_all();
             self.reset_last();
         }
         while pass.cursor < unlinked {
