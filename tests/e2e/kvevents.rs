@@ -672,12 +672,16 @@ async fn send_fixture_exact(p: &mut PubSocket, metrics_port: u16, frames: &[Vec<
 /// The subscriber against the real server over TLS (`--tls-cert-file`): `https://` with
 /// `--server-ca-file`, a client certificate and a bearer token file. Engine events reach
 /// LookupRoute (asked over TLS too), so the subscriber's own TLS connector, ALPN and `https`
-/// origin work with the server's HTTP/2 layer. (What the server does with the certificate, the
-/// token and the `x-producer-epoch` header is the producer-auth work of issue 33; the TLS test
-/// double in kvevent-subscriber/tests/credentials.rs checks that all three are presented.)
+/// origin work with the server's HTTP/2 layer, and the server's producer checks admit it: the
+/// server verifies the client certificate against `--client-ca-file`, requires an identity
+/// (`--require-producer-auth`) and finds the certificate's SPIFFE SAN bound to this replica and
+/// tenant in `--producer-policy`; nothing is refused. (The TLS test double in
+/// kvevent-subscriber/tests/credentials.rs checks that the token and epoch are presented too.)
 async fn subscriber_over_tls_with_credentials(shards: usize) {
     use tonic::transport::{Certificate, Channel, ClientTlsConfig};
-    let all = gen_pki_with_client("server", "engine-0");
+    const SPIFFE: &str = "spiffe://cluster.test/ns/llm/sa/engine-0";
+    let all = gen_pki("server");
+    let (client_ca, clients) = gen_client_certs("engines", &[&[SPIFFE]]);
     let dir = scratch_dir("kvevents-tls");
     let file = |name: &str, text: &str| {
         let p = dir.join(name);
@@ -685,13 +689,20 @@ async fn subscriber_over_tls_with_credentials(shards: usize) {
         p.display().to_string()
     };
     let (ca, cert, key) = (
-        file("ca.pem", &all.pki.ca_pem),
-        file("tls.crt", &all.pki.cert_pem),
-        file("tls.key", &all.pki.key_pem),
+        file("ca.pem", &all.ca_pem),
+        file("tls.crt", &all.cert_pem),
+        file("tls.key", &all.key_pem),
     );
     let (ccert, ckey) = (
-        file("client.crt", &all.client_cert_pem),
-        file("client.key", &all.client_key_pem),
+        file("client.crt", &clients[0].cert_pem),
+        file("client.key", &clients[0].key_pem),
+    );
+    let client_ca = file("client-ca.pem", &client_ca);
+    let policy = file(
+        "producers.yaml",
+        &format!(
+            "bindings:\n  - identities: [\"{SPIFFE}\"]\n    replicas: [\"engine-0\"]\n    tenants: [\"t\"]\n"
+        ),
     );
     let token = file("token", "producer-token\n");
     let srv = Server::start(
@@ -703,6 +714,11 @@ async fn subscriber_over_tls_with_credentials(shards: usize) {
             &cert,
             "--tls-key-file",
             &key,
+            "--client-ca-file",
+            &client_ca,
+            "--producer-policy",
+            &policy,
+            "--require-producer-auth",
         ],
     );
     let mut pub_sock = PubSocket::new();
@@ -760,7 +776,7 @@ async fn subscriber_over_tls_with_credentials(shards: usize) {
     .await;
 
     let tls = ClientTlsConfig::new()
-        .ca_certificate(Certificate::from_pem(&all.pki.ca_pem))
+        .ca_certificate(Certificate::from_pem(&all.ca_pem))
         .domain_name("localhost");
     let ch = Channel::from_shared(server.clone())
         .unwrap()
@@ -791,6 +807,12 @@ async fn subscriber_over_tls_with_credentials(shards: usize) {
         assert!(Instant::now() < deadline, "never matched: {r:?}");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+    let text = metrics_text(&srv);
+    let refused = text
+        .lines()
+        .filter(|l| l.starts_with("inferencecache_producer_refused_total{"))
+        .any(|l| !l.ends_with(" 0"));
+    assert!(!refused, "the authorised subscriber was refused:\n{text}");
     let _ = stop_tx.send(());
     let _ = tokio::time::timeout(Duration::from_secs(15), sub).await;
 }
