@@ -833,3 +833,155 @@ fn producer_startup_failures() {
     assert_eq!(code, 1, "{err}");
     assert!(err.contains("producer_policy_load"), "{err}");
 }
+
+/// The real subscriber with `--token-file` against the real server reviewing producer tokens
+/// (the stand-in TokenReview) under a policy that binds the token's service account to this
+/// replica and tenant: its engine's blocks are admitted and served by LookupRoute, which a
+/// gateway calls with no credentials. With the token's service account bound to another
+/// replica, the same run is refused (checked below by a second subscriber).
+async fn subscriber_with_a_token(shards: usize) {
+    use crate::kvevents::{BS, batch, publish, stored, subscriber_batches};
+    use zeromq::Socket as _;
+    let dir = scratch_dir(&format!("producers-subscriber-token-{shards}"));
+    let state = std::sync::Arc::new(StandIn::default());
+    state.add("engine-a-token", ENGINE_SA, &[PRODUCER_AUD]);
+    let (port, ca) = start_stand_in(state.clone(), &dir);
+    let file = |name: &str, text: &str| {
+        let p = dir.join(name);
+        std::fs::write(&p, text).unwrap();
+        p.display().to_string()
+    };
+    let sa_token = file("sa-token", &format!("{SA_TOKEN}\n"));
+    let token = file("producer-token", "engine-a-token\n");
+    let policy = file(
+        "producers.json",
+        &format!(
+            r#"{{"bindings":[{{"identities":["{ENGINE_SA}"],"replicas":["decode-a*"],"tenants":["team-a"]}}]}}"#
+        ),
+    );
+    let url = format!("https://127.0.0.1:{port}");
+    let srv = Server::start(
+        shards,
+        &[
+            "--engine-block-size",
+            &BS.to_string(),
+            "--producer-token-audience",
+            PRODUCER_AUD,
+            "--kube-api-server",
+            &url,
+            "--kube-ca-file",
+            &ca,
+            "--kube-token-file",
+            &sa_token,
+            "--producer-policy",
+            &policy,
+            "--require-producer-auth",
+        ],
+    );
+    let run = |replica: &'static str, first_block: u64| {
+        let (grpc, token) = (srv.grpc_port, token.clone());
+        async move {
+            let mut pub_sock = zeromq::PubSocket::new();
+            let ep = zeromq::Socket::bind(&mut pub_sock, "tcp://127.0.0.1:0")
+                .await
+                .unwrap();
+            let metrics_port = free_port();
+            let args = <kvevent_subscriber::cli::Args as clap::Parser>::parse_from([
+                "kvevent-subscriber",
+                "--endpoint",
+                &ep.to_string(),
+                "--topic",
+                "kv",
+                "--server",
+                &format!("http://127.0.0.1:{grpc}"),
+                "--token-file",
+                &token,
+                "--replica-id",
+                replica,
+                "--model-id",
+                "m",
+                "--tenant-id",
+                "team-a",
+                "--flush-interval",
+                "10ms",
+                "--metrics-bind",
+                &format!("127.0.0.1:{metrics_port}"),
+            ]);
+            let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+            let sub = tokio::spawn(kvevent_subscriber::app::run(args, async move {
+                let _ = stop_rx.await;
+            }));
+            let deadline = Instant::now() + Duration::from_secs(30);
+            let mut seq = 0u64;
+            while subscriber_batches(metrics_port).await < 1.0 {
+                assert!(!sub.is_finished(), "the subscriber stopped");
+                assert!(Instant::now() < deadline, "subscriber never got a batch");
+                publish(&mut pub_sock, seq, batch(vec![])).await;
+                seq += 1;
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            let blocks = [first_block, first_block + 1];
+            let tokens = first_block as u32 * BS..(first_block as u32 + 2) * BS;
+            publish(&mut pub_sock, seq, batch(vec![stored(&blocks, tokens)])).await;
+            // The socket lives as long as the subscriber: dropped now, it could go before the
+            // subscriber has read the event.
+            (stop_tx, sub, pub_sock)
+        }
+    };
+    let lookup = |first_block: u32| pb::LookupRouteRequest {
+        model_id: "m".into(),
+        tenant_id: "team-a".into(),
+        hash_scheme: "vllm".into(),
+        token_ids: (first_block * BS..(first_block + 2) * BS).collect(),
+        ..Default::default()
+    };
+    let mut gateway = srv.client().await;
+    // Bound to decode-a*: admitted.
+    let (stop_a, sub_a, _pub_a) = run("decode-a1", 41).await;
+    poll_until(
+        "the token producer's blocks served",
+        Duration::from_secs(30),
+        || {
+            let mut g = gateway.clone();
+            async move {
+                let r = g.lookup_route(lookup(41)).await.unwrap().into_inner();
+                r.reason_code == "PREFIX_MATCH" && r.replica_scores[0].replica_id == "decode-a1"
+            }
+        },
+    )
+    .await;
+    // The same token for a replica its service account is not bound to: refused and counted.
+    let (stop_b, sub_b, _pub_b) = run("decode-b", 141).await;
+    poll_until(
+        "the unbound replica refused",
+        Duration::from_secs(30),
+        || {
+            let text = metrics_text(&srv);
+            async move {
+                text.lines().any(|l| {
+                    l.starts_with("inferencecache_producer_refused_total{")
+                        && l.contains("permission_denied")
+                        && !l.ends_with(" 0")
+                })
+            }
+        },
+    )
+    .await;
+    let r = gateway
+        .lookup_route(lookup(141))
+        .await
+        .unwrap()
+        .into_inner();
+    // A miss: at most an affinity pick among admitted replicas, never decode-b's blocks.
+    assert!(
+        r.reason_code != "PREFIX_MATCH"
+            && r.replica_scores.iter().all(|s| s.replica_id != "decode-b"),
+        "a refused producer's blocks served: {r:?}"
+    );
+    for (stop, sub) in [(stop_a, sub_a), (stop_b, sub_b)] {
+        let _ = stop.send(());
+        let _ = tokio::time::timeout(Duration::from_secs(15), sub).await;
+    }
+}
+
+shards_1_and_2!(subscriber_with_a_token);
