@@ -121,6 +121,29 @@ pub(crate) async fn subscriber_batches(port: u16) -> f64 {
         .unwrap_or(0.0)
 }
 
+/// Publishes empty batches until the subscriber (metrics on `metrics_port`) has received one:
+/// a ZMQ SUB socket misses what was published before it joined. Returns the next sequence
+/// number to publish. Panics if the subscriber stops or 30 s pass.
+pub(crate) async fn prime_subscriber<T>(
+    pub_sock: &mut PubSocket,
+    metrics_port: u16,
+    sub: &tokio::task::JoinHandle<T>,
+) -> u64 {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut seq = 0u64;
+    while subscriber_batches(metrics_port).await < 1.0 {
+        assert!(!sub.is_finished(), "the subscriber stopped");
+        assert!(
+            Instant::now() < deadline,
+            "subscriber never received a batch"
+        );
+        publish(pub_sock, seq, batch(vec![])).await;
+        seq += 1;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    seq
+}
+
 async fn engine_events_drive_lookups(shards: usize) {
     let srv = Server::start(shards, &["--engine-block-size", &BS.to_string()]);
     let mut pub_sock = PubSocket::new();
@@ -756,18 +779,7 @@ async fn subscriber_over_tls_with_credentials(shards: usize) {
     let sub = tokio::spawn(kvevent_subscriber::app::run(args, async move {
         let _ = stop_rx.await;
     }));
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let mut seq = 0u64;
-    while subscriber_batches(metrics_port).await < 1.0 {
-        assert!(!sub.is_finished(), "the subscriber stopped");
-        assert!(
-            Instant::now() < deadline,
-            "subscriber never received a batch"
-        );
-        publish(&mut pub_sock, seq, batch(vec![])).await;
-        seq += 1;
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let seq = prime_subscriber(&mut pub_sock, metrics_port, &sub).await;
     publish(
         &mut pub_sock,
         seq,

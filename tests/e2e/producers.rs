@@ -840,7 +840,7 @@ fn producer_startup_failures() {
 /// gateway calls with no credentials. With the token's service account bound to another
 /// replica, the same run is refused (checked below by a second subscriber).
 async fn subscriber_with_a_token(shards: usize) {
-    use crate::kvevents::{BS, batch, publish, stored, subscriber_batches};
+    use crate::kvevents::{BS, batch, prime_subscriber, publish, stored};
     use zeromq::Socket as _;
     let dir = scratch_dir(&format!("producers-subscriber-token-{shards}"));
     let state = std::sync::Arc::new(StandIn::default());
@@ -911,15 +911,7 @@ async fn subscriber_with_a_token(shards: usize) {
             let sub = tokio::spawn(kvevent_subscriber::app::run(args, async move {
                 let _ = stop_rx.await;
             }));
-            let deadline = Instant::now() + Duration::from_secs(30);
-            let mut seq = 0u64;
-            while subscriber_batches(metrics_port).await < 1.0 {
-                assert!(!sub.is_finished(), "the subscriber stopped");
-                assert!(Instant::now() < deadline, "subscriber never got a batch");
-                publish(&mut pub_sock, seq, batch(vec![])).await;
-                seq += 1;
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
+            let seq = prime_subscriber(&mut pub_sock, metrics_port, &sub).await;
             let blocks = [first_block, first_block + 1];
             let tokens = first_block as u32 * BS..(first_block as u32 + 2) * BS;
             publish(&mut pub_sock, seq, batch(vec![stored(&blocks, tokens)])).await;

@@ -535,7 +535,7 @@ async fn assert_same_answers(a: &Server, b: &Server) {
 /// `nats_connect_refused`, counts `inferencecache_nats_connect_refused_total{reason="auth"}` and
 /// stays unready.
 async fn event_log_over_tls_with_credentials(shards: usize) {
-    use crate::kvevents::{BS, batch, eventually, publish, stored, subscriber_batches};
+    use crate::kvevents::{BS, batch, eventually, prime_subscriber, publish, stored};
     use zeromq::{PubSocket, Socket};
     const STREAM: &str = "IC_E2E_SECURED";
     let nats = NatsServer::start_secured("producer", "pa55-w0rd");
@@ -634,22 +634,7 @@ async fn event_log_over_tls_with_credentials(shards: usize) {
             let _ = stop_rx.await;
         },
     ));
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let mut seq = 0u64;
-    while subscriber_batches(metrics_port).await < 1.0 {
-        assert!(
-            !sub.is_finished(),
-            "the subscriber stopped: {:?}",
-            sub.await
-        );
-        assert!(
-            Instant::now() < deadline,
-            "subscriber never received a batch"
-        );
-        publish(&mut pub_sock, seq, batch(vec![])).await;
-        seq += 1;
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let seq = prime_subscriber(&mut pub_sock, metrics_port, &sub).await;
     publish(
         &mut pub_sock,
         seq,
@@ -775,7 +760,7 @@ async fn event_log_over_tls_with_credentials_shards_2() {
 /// the engine's blocks reach LookupRoute through the stream. Without it the server counts the
 /// refusal.
 async fn event_log_with_a_creds_file(shards: usize) {
-    use crate::kvevents::{BS, batch, eventually, publish, stored, subscriber_batches};
+    use crate::kvevents::{BS, batch, eventually, prime_subscriber, publish, stored};
     use zeromq::{PubSocket, Socket};
     const STREAM: &str = "IC_E2E_CREDS";
     let (nats, creds) = NatsServer::start_operator_mode();
@@ -827,22 +812,7 @@ async fn event_log_with_a_creds_file(shards: usize) {
     let sub = tokio::spawn(kvevent_subscriber::app::run(args, async move {
         let _ = stop_rx.await;
     }));
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let mut seq = 0u64;
-    while subscriber_batches(metrics_port).await < 1.0 {
-        assert!(
-            !sub.is_finished(),
-            "the subscriber stopped: {:?}",
-            sub.await
-        );
-        assert!(
-            Instant::now() < deadline,
-            "subscriber never received a batch"
-        );
-        publish(&mut pub_sock, seq, batch(vec![])).await;
-        seq += 1;
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let seq = prime_subscriber(&mut pub_sock, metrics_port, &sub).await;
     publish(
         &mut pub_sock,
         seq,
