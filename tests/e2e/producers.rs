@@ -449,7 +449,13 @@ async fn certificates_and_policy(shards: usize) {
 
 shards_1_and_2!(certificates_and_policy);
 
-fn token_server(shards: usize, name: &str) -> (ScratchDir, Server, std::sync::Arc<StandIn>) {
+/// A server reviewing producer tokens with the stand-in TokenReview, under a policy binding
+/// `ENGINE_SA` to `decode-a*` of `team-a`, started with `extra` flags too.
+fn token_server(
+    shards: usize,
+    name: &str,
+    extra: &[&str],
+) -> (ScratchDir, Server, std::sync::Arc<StandIn>) {
     let dir = scratch_dir(name);
     let state = std::sync::Arc::new(StandIn::default());
     state.add("engine-a-token", ENGINE_SA, &[PRODUCER_AUD]);
@@ -470,21 +476,23 @@ fn token_server(shards: usize, name: &str) -> (ScratchDir, Server, std::sync::Ar
     )
     .unwrap();
     let url = format!("https://127.0.0.1:{port}");
+    let mut flags = vec![
+        "--producer-token-audience",
+        PRODUCER_AUD,
+        "--kube-api-server",
+        &url,
+        "--kube-ca-file",
+        &ca,
+        "--kube-token-file",
+        sa_token.to_str().unwrap(),
+        "--producer-policy",
+        policy.to_str().unwrap(),
+    ];
+    flags.extend_from_slice(extra);
     let srv = Server::start_opts(
         shards,
         StartOpts {
-            flags: &[
-                "--producer-token-audience",
-                PRODUCER_AUD,
-                "--kube-api-server",
-                &url,
-                "--kube-ca-file",
-                &ca,
-                "--kube-token-file",
-                sa_token.to_str().unwrap(),
-                "--producer-policy",
-                policy.to_str().unwrap(),
-            ],
+            flags: &flags,
             ..Default::default()
         },
     );
@@ -496,7 +504,7 @@ fn token_server(shards: usize, name: &str) -> (ScratchDir, Server, std::sync::Ar
 /// cached; a slow review delays only the call that needs it and a failing one answers
 /// UNAVAILABLE with a clear message.
 async fn tokens_and_policy(shards: usize) {
-    let (_dir, srv, state) = token_server(shards, &format!("producers-token-{shards}"));
+    let (_dir, srv, state) = token_server(shards, &format!("producers-token-{shards}"), &[]);
     let mut c = srv.client().await;
     accepted(
         report_as(
@@ -842,42 +850,15 @@ fn producer_startup_failures() {
 async fn subscriber_with_a_token(shards: usize) {
     use crate::kvevents::{BS, batch, prime_subscriber, publish, stored};
     use zeromq::Socket as _;
-    let dir = scratch_dir(&format!("producers-subscriber-token-{shards}"));
-    let state = std::sync::Arc::new(StandIn::default());
-    state.add("engine-a-token", ENGINE_SA, &[PRODUCER_AUD]);
-    let (port, ca) = start_stand_in(state.clone(), &dir);
-    let file = |name: &str, text: &str| {
-        let p = dir.join(name);
-        std::fs::write(&p, text).unwrap();
-        p.display().to_string()
-    };
-    let sa_token = file("sa-token", &format!("{SA_TOKEN}\n"));
-    let token = file("producer-token", "engine-a-token\n");
-    let policy = file(
-        "producers.json",
-        &format!(
-            r#"{{"bindings":[{{"identities":["{ENGINE_SA}"],"replicas":["decode-a*"],"tenants":["team-a"]}}]}}"#
-        ),
-    );
-    let url = format!("https://127.0.0.1:{port}");
-    let srv = Server::start(
+    let bs = BS.to_string();
+    let (dir, srv, _state) = token_server(
         shards,
-        &[
-            "--engine-block-size",
-            &BS.to_string(),
-            "--producer-token-audience",
-            PRODUCER_AUD,
-            "--kube-api-server",
-            &url,
-            "--kube-ca-file",
-            &ca,
-            "--kube-token-file",
-            &sa_token,
-            "--producer-policy",
-            &policy,
-            "--require-producer-auth",
-        ],
+        &format!("producers-subscriber-token-{shards}"),
+        &["--engine-block-size", &bs, "--require-producer-auth"],
     );
+    let token = dir.join("producer-token");
+    std::fs::write(&token, "engine-a-token\n").unwrap();
+    let token = token.display().to_string();
     let run = |replica: &'static str, first_block: u64| {
         let (grpc, token) = (srv.grpc_port, token.clone());
         async move {
