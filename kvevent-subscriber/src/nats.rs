@@ -3,7 +3,11 @@
 //! (docs/KV-EVENTS.md "Publishing through JetStream").
 //!
 //! Encoding: a `CacheStateUpdate` is published on `<subject>.update`, a `CacheEvent` on
-//! `<subject>.event`, each as its protobuf bytes (the gRPC messages, unchanged).
+//! `<subject>.event`, each as its protobuf bytes (the gRPC messages, unchanged); with
+//! `--nats-producer NAME` on `<subject>.update.NAME` / `<subject>.event.NAME`, which the servers
+//! check as producer identity `nats:NAME`. Every message carries this process's
+//! `x-producer-epoch` as a NATS header, so the servers fence a zombie's log messages as they
+//! fence its gRPC calls.
 //!
 //! A message counts as sent only once JetStream acknowledged it (stored in the stream). At most
 //! `max_in_flight` publishes wait for their acknowledgement; a new publish first waits for the
@@ -196,10 +200,32 @@ struct InFlight {
     ack: PublishAckFuture,
 }
 
+/// Where this publisher's messages go and what they say about their producer.
+#[derive(Debug, Clone)]
+pub struct LogProducer {
+    /// `--nats-subject`.
+    pub subject: String,
+    /// `--nats-producer`: appended to the subjects as the producer token.
+    pub name: Option<String>,
+    /// This process's producer epoch (`x-producer-epoch` header of every message).
+    pub epoch: String,
+}
+
+impl LogProducer {
+    fn subject_of(&self, kind: &str) -> String {
+        match &self.name {
+            Some(n) => format!("{}.{kind}.{n}", self.subject),
+            None => format!("{}.{kind}", self.subject),
+        }
+    }
+}
+
 /// The JetStream publisher of one subscriber.
 pub struct NatsPublisher {
     js: jetstream::Context,
-    subject: String,
+    update_subject: String,
+    event_subject: String,
+    headers: async_nats::HeaderMap,
     max_in_flight: usize,
     in_flight: VecDeque<InFlight>,
     backoff: Backoff,
@@ -213,7 +239,7 @@ impl NatsPublisher {
     /// `kvevent_nats_connect_errors_total{reason}` and logged).
     pub async fn connect(
         url: &str,
-        subject: &str,
+        producer: &LogProducer,
         max_in_flight: usize,
         auth: &NatsAuth,
         metrics: Arc<Metrics>,
@@ -244,9 +270,13 @@ impl NatsPublisher {
                 opts.retry_on_initial_connect().connect(url).await?
             }
         };
+        let mut headers = async_nats::HeaderMap::new();
+        headers.insert(crate::auth::EPOCH_HEADER, producer.epoch.as_str());
         Ok(Self {
             js: jetstream::new(client),
-            subject: subject.to_string(),
+            update_subject: producer.subject_of("update"),
+            event_subject: producer.subject_of("event"),
+            headers,
             max_in_flight: max_in_flight.max(1),
             in_flight: VecDeque::new(),
             backoff: Backoff::new(),
@@ -256,13 +286,13 @@ impl NatsPublisher {
 
     /// Publishes one update (returns once it is handed to the connection; see [`Self::flush`]).
     pub async fn update(&mut self, u: &CacheStateUpdate) {
-        let subject = format!("{}.update", self.subject);
+        let subject = self.update_subject.clone();
         self.publish(subject, u.encode_to_vec().into()).await;
     }
 
     /// Publishes one event.
     pub async fn event(&mut self, e: &CacheEvent) {
-        let subject = format!("{}.event", self.subject);
+        let subject = self.event_subject.clone();
         self.publish(subject, e.encode_to_vec().into()).await;
     }
 
@@ -289,7 +319,11 @@ impl NatsPublisher {
     /// Hands one message to the connection (retried with back-off until it is taken).
     async fn send(&mut self, subject: String, payload: Bytes) {
         loop {
-            match self.js.publish(subject.clone(), payload.clone()).await {
+            let sent = self
+                .js
+                .publish_with_headers(subject.clone(), self.headers.clone(), payload.clone())
+                .await;
+            match sent {
                 Ok(ack) => {
                     self.in_flight.push_back(InFlight {
                         subject,
@@ -340,6 +374,19 @@ impl NatsPublisher {
 mod tests {
     use super::*;
     use async_nats::{ConnectError, ConnectErrorKind as K};
+
+    #[test]
+    fn the_producer_name_is_the_subjects_last_token() {
+        let mut p = LogProducer {
+            subject: "ic".into(),
+            name: None,
+            epoch: "1-a".into(),
+        };
+        assert_eq!(p.subject_of("update"), "ic.update");
+        p.name = Some("pool-a".into());
+        assert_eq!(p.subject_of("update"), "ic.update.pool-a");
+        assert_eq!(p.subject_of("event"), "ic.event.pool-a");
+    }
 
     #[test]
     fn refusals_are_told_apart_from_an_unreachable_server() {

@@ -575,8 +575,17 @@ async fn event_log_over_tls_with_credentials(shards: usize) {
         );
         f
     };
+    // The replica checks log messages against a policy: the subscriber publishes as producer
+    // `engine-pool` (its subject's last token), bound to its replica.
+    let policy = dir.join("producers.yaml");
+    std::fs::write(
+        &policy,
+        "bindings: [{identities: [\"nats:engine-pool\"], replicas: [engine-0], tenants: [t]}]\n",
+    )
+    .unwrap();
     let mut flags = secured(&pw);
     flags.extend(["--engine-block-size".to_string(), BS.to_string()]);
+    flags.extend(["--producer-policy".into(), policy.display().to_string()]);
     let srv = start_replica(shards, &flags);
 
     // The subscriber publishes only to the stream; the server applies it from there.
@@ -607,6 +616,8 @@ async fn event_log_over_tls_with_credentials(shards: usize) {
             "--nats-subject",
             SUBJECT,
             "--nats-only",
+            "--nats-producer",
+            "engine-pool",
         ]
         .map(String::from)
         .to_vec();
@@ -645,6 +656,10 @@ async fn event_log_over_tls_with_credentials(shards: usize) {
     assert!(
         last_sequence(&js, STREAM).await >= 1,
         "it went through the stream"
+    );
+    assert_eq!(
+        crate::producers::refused_count(&metrics_text(&srv), "nats", "permission_denied"),
+        0.0
     );
     let _ = stop_tx.send(());
     let _ = tokio::time::timeout(Duration::from_secs(15), sub).await;
@@ -865,4 +880,105 @@ async fn event_log_with_a_creds_file_shards_1() {
 )]
 async fn event_log_with_a_creds_file_shards_2() {
     event_log_with_a_creds_file(2).await;
+}
+
+/// Log messages obey the producer policy and fencing like gRPC ingest (docs/BEHAVIOUR.md §4.3):
+/// under a policy binding `nats:pool-a` to replica `r-a` of tenant `t`, a message published on
+/// `ic.update.pool-a` for `r-a` applies; one for another replica or tenant, one from another
+/// producer token, one on the plain subject (no identity) and one under an older
+/// `x-producer-epoch` (an update, then an ALL_CLEARED) are skipped and counted, and the messages
+/// after them still apply, on every core layout alike.
+async fn log_messages_obey_the_producer_policy_and_fencing(shards: usize) {
+    use crate::producers::{holders, refused_count, update};
+    const STREAM: &str = "IC_E2E_LOG_POLICY";
+    const OLD: &str = "1700000000000-zombie";
+    const NEW: &str = "1700000005000-live";
+    let dir = scratch_dir(&format!("log-policy-{shards}"));
+    let policy = dir.join("producers.yaml");
+    std::fs::write(
+        &policy,
+        "bindings:\n  - identities: [\"nats:pool-a\"]\n    replicas: [\"r-a\"]\n    tenants: [\"t\"]\n",
+    )
+    .unwrap();
+    let nats = NatsServer::start();
+    let js = nats.jetstream().await;
+    create_stream(&js, STREAM, SUBJECT, -1).await;
+    let as_pool_a = |u: pb::CacheStateUpdate, epoch: &'static str| {
+        (Some("pool-a"), Some(epoch), LogMsg::Update(u))
+    };
+    let cleared = pb::CacheEvent {
+        r#type: pb::cache_event::Type::AllCleared as i32,
+        replica_id: "r-a".into(),
+        model_id: "m".into(),
+        tenant_id: "t".into(),
+        timestamp_us: fresh_ts(),
+        ..Default::default()
+    };
+    let log = vec![
+        as_pool_a(update("r-a", "t", b"log-ok"), NEW),
+        as_pool_a(update("r-b", "t", b"log-other-replica"), NEW),
+        as_pool_a(update("r-a", "u", b"log-other-tenant"), NEW),
+        (
+            None,
+            Some(NEW),
+            LogMsg::Update(update("r-a", "t", b"log-anonymous")),
+        ),
+        (
+            Some("pool-b"),
+            Some(NEW),
+            LogMsg::Update(update("r-a", "t", b"log-pool-b")),
+        ),
+        as_pool_a(update("r-a", "t", b"log-zombie"), OLD),
+        (Some("pool-a"), Some(OLD), LogMsg::Event(cleared)),
+        as_pool_a(update("r-a", "t", b"log-late"), NEW),
+    ];
+    let total = log.len() as u64;
+    for (producer, epoch, msg) in log {
+        publish_log_as(&js, SUBJECT, producer, epoch, msg).await;
+    }
+    let mut flags = nats_flags(&nats, STREAM);
+    flags.extend(["--producer-policy".into(), policy.display().to_string()]);
+    let srv = start_replica(shards, &flags);
+    assert!(
+        wait_until(Duration::from_secs(30), || applied(&srv) == total),
+        "the whole log is consumed"
+    );
+    let mut c = srv.client().await;
+    assert_eq!(
+        holders(&mut c, "t", b"log-ok").await,
+        ["r-a"],
+        "not cleared"
+    );
+    assert_eq!(holders(&mut c, "t", b"log-late").await, ["r-a"]);
+    for hash in [
+        &b"log-other-replica"[..],
+        b"log-anonymous",
+        b"log-pool-b",
+        b"log-zombie",
+    ] {
+        assert!(holders(&mut c, "t", hash).await.is_empty(), "{hash:?}");
+    }
+    assert!(holders(&mut c, "u", b"log-other-tenant").await.is_empty());
+    let text = metrics_text(&srv);
+    assert_eq!(refused_count(&text, "nats", "permission_denied"), 3.0);
+    assert_eq!(refused_count(&text, "none", "unauthenticated"), 1.0);
+    assert_eq!(refused_count(&text, "nats", "fenced"), 2.0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(has_nats_server),
+    ignore = "nats-server not on PATH: apt-get install nats-server, then touch build.rs"
+)]
+async fn log_messages_obey_the_producer_policy_and_fencing_shards_1() {
+    log_messages_obey_the_producer_policy_and_fencing(1).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(has_nats_server),
+    ignore = "nats-server not on PATH: apt-get install nats-server, then touch build.rs"
+)]
+async fn log_messages_obey_the_producer_policy_and_fencing_shards_2() {
+    log_messages_obey_the_producer_policy_and_fencing(2).await;
 }

@@ -287,6 +287,36 @@ pub async fn publish_all(js: &jetstream::Context, subject: &str, msgs: Vec<LogMs
     }
 }
 
+/// Publishes one message as producer `producer` (subject `<subject>.<kind>.<producer>`; the
+/// plain `<subject>.<kind>` without one) with `x-producer-epoch: epoch` when given, and waits
+/// for its acknowledgement.
+pub async fn publish_log_as(
+    js: &jetstream::Context,
+    subject: &str,
+    producer: Option<&str>,
+    epoch: Option<&str>,
+    msg: LogMsg,
+) {
+    use prost::Message;
+    let (kind, body) = match msg {
+        LogMsg::Update(u) => ("update", u.encode_to_vec()),
+        LogMsg::Event(e) => ("event", e.encode_to_vec()),
+    };
+    let subject = match producer {
+        Some(p) => format!("{subject}.{kind}.{p}"),
+        None => format!("{subject}.{kind}"),
+    };
+    let mut headers = async_nats::HeaderMap::new();
+    if let Some(e) = epoch {
+        headers.insert("x-producer-epoch", e);
+    }
+    js.publish_with_headers(subject, headers, body.into())
+        .await
+        .expect("publish")
+        .await
+        .expect("publish ack");
+}
+
 /// One event log message.
 #[derive(Clone, Debug)]
 pub enum LogMsg {
