@@ -17,7 +17,7 @@ use crate::cli::{Args, DEFAULT_METRICS_BIND, DEFAULT_METRICS_PORTS, MetricsBind}
 use crate::ingest::{self, Processor, ReplayConfig};
 use crate::mapping::{Mapper, MappingConfig, Op};
 use crate::metrics::{self, Metrics};
-use crate::nats::{LogProducer, NatsAuth, NatsPublisher};
+use crate::nats::{LogProducer, NatsPublisher};
 use crate::sender::{Sender, SenderConfig};
 use crate::state::{self, Resume};
 use crate::stats::{self, StatsConfig};
@@ -51,7 +51,7 @@ pub async fn run(args: Args, shutdown: impl Future<Output = ()>) -> anyhow::Resu
     tracing::info!(producer_epoch = %epoch, "producer epoch of this process");
     let mut sender = new_sender(&args, &epoch, &metrics)?;
     if let Some(url) = &args.nats_url {
-        let auth = NatsAuth::from_args(&args).map_err(StartupError)?;
+        let auth = crate::nats::auth_from_args(&args).map_err(StartupError)?;
         let producer = LogProducer {
             subject: args.nats_subject.clone(),
             name: args.nats_producer.clone(),

@@ -23,11 +23,10 @@
 //! down, stream missing, consumer lost) drops the consumer and recreates it from the next
 //! unapplied sequence after a back-off; nothing here panics or exits.
 
-mod auth;
-
 use std::time::Duration;
 
-pub use auth::{Flags as AuthFlags, NatsAuth, PASSWORD_ENV};
+use inferencecache_nats_auth as auth;
+pub use inferencecache_nats_auth::{Flags as AuthFlags, NatsAuth, PASSWORD_ENV};
 
 use async_nats::jetstream::{self, consumer, stream};
 use futures_util::StreamExt;
@@ -213,8 +212,8 @@ async fn connect(
         .connection_timeout(NATS_REQUEST_TIMEOUT)
         .request_timeout(Some(NATS_REQUEST_TIMEOUT))
         .event_callback(|ev| async move {
-            if let Some(tls) = auth::event_refusal(&ev) {
-                m::record_refused(tls);
+            if let Some(why) = auth::event_refusal(&ev) {
+                m::record_refused(why == auth::Refusal::Tls);
                 tracing::error!(event = %ev, "nats_connect_refused");
             }
         });
@@ -230,8 +229,8 @@ async fn connect(
         match async_nats::connect_with_options(addrs.clone(), options.clone()).await {
             Ok(c) => return Some(c),
             Err(e) => match auth::refusal(&e) {
-                Some(tls) => {
-                    m::record_refused(tls);
+                Some(why) => {
+                    m::record_refused(why == auth::Refusal::Tls);
                     tracing::error!(error = %e, "nats_connect_refused");
                     tokio::time::sleep(NATS_BACKOFF_MAX).await;
                 }
@@ -326,21 +325,25 @@ async fn consume(
         let epoch = epoch_of(msg.headers.as_ref());
         let decoded =
             decode(&cfg.subject, msg.subject.as_str(), &msg.payload).filter(|_| epoch.is_ok());
-        let ok = decoded.is_some();
-        match decoded {
-            Some((d, producer)) => {
-                if admitted(&d, producer, epoch.unwrap_or(None)) && !apply(d).await {
+        let outcome = match decoded {
+            Some((d, producer)) if admitted(&d, producer, epoch.unwrap_or(None)) => {
+                if !apply(d).await {
                     return Ok(()); // shutting down
                 }
+                m::Outcome::Applied
             }
-            None => tracing::warn!(
-                sequence = seq,
-                subject = %msg.subject,
-                bytes = msg.payload.len(),
-                "nats_decode_error"
-            ),
-        }
-        m::record_applied(seq, ok);
+            Some(_) => m::Outcome::Refused,
+            None => {
+                tracing::warn!(
+                    sequence = seq,
+                    subject = %msg.subject,
+                    bytes = msg.payload.len(),
+                    "nats_decode_error"
+                );
+                m::Outcome::Undecodable
+            }
+        };
+        m::record_applied(seq, outcome);
     }
     Err("message stream ended".into())
 }

@@ -963,6 +963,11 @@ async fn log_messages_obey_the_producer_policy_and_fencing(shards: usize) {
     assert_eq!(refused_count(&text, "nats", "permission_denied"), 3.0);
     assert_eq!(refused_count(&text, "none", "unauthenticated"), 1.0);
     assert_eq!(refused_count(&text, "nats", "fenced"), 2.0);
+    assert_eq!(
+        metric_value(&text, "inferencecache_nats_messages_applied_total"),
+        Some(2.0),
+        "refused messages are not counted as applied"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
