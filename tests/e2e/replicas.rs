@@ -987,3 +987,152 @@ async fn log_messages_obey_the_producer_policy_and_fencing_shards_1() {
 async fn log_messages_obey_the_producer_policy_and_fencing_shards_2() {
     log_messages_obey_the_producer_policy_and_fencing(2).await;
 }
+
+/// The set-up docs/OPERATIONS.md "Securing the event log" documents, end to end: NATS lets user
+/// `pool-a` publish only under its producer name (`ic.*.pool-a`) and the replica's user publish
+/// no index message; the subscriber logs in as `pool-a` with `--nats-producer pool-a`, and the
+/// replica's policy binds `nats:pool-a` to its replica, so its blocks are served. The same user
+/// publishing under another producer's name is refused by NATS at the publish: nothing reaches
+/// the stream, nothing is refused (or applied) by the replica.
+async fn log_producer_names_are_bound_by_nats_permissions(shards: usize) {
+    use crate::kvevents::{BS, batch, eventually, prime_subscriber, publish, stored};
+    use zeromq::{PubSocket, Socket};
+    const STREAM: &str = "IC_E2E_NAMES";
+    let nats = NatsServer::start_with_users(
+        "{ user: replica, password: replica-pw, permissions: { publish: { deny: [\"ic.>\"] } } }\n\
+         { user: pool-a, password: pool-a-pw, permissions: { publish: { allow: [\"ic.*.pool-a\"] },\n\
+           subscribe: { allow: [\"_INBOX.>\"] } } }",
+    );
+    let dir = scratch_dir(&format!("log-names-{shards}"));
+    let file = |name: &str, text: &str| {
+        let p = dir.join(name);
+        std::fs::write(&p, text).unwrap();
+        p.display().to_string()
+    };
+    let (replica_pw, pool_pw) = (
+        file("replica-pw", "replica-pw"),
+        file("pool-pw", "pool-a-pw"),
+    );
+    let policy = file(
+        "producers.yaml",
+        "bindings: [{identities: [\"nats:pool-a\"], replicas: [engine-0], tenants: [t]}]\n",
+    );
+    let mut flags = nats_flags(&nats, STREAM);
+    flags.extend(
+        [
+            "--nats-user",
+            "replica",
+            "--nats-password-file",
+            &replica_pw,
+            "--producer-policy",
+            &policy,
+            "--require-producer-auth",
+            "--engine-block-size",
+            &BS.to_string(),
+        ]
+        .map(String::from),
+    );
+    let srv = start_replica(shards, &flags);
+
+    let mut engine = PubSocket::new();
+    let ep = engine.bind("tcp://127.0.0.1:0").await.unwrap();
+    let metrics_port = free_port();
+    let args = <kvevent_subscriber::cli::Args as clap::Parser>::parse_from([
+        "kvevent-subscriber",
+        "--endpoint",
+        &ep.to_string(),
+        "--topic",
+        "kv",
+        "--server",
+        "http://127.0.0.1:1",
+        "--replica-id",
+        "engine-0",
+        "--model-id",
+        "m",
+        "--tenant-id",
+        "t",
+        "--flush-interval",
+        "10ms",
+        "--metrics-bind",
+        &format!("127.0.0.1:{metrics_port}"),
+        "--nats-url",
+        &nats.url(),
+        "--nats-subject",
+        SUBJECT,
+        "--nats-only",
+        "--nats-producer",
+        "pool-a",
+        "--nats-user",
+        "pool-a",
+        "--nats-password-file",
+        &pool_pw,
+    ]);
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let sub = tokio::spawn(kvevent_subscriber::app::run(args, async move {
+        let _ = stop_rx.await;
+    }));
+    let seq = prime_subscriber(&mut engine, metrics_port, &sub).await;
+    publish(&mut engine, seq, batch(vec![stored(&[41, 42], 0..2 * BS)])).await;
+    eventually(&srv, 0..2 * BS, "PREFIX_MATCH", 2 * BS as i32).await;
+
+    // The same NATS user under another producer's name: NATS refuses the publish.
+    let client =
+        async_nats::ConnectOptions::with_user_and_password("pool-a".into(), "pool-a-pw".into())
+            .connect(nats.url())
+            .await
+            .expect("pool-a logs in");
+    let js = async_nats::jetstream::new(client);
+    let admin =
+        async_nats::ConnectOptions::with_user_and_password("replica".into(), "replica-pw".into())
+            .connect(nats.url())
+            .await
+            .expect("the replica's user logs in");
+    let admin = async_nats::jetstream::new(admin);
+    let before = last_sequence(&admin, STREAM).await;
+    let forged = crate::producers::update("engine-0", "t", b"forged");
+    let acked = tokio::time::timeout(Duration::from_secs(5), async {
+        js.publish(
+            format!("{SUBJECT}.update.pool-b"),
+            prost::Message::encode_to_vec(&forged).into(),
+        )
+        .await
+        .ok()?
+        .await
+        .ok()
+    })
+    .await;
+    assert!(
+        !matches!(acked, Ok(Some(_))),
+        "NATS stored a forged producer name"
+    );
+    assert_eq!(
+        last_sequence(&admin, STREAM).await,
+        before,
+        "nothing reached the stream"
+    );
+    let text = metrics_text(&srv);
+    assert_eq!(
+        crate::producers::refused_count(&text, "nats", "permission_denied"),
+        0.0
+    );
+    let _ = stop_tx.send(());
+    let _ = tokio::time::timeout(Duration::from_secs(15), sub).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(has_nats_server),
+    ignore = "nats-server not on PATH: apt-get install nats-server, then touch build.rs"
+)]
+async fn log_producer_names_are_bound_by_nats_permissions_shards_1() {
+    log_producer_names_are_bound_by_nats_permissions(1).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(has_nats_server),
+    ignore = "nats-server not on PATH: apt-get install nats-server, then touch build.rs"
+)]
+async fn log_producer_names_are_bound_by_nats_permissions_shards_2() {
+    log_producer_names_are_bound_by_nats_permissions(2).await;
+}
