@@ -322,7 +322,8 @@ pub fn validate_tls(cli: &Cli) -> Result<(), FlagError> {
 }
 
 /// Validates the producer flags: a client CA needs TLS, and requiring an identity (or a policy,
-/// which never allows an anonymous caller) needs a way to have one.
+/// which never allows an anonymous caller) needs a way to have one: a client CA, a token
+/// audience, or the event log (whose messages name their producer in the subject).
 pub fn validate_producer(cli: &Cli) -> Result<(), FlagError> {
     if !cli.client_ca_file.is_empty() && cli.tls_cert_file.is_empty() {
         return Err(FlagError::Requires("--client-ca-file", "--tls-cert-file"));
@@ -330,18 +331,20 @@ pub fn validate_producer(cli: &Cli) -> Result<(), FlagError> {
     if cli.producer_token_audience.trim() != cli.producer_token_audience {
         return Err(FlagError::Whitespace("--producer-token-audience"));
     }
-    let identity_source = !cli.client_ca_file.is_empty() || !cli.producer_token_audience.is_empty();
+    let identity_source = !cli.client_ca_file.is_empty()
+        || !cli.producer_token_audience.is_empty()
+        || !cli.nats_url.is_empty();
     if !identity_source {
         if cli.require_producer_auth {
             return Err(FlagError::Requires(
                 "--require-producer-auth",
-                "--client-ca-file or --producer-token-audience",
+                "--client-ca-file, --producer-token-audience or --nats-url",
             ));
         }
         if !cli.producer_policy.is_empty() {
             return Err(FlagError::Requires(
                 "--producer-policy",
-                "--client-ca-file or --producer-token-audience",
+                "--client-ca-file, --producer-token-audience or --nats-url",
             ));
         }
     }
@@ -552,6 +555,11 @@ mod tests {
             Ok(())
         );
         assert!(ok(&["--producer-token-audience", " aud"]).is_err());
+        assert_eq!(
+            ok(&["--nats-url", "nats://n:4222", "--producer-policy", "/p"]),
+            Ok(()),
+            "log producers have an identity"
+        );
     }
 
     #[test]

@@ -433,6 +433,7 @@ pub(crate) fn install_in_process_core(args: &[&str]) -> Result<(), String> {
     ))
     .map_err(|e| e.to_string())?;
     let shards = 1;
+    configure_producers(&cli).map_err(|e| format!("{e:?}"))?;
     feeds::configure(cli.max_event_subscribers, cli.max_metric_subscribers);
     load_tokenizers(&cli, shards);
     let restored = initial_states(&cli, shards).map_err(|e| format!("{e:?}"))?;

@@ -300,14 +300,19 @@ impl Client {
     }
 }
 
-/// Executor and core, preloaded, with no connection yet (once per process).
+/// Executor and core, preloaded, with no connection yet (once per process). The core is
+/// started with the server flags in `PERF_GATE_CORE_FLAGS` (whitespace-separated; none by
+/// default), e.g. the producer auth flags to measure that lookups do not pay for them
+/// (perf/runs/2026-12-06-producer-auth-cost.md).
 pub fn setup_core() -> LocalExecutor {
     let ex = LocalExecutorBuilder::new(Placement::Unbound)
         .io_memory(IO_MEMORY_BYTES)
         .make()
         .expect("glommio executor (io_uring available? locked memory large enough?)");
+    let flags = std::env::var("PERF_GATE_CORE_FLAGS").unwrap_or_default();
+    let flags: Vec<&str> = flags.split_whitespace().collect();
     ex.run(async {
-        perf_harness::install_core(&[]).expect("install core");
+        perf_harness::install_core(&flags).expect("install core");
         for u in preload_updates() {
             perf_harness::apply_update(u).await.expect("preload");
         }

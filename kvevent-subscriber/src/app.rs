@@ -17,7 +17,7 @@ use crate::cli::{Args, DEFAULT_METRICS_BIND, DEFAULT_METRICS_PORTS, MetricsBind}
 use crate::ingest::{self, Processor, ReplayConfig};
 use crate::mapping::{Mapper, MappingConfig, Op};
 use crate::metrics::{self, Metrics};
-use crate::nats::{NatsAuth, NatsPublisher};
+use crate::nats::{LogProducer, NatsPublisher};
 use crate::sender::{Sender, SenderConfig};
 use crate::state::{self, Resume};
 use crate::stats::{self, StatsConfig};
@@ -47,12 +47,19 @@ pub async fn run(args: Args, shutdown: impl Future<Output = ()>) -> anyhow::Resu
     }
     let cap = args.queue_capacity.max(1);
     let (ops_tx, ops_rx) = mpsc::channel(cap);
-    let mut sender = new_sender(&args, &metrics)?;
+    let epoch = auth::new_epoch();
+    tracing::info!(producer_epoch = %epoch, "producer epoch of this process");
+    let mut sender = new_sender(&args, &epoch, &metrics)?;
     if let Some(url) = &args.nats_url {
-        let auth = NatsAuth::from_args(&args).map_err(StartupError)?;
+        let auth = crate::nats::auth_from_args(&args).map_err(StartupError)?;
+        let producer = LogProducer {
+            subject: args.nats_subject.clone(),
+            name: args.nats_producer.clone(),
+            epoch,
+        };
         let nats = NatsPublisher::connect(
             url,
-            &args.nats_subject,
+            &producer,
             args.nats_max_in_flight,
             &auth,
             metrics.clone(),
@@ -146,9 +153,8 @@ pub async fn bind_metrics(bind: Option<MetricsBind>) -> anyhow::Result<Option<Tc
 
 /// The sender of ReportCacheState streams to `--server` (connected lazily, on first use), with
 /// the call credentials (epoch, token) on every call.
-fn new_sender(args: &Args, metrics: &Arc<Metrics>) -> anyhow::Result<Sender> {
+fn new_sender(args: &Args, epoch: &str, metrics: &Arc<Metrics>) -> anyhow::Result<Sender> {
     let channel = server_channel(args, metrics)?;
-    let epoch = auth::new_epoch();
     let token = match &args.token_file {
         Some(path) => Some(Arc::new(
             auth::TokenFile::open(path.clone(), metrics.clone())
@@ -161,7 +167,6 @@ fn new_sender(args: &Args, metrics: &Arc<Metrics>) -> anyhow::Result<Sender> {
             "--token-file with a plain-text http:// --server: the token crosses the network unencrypted"
         );
     }
-    tracing::info!(producer_epoch = %epoch, "producer epoch of this process");
     Ok(Sender::new(
         SenderConfig {
             model_id: args.model_id.clone(),
@@ -175,7 +180,7 @@ fn new_sender(args: &Args, metrics: &Arc<Metrics>) -> anyhow::Result<Sender> {
             state_file: args.state_file.clone(),
         },
         channel,
-        auth::CallCredentials::new(&epoch, token),
+        auth::CallCredentials::new(epoch, token),
         metrics.clone(),
     ))
 }

@@ -95,6 +95,14 @@ pub struct Args {
     #[arg(long, requires = "nats_url")]
     pub nats_only: bool,
 
+    /// Producer name on the event log: publish to `<prefix>.update.<NAME>` and
+    /// `<prefix>.event.<NAME>`, which the servers check as identity `nats:<NAME>` against their
+    /// `--producer-policy`; NATS publish permissions decide who may use the name
+    /// (docs/OPERATIONS.md "Securing the event log"). One subject token: no `.`, `*`, `>` or
+    /// whitespace.
+    #[arg(long, requires = "nats_url", value_parser = parse_nats_producer)]
+    pub nats_producer: Option<String>,
+
     /// PEM CA bundle that verifies the NATS server's certificate; makes TLS required.
     #[arg(long, requires = "nats_url")]
     pub nats_ca_file: Option<PathBuf>,
@@ -234,6 +242,19 @@ pub enum MetricsBind {
 pub const DEFAULT_METRICS_BIND: &str = "0.0.0.0:9102";
 /// Ports tried from the default metrics port on (9102 … 9165).
 pub const DEFAULT_METRICS_PORTS: u16 = 64;
+
+/// `--nats-producer`: one NATS subject token (1-64 bytes, no `.`, `*`, `>` or whitespace).
+pub fn parse_nats_producer(s: &str) -> Result<String, String> {
+    let ok = (1..=64).contains(&s.len())
+        && !s
+            .chars()
+            .any(|c| matches!(c, '.' | '*' | '>') || c.is_whitespace() || c.is_control());
+    if ok {
+        Ok(s.to_string())
+    } else {
+        Err("one NATS subject token: 1-64 bytes, no '.', '*', '>' or whitespace".into())
+    }
+}
 
 /// Parses `--metrics-bind`: `IP:PORT`, or empty to disable.
 pub fn parse_metrics_bind(s: &str) -> Result<MetricsBind, String> {
@@ -445,6 +466,14 @@ mod tests {
         assert!(parse_adapter_map("x=y").is_err());
         assert!(parse_adapter_map("1=").is_err());
         assert!(parse_adapter_map("1=a,1=b").is_err());
+    }
+
+    #[test]
+    fn nats_producer_is_one_subject_token() {
+        assert_eq!(parse_nats_producer("pool-a_1").unwrap(), "pool-a_1");
+        for bad in ["", "a.b", "a*", ">", "a b", &"x".repeat(65)] {
+            assert!(parse_nats_producer(bad).is_err(), "{bad:?}");
+        }
     }
 
     #[test]

@@ -85,6 +85,9 @@ pub struct Metrics {
     /// NATS connection attempts refused by `reason` (`auth`: wrong user/password or creds,
     /// `tls`: certificate or TLS setup, `other`).
     pub nats_connect_errors: Family<Label, Counter>,
+    /// 1 once the server fenced this process (a newer producer epoch reported for its replica):
+    /// from then on it sends nothing (module docs of `sender`).
+    pub fenced: Gauge,
 }
 
 /// One registered metric of [`Metrics`], by kind.
@@ -98,7 +101,7 @@ enum Registered<'a> {
 /// Every metric the subscriber exposes (under the `kvevent_` prefix), in exposition order:
 /// name, help, field.
 type MetricRow = (&'static str, &'static str, fn(&Metrics) -> Registered<'_>);
-const METRICS: [MetricRow; 27] = [
+const METRICS: [MetricRow; 28] = [
     ("batches", "ZMQ event batches decoded", |m| {
         Registered::Counter(&m.batches)
     }),
@@ -214,6 +217,11 @@ const METRICS: [MetricRow; 27] = [
         "NATS connection attempts refused by reason",
         |m| Registered::Family(&m.nats_connect_errors),
     ),
+    (
+        "fenced",
+        "1 once the server fenced this producer (a newer epoch for its replica); it then sends nothing",
+        |m| Registered::Gauge(&m.fenced),
+    ),
 ];
 
 impl Metrics {
@@ -247,6 +255,7 @@ impl Metrics {
             nats_republished: Counter::default(),
             credential_reload_errors: Family::default(),
             nats_connect_errors: Family::default(),
+            fenced: Gauge::default(),
             registry: Registry::default(),
         };
         let mut registry = Registry::with_prefix("kvevent");

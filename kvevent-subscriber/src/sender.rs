@@ -16,6 +16,15 @@
 //!
 //! Nothing here drops data: a slow or absent server blocks this task, which fills the bounded
 //! operation queue and so slows the ZMQ reader (back-pressure).
+//!
+//! Except once **fenced**: when the server refuses this process's messages because a newer
+//! producer epoch was reported for its replica (a ReportCacheState Ack `FENCED`, a PublishEvent
+//! `FAILED_PRECONDITION`), this process is the zombie of a restarted or duplicated sidecar. It
+//! logs that once, sets `kvevent_fenced` to 1, and from then on sends nothing (neither to the
+//! server nor to JetStream) and writes no checkpoint: every later operation is dropped and counted
+//! (`kvevent_dropped_total{reason="fenced"}`), so the ZMQ reader is never blocked and the live
+//! producer is never disturbed. It does not exit: a restarted process would start with a new,
+//! newer epoch and fence the live producer in turn; an operator removes the duplicate.
 
 use std::collections::VecDeque;
 use std::path::PathBuf;
@@ -147,6 +156,8 @@ pub struct Sender {
     nats: Option<NatsPublisher>,
     /// Whether updates go to the server directly (false with `--nats-only`).
     direct: bool,
+    /// The server fenced this producer: nothing more is sent (module docs).
+    fenced: bool,
 }
 
 /// Consecutive refusals (RESOURCE_EXHAUSTED, INVALID_ARGUMENT, OUT_OF_RANGE, PERMISSION_DENIED)
@@ -196,6 +207,7 @@ impl Sender {
             refusals: 0,
             nats: None,
             direct: true,
+            fenced: false,
         }
     }
 
@@ -246,6 +258,10 @@ impl Sender {
 
     /// Applies one operation (see module docs for the ordering rules).
     pub async fn handle(&mut self, op: Op) {
+        if self.fenced {
+            self.drop_fenced(&op);
+            return;
+        }
         match op {
             Op::Add {
                 replica,
@@ -273,6 +289,35 @@ impl Sender {
                 self.send(u).await;
             }
         }
+    }
+
+    /// Goes idle for good: the server reported a newer producer for this process's replica.
+    fn fence(&mut self) {
+        if self.fenced {
+            return;
+        }
+        self.fenced = true;
+        self.metrics.fenced.set(1);
+        let dropped = self.pending_entries as u64;
+        self.pending.clear();
+        self.pending_entries = 0;
+        self.pending_since = None;
+        self.metrics.drop_n("fenced", dropped);
+        tracing::error!(
+            "fenced: the server saw a newer producer epoch for this replica (a restarted or \
+             duplicated subscriber); sending nothing more"
+        );
+    }
+
+    /// What a fenced sender does with an operation: drops it, counting the data it carried.
+    fn drop_fenced(&mut self, op: &Op) {
+        let n = match op {
+            Op::Add { entries, .. } => entries.len(),
+            Op::Evict { keys, .. } => keys.len(),
+            Op::Clear { .. } | Op::Stats { .. } => 1,
+            Op::Checkpoint { .. } => 0,
+        };
+        self.metrics.drop_n("fenced", n as u64);
     }
 
     /// Queues entries, merged into the last pending update when it has the same replica and
@@ -414,6 +459,9 @@ impl Sender {
 
     /// Moves every pending update onto the stream.
     pub async fn flush_pending(&mut self) {
+        if self.fenced {
+            return;
+        }
         self.pending_since = None;
         self.pending_entries = 0;
         for u in std::mem::take(&mut self.pending) {
@@ -535,6 +583,9 @@ impl Sender {
                         tracing::warn!(reason = %ack.reason_code, messages = self.unacked.len(), "server refused a ReportCacheState stream; not re-sending");
                     }
                     self.acknowledged();
+                    if ack.reason_code == FENCED_REASON {
+                        self.fence();
+                    }
                     return;
                 }
                 res => {
@@ -588,8 +639,9 @@ impl Sender {
         }
         let mut queue = events.into_iter();
         let mut running = tokio::task::JoinSet::new();
+        let mut fenced = false;
         loop {
-            while running.len() < MAX_IN_FLIGHT_EVENTS {
+            while running.len() < MAX_IN_FLIGHT_EVENTS && !fenced {
                 let Some(ev) = queue.next() else { break };
                 running.spawn(publish_one(
                     self.client.clone(),
@@ -599,12 +651,37 @@ impl Sender {
                     self.metrics.clone(),
                 ));
             }
-            if running.join_next().await.is_none() {
-                break;
+            match running.join_next().await {
+                None => break,
+                Some(Ok(Delivery::Fenced)) => fenced = true,
+                Some(_) => {}
             }
+        }
+        if fenced {
+            let n = queue.len() as u64;
+            self.metrics.drop_n("fenced", n);
+            self.fence();
         }
         self.backoff.reset();
     }
+}
+
+/// `Ack.reason_code` of a ReportCacheState stream with a message from a fenced producer.
+pub const FENCED_REASON: &str = "FENCED";
+
+/// Whether a PublishEvent status is the server fencing this producer (docs/BEHAVIOUR.md §4.3:
+/// a newer `x-producer-epoch` for the event's replica).
+pub fn is_fenced(status: &tonic::Status) -> bool {
+    status.code() == tonic::Code::FailedPrecondition
+}
+
+/// How one event's delivery ended.
+#[derive(Debug, PartialEq, Eq)]
+enum Delivery {
+    /// Accepted, or dropped after repeated refusals.
+    Done,
+    /// The server fenced this producer: not retried.
+    Fenced,
 }
 
 /// Unary `PublishEvent` calls in flight at once during an eviction burst.
@@ -617,7 +694,7 @@ async fn publish_one(
     kind: &'static str,
     call_timeout: Duration,
     metrics: Arc<Metrics>,
-) {
+) -> Delivery {
     let mut backoff = Backoff::new();
     let mut refusals = 0;
     loop {
@@ -627,10 +704,14 @@ async fn publish_one(
                     .cache_events_sent
                     .get_or_create(&[("type", kind)])
                     .inc();
-                return;
+                return Delivery::Done;
             }
             res => {
                 let err = match res {
+                    Ok(Err(status)) if is_fenced(&status) => {
+                        metrics.drop_n("fenced", 1);
+                        return Delivery::Fenced;
+                    }
                     Ok(Err(status)) => {
                         if is_refusal(&status) {
                             refusals += 1;
@@ -642,7 +723,7 @@ async fn publish_one(
                 if refusals >= MAX_REFUSALS {
                     tracing::error!(error = %err, event = kind, "server refused the event {MAX_REFUSALS} times; dropping it");
                     metrics.drop_n("refused_by_server", 1);
-                    return;
+                    return Delivery::Done;
                 }
                 tracing::warn!(error = %err, event = kind, "PublishEvent failed; retrying");
                 metrics.reconnects.inc();

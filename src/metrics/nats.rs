@@ -47,13 +47,24 @@ pub fn applied_sequence() -> u64 {
     APPLIED_SEQUENCE.load(Ordering::SeqCst)
 }
 
-/// One message applied (or skipped as undecodable) at stream sequence `seq`.
-pub fn record_applied(seq: u64, decoded: bool) {
-    if decoded {
-        APPLIED.fetch_add(1, Ordering::Relaxed);
-    } else {
-        DECODE_ERRORS.fetch_add(1, Ordering::Relaxed);
-    }
+/// What became of one stream message.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    /// Applied to the index.
+    Applied,
+    /// Skipped: it did not decode.
+    Undecodable,
+    /// Skipped: the producer checks refused it (counted in the producer families).
+    Refused,
+}
+
+/// The message at stream sequence `seq` is done with (applied or skipped).
+pub fn record_applied(seq: u64, outcome: Outcome) {
+    match outcome {
+        Outcome::Applied => APPLIED.fetch_add(1, Ordering::Relaxed),
+        Outcome::Undecodable => DECODE_ERRORS.fetch_add(1, Ordering::Relaxed),
+        Outcome::Refused => 0,
+    };
     APPLIED_SEQUENCE.fetch_max(seq, Ordering::SeqCst);
 }
 

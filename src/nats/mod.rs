@@ -8,6 +8,13 @@
 //! `<subject>.event` one protobuf `CacheEvent` (the gRPC messages, unchanged). Anything else is
 //! a decode error: counted, skipped, never fatal.
 //!
+//! Producer checks: a message goes through the same producer policy and fencing as gRPC ingest
+//! (`producer::Caller::admit`) before it is applied. Its identity is the producer token of its
+//! subject, `<subject>.update.<producer>` / `<subject>.event.<producer>` → `nats:<producer>`
+//! (the plain subjects carry none), which NATS publish permissions bind to the users allowed to
+//! publish it; its epoch is its `x-producer-epoch` header. A refused message is skipped (counted
+//! in `inferencecache_producer_refused_total{identity="nats"|"none"}`) by every replica alike.
+//!
 //! The consumer runs on the admin thread's tokio runtime, never on a serving core: it reaches
 //! the owner core over the bounded mailbox (`mailbox::call` backs off while a queue is full).
 //! It uses an ordered pull consumer (ephemeral, no acks) from a given stream sequence, with at
@@ -16,11 +23,10 @@
 //! down, stream missing, consumer lost) drops the consumer and recreates it from the next
 //! unapplied sequence after a back-off; nothing here panics or exits.
 
-mod auth;
-
 use std::time::Duration;
 
-pub use auth::{Flags as AuthFlags, NatsAuth, PASSWORD_ENV};
+use inferencecache_nats_auth as auth;
+pub use inferencecache_nats_auth::{Flags as AuthFlags, NatsAuth, PASSWORD_ENV};
 
 use async_nats::jetstream::{self, consumer, stream};
 use futures_util::StreamExt;
@@ -33,6 +39,7 @@ use crate::limits::{
     NATS_REQUEST_TIMEOUT,
 };
 use crate::metrics::nats as m;
+use crate::producer::{self, epochs};
 use crate::runtime::shutting_down;
 
 /// Where and what to consume (from `--nats-url`, `--nats-stream`, `--nats-subject`).
@@ -89,15 +96,52 @@ enum Decoded {
     Event(pb::CacheEvent),
 }
 
-fn decode(prefix: &str, subject: &str, payload: &[u8]) -> Option<Decoded> {
-    let kind = subject.strip_prefix(prefix)?.strip_prefix('.')?;
-    match kind {
-        "update" => pb::CacheStateUpdate::decode(payload)
-            .ok()
-            .map(Decoded::Update),
-        "event" => pb::CacheEvent::decode(payload).ok().map(Decoded::Event),
-        _ => None,
+impl Decoded {
+    /// The `(tenant, replica)` the message writes, for the producer checks.
+    fn target(&self) -> (&str, &str) {
+        match self {
+            Self::Update(u) => (&u.tenant_id, &u.replica_id),
+            Self::Event(e) => (&e.tenant_id, &e.replica_id),
+        }
     }
+}
+
+/// The message and the producer token of its subject (`<prefix>.<kind>[.<producer>]`).
+fn decode<'s>(
+    prefix: &str,
+    subject: &'s str,
+    payload: &[u8],
+) -> Option<(Decoded, Option<&'s str>)> {
+    let rest = subject.strip_prefix(prefix)?.strip_prefix('.')?;
+    let (kind, producer) = match rest.split_once('.') {
+        Some((kind, p)) if !p.is_empty() && !p.contains('.') => (kind, Some(p)),
+        Some(_) => return None,
+        None => (rest, None),
+    };
+    let decoded = match kind {
+        "update" => Decoded::Update(pb::CacheStateUpdate::decode(payload).ok()?),
+        "event" => Decoded::Event(pb::CacheEvent::decode(payload).ok()?),
+        _ => return None,
+    };
+    Some((decoded, producer))
+}
+
+/// The producer epoch a message's `x-producer-epoch` header names: `Ok(None)` without one,
+/// `Err` when it is malformed (the message is then a decode error, as a gRPC call with a
+/// malformed epoch is INVALID_ARGUMENT).
+fn epoch_of(headers: Option<&async_nats::HeaderMap>) -> Result<Option<epochs::Epoch>, ()> {
+    match headers.and_then(|h| h.get(epochs::EPOCH_HEADER)) {
+        None => Ok(None),
+        Some(v) => epochs::parse(v.as_str()).map(Some).map_err(|_| ()),
+    }
+}
+
+/// Whether the producer checks admit a decoded message (a refusal is counted by `admit`).
+fn admitted(d: &Decoded, producer: Option<&str>, epoch: Option<epochs::Epoch>) -> bool {
+    let (tenant, replica) = d.target();
+    producer::log_caller(producer, epoch)
+        .admit(tenant, replica)
+        .is_ok()
 }
 
 /// Exponential back-off between recreations.
@@ -168,8 +212,8 @@ async fn connect(
         .connection_timeout(NATS_REQUEST_TIMEOUT)
         .request_timeout(Some(NATS_REQUEST_TIMEOUT))
         .event_callback(|ev| async move {
-            if let Some(tls) = auth::event_refusal(&ev) {
-                m::record_refused(tls);
+            if let Some(why) = auth::event_refusal(&ev) {
+                m::record_refused(why == auth::Refusal::Tls);
                 tracing::error!(event = %ev, "nats_connect_refused");
             }
         });
@@ -185,8 +229,8 @@ async fn connect(
         match async_nats::connect_with_options(addrs.clone(), options.clone()).await {
             Ok(c) => return Some(c),
             Err(e) => match auth::refusal(&e) {
-                Some(tls) => {
-                    m::record_refused(tls);
+                Some(why) => {
+                    m::record_refused(why == auth::Refusal::Tls);
                     tracing::error!(error = %e, "nats_connect_refused");
                     tokio::time::sleep(NATS_BACKOFF_MAX).await;
                 }
@@ -278,22 +322,28 @@ async fn consume(
             );
             m::record_gap(expected, seq);
         }
-        let decoded = decode(&cfg.subject, msg.subject.as_str(), &msg.payload);
-        let ok = decoded.is_some();
-        match decoded {
-            Some(d) => {
+        let epoch = epoch_of(msg.headers.as_ref());
+        let decoded =
+            decode(&cfg.subject, msg.subject.as_str(), &msg.payload).filter(|_| epoch.is_ok());
+        let outcome = match decoded {
+            Some((d, producer)) if admitted(&d, producer, epoch.unwrap_or(None)) => {
                 if !apply(d).await {
                     return Ok(()); // shutting down
                 }
+                m::Outcome::Applied
             }
-            None => tracing::warn!(
-                sequence = seq,
-                subject = %msg.subject,
-                bytes = msg.payload.len(),
-                "nats_decode_error"
-            ),
-        }
-        m::record_applied(seq, ok);
+            Some(_) => m::Outcome::Refused,
+            None => {
+                tracing::warn!(
+                    sequence = seq,
+                    subject = %msg.subject,
+                    bytes = msg.payload.len(),
+                    "nats_decode_error"
+                );
+                m::Outcome::Undecodable
+            }
+        };
+        m::record_applied(seq, outcome);
     }
     Err("message stream ended".into())
 }
@@ -357,10 +407,43 @@ mod tests {
         };
         let ub = u.encode_to_vec();
         let eb = e.encode_to_vec();
-        assert!(matches!(decode("ic", "ic.update", &ub), Some(Decoded::Update(x)) if x == u));
-        assert!(matches!(decode("ic", "ic.event", &eb), Some(Decoded::Event(x)) if x == e));
+        assert!(
+            matches!(decode("ic", "ic.update", &ub), Some((Decoded::Update(x), None)) if x == u)
+        );
+        assert!(matches!(decode("ic", "ic.event", &eb), Some((Decoded::Event(x), None)) if x == e));
         assert!(decode("ic", "ic.other", &ub).is_none());
         assert!(decode("ic", "icx.update", &ub).is_none());
         assert!(decode("ic", "ic.update", &[0xff, 0xff, 0xff]).is_none());
+    }
+
+    #[test]
+    fn a_subjects_last_token_names_its_producer() {
+        let ub = pb::CacheStateUpdate::default().encode_to_vec();
+        let eb = pb::CacheEvent::default().encode_to_vec();
+        assert!(matches!(
+            decode("ic", "ic.update.pool-a", &ub),
+            Some((Decoded::Update(_), Some("pool-a")))
+        ));
+        assert!(matches!(
+            decode("ic", "ic.event.pool-a", &eb),
+            Some((Decoded::Event(_), Some("pool-a")))
+        ));
+        assert!(
+            decode("ic", "ic.update.a.b", &ub).is_none(),
+            "one token only"
+        );
+        assert!(decode("ic", "ic.update.", &ub).is_none());
+        assert!(decode("ic", "ic.other.pool-a", &ub).is_none());
+    }
+
+    #[test]
+    fn a_malformed_epoch_header_is_an_error_and_none_is_unfenced() {
+        let mut h = async_nats::HeaderMap::new();
+        assert_eq!(epoch_of(None), Ok(None));
+        assert_eq!(epoch_of(Some(&h)), Ok(None));
+        h.insert(epochs::EPOCH_HEADER, "1765000000000-9f2c4e01b7d3a855");
+        assert_eq!(epoch_of(Some(&h)).unwrap().unwrap().ms, 1_765_000_000_000);
+        h.insert(epochs::EPOCH_HEADER, "yesterday");
+        assert_eq!(epoch_of(Some(&h)), Err(()));
     }
 }

@@ -79,6 +79,9 @@ pub enum IdentityClass {
     Certificate = 1,
     /// A reviewed bearer token.
     Token = 2,
+    /// The producer token of a JetStream log message's subject (`<subject>.update.<producer>`),
+    /// which NATS publish permissions bind to the NATS user that may publish it.
+    Nats = 3,
 }
 
 /// Why a message was refused.
@@ -123,6 +126,28 @@ pub struct Caller {
     names: Arc<[String]>,
     epoch: Option<epochs::Epoch>,
 }
+
+/// The identity a JetStream log message carries: `nats:<producer>` from its subject's producer
+/// token (none on the plain `<subject>.update` / `<subject>.event`), and the `x-producer-epoch`
+/// header its publisher stamped on it. The token is trusted because NATS only lets a user
+/// publish to the subjects its permissions allow (docs/OPERATIONS.md "Securing the event log").
+pub fn log_caller(producer: Option<&str>, epoch: Option<epochs::Epoch>) -> Caller {
+    match producer {
+        Some(p) => Caller {
+            class: IdentityClass::Nats,
+            names: Arc::from([format!("{LOG_IDENTITY_PREFIX}{p}")]),
+            epoch,
+        },
+        None => Caller {
+            class: IdentityClass::None,
+            names: Arc::from([]),
+            epoch,
+        },
+    }
+}
+
+/// What a log producer's identity starts with in a `--producer-policy` binding.
+pub const LOG_IDENTITY_PREFIX: &str = "nats:";
 
 /// Resolves the caller of an ingest call from its connection and metadata. `Err` is the call's
 /// status: a malformed epoch (INVALID_ARGUMENT), a token the review rejected (UNAUTHENTICATED)

@@ -830,3 +830,159 @@ async fn subscriber_over_tls_with_credentials(shards: usize) {
 }
 
 shards_1_and_2!(subscriber_over_tls_with_credentials);
+
+/// One in-process subscriber of replica `engine-0` fed by its own engine socket.
+struct EngineSidecar {
+    engine: PubSocket,
+    metrics_port: u16,
+    seq: u64,
+    stop: tokio::sync::oneshot::Sender<()>,
+    task: tokio::task::JoinHandle<Result<(), String>>,
+}
+
+impl EngineSidecar {
+    /// Starts it against `srv` (its producer epoch is drawn now) and waits until it listens.
+    async fn start(srv: &Server) -> EngineSidecar {
+        let mut engine = PubSocket::new();
+        let ep = engine.bind("tcp://127.0.0.1:0").await.unwrap();
+        let metrics_port = free_port();
+        let args = <kvevent_subscriber::cli::Args as clap::Parser>::parse_from([
+            "kvevent-subscriber",
+            "--endpoint",
+            &ep.to_string(),
+            "--topic",
+            "kv",
+            "--server",
+            &srv.grpc_url(),
+            "--replica-id",
+            "engine-0",
+            "--model-id",
+            "m",
+            "--tenant-id",
+            "t",
+            "--flush-interval",
+            "10ms",
+            "--ack-interval",
+            "100ms",
+            "--metrics-bind",
+            &format!("127.0.0.1:{metrics_port}"),
+        ]);
+        let (stop, stop_rx) = tokio::sync::oneshot::channel::<()>();
+        let task = tokio::spawn(async move {
+            let run = kvevent_subscriber::app::run(args, async move {
+                let _ = stop_rx.await;
+            });
+            run.await.map_err(|e| format!("{e:#}"))
+        });
+        let seq = prime_subscriber(&mut engine, metrics_port, &task).await;
+        EngineSidecar {
+            engine,
+            metrics_port,
+            seq,
+            stop,
+            task,
+        }
+    }
+
+    async fn send(&mut self, events: Vec<Value>) {
+        publish(&mut self.engine, self.seq, batch(events)).await;
+        self.seq += 1;
+    }
+
+    fn metric(&self, series: &str) -> f64 {
+        http_get(self.metrics_port, "/metrics")
+            .ok()
+            .and_then(|(_, text)| metric_value(&text, series))
+            .unwrap_or(0.0)
+    }
+
+    /// Waits (30 s at most) until `kvevent_fenced` is 1.
+    async fn wait_fenced(&self) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while self.metric("kvevent_fenced") != 1.0 {
+            assert!(Instant::now() < deadline, "the sidecar never went idle");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+}
+
+fn fenced_refusals(srv: &Server) -> f64 {
+    metric_value(
+        &metrics_text(srv),
+        "inferencecache_producer_refused_total{identity=\"none\",reason=\"fenced\"}",
+    )
+    .unwrap_or(0.0)
+}
+
+/// Two zombie sidecars of replica engine-0 (started before the live one, so with older epochs):
+/// once the server fences them — one through PublishEvent (FAILED_PRECONDITION), the other
+/// through a ReportCacheState Ack (`FENCED`) — each goes idle for good: `kvevent_fenced` 1, no
+/// retry of the refused message (the server's fenced count stops), later engine events dropped
+/// and counted (`reason="fenced"`), never sent; the live sidecar keeps delivering.
+async fn fenced_sidecars_go_idle(shards: usize) {
+    let srv = Server::start(shards, &["--engine-block-size", &BS.to_string()]);
+    let mut evicting = EngineSidecar::start(&srv).await;
+    let mut storing = EngineSidecar::start(&srv).await;
+    evicting.send(vec![stored(&[51, 52], 0..2 * BS)]).await;
+    eventually(&srv, 0..2 * BS, "PREFIX_MATCH", 2 * BS as i32).await;
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let mut live = EngineSidecar::start(&srv).await;
+    live.send(vec![stored(&[51, 52], 0..2 * BS)]).await;
+    // The live sidecar's epoch is recorded once its stream is acknowledged.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while live.metric("kvevent_updates_acked_total") < 1.0 {
+        assert!(
+            Instant::now() < deadline,
+            "the live sidecar was never acknowledged"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    // The zombie evicts what the live engine holds: PublishEvent is fenced, not retried.
+    evicting.send(vec![removed(&[51, 52])]).await;
+    evicting.wait_fenced().await;
+    let refused = fenced_refusals(&srv);
+    assert!(refused >= 1.0, "{refused}");
+    // The other zombie stores: its stream's Ack says FENCED.
+    storing
+        .send(vec![stored(&[71, 72], 2000..2000 + 2 * BS)])
+        .await;
+    storing.wait_fenced().await;
+    let refused = fenced_refusals(&srv);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(fenced_refusals(&srv), refused, "a fenced sidecar retried");
+    // Later engine events are dropped and counted (one block and a clear, one block), never sent.
+    const DROPPED: &str = "kvevent_dropped_total{reason=\"fenced\"}";
+    let before = [evicting.metric(DROPPED), storing.metric(DROPPED)];
+    evicting
+        .send(vec![stored(&[91], 4000..4000 + BS), cleared()])
+        .await;
+    storing.send(vec![stored(&[92], 5000..5000 + BS)]).await;
+    for (z, want) in [(&evicting, before[0] + 2.0), (&storing, before[1] + 1.0)] {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while z.metric(DROPPED) < want {
+            assert!(Instant::now() < deadline, "later events not dropped");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(
+        fenced_refusals(&srv),
+        refused,
+        "a fenced sidecar sent again"
+    );
+    eventually(&srv, 0..2 * BS, "PREFIX_MATCH", 2 * BS as i32).await;
+    let (reason, _) = lookup(&srv, 2000..2000 + 2 * BS).await;
+    assert_ne!(reason, "PREFIX_MATCH", "the zombie's blocks were applied");
+    // The live sidecar goes on.
+    live.send(vec![stored(&[81, 82], 3000..3000 + 2 * BS)])
+        .await;
+    eventually(&srv, 3000..3000 + 2 * BS, "PREFIX_MATCH", 2 * BS as i32).await;
+    assert_eq!(live.metric("kvevent_fenced"), 0.0);
+    for s in [evicting, storing, live] {
+        let _ = s.stop.send(());
+        let _ = tokio::time::timeout(Duration::from_secs(15), s.task).await;
+    }
+}
+
+shards_1_and_2!(fenced_sidecars_go_idle);

@@ -86,7 +86,7 @@ fn with_meta<T>(msg: T, token: Option<&str>, epoch: Option<&str>) -> tonic::Requ
     r
 }
 
-fn update(replica: &str, tenant: &str, hash: &[u8]) -> pb::CacheStateUpdate {
+pub(crate) fn update(replica: &str, tenant: &str, hash: &[u8]) -> pb::CacheStateUpdate {
     let mut u = legacy_update(replica, tenant, "m", "vllm", hash, 64);
     u.timestamp_us = fresh_ts();
     u
@@ -130,7 +130,7 @@ fn accepted(ack: Result<pb::Ack, tonic::Status>) {
 /// The replicas LookupRoute names as holding `hash` of `(tenant, m)` (a PREFIX_MATCH; a miss
 /// may still name an affinity pick, and a key every serving replica holds distinguishes none,
 /// docs/BEHAVIOUR.md §9.4), sorted.
-async fn holders(c: &mut Client, tenant: &str, hash: &[u8]) -> Vec<String> {
+pub(crate) async fn holders(c: &mut Client, tenant: &str, hash: &[u8]) -> Vec<String> {
     let resp = lookup(c, exact_lookup(tenant, "m", "vllm", hash, 64)).await;
     if resp.reason_code != "PREFIX_MATCH" {
         return Vec::new();
@@ -144,7 +144,7 @@ async fn holders(c: &mut Client, tenant: &str, hash: &[u8]) -> Vec<String> {
     out
 }
 
-fn refused_count(text: &str, identity: &str, reason: &str) -> f64 {
+pub(crate) fn refused_count(text: &str, identity: &str, reason: &str) -> f64 {
     metric_value(
         text,
         &format!(

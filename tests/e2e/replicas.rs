@@ -575,8 +575,17 @@ async fn event_log_over_tls_with_credentials(shards: usize) {
         );
         f
     };
+    // The replica checks log messages against a policy: the subscriber publishes as producer
+    // `engine-pool` (its subject's last token), bound to its replica.
+    let policy = dir.join("producers.yaml");
+    std::fs::write(
+        &policy,
+        "bindings: [{identities: [\"nats:engine-pool\"], replicas: [engine-0], tenants: [t]}]\n",
+    )
+    .unwrap();
     let mut flags = secured(&pw);
     flags.extend(["--engine-block-size".to_string(), BS.to_string()]);
+    flags.extend(["--producer-policy".into(), policy.display().to_string()]);
     let srv = start_replica(shards, &flags);
 
     // The subscriber publishes only to the stream; the server applies it from there.
@@ -607,6 +616,8 @@ async fn event_log_over_tls_with_credentials(shards: usize) {
             "--nats-subject",
             SUBJECT,
             "--nats-only",
+            "--nats-producer",
+            "engine-pool",
         ]
         .map(String::from)
         .to_vec();
@@ -645,6 +656,10 @@ async fn event_log_over_tls_with_credentials(shards: usize) {
     assert!(
         last_sequence(&js, STREAM).await >= 1,
         "it went through the stream"
+    );
+    assert_eq!(
+        crate::producers::refused_count(&metrics_text(&srv), "nats", "permission_denied"),
+        0.0
     );
     let _ = stop_tx.send(());
     let _ = tokio::time::timeout(Duration::from_secs(15), sub).await;
@@ -865,4 +880,259 @@ async fn event_log_with_a_creds_file_shards_1() {
 )]
 async fn event_log_with_a_creds_file_shards_2() {
     event_log_with_a_creds_file(2).await;
+}
+
+/// Log messages obey the producer policy and fencing like gRPC ingest (docs/BEHAVIOUR.md §4.3):
+/// under a policy binding `nats:pool-a` to replica `r-a` of tenant `t`, a message published on
+/// `ic.update.pool-a` for `r-a` applies; one for another replica or tenant, one from another
+/// producer token, one on the plain subject (no identity) and one under an older
+/// `x-producer-epoch` (an update, then an ALL_CLEARED) are skipped and counted, and the messages
+/// after them still apply, on every core layout alike.
+async fn log_messages_obey_the_producer_policy_and_fencing(shards: usize) {
+    use crate::producers::{holders, refused_count, update};
+    const STREAM: &str = "IC_E2E_LOG_POLICY";
+    const OLD: &str = "1700000000000-zombie";
+    const NEW: &str = "1700000005000-live";
+    let dir = scratch_dir(&format!("log-policy-{shards}"));
+    let policy = dir.join("producers.yaml");
+    std::fs::write(
+        &policy,
+        "bindings:\n  - identities: [\"nats:pool-a\"]\n    replicas: [\"r-a\"]\n    tenants: [\"t\"]\n",
+    )
+    .unwrap();
+    let nats = NatsServer::start();
+    let js = nats.jetstream().await;
+    create_stream(&js, STREAM, SUBJECT, -1).await;
+    let as_pool_a = |u: pb::CacheStateUpdate, epoch: &'static str| {
+        (Some("pool-a"), Some(epoch), LogMsg::Update(u))
+    };
+    let cleared = pb::CacheEvent {
+        r#type: pb::cache_event::Type::AllCleared as i32,
+        replica_id: "r-a".into(),
+        model_id: "m".into(),
+        tenant_id: "t".into(),
+        timestamp_us: fresh_ts(),
+        ..Default::default()
+    };
+    let log = vec![
+        as_pool_a(update("r-a", "t", b"log-ok"), NEW),
+        as_pool_a(update("r-b", "t", b"log-other-replica"), NEW),
+        as_pool_a(update("r-a", "u", b"log-other-tenant"), NEW),
+        (
+            None,
+            Some(NEW),
+            LogMsg::Update(update("r-a", "t", b"log-anonymous")),
+        ),
+        (
+            Some("pool-b"),
+            Some(NEW),
+            LogMsg::Update(update("r-a", "t", b"log-pool-b")),
+        ),
+        as_pool_a(update("r-a", "t", b"log-zombie"), OLD),
+        (Some("pool-a"), Some(OLD), LogMsg::Event(cleared)),
+        as_pool_a(update("r-a", "t", b"log-late"), NEW),
+    ];
+    let total = log.len() as u64;
+    for (producer, epoch, msg) in log {
+        publish_log_as(&js, SUBJECT, producer, epoch, msg).await;
+    }
+    let mut flags = nats_flags(&nats, STREAM);
+    flags.extend(["--producer-policy".into(), policy.display().to_string()]);
+    let srv = start_replica(shards, &flags);
+    assert!(
+        wait_until(Duration::from_secs(30), || applied(&srv) == total),
+        "the whole log is consumed"
+    );
+    let mut c = srv.client().await;
+    assert_eq!(
+        holders(&mut c, "t", b"log-ok").await,
+        ["r-a"],
+        "not cleared"
+    );
+    assert_eq!(holders(&mut c, "t", b"log-late").await, ["r-a"]);
+    for hash in [
+        &b"log-other-replica"[..],
+        b"log-anonymous",
+        b"log-pool-b",
+        b"log-zombie",
+    ] {
+        assert!(holders(&mut c, "t", hash).await.is_empty(), "{hash:?}");
+    }
+    assert!(holders(&mut c, "u", b"log-other-tenant").await.is_empty());
+    let text = metrics_text(&srv);
+    assert_eq!(refused_count(&text, "nats", "permission_denied"), 3.0);
+    assert_eq!(refused_count(&text, "none", "unauthenticated"), 1.0);
+    assert_eq!(refused_count(&text, "nats", "fenced"), 2.0);
+    assert_eq!(
+        metric_value(&text, "inferencecache_nats_messages_applied_total"),
+        Some(2.0),
+        "refused messages are not counted as applied"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(has_nats_server),
+    ignore = "nats-server not on PATH: apt-get install nats-server, then touch build.rs"
+)]
+async fn log_messages_obey_the_producer_policy_and_fencing_shards_1() {
+    log_messages_obey_the_producer_policy_and_fencing(1).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(has_nats_server),
+    ignore = "nats-server not on PATH: apt-get install nats-server, then touch build.rs"
+)]
+async fn log_messages_obey_the_producer_policy_and_fencing_shards_2() {
+    log_messages_obey_the_producer_policy_and_fencing(2).await;
+}
+
+/// The set-up docs/OPERATIONS.md "Securing the event log" documents, end to end: NATS lets user
+/// `pool-a` publish only under its producer name (`ic.*.pool-a`) and the replica's user publish
+/// no index message; the subscriber logs in as `pool-a` with `--nats-producer pool-a`, and the
+/// replica's policy binds `nats:pool-a` to its replica, so its blocks are served. The same user
+/// publishing under another producer's name is refused by NATS at the publish: nothing reaches
+/// the stream, nothing is refused (or applied) by the replica.
+async fn log_producer_names_are_bound_by_nats_permissions(shards: usize) {
+    use crate::kvevents::{BS, batch, eventually, prime_subscriber, publish, stored};
+    use zeromq::{PubSocket, Socket};
+    const STREAM: &str = "IC_E2E_NAMES";
+    let nats = NatsServer::start_with_users(
+        "{ user: replica, password: replica-pw, permissions: { publish: { deny: [\"ic.>\"] } } }\n\
+         { user: pool-a, password: pool-a-pw, permissions: { publish: { allow: [\"ic.*.pool-a\"] },\n\
+           subscribe: { allow: [\"_INBOX.>\"] } } }",
+    );
+    let dir = scratch_dir(&format!("log-names-{shards}"));
+    let file = |name: &str, text: &str| {
+        let p = dir.join(name);
+        std::fs::write(&p, text).unwrap();
+        p.display().to_string()
+    };
+    let (replica_pw, pool_pw) = (
+        file("replica-pw", "replica-pw"),
+        file("pool-pw", "pool-a-pw"),
+    );
+    let policy = file(
+        "producers.yaml",
+        "bindings: [{identities: [\"nats:pool-a\"], replicas: [engine-0], tenants: [t]}]\n",
+    );
+    let mut flags = nats_flags(&nats, STREAM);
+    flags.extend(
+        [
+            "--nats-user",
+            "replica",
+            "--nats-password-file",
+            &replica_pw,
+            "--producer-policy",
+            &policy,
+            "--require-producer-auth",
+            "--engine-block-size",
+            &BS.to_string(),
+        ]
+        .map(String::from),
+    );
+    let srv = start_replica(shards, &flags);
+
+    let mut engine = PubSocket::new();
+    let ep = engine.bind("tcp://127.0.0.1:0").await.unwrap();
+    let metrics_port = free_port();
+    let args = <kvevent_subscriber::cli::Args as clap::Parser>::parse_from([
+        "kvevent-subscriber",
+        "--endpoint",
+        &ep.to_string(),
+        "--topic",
+        "kv",
+        "--server",
+        "http://127.0.0.1:1",
+        "--replica-id",
+        "engine-0",
+        "--model-id",
+        "m",
+        "--tenant-id",
+        "t",
+        "--flush-interval",
+        "10ms",
+        "--metrics-bind",
+        &format!("127.0.0.1:{metrics_port}"),
+        "--nats-url",
+        &nats.url(),
+        "--nats-subject",
+        SUBJECT,
+        "--nats-only",
+        "--nats-producer",
+        "pool-a",
+        "--nats-user",
+        "pool-a",
+        "--nats-password-file",
+        &pool_pw,
+    ]);
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let sub = tokio::spawn(kvevent_subscriber::app::run(args, async move {
+        let _ = stop_rx.await;
+    }));
+    let seq = prime_subscriber(&mut engine, metrics_port, &sub).await;
+    publish(&mut engine, seq, batch(vec![stored(&[41, 42], 0..2 * BS)])).await;
+    eventually(&srv, 0..2 * BS, "PREFIX_MATCH", 2 * BS as i32).await;
+
+    // The same NATS user under another producer's name: NATS refuses the publish.
+    let client =
+        async_nats::ConnectOptions::with_user_and_password("pool-a".into(), "pool-a-pw".into())
+            .connect(nats.url())
+            .await
+            .expect("pool-a logs in");
+    let js = async_nats::jetstream::new(client);
+    let admin =
+        async_nats::ConnectOptions::with_user_and_password("replica".into(), "replica-pw".into())
+            .connect(nats.url())
+            .await
+            .expect("the replica's user logs in");
+    let admin = async_nats::jetstream::new(admin);
+    let before = last_sequence(&admin, STREAM).await;
+    let forged = crate::producers::update("engine-0", "t", b"forged");
+    let acked = tokio::time::timeout(Duration::from_secs(5), async {
+        js.publish(
+            format!("{SUBJECT}.update.pool-b"),
+            prost::Message::encode_to_vec(&forged).into(),
+        )
+        .await
+        .ok()?
+        .await
+        .ok()
+    })
+    .await;
+    assert!(
+        !matches!(acked, Ok(Some(_))),
+        "NATS stored a forged producer name"
+    );
+    assert_eq!(
+        last_sequence(&admin, STREAM).await,
+        before,
+        "nothing reached the stream"
+    );
+    let text = metrics_text(&srv);
+    assert_eq!(
+        crate::producers::refused_count(&text, "nats", "permission_denied"),
+        0.0
+    );
+    let _ = stop_tx.send(());
+    let _ = tokio::time::timeout(Duration::from_secs(15), sub).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(has_nats_server),
+    ignore = "nats-server not on PATH: apt-get install nats-server, then touch build.rs"
+)]
+async fn log_producer_names_are_bound_by_nats_permissions_shards_1() {
+    log_producer_names_are_bound_by_nats_permissions(1).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(has_nats_server),
+    ignore = "nats-server not on PATH: apt-get install nats-server, then touch build.rs"
+)]
+async fn log_producer_names_are_bound_by_nats_permissions_shards_2() {
+    log_producer_names_are_bound_by_nats_permissions(2).await;
 }

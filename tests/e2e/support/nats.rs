@@ -88,10 +88,25 @@ impl NatsServer {
             cert = cert.display().to_string(),
             key = key.display().to_string(),
         );
-        let conf = file("nats.conf", &conf);
+        let mut srv = NatsServer::from_config(store, port, &conf);
+        srv.secured = Some(Secured {
+            ca_file,
+            client_cert,
+            client_key,
+            user: user.into(),
+            password: password.into(),
+        });
+        srv
+    }
+
+    /// Starts one from the configuration `conf` (written to `store`/nats.conf) listening on
+    /// `port`, and waits until it accepts connections.
+    fn from_config(store: ScratchDir, port: u16, conf: &str) -> NatsServer {
+        let conf_path = store.join("nats.conf");
+        std::fs::write(&conf_path, conf).unwrap();
         let child = Command::new("nats-server")
             .arg("-c")
-            .arg(&conf)
+            .arg(&conf_path)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
@@ -104,14 +119,22 @@ impl NatsServer {
             child,
             port,
             store,
-            secured: Some(Secured {
-                ca_file,
-                client_cert,
-                client_key,
-                user: user.into(),
-                password: password.into(),
-            }),
+            secured: None,
         }
+    }
+
+    /// Starts one (plain text) whose clients log in as one of `users`, a NATS `users = [...]`
+    /// list with permissions (e.g. the one docs/OPERATIONS.md "Securing the event log" shows).
+    pub fn start_with_users(users: &str) -> NatsServer {
+        let port = free_port();
+        let store = scratch_dir("nats-users");
+        let conf = format!(
+            "listen: \"127.0.0.1:{port}\"\n\
+             jetstream {{ store_dir: {js:?} }}\n\
+             authorization {{ users = [\n{users}\n] }}\n",
+            js = store.join("js").display().to_string(),
+        );
+        NatsServer::from_config(store, port, &conf)
     }
 
     /// The `nats://` URL.
@@ -172,31 +195,12 @@ impl NatsServer {
             acc_pub = acc.public_key(),
             sys_pub = sys.public_key(),
         );
-        let conf_path = store.join("nats.conf");
-        std::fs::write(&conf_path, conf).unwrap();
         let creds = format!(
             "-----BEGIN NATS USER JWT-----\n{user_jwt}\n------END NATS USER JWT------\n\n\
              -----BEGIN USER NKEY SEED-----\n{seed}\n------END USER NKEY SEED------\n",
             seed = user.seed().unwrap(),
         );
-        let child = Command::new("nats-server")
-            .arg("-c")
-            .arg(&conf_path)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("spawn nats-server");
-        let up = wait_until(Duration::from_secs(20), || {
-            std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()
-        });
-        assert!(up, "nats-server did not listen on {port}");
-        let srv = NatsServer {
-            child,
-            port,
-            store,
-            secured: None,
-        };
-        (srv, creds)
+        (NatsServer::from_config(store, port, &conf), creds)
     }
 
     /// A JetStream context on a fresh connection (with the TLS and credentials a secured
@@ -285,6 +289,36 @@ pub async fn publish_all(js: &jetstream::Context, subject: &str, msgs: Vec<LogMs
     for a in acks {
         a.await.expect("publish ack");
     }
+}
+
+/// Publishes one message as producer `producer` (subject `<subject>.<kind>.<producer>`; the
+/// plain `<subject>.<kind>` without one) with `x-producer-epoch: epoch` when given, and waits
+/// for its acknowledgement.
+pub async fn publish_log_as(
+    js: &jetstream::Context,
+    subject: &str,
+    producer: Option<&str>,
+    epoch: Option<&str>,
+    msg: LogMsg,
+) {
+    use prost::Message;
+    let (kind, body) = match msg {
+        LogMsg::Update(u) => ("update", u.encode_to_vec()),
+        LogMsg::Event(e) => ("event", e.encode_to_vec()),
+    };
+    let subject = match producer {
+        Some(p) => format!("{subject}.{kind}.{p}"),
+        None => format!("{subject}.{kind}"),
+    };
+    let mut headers = async_nats::HeaderMap::new();
+    if let Some(e) = epoch {
+        headers.insert("x-producer-epoch", e);
+    }
+    js.publish_with_headers(subject, headers, body.into())
+        .await
+        .expect("publish")
+        .await
+        .expect("publish ack");
 }
 
 /// One event log message.

@@ -1,7 +1,9 @@
 //! TLS and credentials of the event log's NATS connection (`--nats-ca-file`,
 //! `--nats-client-cert-file`/`--nats-client-key-file`, `--nats-creds-file`, `--nats-user` with
-//! `--nats-password-file` or `NATS_PASSWORD`; docs/OPERATIONS.md "Replicas"). Every file is
-//! checked at start-up (exit 2 naming the flag); the password is never logged (`Debug` hides it).
+//! `--nats-password-file` or `NATS_PASSWORD`; docs/OPERATIONS.md "Securing the event log"), one
+//! implementation for both ends of the log: the server's consumer and kvevent-subscriber's
+//! publisher take the same flags. Every file is checked at start-up (the callers exit 2 with the
+//! error, which names the flag); the password is never shown (`Debug` hides it).
 
 use std::path::{Path, PathBuf};
 
@@ -28,7 +30,7 @@ pub struct Flags<'a> {
 }
 
 /// Environment variable holding the `--nats-user` password when `--nats-password-file` is not
-/// given (same name as kvevent-subscriber's).
+/// given.
 pub const PASSWORD_ENV: &str = "NATS_PASSWORD";
 
 /// What the NATS connection authenticates with.
@@ -175,16 +177,36 @@ fn password(file: Option<&Path>, env: Option<String>) -> Result<String, String> 
     Ok(pass)
 }
 
+/// Why NATS refused this client (as opposed to being unreachable): the `reason` label of both
+/// ends' refusal counters.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Refusal {
+    /// Credentials: wrong user/password or creds, or not authorized.
+    Auth,
+    /// TLS: the server's certificate, or the client certificate it requires.
+    Tls,
+}
+
+impl Refusal {
+    /// The metric label: `auth` or `tls`.
+    pub fn label(self) -> &'static str {
+        match self {
+            Self::Auth => "auth",
+            Self::Tls => "tls",
+        }
+    }
+}
+
 /// Whether a failed connection is NATS refusing this client (credentials, TLS) rather than an
-/// unreachable server: `Some(true)` for TLS, `Some(false)` for credentials. A TLS alert from the
-/// server (e.g. `bad_certificate` when a client certificate is required) or a rejected server
-/// certificate arrives as an IO error wrapping rustls' error: it counts as TLS too.
-pub fn refusal(e: &async_nats::ConnectError) -> Option<bool> {
+/// unreachable server, which retrying may fix. A TLS alert from the server (e.g.
+/// `bad_certificate` when a client certificate is required) or a rejected server certificate
+/// arrives as an IO error wrapping rustls' error: it counts as TLS too.
+pub fn refusal(e: &async_nats::ConnectError) -> Option<Refusal> {
     use async_nats::ConnectErrorKind as K;
     match e.kind() {
-        K::AuthorizationViolation | K::Authentication => Some(false),
-        K::Tls => Some(true),
-        _ => tls_in_chain(e).then_some(true),
+        K::AuthorizationViolation | K::Authentication => Some(Refusal::Auth),
+        K::Tls => Some(Refusal::Tls),
+        _ => tls_in_chain(e).then_some(Refusal::Tls),
     }
 }
 
@@ -207,12 +229,13 @@ fn tls_in_chain(e: &(dyn std::error::Error + 'static)) -> bool {
     false
 }
 
-/// The same for a background reconnect's event (the client retries those by itself).
-pub fn event_refusal(ev: &async_nats::Event) -> Option<bool> {
+/// The same for a background reconnect's event (the client retries those by itself, so they
+/// would be silent unless counted from here).
+pub fn event_refusal(ev: &async_nats::Event) -> Option<Refusal> {
     use async_nats::ConnectErrorKind as K;
     match ev {
         async_nats::Event::ServerError(async_nats::ServerError::AuthorizationViolation) => {
-            Some(false)
+            Some(Refusal::Auth)
         }
         async_nats::Event::ClientError(async_nats::ClientError::Other(text)) => {
             [K::AuthorizationViolation, K::Authentication, K::Tls]
@@ -285,9 +308,9 @@ mod tests {
         use async_nats::{ConnectError, ConnectErrorKind as K};
         assert_eq!(
             refusal(&ConnectError::new(K::AuthorizationViolation)),
-            Some(false)
+            Some(Refusal::Auth)
         );
-        assert_eq!(refusal(&ConnectError::new(K::Tls)), Some(true));
+        assert_eq!(refusal(&ConnectError::new(K::Tls)), Some(Refusal::Tls));
         assert_eq!(refusal(&ConnectError::new(K::Io)), None);
         assert_eq!(refusal(&ConnectError::new(K::TimedOut)), None);
         let refused = std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "refused");
@@ -299,12 +322,12 @@ mod tests {
         );
         assert_eq!(
             refusal(&ConnectError::with_source(K::Io, alert)),
-            Some(true)
+            Some(Refusal::Tls)
         );
         let ev = async_nats::Event::ClientError(async_nats::ClientError::Other(
             K::AuthorizationViolation.to_string(),
         ));
-        assert_eq!(event_refusal(&ev), Some(false));
+        assert_eq!(event_refusal(&ev), Some(Refusal::Auth));
         let ev = async_nats::Event::ClientError(async_nats::ClientError::Other(K::Io.to_string()));
         assert_eq!(event_refusal(&ev), None);
     }
