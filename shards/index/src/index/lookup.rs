@@ -6,8 +6,9 @@
 
 use super::ranking::{self, Tier, distinguishing_power, freshness, recency};
 use super::store::{Holder, KeyId, MoreHolders, NIL, Store};
-use super::{Catalog, DEAD, Index};
+use super::{Catalog, DEAD, Index, StatsRow};
 use crate::rules::{Eviction, TenantRules};
+use hashbrown::HashMap;
 use sha2::{Digest, Sha256};
 use std::cmp::Ordering;
 
@@ -45,7 +46,7 @@ impl Strategy {
 
 /// One replica's score (§9.7). The replica is an index-local id; resolve it with
 /// [`LookupView::replica_id`] or [`Index::replica_name`].
-#[derive(Clone, Copy, Debug, PartialEq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct Score {
     /// Interned replica id (core-local).
     pub replica: u32,
@@ -268,6 +269,8 @@ pub(crate) struct Scratch {
     keys: Vec<u64>,
     /// [`Scratch::order_by_walk`]: the scores in replica name order.
     named: Vec<Score>,
+    /// [`Scratch::order_by_walk`]: the group (distinct score) of each score.
+    group_of: Vec<u8>,
     /// The last block of each chain score's run (parallel to the scores).
     score_blocks: Vec<u32>,
     /// [`Scratch::depth_power_by_block`]: per block of the request, the scores whose run ends
@@ -510,15 +513,15 @@ impl Scratch {
         if last >= 2 * k * (usize::BITS - k.leading_zeros()) as usize {
             return false;
         }
-        let mut sum = 0i64;
-        for &c in &counts[..=last] {
-            if c <= 0 {
-                return false;
-            }
-            sum += i64::from(c);
-        }
-        if sum > i64::from(i32::MAX) {
+        // No early exit: a branch-free minimum and a sum.
+        let counts = &counts[..=last];
+        let min = counts.iter().fold(i32::MAX, |m, &c| m.min(c));
+        let sum: i64 = counts.iter().map(|&c| i64::from(c)).sum();
+        if min <= 0 || sum > i64::from(i32::MAX) {
             return false;
+        }
+        if self.depth_power_few_blocks(scores, total) {
+            return true;
         }
         self.per_block.clear();
         self.per_block.resize(last + 1, 0);
@@ -540,7 +543,48 @@ impl Scratch {
         }
         true
     }
+
+    /// [`Scratch::depth_power_by_block`] once its condition holds, when the scored runs end at
+    /// no more than [`FEW_GROUPS`] distinct blocks (the usual answer: many replicas holding the
+    /// same few prefixes): the groups are found by comparing blocks with one another, not with
+    /// a histogram over every block of the request. Same factors, applied the same way.
+    /// Returns false, changing nothing, when there are more groups.
+    fn depth_power_few_blocks(&mut self, scores: &mut [Score], total: usize) -> bool {
+        let mut blocks = [0u32; FEW_GROUPS];
+        let mut sizes = [0i64; FEW_GROUPS];
+        let mut groups = 0;
+        for &b in &self.score_blocks {
+            match blocks[..groups].iter().position(|&x| x == b) {
+                Some(g) => sizes[g] += 1,
+                None if groups == FEW_GROUPS => return false,
+                None => {
+                    blocks[groups] = b;
+                    sizes[groups] = 1;
+                    groups += 1;
+                }
+            }
+        }
+        // A group's `right`: the scores whose run ends at or after its block.
+        let mut factors = [1.0f32; FEW_GROUPS];
+        for (g, factor) in factors[..groups].iter_mut().enumerate() {
+            let right: i64 = (0..groups)
+                .filter(|&h| blocks[h] >= blocks[g])
+                .map(|h| sizes[h])
+                .sum();
+            *factor = distinguishing_power(right, total as i64) as f32;
+        }
+        for (s, &b) in scores.iter_mut().zip(&self.score_blocks) {
+            let g = blocks[..groups].iter().position(|&x| x == b).unwrap_or(0);
+            s.score *= factors[g];
+        }
+        true
+    }
 }
+
+/// Most groups (distinct blocks where scored runs end, distinct scores) the answer's grouping
+/// passes compare against one another before falling back to a histogram or a sort: a score
+/// costs at most this many integer comparisons.
+const FEW_GROUPS: usize = 8;
 
 /// The last lookup's result buffers.
 #[derive(Default)]
@@ -576,6 +620,11 @@ impl Scratch {
             return false;
         }
         self.next_epoch(replicas);
+        // Each score's group: its distinct score, while there are at most FEW_GROUPS of them.
+        let mut keys = [0u32; FEW_GROUPS];
+        let mut sizes = [0u32; FEW_GROUPS];
+        let mut groups = 0;
+        self.group_of.clear();
         for (i, s) in scores.iter().enumerate() {
             if s.score.is_nan() {
                 return false;
@@ -584,7 +633,85 @@ impl Scratch {
                 epoch: self.epoch,
                 run: i as u32,
             };
+            if groups <= FEW_GROUPS {
+                let key = descending(s.score);
+                let g = match keys[..groups].iter().position(|&x| x == key) {
+                    Some(g) => g,
+                    None if groups == FEW_GROUPS => {
+                        groups = FEW_GROUPS + 1; // too many: sorted below
+                        continue;
+                    }
+                    None => {
+                        keys[groups] = key;
+                        groups += 1;
+                        groups - 1
+                    }
+                };
+                sizes[g] += 1;
+                self.group_of.push(g as u8);
+            }
         }
+        let ordered = if groups <= FEW_GROUPS {
+            let found = self.scatter_by_group(by_name, scores, &keys[..groups], &sizes);
+            if found {
+                scores.copy_from_slice(&self.named);
+            }
+            found
+        } else {
+            self.sort_by_key_and_name(by_name, scores)
+        };
+        debug_assert!(
+            ordered,
+            "a scored replica missing from its scope's name order"
+        );
+        ordered
+    }
+
+    /// Few distinct scores (the usual answer: replicas holding the same prefix with the same
+    /// data score alike): a stable counting sort into `named` over the groups of
+    /// [`Scratch::order_by_walk`], visiting the scores in name order, so ties keep it. A
+    /// group's first position is the number of scores in groups with a smaller key (a higher
+    /// score). False when the walk does not find every score once.
+    fn scatter_by_group(
+        &mut self,
+        by_name: &[u32],
+        scores: &[Score],
+        keys: &[u32],
+        sizes: &[u32; FEW_GROUPS],
+    ) -> bool {
+        let mut next = [0u32; FEW_GROUPS];
+        for (g, key) in keys.iter().enumerate() {
+            next[g] = (0..keys.len())
+                .filter(|&h| keys[h] < *key)
+                .map(|h| sizes[h])
+                .sum();
+        }
+        self.named.clear();
+        self.named.resize(scores.len(), Score::default());
+        let mut found = 0;
+        for &r in by_name {
+            let Some(slot) = self.slots.get(r as usize) else {
+                continue;
+            };
+            if slot.epoch != self.epoch {
+                continue;
+            }
+            let i = slot.run as usize;
+            let at = &mut next[self.group_of[i] as usize];
+            let Some(out) = self.named.get_mut(*at as usize) else {
+                return false; // a replica listed twice (never expected)
+            };
+            *out = scores[i];
+            *at += 1;
+            found += 1;
+        }
+        found == scores.len()
+    }
+
+    /// Many distinct scores: the scores in name order into `named`, one integer key each
+    /// (descending score, then name rank), sorted, written back into `scores`. False, leaving
+    /// `scores` as they were, when the walk does not find every score once.
+    fn sort_by_key_and_name(&mut self, by_name: &[u32], scores: &mut [Score]) -> bool {
         self.keys.clear();
         self.named.clear();
         for &r in by_name {
@@ -599,11 +726,7 @@ impl Scratch {
                 .push(u64::from(descending(s.score)) << 32 | self.named.len() as u64);
             self.named.push(s);
         }
-        if self.named.len() != k {
-            debug_assert!(
-                false,
-                "a scored replica missing from its scope's name order"
-            );
+        if self.named.len() != scores.len() {
             return false;
         }
         self.keys.sort_unstable();
@@ -624,6 +747,15 @@ fn descending(score: f32) -> u32 {
         bits | 1 << 31
     };
     !ascending
+}
+
+/// A replica's pressure in a model scope's `stats` for prefix paths: its row's, if the row's
+/// payload is fresh under the tenant TTL, else 0.
+fn fresh_pressure(stats: &HashMap<u32, StatsRow>, replica: u32, now: i64, ttl: i64) -> f32 {
+    match stats.get(&replica) {
+        Some(row) if freshness(now, row.stats_reported, ttl) > 0.0 => row.pressure,
+        _ => 0.0,
+    }
 }
 
 /// The answer's order (§9.6) by comparison: score descending, ties by replica name ascending.
@@ -677,10 +809,7 @@ impl Index {
     /// Pressure of a replica for prefix paths: the stats row's, if its payload is fresh under
     /// the tenant TTL, else 0.
     fn prefix_pressure(&self, mscope: u32, replica: u32, now: i64, ttl: i64) -> f32 {
-        match self.cat.models[mscope as usize].stats.get(&replica) {
-            Some(row) if freshness(now, row.stats_reported, ttl) > 0.0 => row.pressure,
-            _ => 0.0,
-        }
+        fresh_pressure(&self.cat.models[mscope as usize].stats, replica, now, ttl)
     }
 
     /// Exact match (§8.2) into `self.last`.
@@ -908,32 +1037,43 @@ impl Index {
         now: i64,
         ttl: i64,
     ) {
-        let coeff = self.cfg.ranker.slo_coeff(ttft_ms);
+        let ranker = &self.cfg.ranker;
+        let coeff = ranker.slo_coeff(ttft_ms);
         // No stats row in the model scope: every pressure is 0, no lookup per run.
-        let no_stats = self.cat.models[mscope as usize].stats.is_empty();
-        self.scratch.score_blocks.clear();
-        for i in 0..self.scratch.runs.len() {
-            let run = self.scratch.runs[i];
+        let stats = &self.cat.models[mscope as usize].stats;
+        let sc = &mut self.scratch;
+        sc.score_blocks.clear();
+        scores.reserve(sc.runs.len());
+        // Runs of replicas holding the same prefix with the same data score alike: the last
+        // (matched, oldest, pressure) scored and its (freshness, score), recomputed on change.
+        let mut last: Option<((i32, i64, u32), (f32, f32))> = None;
+        for run in sc.runs.iter_mut() {
             if run.matched <= 0 {
                 continue;
             }
-            let f = freshness(now, run.oldest, ttl);
+            let pressure = if stats.is_empty() {
+                0.0
+            } else {
+                fresh_pressure(stats, run.replica, now, ttl)
+            };
+            let key = (run.matched, run.oldest, pressure.to_bits());
+            let (f, score) = match last {
+                Some((k, v)) if k == key => v,
+                _ => {
+                    let f = freshness(now, run.oldest, ttl);
+                    let score = ranker.prefix_score(i64::from(run.matched), f, pressure, coeff);
+                    last = Some((key, (f, score)));
+                    (f, score)
+                }
+            };
             if f <= 0.0 {
                 continue;
             }
-            self.scratch.runs[i].scored = true;
-            self.scratch.score_blocks.push(run.last_block);
-            let pressure = if no_stats {
-                0.0
-            } else {
-                self.prefix_pressure(mscope, run.replica, now, ttl)
-            };
+            run.scored = true;
+            sc.score_blocks.push(run.last_block);
             scores.push(Score {
                 replica: run.replica,
-                score: self
-                    .cfg
-                    .ranker
-                    .prefix_score(i64::from(run.matched), f, pressure, coeff),
+                score,
                 matched_tokens: run.matched,
                 estimated_cache_hit_prob: f,
                 tier: ranking::tier_to_wire(run.tier),
