@@ -262,8 +262,8 @@ fn answers_with_few_and_many_groups_are_ordered_and_scaled_exactly() {
 
 #[test]
 fn equal_runs_stored_at_different_times_score_by_their_own_freshness() {
-    // Consecutive runs with the same matched tokens but another age (or pressure) must not
-    // reuse the previous run's freshness and score.
+    // Runs with the same matched tokens but another age (or pressure): each scores by its own
+    // freshness and pressure, whichever way the groups are ordered and scaled.
     for (groups, ages) in [(1, 3), (2, 5), (3, 7)] {
         let (got, reference) = grouped_answer(30, groups, ages, false);
         assert_eq!(got, reference, "{groups} groups, {ages} ages");

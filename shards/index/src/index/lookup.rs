@@ -6,9 +6,8 @@
 
 use super::ranking::{self, Tier, distinguishing_power, freshness, recency};
 use super::store::{Holder, KeyId, MoreHolders, NIL, Store};
-use super::{Catalog, DEAD, Index, StatsRow};
+use super::{Catalog, DEAD, Index};
 use crate::rules::{Eviction, TenantRules};
-use hashbrown::HashMap;
 use sha2::{Digest, Sha256};
 use std::cmp::Ordering;
 
@@ -46,7 +45,7 @@ impl Strategy {
 
 /// One replica's score (§9.7). The replica is an index-local id; resolve it with
 /// [`LookupView::replica_id`] or [`Index::replica_name`].
-#[derive(Clone, Copy, Debug, Default, PartialEq)]
+#[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Score {
     /// Interned replica id (core-local).
     pub replica: u32,
@@ -269,8 +268,6 @@ pub(crate) struct Scratch {
     keys: Vec<u64>,
     /// [`Scratch::order_by_walk`]: the scores in replica name order.
     named: Vec<Score>,
-    /// [`Scratch::order_by_walk`]: the group (distinct score) of each score.
-    group_of: Vec<u8>,
     /// The last block of each chain score's run (parallel to the scores).
     score_blocks: Vec<u32>,
     /// [`Scratch::depth_power_by_block`]: per block of the request, the scores whose run ends
@@ -581,9 +578,9 @@ impl Scratch {
     }
 }
 
-/// Most groups (distinct blocks where scored runs end, distinct scores) the answer's grouping
-/// passes compare against one another before falling back to a histogram or a sort: a score
-/// costs at most this many integer comparisons.
+/// Most distinct blocks where scored runs end that [`Scratch::depth_power_few_blocks`] compares
+/// against one another before the histogram takes over: a score costs at most this many
+/// integer comparisons.
 const FEW_GROUPS: usize = 8;
 
 /// The last lookup's result buffers.
@@ -620,11 +617,6 @@ impl Scratch {
             return false;
         }
         self.next_epoch(replicas);
-        // Each score's group: its distinct score, while there are at most FEW_GROUPS of them.
-        let mut keys = [0u32; FEW_GROUPS];
-        let mut sizes = [0u32; FEW_GROUPS];
-        let mut groups = 0;
-        self.group_of.clear();
         for (i, s) in scores.iter().enumerate() {
             if s.score.is_nan() {
                 return false;
@@ -633,85 +625,7 @@ impl Scratch {
                 epoch: self.epoch,
                 run: i as u32,
             };
-            if groups <= FEW_GROUPS {
-                let key = descending(s.score);
-                let g = match keys[..groups].iter().position(|&x| x == key) {
-                    Some(g) => g,
-                    None if groups == FEW_GROUPS => {
-                        groups = FEW_GROUPS + 1; // too many: sorted below
-                        continue;
-                    }
-                    None => {
-                        keys[groups] = key;
-                        groups += 1;
-                        groups - 1
-                    }
-                };
-                sizes[g] += 1;
-                self.group_of.push(g as u8);
-            }
         }
-        let ordered = if groups <= FEW_GROUPS {
-            let found = self.scatter_by_group(by_name, scores, &keys[..groups], &sizes);
-            if found {
-                scores.copy_from_slice(&self.named);
-            }
-            found
-        } else {
-            self.sort_by_key_and_name(by_name, scores)
-        };
-        debug_assert!(
-            ordered,
-            "a scored replica missing from its scope's name order"
-        );
-        ordered
-    }
-
-    /// Few distinct scores (the usual answer: replicas holding the same prefix with the same
-    /// data score alike): a stable counting sort into `named` over the groups of
-    /// [`Scratch::order_by_walk`], visiting the scores in name order, so ties keep it. A
-    /// group's first position is the number of scores in groups with a smaller key (a higher
-    /// score). False when the walk does not find every score once.
-    fn scatter_by_group(
-        &mut self,
-        by_name: &[u32],
-        scores: &[Score],
-        keys: &[u32],
-        sizes: &[u32; FEW_GROUPS],
-    ) -> bool {
-        let mut next = [0u32; FEW_GROUPS];
-        for (g, key) in keys.iter().enumerate() {
-            next[g] = (0..keys.len())
-                .filter(|&h| keys[h] < *key)
-                .map(|h| sizes[h])
-                .sum();
-        }
-        self.named.clear();
-        self.named.resize(scores.len(), Score::default());
-        let mut found = 0;
-        for &r in by_name {
-            let Some(slot) = self.slots.get(r as usize) else {
-                continue;
-            };
-            if slot.epoch != self.epoch {
-                continue;
-            }
-            let i = slot.run as usize;
-            let at = &mut next[self.group_of[i] as usize];
-            let Some(out) = self.named.get_mut(*at as usize) else {
-                return false; // a replica listed twice (never expected)
-            };
-            *out = scores[i];
-            *at += 1;
-            found += 1;
-        }
-        found == scores.len()
-    }
-
-    /// Many distinct scores: the scores in name order into `named`, one integer key each
-    /// (descending score, then name rank), sorted, written back into `scores`. False, leaving
-    /// `scores` as they were, when the walk does not find every score once.
-    fn sort_by_key_and_name(&mut self, by_name: &[u32], scores: &mut [Score]) -> bool {
         self.keys.clear();
         self.named.clear();
         for &r in by_name {
@@ -726,7 +640,11 @@ impl Scratch {
                 .push(u64::from(descending(s.score)) << 32 | self.named.len() as u64);
             self.named.push(s);
         }
-        if self.named.len() != scores.len() {
+        if self.named.len() != k {
+            debug_assert!(
+                false,
+                "a scored replica missing from its scope's name order"
+            );
             return false;
         }
         self.keys.sort_unstable();
@@ -747,15 +665,6 @@ fn descending(score: f32) -> u32 {
         bits | 1 << 31
     };
     !ascending
-}
-
-/// A replica's pressure in a model scope's `stats` for prefix paths: its row's, if the row's
-/// payload is fresh under the tenant TTL, else 0.
-fn fresh_pressure(stats: &HashMap<u32, StatsRow>, replica: u32, now: i64, ttl: i64) -> f32 {
-    match stats.get(&replica) {
-        Some(row) if freshness(now, row.stats_reported, ttl) > 0.0 => row.pressure,
-        _ => 0.0,
-    }
 }
 
 /// The answer's order (§9.6) by comparison: score descending, ties by replica name ascending.
@@ -809,7 +718,10 @@ impl Index {
     /// Pressure of a replica for prefix paths: the stats row's, if its payload is fresh under
     /// the tenant TTL, else 0.
     fn prefix_pressure(&self, mscope: u32, replica: u32, now: i64, ttl: i64) -> f32 {
-        fresh_pressure(&self.cat.models[mscope as usize].stats, replica, now, ttl)
+        match self.cat.models[mscope as usize].stats.get(&replica) {
+            Some(row) if freshness(now, row.stats_reported, ttl) > 0.0 => row.pressure,
+            _ => 0.0,
+        }
     }
 
     /// Exact match (§8.2) into `self.last`.
@@ -1037,43 +949,32 @@ impl Index {
         now: i64,
         ttl: i64,
     ) {
-        let ranker = &self.cfg.ranker;
-        let coeff = ranker.slo_coeff(ttft_ms);
+        let coeff = self.cfg.ranker.slo_coeff(ttft_ms);
         // No stats row in the model scope: every pressure is 0, no lookup per run.
-        let stats = &self.cat.models[mscope as usize].stats;
-        let sc = &mut self.scratch;
-        sc.score_blocks.clear();
-        scores.reserve(sc.runs.len());
-        // Runs of replicas holding the same prefix with the same data score alike: the last
-        // (matched, oldest, pressure) scored and its (freshness, score), recomputed on change.
-        let mut last: Option<((i32, i64, u32), (f32, f32))> = None;
-        for run in sc.runs.iter_mut() {
+        let no_stats = self.cat.models[mscope as usize].stats.is_empty();
+        self.scratch.score_blocks.clear();
+        for i in 0..self.scratch.runs.len() {
+            let run = self.scratch.runs[i];
             if run.matched <= 0 {
                 continue;
             }
-            let pressure = if stats.is_empty() {
-                0.0
-            } else {
-                fresh_pressure(stats, run.replica, now, ttl)
-            };
-            let key = (run.matched, run.oldest, pressure.to_bits());
-            let (f, score) = match last {
-                Some((k, v)) if k == key => v,
-                _ => {
-                    let f = freshness(now, run.oldest, ttl);
-                    let score = ranker.prefix_score(i64::from(run.matched), f, pressure, coeff);
-                    last = Some((key, (f, score)));
-                    (f, score)
-                }
-            };
+            let f = freshness(now, run.oldest, ttl);
             if f <= 0.0 {
                 continue;
             }
-            run.scored = true;
-            sc.score_blocks.push(run.last_block);
+            self.scratch.runs[i].scored = true;
+            self.scratch.score_blocks.push(run.last_block);
+            let pressure = if no_stats {
+                0.0
+            } else {
+                self.prefix_pressure(mscope, run.replica, now, ttl)
+            };
             scores.push(Score {
                 replica: run.replica,
-                score,
+                score: self
+                    .cfg
+                    .ranker
+                    .prefix_score(i64::from(run.matched), f, pressure, coeff),
                 matched_tokens: run.matched,
                 estimated_cache_hit_prob: f,
                 tier: ranking::tier_to_wire(run.tier),
