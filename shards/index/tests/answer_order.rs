@@ -194,3 +194,80 @@ fn depth_power_groups_are_equal_matched_tokens_not_blocks() {
     assert_eq!(rows[0].1, m as f32 * dp(1));
     assert_eq!(rows[1].1, z as f32 * dp(2));
 }
+
+/// Nine blocks, for answers with up to nine groups.
+const NINE: [&[u8]; 9] = [
+    b"n0", b"n1", b"n2", b"n3", b"n4", b"n5", b"n6", b"n7", b"n8",
+];
+
+/// `n` replicas (interned in scrambled order), replica `i` holding the first `i % groups + 1`
+/// of [`NINE`], stored `i % ages` minutes before the lookup and under pressure `i % 2 / 4`
+/// when `pressured`. Returns the answer to the whole chain at `T0` and the expected rows
+/// computed from §8.3/§9.2/§9.5/§9.6 directly (the default 30-minute TTL, no SLO).
+fn grouped_answer(n: usize, groups: usize, ages: usize, pressured: bool) -> (Vec<Row>, Vec<Row>) {
+    let mut ix = index();
+    let mut expect = Vec::new();
+    for i in scrambled(n) {
+        let name = format!("g-{i:03}");
+        let depth = i % groups + 1;
+        let age = (i % ages) as i64 * MIN;
+        let pressure = if pressured { (i % 2) as f32 / 4.0 } else { 0.0 };
+        let u = at(
+            upd_r(&name, vec![chain_entry(&NINE[..depth], 16)]),
+            T0 - age,
+        );
+        ix.ingest(&with_stats(u, 0.5, pressure), T0 - age, &NR);
+        let fresh = ranking_freshness(age);
+        expect.push((name, 16 * depth as i32, pressure, fresh));
+    }
+    let rows: Vec<Row> = expect
+        .iter()
+        .map(|(name, matched, p, f)| {
+            let right = expect.iter().filter(|e| e.1 >= *matched).count();
+            let mut score = *matched as f32 * f * pressure_factor(1.0, *p) * 1.0;
+            let dp = distinguishing_power(right as i64, n as i64);
+            if dp != 1.0 {
+                score *= dp as f32;
+            }
+            (name.clone(), score, *matched, *f, 1)
+        })
+        .collect();
+    let mut reference = rows;
+    reference.sort_by(|a, b| b.1.partial_cmp(&a.1).unwrap().then_with(|| a.0.cmp(&b.0)));
+    let c = chain(&NINE, 16);
+    let (strategy, got) = route(&mut ix, &c.q(), T0, &NR);
+    assert_eq!(strategy, Strategy::PrefixMatch);
+    (got, reference)
+}
+
+fn ranking_freshness(age: i64) -> f32 {
+    inferencecache_index::index::ranking::freshness(T0, T0 - age, 30 * MIN)
+}
+
+#[test]
+fn answers_with_few_and_many_groups_are_ordered_and_scaled_exactly() {
+    // Up to 8 distinct depths and scores (grouped by comparison), then 9 (the histogram and
+    // the sort), with 40 holders: the order walks the names.
+    for groups in [1, 2, 3, 8, 9] {
+        let (got, reference) = grouped_answer(40, groups, 1, false);
+        assert_eq!(got, reference, "{groups} groups");
+        assert_answer_order(&got);
+    }
+    // Equal depths, different scores: pressure doubles the distinct scores (8 depths → 16).
+    for groups in [4, 8] {
+        let (got, reference) = grouped_answer(40, groups, 1, true);
+        assert_eq!(got, reference, "{groups} groups under pressure");
+    }
+}
+
+#[test]
+fn equal_runs_stored_at_different_times_score_by_their_own_freshness() {
+    // Runs with the same matched tokens but another age (or pressure): each scores by its own
+    // freshness and pressure, whichever way the groups are ordered and scaled.
+    for (groups, ages) in [(1, 3), (2, 5), (3, 7)] {
+        let (got, reference) = grouped_answer(30, groups, ages, false);
+        assert_eq!(got, reference, "{groups} groups, {ages} ages");
+        let (got, reference) = grouped_answer(30, groups, ages, true);
+        assert_eq!(got, reference, "{groups} groups, {ages} ages, pressure");
+    }
+}

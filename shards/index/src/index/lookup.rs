@@ -510,15 +510,15 @@ impl Scratch {
         if last >= 2 * k * (usize::BITS - k.leading_zeros()) as usize {
             return false;
         }
-        let mut sum = 0i64;
-        for &c in &counts[..=last] {
-            if c <= 0 {
-                return false;
-            }
-            sum += i64::from(c);
-        }
-        if sum > i64::from(i32::MAX) {
+        // No early exit: a branch-free minimum and a sum.
+        let counts = &counts[..=last];
+        let min = counts.iter().fold(i32::MAX, |m, &c| m.min(c));
+        let sum: i64 = counts.iter().map(|&c| i64::from(c)).sum();
+        if min <= 0 || sum > i64::from(i32::MAX) {
             return false;
+        }
+        if self.depth_power_few_blocks(scores, total) {
+            return true;
         }
         self.per_block.clear();
         self.per_block.resize(last + 1, 0);
@@ -540,7 +540,48 @@ impl Scratch {
         }
         true
     }
+
+    /// [`Scratch::depth_power_by_block`] once its condition holds, when the scored runs end at
+    /// no more than [`FEW_GROUPS`] distinct blocks (the usual answer: many replicas holding the
+    /// same few prefixes): the groups are found by comparing blocks with one another, not with
+    /// a histogram over every block of the request. Same factors, applied the same way.
+    /// Returns false, changing nothing, when there are more groups.
+    fn depth_power_few_blocks(&mut self, scores: &mut [Score], total: usize) -> bool {
+        let mut blocks = [0u32; FEW_GROUPS];
+        let mut sizes = [0i64; FEW_GROUPS];
+        let mut groups = 0;
+        for &b in &self.score_blocks {
+            match blocks[..groups].iter().position(|&x| x == b) {
+                Some(g) => sizes[g] += 1,
+                None if groups == FEW_GROUPS => return false,
+                None => {
+                    blocks[groups] = b;
+                    sizes[groups] = 1;
+                    groups += 1;
+                }
+            }
+        }
+        // A group's `right`: the scores whose run ends at or after its block.
+        let mut factors = [1.0f32; FEW_GROUPS];
+        for (g, factor) in factors[..groups].iter_mut().enumerate() {
+            let right: i64 = (0..groups)
+                .filter(|&h| blocks[h] >= blocks[g])
+                .map(|h| sizes[h])
+                .sum();
+            *factor = distinguishing_power(right, total as i64) as f32;
+        }
+        for (s, &b) in scores.iter_mut().zip(&self.score_blocks) {
+            let g = blocks[..groups].iter().position(|&x| x == b).unwrap_or(0);
+            s.score *= factors[g];
+        }
+        true
+    }
 }
+
+/// Most distinct blocks where scored runs end that [`Scratch::depth_power_few_blocks`] compares
+/// against one another before the histogram takes over: a score costs at most this many
+/// integer comparisons.
+const FEW_GROUPS: usize = 8;
 
 /// The last lookup's result buffers.
 #[derive(Default)]

@@ -355,6 +355,40 @@ pub(crate) struct Catalog {
     model_free: Vec<u32>,
     /// The string ids the lookups' names resolved to last ([`Strings::get_hinted`]).
     hints: NameHints,
+    /// Bumped whenever a name → id mapping, a `(tenant, model)` → model scope mapping or a
+    /// model scope's list of scopes or keyspaces may have changed: a record created or
+    /// unlinked, a name unlinked. [`EventMemo`] is valid only at the epoch it was filled in.
+    epoch: u64,
+    /// What the last `PREFIX_EVICTED` event's names resolved to (see [`EventMemo`]).
+    event_memo: Option<EventMemo>,
+}
+
+/// The ids the last `PREFIX_EVICTED` event's names resolved to, and the keyspaces its hash is
+/// removed from. Producers send long series of evictions of one `(tenant, model, replica,
+/// adapter)`; the next event with the same name bytes reuses this resolution (four name
+/// comparisons instead of four hashed lookups, a map probe and a walk of the model scope's
+/// keyspaces). Exact: it is filled only when every name resolved, and used only while the
+/// catalog's epoch is unchanged, so every id it holds still names the same string or record
+/// and the keyspace lists it summarises are the same.
+#[derive(Clone, Copy, Debug)]
+struct EventMemo {
+    epoch: u64,
+    tenant: u32,
+    model: u32,
+    replica: u32,
+    /// [`DEAD`]: the event named no adapter (every keyspace of the model scope).
+    adapter: u32,
+    mscope: u32,
+    targets: EvictTargets,
+}
+
+/// The keyspaces of a model scope a `PREFIX_EVICTED` event's hash may be removed from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum EvictTargets {
+    None,
+    One(u32),
+    /// More than one: walk the model scope's lists.
+    Many,
 }
 
 /// Per role, the string id a lookup's name resolved to last (`u32::MAX`: none yet).
@@ -445,6 +479,56 @@ impl Catalog {
     /// String id of a tenant name, if interned.
     pub fn find_tenant(&self, tenant: &str) -> Option<u32> {
         self.strings.get_hinted(tenant, &self.hints.tenant)
+    }
+
+    /// Invalidates [`EventMemo`]: a name, a model scope or a model scope's scope or keyspace
+    /// list is about to change.
+    pub fn bump_epoch(&mut self) {
+        self.epoch = self.epoch.wrapping_add(1);
+    }
+
+    /// Unlinks a name (the reclaim pass): it is no longer found, and the event memo may name it.
+    pub fn unlink_string(&mut self, id: u32) {
+        self.bump_epoch();
+        self.strings.unlink(id);
+    }
+
+    /// The memo of the last `PREFIX_EVICTED` event if `e` names the same tenant, model, replica
+    /// and adapter, byte for byte, and nothing it resolved may have changed since.
+    fn event_memo_for(&self, e: &CacheEvent) -> Option<EventMemo> {
+        let m = self.event_memo.as_ref()?;
+        if m.epoch != self.epoch {
+            return None;
+        }
+        let names = &self.strings;
+        let same_adapter = if m.adapter == DEAD {
+            e.adapter_id.is_empty()
+        } else {
+            names.name(m.adapter) == e.adapter_id
+        };
+        // The replica first: consecutive events of one model most often differ in it.
+        (names.name(m.replica) == e.replica_id
+            && same_adapter
+            && names.name(m.model) == e.model_id
+            && names.name(m.tenant) == e.tenant_id)
+            .then_some(*m)
+    }
+
+    /// The keyspaces of model scope `mscope` matching `adapter` ([`DEAD`]: any).
+    fn evict_targets(&self, mscope: u32, adapter: u32) -> EvictTargets {
+        let mut found = EvictTargets::None;
+        for &s in &self.models[mscope as usize].scopes {
+            for &ks in &self.scopes[s as usize].keyspaces {
+                if adapter != DEAD && self.keyspaces[ks as usize].adapter != adapter {
+                    continue;
+                }
+                found = match found {
+                    EvictTargets::None => EvictTargets::One(ks),
+                    _ => return EvictTargets::Many,
+                };
+            }
+        }
+        found
     }
 }
 
@@ -735,6 +819,7 @@ impl Index {
             }
         };
         self.cat.model_ids.insert((tenant, model), id);
+        self.cat.bump_epoch();
         // Reclaimable until something is stored under it.
         self.reclaimable += 1;
         id
@@ -766,6 +851,7 @@ impl Index {
             }
         };
         self.cat.scope_ids.insert((tenant, model, scheme), id);
+        self.cat.bump_epoch();
         self.cat.models[mscope as usize].scopes.push(id);
         id
     }
@@ -793,6 +879,7 @@ impl Index {
         assert!(id < KEYSPACE_LIMIT, "too many keyspaces");
         self.reclaimable += 1;
         self.cat.keyspace_ids.insert((scope, adapter), id);
+        self.cat.bump_epoch();
         self.cat.scopes[scope as usize].keyspaces.push(id);
         let mscope = self.cat.scopes[scope as usize].mscope;
         self.cat.models[mscope as usize].keyspaces += 1;
@@ -1447,6 +1534,12 @@ impl Index {
         let mut out = EventOutcome::default();
         let (ts, clamped) = self.producer_ts(e.timestamp_us, now);
         out.timestamp_clamped = clamped;
+        let evicted = e.r#type == cache_event::Type::PrefixEvicted as i32;
+        if evicted && let Some(memo) = self.cat.event_memo_for(e) {
+            out.entries_removed = self.evict(&memo, &e.prefix_hash);
+            self.flush();
+            return out;
+        }
         let Some(mscope) = self.cat.find_model(&e.tenant_id, &e.model_id) else {
             return out;
         };
@@ -1458,28 +1551,24 @@ impl Index {
         match cache_event::Type::try_from(e.r#type) {
             Ok(cache_event::Type::PrefixEvicted) => {
                 let adapter = if e.adapter_id.is_empty() {
-                    None
+                    DEAD
                 } else {
                     match self.cat.strings.get(&e.adapter_id) {
-                        Some(a) => Some(a),
+                        Some(a) => a,
                         None => return out,
                     }
                 };
-                // Index loops: removals never change the scope/keyspace lists.
-                for si in 0..self.cat.models[mscope as usize].scopes.len() {
-                    let s = self.cat.models[mscope as usize].scopes[si];
-                    for ki in 0..self.cat.scopes[s as usize].keyspaces.len() {
-                        let ks = self.cat.scopes[s as usize].keyspaces[ki];
-                        if adapter.is_some_and(|a| self.cat.keyspaces[ks as usize].adapter != a) {
-                            continue;
-                        }
-                        if let Some(k) = self.cat.key_for(ks, &e.prefix_hash)
-                            && self.remove_entry(k, replica).is_some()
-                        {
-                            out.entries_removed += 1;
-                        }
-                    }
-                }
+                let memo = EventMemo {
+                    epoch: self.cat.epoch,
+                    tenant: self.cat.models[mscope as usize].tenant,
+                    model: self.cat.models[mscope as usize].model,
+                    replica,
+                    adapter,
+                    mscope,
+                    targets: self.cat.evict_targets(mscope, adapter),
+                };
+                self.cat.event_memo = Some(memo);
+                out.entries_removed = self.evict(&memo, &e.prefix_hash);
             }
             Ok(cache_event::Type::ReplicaUpdated) => {
                 if let Some(row) = self.cat.models[mscope as usize].stats.get_mut(&replica) {
@@ -1502,6 +1591,43 @@ impl Index {
         }
         self.flush();
         out
+    }
+
+    /// Removes the memo's replica from the key `hash` in each keyspace the memo's event targets
+    /// (`PREFIX_EVICTED`). Returns the entries removed.
+    fn evict(&mut self, memo: &EventMemo, hash: &[u8]) -> u64 {
+        let mut removed = 0;
+        match memo.targets {
+            EvictTargets::None => {}
+            EvictTargets::One(ks) => {
+                if let Some(k) = self.cat.key_for(ks, hash)
+                    && self.remove_entry(k, memo.replica).is_some()
+                {
+                    removed += 1;
+                }
+            }
+            EvictTargets::Many => {
+                // Index loops: removals never change the scope/keyspace lists.
+                let mscope = memo.mscope as usize;
+                for si in 0..self.cat.models[mscope].scopes.len() {
+                    let s = self.cat.models[mscope].scopes[si];
+                    for ki in 0..self.cat.scopes[s as usize].keyspaces.len() {
+                        let ks = self.cat.scopes[s as usize].keyspaces[ki];
+                        if memo.adapter != DEAD
+                            && self.cat.keyspaces[ks as usize].adapter != memo.adapter
+                        {
+                            continue;
+                        }
+                        if let Some(k) = self.cat.key_for(ks, hash)
+                            && self.remove_entry(k, memo.replica).is_some()
+                        {
+                            removed += 1;
+                        }
+                    }
+                }
+            }
+        }
+        removed
     }
 
     /// Removes `replica` from every key of a model scope (ALL_CLEARED). A full scan of this

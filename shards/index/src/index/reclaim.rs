@@ -215,6 +215,7 @@ impl Index {
 
     fn unlink_keyspace(&mut self, k: u32) {
         let cat = &mut self.cat;
+        cat.bump_epoch();
         let r = &mut cat.keyspaces[k as usize];
         let (scope, adapter, slot) = (r.scope, r.adapter, r.slot as usize);
         r.slot = DEAD;
@@ -254,6 +255,7 @@ impl Index {
 
     fn unlink_scope(&mut self, s: u32) {
         let cat = &mut self.cat;
+        cat.bump_epoch();
         let r = &mut cat.scopes[s as usize];
         let (key, mscope, slot) = ((r.tenant, r.model, r.scheme), r.mscope, r.slot as usize);
         r.slot = DEAD;
@@ -288,6 +290,7 @@ impl Index {
                 continue;
             }
             let (tenant, model) = (r.tenant, r.model);
+            self.cat.bump_epoch();
             self.cat.model_ids.remove(&(tenant, model));
             let r = &mut self.cat.models[m as usize];
             r.tenant = DEAD;
@@ -432,7 +435,7 @@ impl Index {
                 }
                 None => {}
             }
-            self.cat.strings.unlink(id);
+            self.cat.unlink_string(id);
             pass.strings.push(id);
         }
         self.cat.strings.end_marking();

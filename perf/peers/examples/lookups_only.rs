@@ -1,0 +1,69 @@
+//! Lookups only, ours (perf/runs/2026-12-06-fixed-costs.md): the peers' `Ours` adapter (the
+//! core's entry points) fed the fleet simulation's mixed stream, 64 workers, `--expand 32`;
+//! each lookup of at most `MAX_BLOCKS` blocks is repeated `REPEAT` times in a row (the index
+//! as the trace left it) and timed, so a profile or callgrind run sees mostly lookups. Prints
+//! the median and mean ns per lookup; the answers are checked against the ground truth.
+//!
+//!     cargo run --release --example lookups_only -- TRACE [REPEAT=20] [MAX_BLOCKS=512] [FIRST_REQUESTS]
+//!
+//! For callgrind: `--toggle-collect='*Index*lookup_route*'`. `DIST=1` prints each timed
+//! lookup's answer size and number of distinct matched lengths to stderr.
+#[allow(dead_code)]
+#[path = "../src/adapters.rs"]
+mod adapters;
+use fleetsim::{Adapter, Op, SimConfig, parse_trace, simulate};
+use std::time::Instant;
+fn main() {
+    let a: Vec<String> = std::env::args().collect();
+    let text = std::fs::read_to_string(&a[1]).unwrap();
+    let repeat: usize = a.get(2).map_or(20, |s| s.parse().unwrap());
+    let max_blocks: usize = a.get(3).map_or(512, |s| s.parse().unwrap());
+    let limit: usize = a.get(4).map_or(usize::MAX, |s| s.parse().unwrap());
+    let mut trace = parse_trace(&text).unwrap();
+    trace.truncate(limit);
+    let config = SimConfig {
+        workers: 64,
+        worker_blocks: fleetsim::sim::DEFAULT_WORKER_BLOCKS,
+        expand: 32,
+        speed: 1,
+    };
+    let sim = simulate(&trace, config).unwrap();
+    let mut index = adapters::Ours::new(64, 16);
+    let mut out = Vec::new();
+    let mut times = Vec::new();
+    let mut mismatches = 0;
+    for op in &sim.ops {
+        match *op {
+            Op::Event(i) => index.apply(&sim.events[i as usize]),
+            Op::Lookup(i) => {
+                let l = &sim.lookups[i as usize];
+                if l.blocks.len() > max_blocks {
+                    continue;
+                }
+                let t = Instant::now();
+                for _ in 0..repeat {
+                    index.lookup(&l.blocks, &mut out);
+                }
+                times.push(t.elapsed().as_secs_f64() * 1e9 / repeat as f64);
+                fleetsim::check::normalise(&mut out);
+                if std::env::var("DIST").is_ok() {
+                    let mut m: Vec<u32> = out.iter().map(|x| x.1).collect();
+                    m.sort();
+                    m.dedup();
+                    eprintln!("k={} d={} blocks={}", out.len(), m.len(), l.blocks.len());
+                }
+                if out != l.truth {
+                    mismatches += 1;
+                }
+            }
+        }
+    }
+    let mean = times.iter().sum::<f64>() / times.len() as f64;
+    times.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    println!(
+        "{} lookups of <= {max_blocks} blocks, x{repeat}: median {:.0} ns, mean {:.0} ns per lookup; ground-truth mismatches {mismatches}",
+        times.len(),
+        times[times.len() / 2],
+        mean
+    );
+}
