@@ -883,7 +883,7 @@ impl Index {
                         (k, true)
                     }
                 };
-                let (pos, new_key) = self.store.find_or_insert(key, holder);
+                let (pos, new_key) = self.store.find_or_insert(key, holder, cursor.last());
                 if new_key && key.is_blob() && !fresh_blob {
                     self.cat.blobs.retain(key.h as u32);
                 }
@@ -966,9 +966,10 @@ impl Index {
                     let key = self.cat.key_for_inline(ks, h).expect("8-byte hash");
                     *at = match self.store.next_is(prev, key) {
                         Some(pos) => (pos, false),
-                        None => self
-                            .store
-                            .find_or_insert(key, Holder::new(replica, tier, c, ts)),
+                        None => {
+                            self.store
+                                .find_or_insert(key, Holder::new(replica, tier, c, ts), prev)
+                        }
                     };
                     prev = at.0;
                 }
@@ -1517,17 +1518,13 @@ impl Index {
         }
         let mut removed = 0;
         let mut pos = 0u32;
-        while removed < expected && (pos as usize) < self.store.key_count() {
-            let key = self.store.key_at(pos);
-            if self.cat.scope_of(key).mscope == mscope
+        while removed < expected && pos < self.store.slots() {
+            if let Some(key) = self.store.live_key_at(pos)
+                && self.cat.scope_of(key).mscope == mscope
                 && self.store.find_holder(pos, replica).is_some()
             {
-                let before = self.store.key_count();
                 self.remove_entry(key, replica);
                 removed += 1;
-                if self.store.key_count() < before {
-                    continue; // another record moved into `pos`
-                }
             }
             pos += 1;
         }
@@ -1596,8 +1593,10 @@ impl Index {
     /// (allocates).
     pub fn dump_entries(&self) -> Vec<EntryDump> {
         let mut out = Vec::with_capacity(self.store.entry_count());
-        for pos in 0..self.store.key_count() as u32 {
-            let key = self.store.key_at(pos);
+        for pos in 0..self.store.slots() {
+            let Some(key) = self.store.live_key_at(pos) else {
+                continue;
+            };
             let scope = self.cat.scope_of(key);
             let keyspace = &self.cat.keyspaces[key.keyspace() as usize];
             let mut buf = [0u8; 8];

@@ -90,20 +90,24 @@ impl Index {
     /// Calls `f` for every entry of the keys at store positions `from..`, stopping after the key
     /// at which `max_entries` entries were reached (a key's holders are never split, so a call
     /// may yield up to `max_entries` plus one key's holders). Returns the position to continue
-    /// from, or `None` when every key was visited. Positions are not stable across mutations
-    /// (a removal moves the last key into the hole): a snapshot sliced across mutations may miss
-    /// a moved key or carry one twice, see docs/ARCHITECTURE.md §6.
+    /// from, or `None` when every key was visited. Key records never move, so a snapshot sliced
+    /// across mutations carries every key present throughout exactly once (a key created in a
+    /// free slot below `from` after that slot was passed is left for the next snapshot).
     pub fn export_entries(
         &self,
         from: u32,
         max_entries: usize,
         mut f: impl FnMut(&PersistEntry<'_>),
     ) -> Option<u32> {
-        let keys = self.store.key_count() as u32;
+        let keys = self.store.slots();
         let mut pos = from;
         let mut n = 0usize;
         while pos < keys && n < max_entries {
-            let key = self.store.key_at(pos);
+            let Some(key) = self.store.live_key_at(pos) else {
+                pos += 1;
+                n += 1; // a free slot is charged as one entry, so a slice stays bounded
+                continue;
+            };
             let scope = self.cat.scope_of(key);
             let ks = &self.cat.keyspaces[key.keyspace() as usize];
             let mut buf = [0u8; 8];

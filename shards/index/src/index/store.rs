@@ -13,9 +13,13 @@
 //! * `HashTable<u32>` × [`SEGMENTS`]: slab positions, ~5 bytes per bucket, split by hash bits
 //!   so that no table grows or rehashes more than a small share of the keys at once.
 //!
-//! Key records live in a chunked slab (no doubling slack) and are removed by swap-remove, so a
-//! position is only valid until the next key removal; everything that must survive mutations
-//! identifies a key by its [`KeyId`] instead.
+//! Key records live in a chunked slab (no doubling slack) and never move: a removed key's slot
+//! joins a free list and is reused by a later key (trailing free slots are given back), so a
+//! position names its key until that key is removed, and a removal costs no table update for a
+//! moved record. A chain stored later reuses free slots side by side where it can
+//! ([`Store::find_or_insert`] takes the slot after the previous block's when it is free), so
+//! its blocks still form runs. Everything that must survive the key's removal identifies it by
+//! its [`KeyId`].
 
 use hashbrown::{DefaultHashBuilder, HashTable};
 use std::hash::BuildHasher;
@@ -41,8 +45,17 @@ const RUN_FLAG: u32 = 1 << 30;
 const NEXT_RUN_FLAG: u32 = 1 << 29;
 /// Both run bits.
 const RUN_BITS: u32 = RUN_FLAG | NEXT_RUN_FLAG;
-/// Keyspace ids stay below this: bits 29–31 of a record's `ks` word are flags.
-pub(crate) const KEYSPACE_LIMIT: u32 = NEXT_RUN_FLAG;
+/// Keyspace ids stay below this: bits 29–31 of a record's `ks` word are flags, and the largest
+/// keyspace number below them is [`FREE_KS`]'s.
+pub(crate) const KEYSPACE_LIMIT: u32 = NEXT_RUN_FLAG - 1;
+/// The `ks` word of a free key record: a blob key of keyspace [`KEYSPACE_LIMIT`], which no key
+/// has, without run bits, so a free record never compares equal to a key (with or without
+/// [`RUN_FLAG`]) and never continues a run. Its hash words are the free list's links.
+const FREE_KS: u32 = BLOB_FLAG | KEYSPACE_LIMIT;
+/// How many free slots below the newest freed one [`Store::find_or_insert`] looks through for
+/// the start of their free range when a chain begins a new run: chains removed root first free
+/// their slots upwards, and the run is rebuilt upwards from the lowest of them.
+const RUN_START_SEARCH: usize = 64;
 /// Top bit of a key record's `next` link: the rest is a wide-set id, not an overflow position.
 const WIDE_FLAG: u32 = 1 << 31;
 /// Overflow holders a key keeps in its chain; one more converts the chain into a wide set.
@@ -149,6 +162,7 @@ struct OverRec {
 }
 
 const _: () = assert!(std::mem::size_of::<KeyRec>() == 36);
+const _: () = assert!(FREE_KS & RUN_BITS == 0 && FREE_KS & !BLOB_FLAG == KEYSPACE_LIMIT);
 const _: () = assert!(std::mem::size_of::<OverRec>() == 24);
 
 const CHUNK_SHIFT: u32 = 14;
@@ -192,31 +206,85 @@ impl<T> Chunked<T> {
         self.len -= 1;
         v
     }
-    /// Removes element `i`, moving the last element into its place.
-    fn swap_remove(&mut self, i: u32) -> T {
-        debug_assert!((i as usize) < self.len);
-        let last = self.pop();
-        if i as usize == self.len {
-            last
-        } else {
-            std::mem::replace(self.get_mut(i), last)
-        }
-    }
-    /// Swaps elements `i` and `j`.
-    fn swap(&mut self, i: u32, j: u32) {
-        let (ci, oi) = ((i >> CHUNK_SHIFT) as usize, (i as usize) & (CHUNK - 1));
-        let (cj, oj) = ((j >> CHUNK_SHIFT) as usize, (j as usize) & (CHUNK - 1));
-        if ci == cj {
-            self.chunks[ci].swap(oi, oj);
-        } else {
-            let (lo, hi) = (ci.min(cj), ci.max(cj));
-            let (a, b) = self.chunks.split_at_mut(hi);
-            let (x, y) = if ci < cj { (oi, oj) } else { (oj, oi) };
-            std::mem::swap(&mut a[lo][x], &mut b[0][y]);
-        }
-    }
     fn bytes(&self) -> usize {
         self.chunks.len() * CHUNK * std::mem::size_of::<T>()
+    }
+}
+
+/// The free key record slots: a doubly linked list through the free records themselves
+/// (`h[0]` links to the next older free slot, `h[1]` to the next newer one), so it costs no
+/// memory of its own.
+struct FreeSlots {
+    oldest: u32,
+    newest: u32,
+    count: usize,
+}
+
+impl FreeSlots {
+    fn new() -> FreeSlots {
+        FreeSlots {
+            oldest: NIL,
+            newest: NIL,
+            count: 0,
+        }
+    }
+
+    /// Makes the record at `pos` a free slot, the newest.
+    fn push(&mut self, keys: &mut Chunked<KeyRec>, pos: u32) {
+        let rec = keys.get_mut(pos);
+        rec.ks = FREE_KS;
+        rec.next = NIL;
+        rec.h = [self.newest, NIL];
+        if self.newest == NIL {
+            self.oldest = pos;
+        } else {
+            keys.get_mut(self.newest).h[1] = pos;
+        }
+        self.newest = pos;
+        self.count += 1;
+    }
+
+    /// Takes the free slot at `pos` out of the list (its record is then the caller's).
+    fn unlink(&mut self, keys: &mut Chunked<KeyRec>, pos: u32) {
+        let [older, newer] = keys.get(pos).h;
+        debug_assert_eq!(keys.get(pos).ks, FREE_KS);
+        if older == NIL {
+            self.oldest = newer;
+        } else {
+            keys.get_mut(older).h[1] = newer;
+        }
+        if newer == NIL {
+            self.newest = older;
+        } else {
+            keys.get_mut(newer).h[0] = older;
+        }
+        self.count -= 1;
+    }
+
+    /// A free slot for a new key whose chain predecessor is at `after` ([`NIL`]: none), taken
+    /// out of the list: the slot right after `after` when free (the run goes on), else the
+    /// lowest free slot of the range below the newest freed one (at most [`RUN_START_SEARCH`]
+    /// down), so that the chain's next blocks find their slots free after it. None when no slot
+    /// is free.
+    fn take(&mut self, keys: &mut Chunked<KeyRec>, after: u32) -> Option<u32> {
+        if self.count == 0 {
+            return None;
+        }
+        let next = after.wrapping_add(1);
+        let pos = if after != NIL && (next as usize) < keys.len && keys.get(next).ks == FREE_KS {
+            next
+        } else {
+            let mut p = self.newest;
+            for _ in 0..RUN_START_SEARCH {
+                if p == 0 || keys.get(p - 1).ks != FREE_KS {
+                    break;
+                }
+                p -= 1;
+            }
+            p
+        };
+        self.unlink(keys, pos);
+        Some(pos)
     }
 }
 
@@ -286,16 +354,18 @@ pub(crate) struct Store {
     table: Box<[HashTable<u32>; SEGMENTS]>,
     hasher: DefaultHashBuilder,
     entries: usize,
-    /// Slab positions `0..visited` were visited by the sliced scan in progress (the TTL sweep);
-    /// 0 when none is. A key record removed below it is first swapped with the last visited
-    /// record, so the visited keys stay exactly `0..visited` and every unvisited key stays at
-    /// or above it, whatever is removed or added between two slices.
+    /// Free key record slots.
+    free: FreeSlots,
+    /// Where the sliced scan in progress (the TTL sweep) continues: slab positions below it
+    /// were visited; 0 when no scan is in progress. Records never move, so the keys present
+    /// throughout a scan are visited exactly once; a key created in a free slot below it
+    /// after its position was passed is left for the next scan.
     visited: u32,
     /// The slab position of the last holder removal ([`NIL`]: none yet): where
     /// [`Store::find_near`] looks first. Only a guess, checked against the key.
     near: u32,
-    /// Key records moved or removed so far (wrapping; debug builds check that none moves while
-    /// a [`RunCursor`] is in use).
+    /// Key records removed so far (wrapping; debug builds check that none is removed while a
+    /// [`RunCursor`] is in use).
     moves: u32,
 }
 
@@ -315,6 +385,12 @@ pub(crate) struct RunCursor {
 }
 
 impl RunCursor {
+    /// The slab position of the chain's last upsert ([`NIL`]: none yet): where its next new
+    /// key is best placed after (see [`Store::find_or_insert`]).
+    pub fn last(&self) -> u32 {
+        self.pos
+    }
+
     /// A cursor before a chain's first upsert.
     pub fn new() -> RunCursor {
         RunCursor {
@@ -341,6 +417,7 @@ impl Store {
             table: Self::empty_tables(),
             hasher: DefaultHashBuilder::default(),
             entries: 0,
+            free: FreeSlots::new(),
             visited: 0,
             near: NIL,
             moves: 0,
@@ -376,7 +453,25 @@ impl Store {
 
     /// Number of prefix keys.
     pub fn key_count(&self) -> usize {
-        self.keys.len
+        self.keys.len - self.free.count
+    }
+
+    /// Number of key record slots, free ones included: positions run `0..slots()`.
+    pub fn slots(&self) -> u32 {
+        self.keys.len as u32
+    }
+
+    /// The key at slab position `pos < slots()`, or None when the slot is free.
+    #[inline]
+    pub fn live_key_at(&self, pos: u32) -> Option<KeyId> {
+        let rec = self.keys.get(pos);
+        (rec.ks != FREE_KS).then(|| Self::rec_key(rec))
+    }
+
+    /// Whether the slot at `pos < slots()` is free.
+    #[inline]
+    fn is_free(&self, pos: u32) -> bool {
+        self.keys.get(pos).ks == FREE_KS
     }
 
     /// Number of storage entries (key, replica).
@@ -390,12 +485,10 @@ impl Store {
         self.visited
     }
 
-    /// Marks positions `0..pos` visited by the sliced scan (0 ends it). Between two calls,
-    /// removals keep the visited keys at `0..visited` (see the field) and insertions append, so
+    /// Marks positions `0..pos` visited by the sliced scan (0 ends it). Records never move, so
     /// a scan that resumes at [`Store::visited`] visits every key present throughout exactly
-    /// once.
+    /// once (the slab may have shrunk below `pos` in between: the scan is then done).
     pub fn set_visited(&mut self, pos: u32) {
-        debug_assert!(pos as usize <= self.keys.len);
         self.visited = pos;
     }
 
@@ -428,9 +521,8 @@ impl Store {
 
     /// Slab position of a key about to lose a holder: first the neighbours of the last removal's
     /// position, then the table. Engines evict a chain leaves first, one event per block, and a
-    /// chain's keys sit side by side in the slab (created in order; removing the key at `p`
-    /// moves the last record into `p`, not its neighbours), so the next key removed is usually
-    /// at `p - 1`: one comparison against a record in cache instead of a table probe (two or
+    /// chain's keys sit side by side in the slab (created in order; records never move), so the
+    /// next key removed is usually at `p - 1`: one comparison against a record in cache instead of a table probe (two or
     /// three cache misses on a large index). The key is compared whole, so the answer is
     /// exactly [`Store::find`]'s.
     #[inline]
@@ -508,14 +600,6 @@ impl Store {
         }
     }
 
-    /// A record arrived at `pos` from elsewhere in the slab: it continues nothing there, and
-    /// its hint spoke of its old successor.
-    fn arrive(&mut self, pos: u32) {
-        if (pos as usize) < self.keys.len {
-            self.keys.get_mut(pos).ks &= !RUN_BITS;
-        }
-    }
-
     /// Records an upsert at `pos` (a record created by it when `created`, else changed by it
     /// unless `applied` is false: the key was full) made after the upserts of `cursor`, all by
     /// the same holder data. Keeps the run bits exact: a record changed right after its
@@ -581,9 +665,9 @@ impl Store {
 
     /// Ends a chain's upserts: the successor of the last changed record no longer continues it.
     pub fn end_run(&mut self, cursor: RunCursor) {
-        // After a record moved, `pos` may name another record: clearing its successor's bit
-        // is then merely unneeded (the changed record's own move cleared its successor's).
-        if (cursor.pos as usize) < self.keys.len {
+        // After a removal, `pos` may name a free slot or another key: clearing its successor's
+        // bit is then merely unneeded (the removal cleared the bits that depended on it).
+        if (cursor.pos as usize) < self.keys.len && !self.is_free(cursor.pos) {
             self.detach_next(cursor.pos);
         }
     }
@@ -592,6 +676,7 @@ impl Store {
     #[cfg(test)]
     pub fn run_bits(&self) -> Vec<(KeyId, u32)> {
         (0..self.keys.len as u32)
+            .filter(|&p| !self.is_free(p))
             .map(|p| (self.key_at(p), self.keys.get(p).ks & RUN_BITS))
             .collect()
     }
@@ -600,7 +685,7 @@ impl Store {
     #[cfg(test)]
     pub fn runs(&self) -> usize {
         (0..self.keys.len as u32)
-            .filter(|&p| self.continues_run(p))
+            .filter(|&p| !self.is_free(p) && self.continues_run(p))
             .count()
     }
 
@@ -614,9 +699,15 @@ impl Store {
             v.sort_unstable();
             v
         };
+        let mut free = 0;
         for pos in 0..self.keys.len as u32 {
+            if self.is_free(pos) {
+                free += 1;
+                continue;
+            }
             if self.continues_run(pos) {
                 assert!(pos > 0, "the first record continues a run");
+                assert!(!self.is_free(pos - 1), "record {pos} continues a free slot");
                 assert_eq!(data(pos - 1), data(pos), "stale run bit at {pos}");
                 let hint = self.keys.get(pos - 1).ks & NEXT_RUN_FLAG != 0;
                 assert!(
@@ -625,10 +716,20 @@ impl Store {
                 );
             }
         }
+        assert_eq!(free, self.free.count, "free slots off the free list");
+        let mut listed = 0;
+        let mut at = self.free.oldest;
+        while at != NIL {
+            assert!(self.is_free(at), "a live record on the free list");
+            listed += 1;
+            at = self.keys.get(at).h[1];
+        }
+        assert_eq!(listed, self.free.count, "free list length");
     }
 
-    /// The key at a slab position (`pos < key_count()`).
+    /// The key at a slab position that holds one (not a free slot).
     pub fn key_at(&self, pos: u32) -> KeyId {
+        debug_assert!(!self.is_free(pos), "key_at of a free slot");
         Self::rec_key(self.keys.get(pos))
     }
 
@@ -808,25 +909,17 @@ impl Store {
     #[cfg(test)]
     pub fn insert_key(&mut self, k: KeyId, first: Holder) -> u32 {
         debug_assert!(self.find(k).is_none());
-        let rec = KeyRec {
-            h: [k.h as u32, (k.h >> 32) as u32],
-            ks: k.ks,
-            first,
-            next: NIL,
-        };
-        let pos = self.keys.push(rec);
-        let h = Self::hash(&self.hasher, k);
-        let keys = &self.keys;
-        let hasher = &self.hasher;
-        self.table[Self::segment(h)]
-            .insert_unique(h, pos, |&i| Self::hash(hasher, Self::rec_key(keys.get(i))));
-        self.entries += 1;
+        let (pos, created) = self.find_or_insert(k, first, NIL);
+        debug_assert!(created);
         pos
     }
 
     /// Finds the key or creates it with `first` as its only holder, in one table probe.
-    /// Returns `(slab position, created)`.
-    pub fn find_or_insert(&mut self, k: KeyId, first: Holder) -> (u32, bool) {
+    /// Returns `(slab position, created)`. A new key takes the slot after `after` (the previous
+    /// block of its chain, or [`NIL`]) when that slot is free, so a chain stored into free
+    /// slots stays in order; else the start of the newest freed range; else a new slot.
+    pub fn find_or_insert(&mut self, k: KeyId, first: Holder, after: u32) -> (u32, bool) {
+        debug_assert!(k.keyspace() < KEYSPACE_LIMIT);
         let h = Self::hash(&self.hasher, k);
         let keys = &self.keys;
         let hasher = &self.hasher;
@@ -844,7 +937,13 @@ impl Store {
                     first,
                     next: NIL,
                 };
-                let pos = self.keys.push(rec);
+                let pos = match self.free.take(&mut self.keys, after) {
+                    Some(pos) => {
+                        *self.keys.get_mut(pos) = rec;
+                        pos
+                    }
+                    None => self.keys.push(rec),
+                };
                 v.insert(pos);
                 self.entries += 1;
                 (pos, true)
@@ -967,56 +1066,30 @@ impl Store {
         }
     }
 
-    fn remove_key_record(&mut self, mut pos: u32) {
+    /// Removes the key record at `pos` from the table and frees its slot; no other record
+    /// moves. Trailing free slots are given back to the slab.
+    fn remove_key_record(&mut self, pos: u32) {
         let k = self.key_at(pos);
         debug_assert!(self.keys.get(pos).next == NIL);
         let h = Self::hash(&self.hasher, k);
-        let last = (self.keys.len - 1) as u32;
-        if pos != last && pos >= self.visited {
-            // The last record will move into `pos`, and its table slot must follow it: look the
-            // slot up now, before this key's own slot, so that the two lookups' cache misses
-            // overlap instead of queueing; `relink` then finds the slot in cache.
-            let mh = Self::hash(&self.hasher, self.key_at(last));
-            std::hint::black_box(self.table[Self::segment(mh)].find(mh, |&i| i == last));
-        }
         match self.table[Self::segment(h)].find_entry(h, |&i| i == pos) {
             Ok(e) => {
                 e.remove();
             }
             Err(_) => panic!("key record missing from the table"),
         }
-        if pos < self.visited {
-            // Keep the visited keys contiguous: the last visited record fills the hole, and its
-            // old slot is removed as below (filled by the last record, which is unvisited or,
-            // when every key was visited, that same slot).
-            let b = self.visited - 1;
-            if pos != b {
-                self.detach_next(b);
-                self.relink(b, pos);
-                self.keys.swap(pos, b);
-                self.arrive(pos);
-                pos = b;
-            }
-            self.visited = b;
-        }
-        let last = (self.keys.len - 1) as u32;
-        if pos != last {
-            self.relink(last, pos);
-        }
         // The removed record's successor lost its predecessor (remove_holder detached it).
-        self.keys.swap_remove(pos);
-        self.arrive(pos);
-        self.moves = self.moves.wrapping_add(1);
-    }
-
-    /// Points the table slot of the key record at `from` to `to` (the record is about to move).
-    fn relink(&mut self, from: u32, to: u32) {
-        let moved = self.key_at(from);
-        let mh = Self::hash(&self.hasher, moved);
-        match self.table[Self::segment(mh)].find_mut(mh, |&i| i == from) {
-            Some(slot) => *slot = to,
-            None => panic!("moved key record missing from the table"),
+        if pos as usize + 1 == self.keys.len {
+            self.keys.pop();
+            while self.keys.len > 0 && self.is_free(self.keys.len as u32 - 1) {
+                let last = self.keys.len as u32 - 1;
+                self.free.unlink(&mut self.keys, last);
+                self.keys.pop();
+            }
+        } else {
+            self.free.push(&mut self.keys, pos);
         }
+        self.moves = self.moves.wrapping_add(1);
     }
 
     /// Approximate heap bytes held by the store (for the memory report).
@@ -1123,53 +1196,85 @@ mod tests {
         }
     }
 
-    /// Removals below the visited mark keep the visited keys at `0..visited` and the unvisited
-    /// ones above it (a sliced scan resumes without skipping a moved key); removals above it
-    /// and insertions leave the mark alone; the table always finds every key at its position.
+    /// Removing a key moves no other record: every key stays at the position it was created
+    /// at, the table finds it there, freed slots are reused before the slab grows, and trailing
+    /// free slots are given back.
     #[test]
-    fn removals_keep_the_visited_part_contiguous() {
+    fn removals_move_no_record() {
         let mut s = Store::new();
         let key = |i: u64| KeyId { ks: 0, h: i };
+        let mut at: std::collections::HashMap<u64, u32> = std::collections::HashMap::new();
         for i in 0..300u64 {
-            s.insert_key(key(i), Holder::new(1, 1, 1, 1));
+            at.insert(i, s.insert_key(key(i), Holder::new(1, 1, 1, 1)));
         }
-        s.set_visited(150);
-        let mut visited: std::collections::BTreeSet<u64> = (0..150).collect();
-        let mut unvisited: std::collections::BTreeSet<u64> = (150..300).collect();
         let mut x = 7u64;
-        for round in 0..200u64 {
+        for round in 0..400u64 {
             x = x
                 .wrapping_mul(6364136223846793005)
                 .wrapping_add(1442695040888963407);
             let i = (x >> 33) % 300;
-            if round % 5 == 0 {
-                let k = 1000 + round;
-                s.insert_key(key(k), Holder::new(1, 1, 1, 1));
-                unvisited.insert(k);
-            }
             if let Some(p) = s.find(key(i)) {
                 assert!(s.remove_holder(p, 1).unwrap().1);
-                assert!(visited.remove(&i) || unvisited.remove(&i));
+                assert_eq!(at.remove(&i), Some(p));
             }
-            assert_eq!(s.visited() as usize, visited.len());
-            for p in 0..s.key_count() as u32 {
-                let k = s.key_at(p);
-                assert_eq!(s.find(k), Some(p));
-                let set = if p < s.visited() {
-                    &visited
-                } else {
-                    &unvisited
-                };
-                assert!(set.contains(&k.h), "key {} at {p}", k.h);
+            if round % 3 == 0 {
+                let k = 1000 + round;
+                let free_before = s.free.count;
+                let slots_before = s.slots();
+                let p = s.insert_key(key(k), Holder::new(1, 1, 1, 1));
+                if free_before > 0 {
+                    assert!(p < slots_before, "a free slot is reused before the slab grows");
+                    assert_eq!(s.free.count, free_before - 1);
+                }
+                at.insert(k, p);
             }
+            for (k, p) in &at {
+                assert_eq!(s.find(key(*k)), Some(*p), "key {k} moved");
+            }
+            assert_eq!(s.key_count(), at.len());
+            s.check_runs();
         }
-        // Every key visited: a removal keeps working with the mark at the end.
-        s.set_visited(s.key_count() as u32);
-        let last = s.key_at(s.key_count() as u32 - 1);
-        let first = s.key_at(0);
-        assert!(s.remove_holder(s.find(first).unwrap(), 1).unwrap().1);
-        assert_eq!(s.visited() as usize, s.key_count());
-        assert!(s.find(last).is_some());
+        // Removing every key from the top down gives every slot back.
+        let mut keys: Vec<(u32, u64)> = at.iter().map(|(k, p)| (*p, *k)).collect();
+        keys.sort_unstable();
+        for (i, (p, _)) in keys.iter().enumerate().rev() {
+            assert!(s.remove_holder(*p, 1).unwrap().1);
+            assert!(s.slots() <= *p, "trailing free slots given back");
+            assert!(s.slots() as usize >= i, "live keys stay");
+        }
+        assert_eq!((s.key_count(), s.slots(), s.free.count), (0, 0, 0));
+    }
+
+    /// A chain stored after another chain was removed takes the freed slots side by side, in
+    /// chain order, whichever order the removed chain's blocks were freed in: its blocks form
+    /// one run again.
+    #[test]
+    fn a_chain_stored_into_freed_slots_forms_one_run() {
+        for leaves_first in [true, false] {
+            let mut s = Store::new();
+            store_chain(&mut s, 1, 100, 7, 10);
+            store_chain(&mut s, 2, 100, 7, 10);
+            assert_eq!(s.runs(), 2 * 99);
+            let blocks: Vec<u64> = if leaves_first {
+                (0..100).rev().collect()
+            } else {
+                (0..100).collect()
+            };
+            for b in blocks {
+                let p = s.find(KeyId { ks: 1, h: 1 << 32 | b }).unwrap();
+                assert!(s.remove_holder(p, 7).unwrap().1);
+            }
+            assert_eq!((s.free.count, s.slots()), (100, 200));
+            store_chain(&mut s, 3, 100, 8, 20);
+            assert_eq!(s.free.count, 0, "leaves first: {leaves_first}");
+            assert_eq!(s.slots(), 200);
+            // Freed leaves first, the slots are taken upwards from the lowest: one run. Freed
+            // root first, the search for the lowest free slot stops RUN_START_SEARCH below the
+            // newest: two runs.
+            let runs = if leaves_first { 2 * 99 } else { 2 * 99 - 1 };
+            assert_eq!(s.runs(), runs, "leaves first: {leaves_first}");
+            s.check_runs();
+        }
     }
 
     /// Stores chain `c` of `n` blocks for `replica` at time `ts` as the ingest does (one
@@ -1182,7 +1287,7 @@ mod tests {
                 h: c << 32 | b,
             };
             let h = Holder::new(replica, 1, b as i32, ts);
-            let (pos, created) = s.find_or_insert(k, h);
+            let (pos, created) = s.find_or_insert(k, h, run.last());
             if !created {
                 match s.find_or_add_holder(pos, h, usize::MAX) {
                     HolderUpsert::Existing(at) => s.holder_mut(at).set_last_seen(ts),
@@ -1195,11 +1300,10 @@ mod tests {
         s.end_run(run);
     }
 
-    /// The run bits stay exact through removals that move records (also below a sliced scan's
-    /// visited mark, which swaps a second record), chains stored over each other and partial
-    /// re-stores; the chains of one holder set are runs.
+    /// The run bits stay exact through removals, chains stored over each other and into freed
+    /// slots, and partial re-stores; the chains of one holder set are runs.
     #[test]
-    fn run_bits_stay_exact_as_records_move() {
+    fn run_bits_stay_exact_through_removals_and_reuse() {
         let mut s = Store::new();
         // Each chain at its own time: a record moved next to another chain differs from it.
         for c in 0..6u64 {
@@ -1207,13 +1311,8 @@ mod tests {
             store_chain(&mut s, c, 30, 2, 10 * c as i64);
         }
         s.check_runs();
-        let runs = (0..s.key_count() as u32)
-            .filter(|&p| s.continues_run(p))
-            .count();
-        assert_eq!(runs, 6 * 29, "each chain is one run after its first block");
-        // A key below the visited mark goes: the last visited record (inside chain 2's run)
-        // fills its place and the slab's last record (chain 5's) the hole that leaves.
-        s.set_visited(70);
+        assert_eq!(s.runs(), 6 * 29, "each chain is one run after its first block");
+        // A key inside chain 0's run goes: its successor no longer continues anything.
         for r in [1, 2] {
             s.remove_holder(s.find(KeyId { ks: 1, h: 10 }).expect("key"), r);
         }
@@ -1234,10 +1333,7 @@ mod tests {
             }
             s.check_runs();
         }
-        assert!(
-            s.visited() < 70,
-            "no removal below the visited mark was exercised"
-        );
+        assert!(s.free.count > 0, "no freed slot was left to reuse");
     }
 
     /// Inserts `k`; returns how many keys a grow or tombstone rehash of its table moved (the
@@ -1328,8 +1424,10 @@ mod tests {
             for i in 0..610u64 {
                 assert_eq!(s.find_near(key(i)), s.find(key(i)), "key {i}");
             }
-            for p in 0..s.key_count() as u32 {
-                assert_eq!(s.find(s.key_at(p)), Some(p));
+            for p in 0..s.slots() {
+                if let Some(k) = s.live_key_at(p) {
+                    assert_eq!(s.find(k), Some(p));
+                }
             }
         };
         let mut near_hits = 0;
