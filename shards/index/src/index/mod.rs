@@ -30,6 +30,7 @@ mod persist;
 pub mod ranking;
 mod reclaim;
 mod removal;
+mod postable;
 mod store;
 
 pub use aggregate::{

@@ -10,8 +10,8 @@
 //!   the run bits the chain walk uses, see [`RUN_FLAG`]), the first holder, and the head of the
 //!   overflow chain.
 //! * `OverRec` (24 bytes): a further holder and the next link.
-//! * `HashTable<u32>` × [`SEGMENTS`]: slab positions, ~5 bytes per bucket, split by hash bits
-//!   so that no table grows or rehashes more than a small share of the keys at once.
+//! * [`PosTable`] × [`SEGMENTS`]: slab positions with a hash tag, 4 bytes per bucket, split by
+//!   hash bits so that no table grows or rehashes more than a small share of the keys at once.
 //!
 //! Key records live in a chunked slab (no doubling slack) and never move: a removed key's slot
 //! joins a free list and is reused by a later key (trailing free slots are given back), so a
@@ -21,7 +21,8 @@
 //! its blocks still form runs. Everything that must survive the key's removal identifies it by
 //! its [`KeyId`].
 
-use hashbrown::{DefaultHashBuilder, HashTable};
+use super::postable::{MAX_POSITIONS, PosTable};
+use hashbrown::DefaultHashBuilder;
 use std::hash::BuildHasher;
 
 /// "No link" marker for slab links.
@@ -351,7 +352,7 @@ pub(crate) struct Store {
     probes: std::cell::Cell<u64>,
     /// Slab positions by key, in [`SEGMENTS`] tables chosen by [`Store::segment`].
     /// A fixed-size array: the masked segment number needs no bounds check on a probe.
-    table: Box<[HashTable<u32>; SEGMENTS]>,
+    table: Box<[PosTable; SEGMENTS]>,
     hasher: DefaultHashBuilder,
     entries: usize,
     /// Free key record slots.
@@ -425,8 +426,8 @@ impl Store {
     }
 
     /// [`SEGMENTS`] empty tables, built on the heap (no allocation per table until used).
-    fn empty_tables() -> Box<[HashTable<u32>; SEGMENTS]> {
-        let v: Vec<HashTable<u32>> = (0..SEGMENTS).map(|_| HashTable::new()).collect();
+    fn empty_tables() -> Box<[PosTable; SEGMENTS]> {
+        let v: Vec<PosTable> = (0..SEGMENTS).map(|_| PosTable::default()).collect();
         match v.into_boxed_slice().try_into() {
             Ok(a) => a,
             Err(_) => unreachable!("exactly SEGMENTS tables"),
@@ -496,9 +497,7 @@ impl Store {
     #[inline]
     pub fn find(&self, k: KeyId) -> Option<u32> {
         let h = Self::hash(&self.hasher, k);
-        self.table[Self::segment(h)]
-            .find(h, |&i| Self::rec_key(self.keys.get(i)) == k)
-            .copied()
+        self.table[Self::segment(h)].find(h, |i| Self::rec_key(self.keys.get(i)) == k)
     }
 
     /// Slab position of a key that probably sits right after position `prev` (the previous
@@ -921,34 +920,30 @@ impl Store {
     pub fn find_or_insert(&mut self, k: KeyId, first: Holder, after: u32) -> (u32, bool) {
         debug_assert!(k.keyspace() < KEYSPACE_LIMIT);
         let h = Self::hash(&self.hasher, k);
-        let keys = &self.keys;
-        let hasher = &self.hasher;
-        let entry = self.table[Self::segment(h)].entry(
-            h,
-            |&i| Self::rec_key(keys.get(i)) == k,
-            |&i| Self::hash(hasher, Self::rec_key(keys.get(i))),
-        );
-        match entry {
-            hashbrown::hash_table::Entry::Occupied(o) => (*o.get(), false),
-            hashbrown::hash_table::Entry::Vacant(v) => {
-                let rec = KeyRec {
-                    h: [k.h as u32, (k.h >> 32) as u32],
-                    ks: k.ks,
-                    first,
-                    next: NIL,
-                };
-                let pos = match self.free.take(&mut self.keys, after) {
-                    Some(pos) => {
-                        *self.keys.get_mut(pos) = rec;
-                        pos
-                    }
-                    None => self.keys.push(rec),
-                };
-                v.insert(pos);
-                self.entries += 1;
-                (pos, true)
+        let (keys, hasher) = (&self.keys, &self.hasher);
+        let table = &mut self.table[Self::segment(h)];
+        table.reserve_one(|i| Self::hash(hasher, Self::rec_key(keys.get(i))));
+        let vacant = match table.find_or_vacant(h, |i| Self::rec_key(keys.get(i)) == k) {
+            Ok(pos) => return (pos, false),
+            Err(v) => v,
+        };
+        let rec = KeyRec {
+            h: [k.h as u32, (k.h >> 32) as u32],
+            ks: k.ks,
+            first,
+            next: NIL,
+        };
+        let pos = match self.free.take(&mut self.keys, after) {
+            Some(pos) => {
+                *self.keys.get_mut(pos) = rec;
+                pos
             }
-        }
+            None => self.keys.push(rec),
+        };
+        assert!(pos < MAX_POSITIONS, "key record slab full");
+        self.table[Self::segment(h)].fill(vacant, h, pos);
+        self.entries += 1;
+        (pos, true)
     }
 
     /// Adds a holder to an existing key (the replica must not hold it yet; no bound).
@@ -1072,12 +1067,8 @@ impl Store {
         let k = self.key_at(pos);
         debug_assert!(self.keys.get(pos).next == NIL);
         let h = Self::hash(&self.hasher, k);
-        match self.table[Self::segment(h)].find_entry(h, |&i| i == pos) {
-            Ok(e) => {
-                e.remove();
-            }
-            Err(_) => panic!("key record missing from the table"),
-        }
+        let found = self.table[Self::segment(h)].remove(h, pos);
+        assert!(found, "key record missing from the table");
         // The removed record's successor lost its predecessor (remove_holder detached it).
         if pos as usize + 1 == self.keys.len {
             self.keys.pop();
@@ -1106,9 +1097,9 @@ impl Store {
             + self
                 .table
                 .iter()
-                .map(HashTable::allocation_size)
+                .map(PosTable::allocation_size)
                 .sum::<usize>()
-            + self.table.len() * std::mem::size_of::<HashTable<u32>>()
+            + self.table.len() * std::mem::size_of::<PosTable>()
             + wide
             + self.wides.capacity() * std::mem::size_of::<Wide>()
     }
@@ -1373,7 +1364,7 @@ mod tests {
         // n / SEGMENTS ≈ 37 keys per segment (the fullest of 4096 usually holds 50–70; the
         // hasher's seed is random per process); a single table moved all 150,000.
         let bound = 4 * n as usize / SEGMENTS;
-        let largest = s.table.iter().map(HashTable::len).max().unwrap_or(0);
+        let largest = s.table.iter().map(PosTable::len).max().unwrap_or(0);
         assert!(largest <= bound, "largest segment {largest} keys");
         assert!(worst <= bound.min(1_000), "one insert moved {worst} keys");
         assert!(worst > 0, "no grow or rehash was exercised");
