@@ -27,10 +27,10 @@ mod eviction;
 mod intern;
 mod lookup;
 mod persist;
+mod postable;
 pub mod ranking;
 mod reclaim;
 mod removal;
-mod postable;
 mod store;
 
 pub use aggregate::{

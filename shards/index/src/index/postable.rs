@@ -257,7 +257,11 @@ mod tests {
             // Few low bits and tags: collisions of both are common.
             let hash = |k: u64| {
                 let m = mix(k ^ seed);
-                if seed % 2 == 0 { m & 0xfc00_0000_0000_00ff } else { m }
+                if seed % 2 == 0 {
+                    m & 0xfc00_0000_0000_00ff
+                } else {
+                    m
+                }
             };
             let mut x = seed;
             for _ in 0..20_000 {

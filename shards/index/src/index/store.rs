@@ -5,10 +5,10 @@
 //! removing one holder is O(1) whatever the number of holders (the chain is a linear walk).
 //!
 //! Layout (the memory target is < 48 bytes per storage entry, docs/ARCHITECTURE.md §3):
-//! * `KeyRec` (36 bytes, align 4): the key's 8-byte hash (or blob id), its keyspace id
-//!   (`(scope, adapter)`, top bit = "hash is a blob id"; bits 30 and 29 of the record's copy are
-//!   the run bits the chain walk uses, see [`RUN_FLAG`]), the first holder, and the head of the
-//!   overflow chain.
+//! * a key record, 36 bytes in three columns of the [`KeySlab`]: the key's 8-byte hash (or blob
+//!   id); its `ks` word, the keyspace id (`(scope, adapter)`, top bit = "hash is a blob id";
+//!   bits 30 and 29 are the run bits the chain walk uses, see [`RUN_FLAG`]); and `KeyRec` (24
+//!   bytes), the first holder and the head of the overflow chain.
 //! * `OverRec` (24 bytes): a further holder and the next link.
 //! * [`PosTable`] × [`SEGMENTS`]: slab positions with a hash tag, 4 bytes per bucket, split by
 //!   hash bits so that no table grows or rehashes more than a small share of the keys at once.
@@ -53,6 +53,8 @@ pub(crate) const KEYSPACE_LIMIT: u32 = NEXT_RUN_FLAG - 1;
 /// has, without run bits, so a free record never compares equal to a key (with or without
 /// [`RUN_FLAG`]) and never continues a run. Its hash words are the free list's links.
 const FREE_KS: u32 = BLOB_FLAG | KEYSPACE_LIMIT;
+/// Records [`Store::run_matches`] compares in one step.
+const RUN_COMPARE: usize = 8;
 /// How many free slots below the newest freed one [`Store::find_or_insert`] looks through for
 /// the start of their free range when a chain begins a new run: chains removed root first free
 /// their slots upwards, and the run is rebuilt upwards from the lowest of them.
@@ -148,10 +150,10 @@ impl Holder {
     }
 }
 
+/// A key record's holder part (its hash and `ks` words live in their own columns of the
+/// [`KeySlab`], which the chain walk streams without this part).
 #[repr(C)]
 struct KeyRec {
-    h: [u32; 2],
-    ks: u32,
     first: Holder,
     next: u32,
 }
@@ -162,7 +164,7 @@ struct OverRec {
     next: u32,
 }
 
-const _: () = assert!(std::mem::size_of::<KeyRec>() == 36);
+const _: () = assert!(std::mem::size_of::<KeyRec>() == 24);
 const _: () = assert!(FREE_KS & RUN_BITS == 0 && FREE_KS & !BLOB_FLAG == KEYSPACE_LIMIT);
 const _: () = assert!(std::mem::size_of::<OverRec>() == 24);
 
@@ -212,9 +214,94 @@ impl<T> Chunked<T> {
     }
 }
 
+/// The key records as three columns in step: hash words, `ks` words and holder parts (36 bytes
+/// per key in all, as one record was). A lookup's chain walk compares a run's keys along the
+/// slab: it streams 12 bytes per block from the first two columns instead of 36, so a long
+/// chain costs a third of the memory traffic (the walk is bound by it on a large index).
+/// A free slot's hash word holds the free list's links ([`FreeSlots`]).
+struct KeySlab {
+    hash: Chunked<u64>,
+    ks: Chunked<u32>,
+    rec: Chunked<KeyRec>,
+}
+
+impl KeySlab {
+    fn new() -> KeySlab {
+        KeySlab {
+            hash: Chunked::new(),
+            ks: Chunked::new(),
+            rec: Chunked::new(),
+        }
+    }
+    #[inline(always)]
+    fn len(&self) -> usize {
+        self.ks.len
+    }
+    fn push(&mut self, hash: u64, ks: u32, rec: KeyRec) -> u32 {
+        self.hash.push(hash);
+        self.ks.push(ks);
+        self.rec.push(rec)
+    }
+    fn set(&mut self, pos: u32, hash: u64, ks: u32, rec: KeyRec) {
+        *self.hash.get_mut(pos) = hash;
+        *self.ks.get_mut(pos) = ks;
+        *self.rec.get_mut(pos) = rec;
+    }
+    fn pop(&mut self) {
+        self.hash.pop();
+        self.ks.pop();
+        self.rec.pop();
+    }
+    #[inline(always)]
+    fn hash(&self, pos: u32) -> u64 {
+        *self.hash.get(pos)
+    }
+    #[inline(always)]
+    fn hash_mut(&mut self, pos: u32) -> &mut u64 {
+        self.hash.get_mut(pos)
+    }
+    #[inline(always)]
+    fn ks(&self, pos: u32) -> u32 {
+        *self.ks.get(pos)
+    }
+    #[inline(always)]
+    fn ks_mut(&mut self, pos: u32) -> &mut u32 {
+        self.ks.get_mut(pos)
+    }
+    #[inline(always)]
+    fn rec(&self, pos: u32) -> &KeyRec {
+        self.rec.get(pos)
+    }
+    #[inline(always)]
+    fn rec_mut(&mut self, pos: u32) -> &mut KeyRec {
+        self.rec.get_mut(pos)
+    }
+    /// The key at `pos` (its `ks` word without the run bits).
+    #[inline(always)]
+    fn key(&self, pos: u32) -> KeyId {
+        KeyId {
+            ks: self.ks(pos) & !RUN_BITS,
+            h: self.hash(pos),
+        }
+    }
+    fn bytes(&self) -> usize {
+        self.hash.bytes() + self.ks.bytes() + self.rec.bytes()
+    }
+}
+
+/// A free slot's hash word: its links to the next older and the next newer free slot.
+fn links(older: u32, newer: u32) -> u64 {
+    (newer as u64) << 32 | older as u64
+}
+
+/// The links of a free slot's hash word: `(older, newer)`.
+fn unlinks(h: u64) -> (u32, u32) {
+    (h as u32, (h >> 32) as u32)
+}
+
 /// The free key record slots: a doubly linked list through the free records themselves
-/// (`h[0]` links to the next older free slot, `h[1]` to the next newer one), so it costs no
-/// memory of its own.
+/// (the low half of a free slot's hash word links to the next older free slot, the high half
+/// to the next newer one), so it costs no memory of its own.
 struct FreeSlots {
     oldest: u32,
     newest: u32,
@@ -231,33 +318,35 @@ impl FreeSlots {
     }
 
     /// Makes the record at `pos` a free slot, the newest.
-    fn push(&mut self, keys: &mut Chunked<KeyRec>, pos: u32) {
-        let rec = keys.get_mut(pos);
-        rec.ks = FREE_KS;
-        rec.next = NIL;
-        rec.h = [self.newest, NIL];
+    fn push(&mut self, keys: &mut KeySlab, pos: u32) {
+        *keys.ks_mut(pos) = FREE_KS;
+        keys.rec_mut(pos).next = NIL;
+        *keys.hash_mut(pos) = links(self.newest, NIL);
         if self.newest == NIL {
             self.oldest = pos;
         } else {
-            keys.get_mut(self.newest).h[1] = pos;
+            let older = keys.hash(self.newest) as u32;
+            *keys.hash_mut(self.newest) = links(older, pos);
         }
         self.newest = pos;
         self.count += 1;
     }
 
     /// Takes the free slot at `pos` out of the list (its record is then the caller's).
-    fn unlink(&mut self, keys: &mut Chunked<KeyRec>, pos: u32) {
-        let [older, newer] = keys.get(pos).h;
-        debug_assert_eq!(keys.get(pos).ks, FREE_KS);
+    fn unlink(&mut self, keys: &mut KeySlab, pos: u32) {
+        debug_assert_eq!(keys.ks(pos), FREE_KS);
+        let (older, newer) = unlinks(keys.hash(pos));
         if older == NIL {
             self.oldest = newer;
         } else {
-            keys.get_mut(older).h[1] = newer;
+            let h = keys.hash_mut(older);
+            *h = links(*h as u32, newer);
         }
         if newer == NIL {
             self.newest = older;
         } else {
-            keys.get_mut(newer).h[0] = older;
+            let h = keys.hash_mut(newer);
+            *h = links(older, (*h >> 32) as u32);
         }
         self.count -= 1;
     }
@@ -267,17 +356,17 @@ impl FreeSlots {
     /// lowest free slot of the range below the newest freed one (at most [`RUN_START_SEARCH`]
     /// down), so that the chain's next blocks find their slots free after it. None when no slot
     /// is free.
-    fn take(&mut self, keys: &mut Chunked<KeyRec>, after: u32) -> Option<u32> {
+    fn take(&mut self, keys: &mut KeySlab, after: u32) -> Option<u32> {
         if self.count == 0 {
             return None;
         }
         let next = after.wrapping_add(1);
-        let pos = if after != NIL && (next as usize) < keys.len && keys.get(next).ks == FREE_KS {
+        let pos = if after != NIL && (next as usize) < keys.len() && keys.ks(next) == FREE_KS {
             next
         } else {
             let mut p = self.newest;
             for _ in 0..RUN_START_SEARCH {
-                if p == 0 || keys.get(p - 1).ks != FREE_KS {
+                if p == 0 || keys.ks(p - 1) != FREE_KS {
                     break;
                 }
                 p -= 1;
@@ -340,7 +429,7 @@ fn link(next: u32) -> Option<HolderPos> {
 
 /// The prefix map.
 pub(crate) struct Store {
-    keys: Chunked<KeyRec>,
+    keys: KeySlab,
     over: Chunked<OverRec>,
     over_free: u32,
     over_live: usize,
@@ -406,7 +495,7 @@ impl RunCursor {
 impl Store {
     pub fn new() -> Store {
         Store {
-            keys: Chunked::new(),
+            keys: KeySlab::new(),
             over: Chunked::new(),
             over_free: NIL,
             over_live: 0,
@@ -444,35 +533,26 @@ impl Store {
         (h >> SEGMENT_SHIFT) as usize & (SEGMENTS - 1)
     }
 
-    #[inline(always)]
-    fn rec_key(rec: &KeyRec) -> KeyId {
-        KeyId {
-            ks: rec.ks & !RUN_BITS,
-            h: (rec.h[1] as u64) << 32 | rec.h[0] as u64,
-        }
-    }
-
     /// Number of prefix keys.
     pub fn key_count(&self) -> usize {
-        self.keys.len - self.free.count
+        self.keys.len() - self.free.count
     }
 
     /// Number of key record slots, free ones included: positions run `0..slots()`.
     pub fn slots(&self) -> u32 {
-        self.keys.len as u32
+        self.keys.len() as u32
     }
 
     /// The key at slab position `pos < slots()`, or None when the slot is free.
     #[inline]
     pub fn live_key_at(&self, pos: u32) -> Option<KeyId> {
-        let rec = self.keys.get(pos);
-        (rec.ks != FREE_KS).then(|| Self::rec_key(rec))
+        (self.keys.ks(pos) != FREE_KS).then(|| self.keys.key(pos))
     }
 
     /// Whether the slot at `pos < slots()` is free.
     #[inline]
     fn is_free(&self, pos: u32) -> bool {
-        self.keys.get(pos).ks == FREE_KS
+        self.keys.ks(pos) == FREE_KS
     }
 
     /// Number of storage entries (key, replica).
@@ -497,7 +577,7 @@ impl Store {
     #[inline]
     pub fn find(&self, k: KeyId) -> Option<u32> {
         let h = Self::hash(&self.hasher, k);
-        self.table[Self::segment(h)].find(h, |i| Self::rec_key(self.keys.get(i)) == k)
+        self.table[Self::segment(h)].find(h, |i| self.keys.key(i) == k)
     }
 
     /// Slab position of a key that probably sits right after position `prev` (the previous
@@ -514,7 +594,7 @@ impl Store {
     #[inline]
     pub fn next_is(&self, prev: u32, k: KeyId) -> Option<u32> {
         let next = prev.wrapping_add(1);
-        (prev != NIL && (next as usize) < self.keys.len && Self::rec_key(self.keys.get(next)) == k)
+        (prev != NIL && (next as usize) < self.keys.len() && self.keys.key(next) == k)
             .then_some(next)
     }
 
@@ -528,7 +608,7 @@ impl Store {
     pub fn find_near(&self, k: KeyId) -> Option<u32> {
         let n = self.near;
         for c in [n.wrapping_sub(1), n.wrapping_add(1)] {
-            if (c as usize) < self.keys.len && Self::rec_key(self.keys.get(c)) == k {
+            if (c as usize) < self.keys.len() && self.keys.key(c) == k {
                 return Some(c);
             }
         }
@@ -538,9 +618,9 @@ impl Store {
     /// How many key records from `prev + 1` on continue a run and hold, in order, the keys
     /// `key(0)`, `key(1)`, … (at most `max`; `key` returns None for a key the index cannot
     /// hold, which ends the match): the blocks of a chain that follow block `prev`'s stored run.
-    /// One comparison per record along the slab, chunk by chunk, with no table probe; the key
-    /// and the run bit are compared in one step (the record's `ks` word is the key's with the
-    /// bit set).
+    /// No table probe: the hash and `ks` columns are compared along the slab, chunk by chunk,
+    /// [`RUN_COMPARE`] records at a time without a branch per record; the key and the run bit
+    /// are compared in one step (the record's `ks` word is the key's with the bit set).
     #[inline]
     pub fn run_matches(
         &self,
@@ -550,20 +630,47 @@ impl Store {
     ) -> usize {
         let mut m = 0;
         let mut pos = prev as usize + 1;
-        while m < max && pos < self.keys.len {
-            let chunk = &self.keys.chunks[pos >> CHUNK_SHIFT];
+        let mut want = [(0u32, 0u64); RUN_COMPARE];
+        while m < max && pos < self.keys.len() {
+            let c = pos >> CHUNK_SHIFT;
+            let (hashes, kss) = (&self.keys.hash.chunks[c], &self.keys.ks.chunks[c]);
             let from = pos & (CHUNK - 1);
-            let take = (chunk.len() - from).min(max - m);
-            for rec in &chunk[from..from + take] {
-                let Some(k) = key(m) else {
-                    return m;
-                };
-                let h = (rec.h[1] as u64) << 32 | rec.h[0] as u64;
-                if rec.ks & !NEXT_RUN_FLAG != k.ks | RUN_FLAG || h != k.h {
-                    return m;
+            let take = (hashes.len() - from).min(max - m);
+            let (hashes, kss) = (&hashes[from..from + take], &kss[from..from + take]);
+            let mut i = 0;
+            while i < take {
+                let n = (take - i).min(RUN_COMPARE);
+                let mut known = n;
+                for (j, w) in want[..n].iter_mut().enumerate() {
+                    match key(m + i + j) {
+                        Some(k) => *w = (k.ks | RUN_FLAG, k.h),
+                        None => {
+                            known = j;
+                            break;
+                        }
+                    }
                 }
-                m += 1;
+                let equal = hashes[i..i + known]
+                    .iter()
+                    .zip(&kss[i..i + known])
+                    .zip(&want[..known])
+                    .fold(true, |all, ((h, ks), (wks, wh))| {
+                        all & (*h == *wh) & (*ks & !NEXT_RUN_FLAG == *wks)
+                    });
+                if !equal || known < n {
+                    let same = hashes[i..i + known]
+                        .iter()
+                        .zip(&kss[i..i + known])
+                        .zip(&want[..known])
+                        .take_while(|((h, ks), (wks, wh))| {
+                            **h == *wh && **ks & !NEXT_RUN_FLAG == *wks
+                        })
+                        .count();
+                    return m + i + same;
+                }
+                i += n;
             }
+            m += take;
             pos += take;
         }
         m
@@ -573,28 +680,28 @@ impl Store {
     /// at `pos - 1` in replica, tier and `last_seen` (see [`RUN_FLAG`]).
     #[inline(always)]
     pub fn continues_run(&self, pos: u32) -> bool {
-        self.keys.get(pos).ks & RUN_FLAG != 0
+        self.keys.ks(pos) & RUN_FLAG != 0
     }
 
     /// Clears the run bit of the record at `pos`, if there is one.
     fn clear_run(&mut self, pos: u32) {
-        if (pos as usize) < self.keys.len {
-            self.keys.get_mut(pos).ks &= !RUN_FLAG;
+        if (pos as usize) < self.keys.len() {
+            *self.keys.ks_mut(pos) &= !RUN_FLAG;
         }
     }
 
     /// The record at `pos` no longer continues a run (its holders changed, or it leaves).
     fn leave_run(&mut self, pos: u32) {
-        self.keys.get_mut(pos).ks &= !RUN_FLAG;
+        *self.keys.ks_mut(pos) &= !RUN_FLAG;
     }
 
     /// The successor of the record at `pos` no longer continues it (the record's holders
     /// changed, or it leaves its place): clears the successor's run bit, reading it only when
     /// the record's hint says it may be set.
     fn detach_next(&mut self, pos: u32) {
-        let rec = self.keys.get_mut(pos);
-        if rec.ks & NEXT_RUN_FLAG != 0 {
-            rec.ks &= !NEXT_RUN_FLAG;
+        let ks = self.keys.ks_mut(pos);
+        if *ks & NEXT_RUN_FLAG != 0 {
+            *ks &= !NEXT_RUN_FLAG;
             self.clear_run(pos.wrapping_add(1));
         }
     }
@@ -641,8 +748,8 @@ impl Store {
         if follows {
             // Created right after its predecessor.
             if cursor.created {
-                self.keys.get_mut(pos).ks |= RUN_FLAG;
-                self.keys.get_mut(cursor.pos).ks |= NEXT_RUN_FLAG;
+                *self.keys.ks_mut(pos) |= RUN_FLAG;
+                *self.keys.ks_mut(cursor.pos) |= NEXT_RUN_FLAG;
             }
         } else {
             self.end_run(*cursor);
@@ -666,7 +773,7 @@ impl Store {
     pub fn end_run(&mut self, cursor: RunCursor) {
         // After a removal, `pos` may name a free slot or another key: clearing its successor's
         // bit is then merely unneeded (the removal cleared the bits that depended on it).
-        if (cursor.pos as usize) < self.keys.len && !self.is_free(cursor.pos) {
+        if (cursor.pos as usize) < self.keys.len() && !self.is_free(cursor.pos) {
             self.detach_next(cursor.pos);
         }
     }
@@ -674,16 +781,16 @@ impl Store {
     /// Each key record's key and run bits, in slab order (tests).
     #[cfg(test)]
     pub fn run_bits(&self) -> Vec<(KeyId, u32)> {
-        (0..self.keys.len as u32)
+        (0..self.keys.len() as u32)
             .filter(|&p| !self.is_free(p))
-            .map(|p| (self.key_at(p), self.keys.get(p).ks & RUN_BITS))
+            .map(|p| (self.key_at(p), self.keys.ks(p) & RUN_BITS))
             .collect()
     }
 
     /// How many key records continue a run (tests).
     #[cfg(test)]
     pub fn runs(&self) -> usize {
-        (0..self.keys.len as u32)
+        (0..self.keys.len() as u32)
             .filter(|&p| !self.is_free(p) && self.continues_run(p))
             .count()
     }
@@ -699,7 +806,7 @@ impl Store {
             v
         };
         let mut free = 0;
-        for pos in 0..self.keys.len as u32 {
+        for pos in 0..self.keys.len() as u32 {
             if self.is_free(pos) {
                 free += 1;
                 continue;
@@ -708,7 +815,7 @@ impl Store {
                 assert!(pos > 0, "the first record continues a run");
                 assert!(!self.is_free(pos - 1), "record {pos} continues a free slot");
                 assert_eq!(data(pos - 1), data(pos), "stale run bit at {pos}");
-                let hint = self.keys.get(pos - 1).ks & NEXT_RUN_FLAG != 0;
+                let hint = self.keys.ks(pos - 1) & NEXT_RUN_FLAG != 0;
                 assert!(
                     hint,
                     "record {pos} continues a run its predecessor does not hint at"
@@ -721,7 +828,7 @@ impl Store {
         while at != NIL {
             assert!(self.is_free(at), "a live record on the free list");
             listed += 1;
-            at = self.keys.get(at).h[1];
+            at = unlinks(self.keys.hash(at)).1;
         }
         assert_eq!(listed, self.free.count, "free list length");
     }
@@ -729,7 +836,7 @@ impl Store {
     /// The key at a slab position that holds one (not a free slot).
     pub fn key_at(&self, pos: u32) -> KeyId {
         debug_assert!(!self.is_free(pos), "key_at of a free slot");
-        Self::rec_key(self.keys.get(pos))
+        self.keys.key(pos)
     }
 
     /// Iterates the holders of the key at `pos`.
@@ -746,7 +853,7 @@ impl Store {
     /// without the iterator's state machine per holder.
     #[inline]
     pub fn holder_parts(&self, pos: u32) -> (&Holder, MoreHolders<'_>) {
-        let rec = self.keys.get(pos);
+        let rec = self.keys.rec(pos);
         let more = if rec.next == NIL {
             MoreHolders::None
         } else if rec.next & WIDE_FLAG != 0 {
@@ -767,7 +874,7 @@ impl Store {
     /// The holder of `replica` in the key at `pos` (O(1) for wide keys, a walk of at most
     /// [`CHAIN_MAX`] overflow holders otherwise).
     pub fn find_holder(&self, pos: u32, replica: u32) -> Option<HolderPos> {
-        let rec = self.keys.get(pos);
+        let rec = self.keys.rec(pos);
         if rec.first.replica() == replica {
             return Some(HolderPos::Inline(pos));
         }
@@ -794,7 +901,7 @@ impl Store {
     /// Number of holders of the key at `pos`.
     #[cfg(test)]
     pub fn holder_count(&self, pos: u32) -> usize {
-        let next = self.keys.get(pos).next;
+        let next = self.keys.rec(pos).next;
         if next != NIL && next & WIDE_FLAG != 0 {
             return 1 + self.wides[(next & !WIDE_FLAG) as usize].holders.len();
         }
@@ -805,7 +912,7 @@ impl Store {
     /// `holder` unless the key already has `max` holders. O(1) for wide keys.
     pub fn find_or_add_holder(&mut self, pos: u32, holder: Holder, max: usize) -> HolderUpsert {
         let replica = holder.replica();
-        let rec = self.keys.get(pos);
+        let rec = self.keys.rec(pos);
         if rec.first.replica() == replica {
             return HolderUpsert::Existing(HolderPos::Inline(pos));
         }
@@ -851,7 +958,7 @@ impl Store {
     /// Moves the key's overflow chain into a new wide set together with `holder`.
     fn widen(&mut self, pos: u32, holder: Holder) {
         let mut set = Wide::default();
-        let mut cur = self.keys.get(pos).next;
+        let mut cur = self.keys.rec(pos).next;
         while cur != NIL {
             let o = self.over.get(cur);
             let (h, n) = (o.holder, o.next);
@@ -875,7 +982,7 @@ impl Store {
             }
         };
         assert!(w < WIDE_FLAG - 1, "too many wide keys");
-        self.keys.get_mut(pos).next = WIDE_FLAG | w;
+        self.keys.rec_mut(pos).next = WIDE_FLAG | w;
         self.entries += 1;
     }
 
@@ -888,7 +995,7 @@ impl Store {
     /// Read access to one holder.
     pub fn holder(&self, at: HolderPos) -> &Holder {
         match at {
-            HolderPos::Inline(p) => &self.keys.get(p).first,
+            HolderPos::Inline(p) => &self.keys.rec(p).first,
             HolderPos::Over(o) => &self.over.get(o).holder,
             HolderPos::Wide(w, i) => &self.wides[w as usize].holders[i as usize],
         }
@@ -897,7 +1004,7 @@ impl Store {
     /// Write access to one holder.
     pub fn holder_mut(&mut self, at: HolderPos) -> &mut Holder {
         match at {
-            HolderPos::Inline(p) => &mut self.keys.get_mut(p).first,
+            HolderPos::Inline(p) => &mut self.keys.rec_mut(p).first,
             HolderPos::Over(o) => &mut self.over.get_mut(o).holder,
             HolderPos::Wide(w, i) => &mut self.wides[w as usize].holders[i as usize],
         }
@@ -922,23 +1029,18 @@ impl Store {
         let h = Self::hash(&self.hasher, k);
         let (keys, hasher) = (&self.keys, &self.hasher);
         let table = &mut self.table[Self::segment(h)];
-        table.reserve_one(|i| Self::hash(hasher, Self::rec_key(keys.get(i))));
-        let vacant = match table.find_or_vacant(h, |i| Self::rec_key(keys.get(i)) == k) {
+        table.reserve_one(|i| Self::hash(hasher, keys.key(i)));
+        let vacant = match table.find_or_vacant(h, |i| keys.key(i) == k) {
             Ok(pos) => return (pos, false),
             Err(v) => v,
         };
-        let rec = KeyRec {
-            h: [k.h as u32, (k.h >> 32) as u32],
-            ks: k.ks,
-            first,
-            next: NIL,
-        };
+        let rec = KeyRec { first, next: NIL };
         let pos = match self.free.take(&mut self.keys, after) {
             Some(pos) => {
-                *self.keys.get_mut(pos) = rec;
+                self.keys.set(pos, k.h, k.ks, rec);
                 pos
             }
-            None => self.keys.push(rec),
+            None => self.keys.push(k.h, k.ks, rec),
         };
         assert!(pos < MAX_POSITIONS, "key record slab full");
         self.table[Self::segment(h)].fill(vacant, h, pos);
@@ -955,7 +1057,7 @@ impl Store {
 
     /// Links a new overflow holder at the head of the key's chain.
     fn push_over(&mut self, pos: u32, holder: Holder) {
-        let next = self.keys.get(pos).next;
+        let next = self.keys.rec(pos).next;
         let rec = OverRec { holder, next };
         let o = if self.over_free != NIL {
             let o = self.over_free;
@@ -967,7 +1069,7 @@ impl Store {
             self.over.push(rec)
         };
         assert!(o & WIDE_FLAG == 0, "overflow slab full");
-        self.keys.get_mut(pos).next = o;
+        self.keys.rec_mut(pos).next = o;
         self.over_live += 1;
         self.entries += 1;
     }
@@ -990,7 +1092,7 @@ impl Store {
         self.detach_next(pos);
         match at {
             HolderPos::Inline(_) => {
-                let rec = self.keys.get(pos);
+                let rec = self.keys.rec(pos);
                 let removed = rec.first;
                 let next = rec.next;
                 if next == NIL {
@@ -1005,7 +1107,7 @@ impl Store {
                     set.slot_of.remove(&promoted.replica());
                     let emptied = set.holders.is_empty();
                     self.wide_holders -= 1;
-                    let rec = self.keys.get_mut(pos);
+                    let rec = self.keys.rec_mut(pos);
                     rec.first = promoted;
                     if emptied {
                         rec.next = NIL;
@@ -1015,7 +1117,7 @@ impl Store {
                 }
                 let o = self.over.get(next);
                 let (promoted, after) = (o.holder, o.next);
-                let rec = self.keys.get_mut(pos);
+                let rec = self.keys.rec_mut(pos);
                 rec.first = promoted;
                 rec.next = after;
                 self.free_over(next);
@@ -1025,9 +1127,9 @@ impl Store {
                 // Unlink o from the chain starting at keys[pos].next.
                 let removed = self.over.get(o).holder;
                 let after = self.over.get(o).next;
-                let head = self.keys.get(pos).next;
+                let head = self.keys.rec(pos).next;
                 if head == o {
-                    self.keys.get_mut(pos).next = after;
+                    self.keys.rec_mut(pos).next = after;
                 } else {
                     let mut cur = head;
                     loop {
@@ -1053,7 +1155,7 @@ impl Store {
                 let emptied = set.holders.is_empty();
                 self.wide_holders -= 1;
                 if emptied {
-                    self.keys.get_mut(pos).next = NIL;
+                    self.keys.rec_mut(pos).next = NIL;
                     self.free_wide(w);
                 }
                 Some((removed, false))
@@ -1065,15 +1167,15 @@ impl Store {
     /// moves. Trailing free slots are given back to the slab.
     fn remove_key_record(&mut self, pos: u32) {
         let k = self.key_at(pos);
-        debug_assert!(self.keys.get(pos).next == NIL);
+        debug_assert!(self.keys.rec(pos).next == NIL);
         let h = Self::hash(&self.hasher, k);
         let found = self.table[Self::segment(h)].remove(h, pos);
         assert!(found, "key record missing from the table");
         // The removed record's successor lost its predecessor (remove_holder detached it).
-        if pos as usize + 1 == self.keys.len {
+        if pos as usize + 1 == self.keys.len() {
             self.keys.pop();
-            while self.keys.len > 0 && self.is_free(self.keys.len as u32 - 1) {
-                let last = self.keys.len as u32 - 1;
+            while self.keys.len() > 0 && self.is_free(self.keys.len() as u32 - 1) {
+                let last = self.keys.len() as u32 - 1;
                 self.free.unlink(&mut self.keys, last);
                 self.keys.pop();
             }
@@ -1123,7 +1225,7 @@ impl<'a> Iterator for Holders<'a> {
         let at = self.at?;
         let h = match at {
             HolderPos::Inline(p) => {
-                let r = self.store.keys.get(p);
+                let r = self.store.keys.rec(p);
                 self.at = link(r.next);
                 &r.first
             }
@@ -1187,6 +1289,65 @@ mod tests {
         }
     }
 
+    /// `run_matches` stops exactly at the first record that differs (another hash, a key the
+    /// index cannot hold, the end of the run or of `max`), wherever that falls in the records
+    /// it compares in one step.
+    #[test]
+    fn run_matches_stops_at_the_first_difference() {
+        let mut s = Store::new();
+        store_chain(&mut s, 1, 40, 7, 10);
+        let first = s.find(KeyId { ks: 1, h: 1 << 32 }).unwrap();
+        let k = |b: usize| KeyId {
+            ks: 1,
+            h: 1 << 32 | (b as u64 + 1),
+        };
+        assert_eq!(s.run_matches(first, 39, |j| Some(k(j))), 39);
+        assert_eq!(s.run_matches(first, 100, |j| Some(k(j))), 39);
+        for cut in 0..39 {
+            let wrong = |j: usize| {
+                Some(if j == cut {
+                    KeyId { ks: 1, h: 99 }
+                } else {
+                    k(j)
+                })
+            };
+            assert_eq!(
+                s.run_matches(first, 39, wrong),
+                cut,
+                "hash differs at {cut}"
+            );
+            let none = |j: usize| (j != cut).then(|| k(j));
+            assert_eq!(s.run_matches(first, 39, none), cut, "no key at {cut}");
+            let other_ks = |j: usize| {
+                Some(KeyId {
+                    ks: if j == cut { 2 } else { 1 },
+                    ..k(j)
+                })
+            };
+            assert_eq!(
+                s.run_matches(first, 39, other_ks),
+                cut,
+                "keyspace differs at {cut}"
+            );
+            assert_eq!(s.run_matches(first, cut, |j| Some(k(j))), cut, "max {cut}");
+        }
+        // A record that stops continuing the run (its holders changed) ends the match there.
+        for cut in [5usize, 8, 17, 31] {
+            let mut t = Store::new();
+            store_chain(&mut t, 1, 40, 7, 10);
+            let at = t.find(k(cut)).unwrap();
+            t.find_or_add_holder(at, Holder::new(9, 1, 1, 10), usize::MAX);
+            t.leave_run(at);
+            t.detach_next(at);
+            let first = t.find(KeyId { ks: 1, h: 1 << 32 }).unwrap();
+            assert_eq!(
+                t.run_matches(first, 39, |j| Some(k(j))),
+                cut,
+                "run ends at {cut}"
+            );
+        }
+    }
+
     /// Removing a key moves no other record: every key stays at the position it was created
     /// at, the table finds it there, freed slots are reused before the slab grows, and trailing
     /// free slots are given back.
@@ -1214,7 +1375,10 @@ mod tests {
                 let slots_before = s.slots();
                 let p = s.insert_key(key(k), Holder::new(1, 1, 1, 1));
                 if free_before > 0 {
-                    assert!(p < slots_before, "a free slot is reused before the slab grows");
+                    assert!(
+                        p < slots_before,
+                        "a free slot is reused before the slab grows"
+                    );
                     assert_eq!(s.free.count, free_before - 1);
                 }
                 at.insert(k, p);
@@ -1252,7 +1416,12 @@ mod tests {
                 (0..100).collect()
             };
             for b in blocks {
-                let p = s.find(KeyId { ks: 1, h: 1 << 32 | b }).unwrap();
+                let p = s
+                    .find(KeyId {
+                        ks: 1,
+                        h: 1 << 32 | b,
+                    })
+                    .unwrap();
                 assert!(s.remove_holder(p, 7).unwrap().1);
             }
             assert_eq!((s.free.count, s.slots()), (100, 200));
@@ -1302,7 +1471,11 @@ mod tests {
             store_chain(&mut s, c, 30, 2, 10 * c as i64);
         }
         s.check_runs();
-        assert_eq!(s.runs(), 6 * 29, "each chain is one run after its first block");
+        assert_eq!(
+            s.runs(),
+            6 * 29,
+            "each chain is one run after its first block"
+        );
         // A key inside chain 0's run goes: its successor no longer continues anything.
         for r in [1, 2] {
             s.remove_holder(s.find(KeyId { ks: 1, h: 10 }).expect("key"), r);
