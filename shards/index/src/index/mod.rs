@@ -1100,8 +1100,7 @@ impl Index {
         }
     }
 
-    /// *Remove(key, replica)* of §3.3. Returns the removed holder. May move another key record
-    /// into `key`'s slab position.
+    /// *Remove(key, replica)* of §3.3. Returns the removed holder.
     fn remove_entry(&mut self, key: KeyId, replica: u32) -> Option<Holder> {
         let pos = self.store.find_near(key)?;
         let (holder, key_gone) = self.store.remove_holder(pos, replica)?;

@@ -67,17 +67,17 @@ pub(crate) const CHAIN_MAX: usize = 8;
 pub(crate) const REPLICA_MASK: u32 = (1 << 24) - 1;
 /// log2 of [`SEGMENTS`].
 const SEGMENT_BITS: u32 = 12;
-/// Independent hash tables the key positions are split into. A hashbrown table grows, or
-/// rehashes away its tombstones, by moving every entry in one insert: O(keys), measured at
-/// 115 ms (1.8M keys) to 1.5 s (7.3M keys) in one ingest with a single table. A segment holds
+/// Independent hash tables the key positions are split into. A table grows, or rehashes away
+/// its tombstones, by moving every entry in one insert: O(keys), measured at 115 ms (1.8M keys)
+/// to 1.5 s (7.3M keys) in one ingest with a single (hashbrown) table. A segment holds
 /// 1/4096 of the keys (≈ 2.4K at 10M keys). Keys spread evenly, so the segments reach their
 /// growth points together and one 64-key ingest may grow several: the longest filling ingest
 /// at 10M measured 2.7–3.4 ms on-CPU with 1024 segments, 0.9–1.7 ms with 4096. Cost: a 32-byte
 /// header per segment (128 KiB per core) and a shift and mask per probe; bytes per bucket are
 /// unchanged.
 pub(crate) const SEGMENTS: usize = 1 << SEGMENT_BITS;
-/// First hash bit of the segment number: above the bits hashbrown takes for the bucket (the
-/// low log2(buckets) bits of a segment) and below its 7-bit tag (the top bits), so neither loses
+/// First hash bit of the segment number: above the bits a segment's [`PosTable`] takes for the
+/// bucket (the low log2(buckets) bits) and below its 6-bit tag (the top bits), so neither loses
 /// entropy.
 const SEGMENT_SHIFT: u32 = 40;
 
@@ -1082,8 +1082,8 @@ impl Store {
     }
 
     /// Removes `replica`'s holder from the key at `pos`. Returns the removed holder and whether
-    /// the key itself was removed (it had no other holder). Removing a key swap-moves the last
-    /// key record into `pos`.
+    /// the key itself was removed (it had no other holder; its slot is then free, and no other
+    /// record moves).
     pub fn remove_holder(&mut self, pos: u32, replica: u32) -> Option<(Holder, bool)> {
         let at = self.find_holder(pos, replica)?;
         self.entries -= 1;
