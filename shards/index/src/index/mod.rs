@@ -524,6 +524,9 @@ pub struct Index {
     /// Removals since the last reclaim pass that may have left records or names unreferenced
     /// (a hint: 0 means the pass would free nothing).
     reclaimable: u64,
+    /// The slab position of the key the restore in progress created last ([`NIL`]: none), whose
+    /// run bit is set once the restore moves on to another key (`persist.rs`).
+    restore_last: u32,
     /// `now` of the last reclaim pass run because the string table was full.
     last_full_reclaim: i64,
     /// Told of every entry the sweep, the cap or a quota removes (none by default).
@@ -583,6 +586,7 @@ impl Index {
             min_candidates: eviction::MIN_CANDIDATES,
             stats_rows: 0,
             reclaimable: 0,
+            restore_last: NIL,
             last_full_reclaim: i64::MIN,
             removal_sink: None,
             sweep_pass: None,

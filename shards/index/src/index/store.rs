@@ -778,36 +778,36 @@ impl Store {
         }
     }
 
-    /// Sets the run bits of every key record whose holders equal its predecessor's in replica,
-    /// tier and `last_seen` (see [`RUN_FLAG`]), for a store filled record by record rather than
-    /// chain by chain (a restore, whose records arrive one holder at a time in the order a
-    /// snapshot exported them: the slab order of the stored chains). O(entries); for start-up,
-    /// not a serving core. Exact: a bit is set only where the holders are equal, as
-    /// [`Store::check_runs`] verifies.
-    pub fn mark_runs(&mut self) {
-        let mut before: Vec<(u32, u8, i64)> = Vec::new();
-        let mut here: Vec<(u32, u8, i64)> = Vec::new();
-        let data = |s: &Store, pos: u32, v: &mut Vec<(u32, u8, i64)>| {
-            v.clear();
-            v.extend(
-                s.holders(pos)
-                    .map(|(_, h)| (h.replica(), h.tier(), h.last_seen())),
-            );
-            v.sort_unstable();
+    /// Sets the run bit of the key record at `pos` if its holders equal its predecessor's in
+    /// replica, tier and `last_seen` (see [`RUN_FLAG`]): for records filled one holder at a
+    /// time rather than chain by chain (a restore), once `pos`'s holders are complete. Exact: a
+    /// bit is set only where the holders are equal, as [`Store::check_runs`] verifies.
+    /// O(holders of both).
+    pub fn mark_run_at(&mut self, pos: u32) {
+        if pos == 0 || pos as usize >= self.keys.len() || self.is_free(pos) || self.is_free(pos - 1)
+        {
+            return;
+        }
+        let (a, b) = (self.keys.rec(pos - 1), self.keys.rec(pos));
+        let same = |x: &Holder, y: &Holder| {
+            (x.replica(), x.tier(), x.last_seen()) == (y.replica(), y.tier(), y.last_seen())
         };
-        let mut prev_live = false;
-        for pos in 0..self.keys.len() as u32 {
-            if self.is_free(pos) {
-                prev_live = false;
-                continue;
-            }
-            data(self, pos, &mut here);
-            if prev_live && here == before {
-                *self.keys.ks_mut(pos) |= RUN_FLAG;
-                *self.keys.ks_mut(pos - 1) |= NEXT_RUN_FLAG;
-            }
-            std::mem::swap(&mut before, &mut here);
-            prev_live = true;
+        let equal = if a.next == NIL && b.next == NIL {
+            same(&a.first, &b.first)
+        } else {
+            let data = |p: u32| {
+                let mut v: Vec<(u32, u8, i64)> = self
+                    .holders(p)
+                    .map(|(_, h)| (h.replica(), h.tier(), h.last_seen()))
+                    .collect();
+                v.sort_unstable();
+                v
+            };
+            data(pos - 1) == data(pos)
+        };
+        if equal {
+            *self.keys.ks_mut(pos) |= RUN_FLAG;
+            *self.keys.ks_mut(pos - 1) |= NEXT_RUN_FLAG;
         }
     }
 
@@ -1384,7 +1384,7 @@ mod tests {
     /// Records created one holder at a time (as a restore does) get the run bits their chains
     /// had: exactly where a record's holders equal its predecessor's.
     #[test]
-    fn mark_runs_finds_the_runs_of_records_restored_one_by_one() {
+    fn mark_run_at_finds_the_runs_of_records_restored_one_by_one() {
         let mut a = Store::new();
         store_chain(&mut a, 1, 30, 7, 10);
         store_chain(&mut a, 1, 30, 8, 10);
@@ -1402,7 +1402,9 @@ mod tests {
             }
         }
         assert_eq!(b.runs(), 0);
-        b.mark_runs();
+        for pos in 0..b.slots() {
+            b.mark_run_at(pos);
+        }
         b.check_runs();
         // Every run the chains' upserts marked is found (and no more here: no two neighbours
         // outside a chain hold the same data). Chain 1: 29; chain 2: its first 10 blocks
