@@ -322,8 +322,9 @@ fn builds_in_slices_evict_exactly_like_builds_in_one_go() {
         }
     }
     // Both paths ran: builds completed in slices, and builds an ingest had to finish itself.
-    // (Pruning stale snapshots before the install adds slices to some builds: 998 here.)
-    assert!(total_prebuilt > 900, "{total_prebuilt}");
+    // (Pruning stale snapshots before the install adds slices to some builds; the free slots
+    // removed keys leave are visited too: 868 here.)
+    assert!(total_prebuilt > 800, "{total_prebuilt}");
     assert!(total_fallback > 100, "{total_fallback}");
     // ... and slices took most builds off the ingests (4 sliced runs per one-go run).
     assert!(

@@ -202,13 +202,14 @@ fn a_holder_added_to_part_of_a_run_splits_it() {
     assert_eq!(answer(&mut ix, &fork, T0 + SEC), want);
 }
 
-/// Keyspace ids share their word in a key record with the run bits: the keyspace bound is
-/// clamped below them, so no configuration lets an id reach a flag bit.
+/// Keyspace ids share their word in a key record with the run bits, and the largest id below
+/// them marks a free record slot: the keyspace bound is clamped below both, so no configuration
+/// lets an id reach a flag bit or the free mark.
 #[test]
 fn the_keyspace_bound_stays_below_the_record_flags() {
     let ix = Index::new(IndexConfig {
         max_keyspaces: usize::MAX,
         ..IndexConfig::default()
     });
-    assert_eq!(ix.config().max_keyspaces, 1 << 29);
+    assert_eq!(ix.config().max_keyspaces, (1 << 29) - 1);
 }

@@ -234,8 +234,10 @@ impl Index {
         let mut reps: HashMap<(u32, u32), PartReplica> = HashMap::new();
         let mut tenants: HashMap<u32, u64> = HashMap::new();
         let reserved = |t: u32| self.cat.tenants.get(&t).is_some_and(|r| r.reserved);
-        for pos in 0..self.store.key_count() as u32 {
-            let key = self.store.key_at(pos);
+        for pos in 0..self.store.slots() {
+            let Some(key) = self.store.live_key_at(pos) else {
+                continue;
+            };
             let tenant = self.cat.tenant_of(key);
             if reserved(tenant) {
                 continue;

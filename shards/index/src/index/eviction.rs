@@ -369,7 +369,7 @@ fn release_blob(cat: &mut Catalog, key: KeyId) {
 }
 
 impl CapBuild {
-    /// A build of `k` candidates over `key_count` key records. The selection becomes the next
+    /// A build of `k` candidates over the key record slots `0..slots`. The selection becomes the next
     /// live heap, which mutations may grow to `2 k + min_candidates` before it is dropped: that
     /// capacity is reserved now (address space; pages are touched only as used), so no push
     /// ever copies the heap to grow it (≈ 10 ms per copy at 10M entries, on a slice or ingest).
@@ -377,7 +377,7 @@ impl CapBuild {
     /// A fresh buffer's range goes to `fresh_hook` before its first write.
     fn new(
         k: usize,
-        key_count: usize,
+        slots: u32,
         min_candidates: usize,
         spare: Vec<CapCand>,
         fresh_hook: Option<fn(usize, usize)>,
@@ -393,7 +393,7 @@ impl CapBuild {
             sel: Heap { v },
             k,
             dropped: false,
-            cursor: key_count as u32,
+            cursor: slots,
             bits: Vec::new(),
             threshold: None,
             heapify: 0,
@@ -663,7 +663,7 @@ impl Index {
         let spare = std::mem::take(&mut self.cap.spare);
         self.cap.next = Some(CapBuild::new(
             k,
-            self.store.key_count(),
+            self.store.slots(),
             self.min_candidates,
             spare,
             self.cfg.gradual_buffer_hook,
@@ -671,8 +671,12 @@ impl Index {
     }
 
     /// Offers the holders of the key at slab position `pos` to a cap build. Returns how many.
+    /// A free slot offers nothing but counts as one unit of work, so that a slice over a slab
+    /// of mostly free slots stays bounded too.
     fn cap_offer_position(&mut self, b: &mut CapBuild, pos: u32) -> usize {
-        let key = self.store.key_at(pos);
+        let Some(key) = self.store.live_key_at(pos) else {
+            return 1;
+        };
         let ks = key.keyspace() as usize;
         if b.bits[ks] == KS_UNKNOWN {
             let p = &self.cat.keyspaces[ks];
@@ -718,14 +722,15 @@ impl Index {
         let mut work = 0usize;
         let mut meter = budget.meter();
         if b.threshold.is_none() {
-            // Scan phase. Records only move down: clamp the cursor to the slab.
-            b.cursor = b.cursor.min(self.store.key_count() as u32);
+            // Scan phase. Records never move, but the slab may have given back trailing free
+            // slots: clamp the cursor to it.
+            b.cursor = b.cursor.min(self.store.slots());
             b.bits.clear();
             b.bits.resize(self.cat.keyspaces.len(), KS_UNKNOWN);
             let mut cut = false;
             if budget.max_entries == usize::MAX
                 && budget.deadline.is_none()
-                && b.cursor == self.store.key_count() as u32
+                && b.cursor == self.store.slots()
             {
                 // A whole build in one call: nothing changes between its positions, so the
                 // order is free. Upwards, entries come oldest first (new keys are added at the
@@ -933,8 +938,10 @@ impl Index {
         let check = |heap: &Heap<CapCand>, threshold: Option<&CapCand>, what: &str| {
             let mut snaps = heap.v.clone();
             snaps.sort_by(|a, b| cap_cmp(cat, a, b));
-            for pos in 0..self.store.key_count() as u32 {
-                let key = self.store.key_at(pos);
+            for pos in 0..self.store.slots() {
+                let Some(key) = self.store.live_key_at(pos) else {
+                    continue;
+                };
                 for (_, h) in self.store.holders(pos) {
                     let Some(c) = self.cap_cand(key, h.replica(), Some(pos)) else {
                         continue;
@@ -1235,8 +1242,10 @@ impl Index {
         let greater = |a: &QuotaCand, b: &QuotaCand| quota_cmp(cat, a, b) == Ordering::Greater;
         let mut sel: Heap<QuotaCand> = Heap::default();
         let mut seen = 0usize;
-        for pos in 0..self.store.key_count() as u32 {
-            let key = self.store.key_at(pos);
+        for pos in 0..self.store.slots() {
+            let Some(key) = self.store.live_key_at(pos) else {
+                continue;
+            };
             if cat.tenant_of(key) != tenant {
                 continue;
             }
@@ -1380,10 +1389,9 @@ impl Index {
     /// rows) or once `budget.deadline` has passed (checked every few keys, after the first). Each tenant's TTL and algorithm are resolved from `rules`
     /// once per slice.
     ///
-    /// Between two slices anything may change (ingest, events, evictions): keys removed from
-    /// the visited part keep it contiguous (see `Store::set_visited`), new keys are appended
-    /// after it, so the pass visits every key present throughout exactly once and judges it at
-    /// the pass's `now`. A key added (or refreshed) after its position was visited is left for
+    /// Between two slices anything may change (ingest, events, evictions): key records never
+    /// move (see `Store::set_visited`), so the pass visits every key present throughout exactly
+    /// once and judges it at the pass's `now`. A key added (or refreshed) after its position was visited is left for
     /// the next pass, as if the sweep had run before that change.
     pub fn sweep_step(&mut self, rules: &dyn TenantRules, budget: SweepBudget) -> SweepStep {
         let Some(mut pass) = self.sweep_pass.take() else {
@@ -1405,13 +1413,18 @@ impl Index {
         if pass.stats_from.is_none() {
             let mut stale: Vec<u32> = Vec::new();
             let mut pos = self.store.visited();
-            while (pos as usize) < self.store.key_count() {
-                if meter.spent(step.entries) {
+            let mut free_slots = 0usize;
+            while pos < self.store.slots() {
+                if meter.spent(step.entries + free_slots) {
                     step.cut_short = true;
                     break;
                 }
+                let Some(key) = self.store.live_key_at(pos) else {
+                    free_slots += 1;
+                    pos += 1;
+                    continue;
+                };
                 step.keys += 1;
-                let key = self.store.key_at(pos);
                 let (ttl, algo) = resolve(self, self.cat.tenant_of(key));
                 stale.clear();
                 let entries_before = step.entries;
@@ -1421,7 +1434,6 @@ impl Index {
                         stale.push(h.replica());
                     }
                 }
-                let before = self.store.key_count();
                 meter.charge_entries(step.entries - entries_before);
                 meter.charge_removals(stale.len());
                 for r in &stale {
@@ -1429,10 +1441,7 @@ impl Index {
                     self.remove_entry(key, *r);
                     pass.out.ttl_evicted.add(algo);
                 }
-                if self.store.key_count() == before {
-                    pos += 1;
-                }
-                // Keep the visited boundary current, so removals below it keep it contiguous.
+                pos += 1;
                 self.store.set_visited(pos);
             }
             if !step.cut_short {

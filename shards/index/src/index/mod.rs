@@ -27,6 +27,7 @@ mod eviction;
 mod intern;
 mod lookup;
 mod persist;
+mod postable;
 pub mod ranking;
 mod reclaim;
 mod removal;
@@ -607,6 +608,9 @@ pub struct Index {
     /// Removals since the last reclaim pass that may have left records or names unreferenced
     /// (a hint: 0 means the pass would free nothing).
     reclaimable: u64,
+    /// The slab position of the key the restore in progress created last ([`NIL`]: none), whose
+    /// run bit is set once the restore moves on to another key (`persist.rs`).
+    restore_last: u32,
     /// `now` of the last reclaim pass run because the string table was full.
     last_full_reclaim: i64,
     /// Told of every entry the sweep, the cap or a quota removes (none by default).
@@ -666,6 +670,7 @@ impl Index {
             min_candidates: eviction::MIN_CANDIDATES,
             stats_rows: 0,
             reclaimable: 0,
+            restore_last: NIL,
             last_full_reclaim: i64::MIN,
             removal_sink: None,
             sweep_pass: None,
@@ -970,7 +975,7 @@ impl Index {
                         (k, true)
                     }
                 };
-                let (pos, new_key) = self.store.find_or_insert(key, holder);
+                let (pos, new_key) = self.store.find_or_insert(key, holder, cursor.last());
                 if new_key && key.is_blob() && !fresh_blob {
                     self.cat.blobs.retain(key.h as u32);
                 }
@@ -1053,9 +1058,10 @@ impl Index {
                     let key = self.cat.key_for_inline(ks, h).expect("8-byte hash");
                     *at = match self.store.next_is(prev, key) {
                         Some(pos) => (pos, false),
-                        None => self
-                            .store
-                            .find_or_insert(key, Holder::new(replica, tier, c, ts)),
+                        None => {
+                            self.store
+                                .find_or_insert(key, Holder::new(replica, tier, c, ts), prev)
+                        }
                     };
                     prev = at.0;
                 }
@@ -1185,8 +1191,7 @@ impl Index {
         }
     }
 
-    /// *Remove(key, replica)* of §3.3. Returns the removed holder. May move another key record
-    /// into `key`'s slab position.
+    /// *Remove(key, replica)* of §3.3. Returns the removed holder.
     fn remove_entry(&mut self, key: KeyId, replica: u32) -> Option<Holder> {
         let pos = self.store.find_near(key)?;
         let (holder, key_gone) = self.store.remove_holder(pos, replica)?;
@@ -1643,17 +1648,13 @@ impl Index {
         }
         let mut removed = 0;
         let mut pos = 0u32;
-        while removed < expected && (pos as usize) < self.store.key_count() {
-            let key = self.store.key_at(pos);
-            if self.cat.scope_of(key).mscope == mscope
+        while removed < expected && pos < self.store.slots() {
+            if let Some(key) = self.store.live_key_at(pos)
+                && self.cat.scope_of(key).mscope == mscope
                 && self.store.find_holder(pos, replica).is_some()
             {
-                let before = self.store.key_count();
                 self.remove_entry(key, replica);
                 removed += 1;
-                if self.store.key_count() < before {
-                    continue; // another record moved into `pos`
-                }
             }
             pos += 1;
         }
@@ -1722,8 +1723,10 @@ impl Index {
     /// (allocates).
     pub fn dump_entries(&self) -> Vec<EntryDump> {
         let mut out = Vec::with_capacity(self.store.entry_count());
-        for pos in 0..self.store.key_count() as u32 {
-            let key = self.store.key_at(pos);
+        for pos in 0..self.store.slots() {
+            let Some(key) = self.store.live_key_at(pos) else {
+                continue;
+            };
             let scope = self.cat.scope_of(key);
             let keyspace = &self.cat.keyspaces[key.keyspace() as usize];
             let mut buf = [0u8; 8];

@@ -558,8 +558,10 @@ impl Index {
                 live(*x, "model name");
             }
         }
-        for pos in 0..self.store.key_count() as u32 {
-            let key = self.store.key_at(pos);
+        for pos in 0..self.store.slots() {
+            let Some(key) = self.store.live_key_at(pos) else {
+                continue;
+            };
             let ks = &cat.keyspaces[key.keyspace() as usize];
             assert_ne!(ks.slot, DEAD, "a key in an unlinked keyspace");
             for (_, h) in self.store.holders(pos) {
