@@ -240,14 +240,22 @@ impl Index {
             if reserved(tenant) {
                 continue;
             }
-            *tenants.entry(tenant).or_insert(0) += 1;
+            let cleared = self.cleared_replica(self.cat.scope_of(key).mscope);
+            let mut held = false;
             for (_, h) in self.store.holders(pos) {
+                if h.replica() == cleared {
+                    continue;
+                }
+                held = true;
                 let e = reps.entry((tenant, h.replica())).or_default();
                 e.prefix_count += 1;
                 e.last_event_at = Some(
                     e.last_event_at
                         .map_or(h.last_seen(), |x| x.max(h.last_seen())),
                 );
+            }
+            if held {
+                *tenants.entry(tenant).or_insert(0) += 1;
             }
         }
         for m in &self.cat.models {

@@ -109,7 +109,11 @@ impl Index {
             let mut buf = [0u8; 8];
             let hash = self.cat.hash_bytes(key, &mut buf);
             let s = &self.cat.strings;
+            let cleared = self.cleared_replica(scope.mscope);
             for (_, h) in self.store.holders(pos) {
+                if h.replica() == cleared {
+                    continue;
+                }
                 f(&PersistEntry {
                     tenant: s.name(scope.tenant),
                     model: s.name(scope.model),
