@@ -763,6 +763,20 @@ async fn self_differential_shards_1_2_4() {
             "shards {}: no cap build ahead of need",
             shard_counts[i]
         );
+        let (clear_slices, clears_sync) = (
+            sum("inferencecache_core_clear_slices_total{"),
+            sum("inferencecache_core_clears_sync_total{"),
+        );
+        eprintln!(
+            "self-differential: shards {}: ALL_CLEARED removals in {clear_slices} slices, finished in one go {clears_sync}",
+            shard_counts[i]
+        );
+        // The answers above were compared while clears were pending between requests.
+        assert!(
+            clear_slices > 0,
+            "shards {}: no ALL_CLEARED left its removals to slices",
+            shard_counts[i]
+        );
     }
     eprintln!(
         "self-differential: seed {seed:#x}, {sent} requests per server ({steps} steps: {kinds:?}) in {:.1} s; differences: shards 2 = {}, shards 4 = {}",
