@@ -296,14 +296,17 @@ fn no_huge_pages(addr: usize, len: usize) {
 }
 
 fn index(scale: &Scale) -> Index {
-    Index::new(IndexConfig {
+    let mut ix = Index::new(IndexConfig {
         gradual_buffer_hook: Some(no_huge_pages),
         max_entries: 0,
         max_keyspaces_per_model: scale.keyspaces + 16,
         max_keyspaces: scale.keyspaces * 2 + 1024,
         max_holders_per_key: scale.holders,
         ..IndexConfig::default()
-    })
+    });
+    // As the server: ALL_CLEARED leaves its removals to slices.
+    ix.set_sliced_clears(true);
+    ix
 }
 
 /// Ingests `n` updates of `per` prefixes from `make(i)`.
@@ -546,7 +549,11 @@ fn run_plain(scale: &Scale, rules: &mut Rules, report: &mut Report) {
                 tenant_id: format!("t{}", n % 4),
                 ..Default::default()
             };
-            timed_unsliced(report, "all_cleared", || ix.apply_event(&e, NOW, rules));
+            // The event, then its removals in slices (as the server runs them before the
+            // sweep's next slice).
+            timed(report, "all_cleared", || ix.apply_event(&e, NOW, rules));
+            while !timed(report, "clear_slice", || ix.clear_step(budget())) {}
+            assert_eq!(ix.take_clear_sync_finishes(), 0);
         }
     });
     cap_build(&mut ix, report);
