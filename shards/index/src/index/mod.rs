@@ -35,8 +35,8 @@ mod removal;
 mod store;
 
 pub use aggregate::{
-    CacheState, EntriesGauge, PartReplica, PartStats, ReplicaRow, SnapshotPart, SnapshotRows,
-    TenantRow, merge_snapshot_parts,
+    CacheState, EntriesGauge, PartReplica, PartStats, ReplicaRow, SnapshotPart,
+    SnapshotPartBuilder, SnapshotRows, TenantRow, merge_snapshot_parts,
 };
 pub use eviction::{CapBuildStep, CapVictim, QuotaVictim, SweepBudget, SweepStep, select_victims};
 pub use lookup::{BlockHashes, LfuHit, LookupQuery, LookupView, Score, Strategy};
