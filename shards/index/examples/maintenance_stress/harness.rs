@@ -7,7 +7,9 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use inferencecache_index::index::{Index, IndexConfig, PersistEntry, RestoreCache, SweepBudget};
+use inferencecache_index::index::{
+    Index, IndexConfig, PersistEntry, RestoreCache, SnapshotPartBuilder, SweepBudget,
+};
 use inferencecache_index::rules::{Eviction, TenantRules};
 use inferencecache_proto::v1alpha1::{
     CacheEvent, CacheStateUpdate, PrefixEntry, cache_event::Type,
@@ -92,9 +94,6 @@ pub struct Report {
     /// Every slice over [`SLOW_SLICE`] of thread CPU, with what the kernel says the thread did
     /// in it (the diagnosis of the rare slow slice).
     pub slow: Vec<SlowSlice>,
-    /// Steps not (yet) sliced, timed for the record (not asserted): `shape/step` → the most
-    /// thread CPU one took, and how many ran.
-    pub unsliced: BTreeMap<String, (Duration, u64)>,
     shape: &'static str,
 }
 
@@ -225,20 +224,6 @@ fn timed<T>(report: &mut Report, task: &'static str, f: impl FnOnce() -> T) -> T
             nivcsw: u1.nivcsw - u0.nivcsw,
         });
     }
-    out
-}
-
-/// Times one step that is not sliced ([`Report::unsliced`]).
-fn timed_unsliced<T>(report: &mut Report, step: &'static str, f: impl FnOnce() -> T) -> T {
-    let c = thread_cpu();
-    let out = f();
-    let cpu = thread_cpu() - c;
-    let e = report
-        .unsliced
-        .entry(format!("{}/{step}", report.shape))
-        .or_default();
-    e.0 = e.0.max(cpu);
-    e.1 += 1;
     out
 }
 
@@ -505,6 +490,16 @@ fn restore(ix: &mut Index, rules: &Rules, records: &[Owned], report: &mut Report
     timed(report, "restore_slice", || ix.restore_finish());
 }
 
+/// The `/snapshot` part of the core in the server's slices (500 µs / 16,384 entries).
+fn snapshot_part(ix: &Index, report: &mut Report) {
+    let mut b = SnapshotPartBuilder::default();
+    let budget = |b: &mut SnapshotPartBuilder| {
+        ix.snapshot_part_step(b, SLICE_ENTRIES, Some(Instant::now() + SNAPSHOT_SLICE))
+    };
+    while !timed(report, "snapshot_part_slice", || budget(&mut b)) {}
+    b.finish();
+}
+
 /// Builds one shape and runs its maintenance tasks.
 type Shape = fn(&Scale, &mut Rules, &mut Report);
 
@@ -534,7 +529,7 @@ fn run_plain(scale: &Scale, rules: &mut Rules, report: &mut Report) {
     plain(&mut ix, rules, scale.entries);
     cap_build(&mut ix, report);
     snapshot(&ix, report);
-    timed_unsliced(report, "snapshot_part", || ix.snapshot_part());
+    snapshot_part(&ix, report);
     let records = records(&ix);
     sweep(&mut ix, rules, report, |ix, rules, n, report| {
         if n % 64 == 0 {
