@@ -30,7 +30,8 @@ pub async fn apply_update(
     let core = owner(&update.tenant_id, &update.model_id);
     // The update travels back with the answer, so the change feed can publish it without a
     // copy; so do the entries its cap or quota evicted on the owner (published after it).
-    let (applied, update, removals, evictions) = mailbox::call(core, move |st| {
+    // After a pending ALL_CLEARED on the owner: the ingest needs the store after it.
+    let (applied, update, removals, evictions) = mailbox::call_after_clear(core, move |st| {
         let applied = st.ingest(&update);
         let quota = st.quota_for(&update.tenant_id);
         let evictions = evict::pending(st, &update.tenant_id, quota);
@@ -59,7 +60,7 @@ pub async fn apply_event(event: pb::CacheEvent) -> Result<(), OwnerUnavailable> 
         return Ok(());
     }
     let core = owner(&event.tenant_id, &event.model_id);
-    let event = mailbox::call(core, move |st| {
+    let event = mailbox::call_after_clear(core, move |st| {
         st.apply_event(&event);
         event
     })

@@ -214,7 +214,18 @@ pub fn run_on_core(st: &mut CoreState, req: &ProbeRequest) -> ProbeResult {
     }
     // Stage C: no T2 prober is wired in this server, so it is always skipped.
     res.t2 = Stage::Skipped;
-    // Cleanup, always: ALL_CLEARED for (probe tenant, model, probe replica).
+    // Cleanup, always: the probe block by PREFIX_EVICTED (one key), then ALL_CLEARED for
+    // (probe tenant, model, probe replica), which then has nothing left to find in the store
+    // (a clear that does leaves a pending clear the next operation on the core finishes).
+    let evicted = pb::CacheEvent {
+        r#type: pb::cache_event::Type::PrefixEvicted as i32,
+        replica_id: rid.clone(),
+        model_id: req.model.clone(),
+        tenant_id: PROBE_TENANT.into(),
+        prefix_hash: block_hashes[0].clone(),
+        ..Default::default()
+    };
+    let _ = st.index.apply_event(&evicted, now, &*policy);
     let clear = pb::CacheEvent {
         r#type: pb::cache_event::Type::AllCleared as i32,
         replica_id: rid,

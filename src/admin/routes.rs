@@ -239,7 +239,7 @@ async fn handle_snapshot(req: Request<Incoming>) -> Resp {
     if req.method() != Method::GET {
         return method_not_allowed("GET");
     }
-    let parts = gather::gather(|st| st.index.snapshot_part()).await;
+    let parts = gather::snapshot_parts().await;
     let rows = inferencecache_index::index::merge_snapshot_parts(&parts);
     json(StatusCode::OK, snapshot::render(&rows))
 }

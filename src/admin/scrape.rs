@@ -25,7 +25,9 @@ pub async fn render() -> String {
     let mut scrape = Scrape::default();
     let deadline = tokio::time::Instant::now() + GATHER_TIMEOUT;
     for core in 0..mailbox::cores() {
-        let got = tokio::time::timeout_at(deadline, mailbox::call(core, core_series)).await;
+        // The entries gauge counts keys a pending ALL_CLEARED is still removing: after it.
+        let series = mailbox::call_after_clear(core, core_series);
+        let got = tokio::time::timeout_at(deadline, series).await;
         let Ok(Ok(series)) = got else { continue };
         scrape.total.merge(&series);
         scrape.cores.push(CoreView {

@@ -89,7 +89,8 @@ impl InferenceCache for CacheService {
             }));
         }
         let core = owner(&req.tenant_id, &req.model_id);
-        let resp = mailbox::call(core, move |st| {
+        // Its prefix count is final once a pending ALL_CLEARED's removals are done.
+        let resp = mailbox::call_after_clear(core, move |st| {
             st.cache_state(&req.tenant_id, &req.model_id)
         })
         .await

@@ -472,7 +472,7 @@ fn core_requests(cores: &[CoreView]) -> Family<'_> {
 type PerCore = (&'static str, &'static str, MetricType, fn(&CoreView) -> i64);
 
 /// The per-core families of one whole number per core.
-const PER_CORE: [PerCore; 11] = [
+const PER_CORE: [PerCore; 13] = [
     (
         "inferencecache_core_hopped_ops",
         "Operations a core executed on behalf of other threads (hop arrivals).",
@@ -538,6 +538,18 @@ const PER_CORE: [PerCore; 11] = [
         "Cap candidate builds a core ran or finished in one go on an ingest that needed victims first (the fallback).",
         MetricType::Counter,
         |c| c.metrics.cap_builds_sync as i64,
+    ),
+    (
+        "inferencecache_core_clear_slices",
+        "Slices of ALL_CLEARED removals a core ran (the core serves queued requests between two).",
+        MetricType::Counter,
+        |c| c.metrics.clear_slices as i64,
+    ),
+    (
+        "inferencecache_core_clears_sync",
+        "ALL_CLEARED removals a core finished in one go because an operation needed its store before their slices had (the fallback).",
+        MetricType::Counter,
+        |c| c.metrics.clears_sync as i64,
     ),
 ];
 

@@ -193,6 +193,11 @@ pub struct CoreMetrics {
     /// request) that needed victims before a build ahead of need was ready: the fallback,
     /// O(entries) on that request's path.
     pub cap_builds_sync: u64,
+    /// `ALL_CLEARED` removals a core finished in one go because an operation needed the store
+    /// before their slices had (the fallback).
+    pub clears_sync: u64,
+    /// Slices of `ALL_CLEARED` removals a core ran (the core serves queued requests between two).
+    pub clear_slices: u64,
     /// Longest slice of the last completed build ahead of need (seconds; the largest over
     /// cores once merged).
     pub cap_build_last_max_slice: f64,
@@ -309,6 +314,8 @@ impl CoreMetrics {
         self.cap_builds += other.cap_builds;
         self.cap_build_slices += other.cap_build_slices;
         self.cap_builds_sync += other.cap_builds_sync;
+        self.clears_sync += other.clears_sync;
+        self.clear_slices += other.clear_slices;
         self.cap_build_last_max_slice = self
             .cap_build_last_max_slice
             .max(other.cap_build_last_max_slice);
@@ -471,6 +478,18 @@ pub fn record_heartbeat_lag(lag: Duration) {
 pub fn record_cap_builds_sync(n: u64) {
     if n > 0 {
         with_store(|m| m.cap_builds_sync += n);
+    }
+}
+
+/// One slice of a pending `ALL_CLEARED`'s removals ran.
+pub fn record_clear_slice() {
+    with_store(|m| m.clear_slices += 1);
+}
+
+/// Pending `ALL_CLEARED` removals finished in one go by an operation that needed the store.
+pub fn record_clears_sync(n: u64) {
+    if n > 0 {
+        with_store(|m| m.clears_sync += n);
     }
 }
 

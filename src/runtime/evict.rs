@@ -73,7 +73,7 @@ where
 {
     let calls = (0..cores).map(|c| {
         let f = round(c);
-        async move { mailbox::call(c, f).await.unwrap_or_default() }
+        async move { mailbox::call_after_clear(c, f).await.unwrap_or_default() }
     });
     futures_util::future::join_all(calls).await
 }
@@ -99,6 +99,9 @@ impl Pending {
         let tenant = self.tenant.as_str();
         if let Some(budget) = self.quota {
             let fp = Directory::fingerprint(tenant);
+            // The directory counts keys a pending ALL_CLEARED is still removing: read it once
+            // every core's is done.
+            on_every_core(cores, |_| Box::new(|_| ())).await;
             loop {
                 let global = dir.tenant_keys_exact(fp);
                 if global <= budget {

@@ -13,7 +13,7 @@ use futures_util::task::AtomicWaker;
 
 use crate::limits::{
     CORE_HEARTBEAT_INTERVAL, MAILBOX_BACKOFF_MAX, MAILBOX_BACKOFF_MIN, MAILBOX_CAPACITY,
-    MAILBOX_DRAIN_BATCH,
+    MAILBOX_DRAIN_BATCH, SWEEP_SLICE_PAUSE,
 };
 use crate::shard::{self, CoreState};
 
@@ -190,6 +190,35 @@ where
         Err(HopError::Gone)
     };
     futures_lite::future::or(reply, stalled).await
+}
+
+/// [`call`] once no `ALL_CLEARED` is pending on `owner` (the index `clear` module): for
+/// operations that need its store after the clear (ingest, events, evictions, GetCacheState).
+/// While one is pending, each attempt runs one slice of it there instead (as the sweep does)
+/// and the caller pauses [`SWEEP_SLICE_PAUSE`] before the next, so the core serves whatever
+/// else arrived in between and nothing waits behind more than one slice.
+pub async fn call_after_clear<R, F>(owner: usize, f: F) -> Result<R, HopError>
+where
+    R: Send + 'static,
+    F: FnOnce(&mut CoreState) -> R + Send + 'static,
+{
+    let mut f = f;
+    loop {
+        let attempt = call(owner, move |st| {
+            if st.clear_slice_if_pending() {
+                Err(f)
+            } else {
+                Ok(f(st))
+            }
+        });
+        match attempt.await? {
+            Ok(r) => return Ok(r),
+            Err(back) => {
+                f = back;
+                backoff_sleep(SWEEP_SLICE_PAUSE).await;
+            }
+        }
+    }
 }
 
 /// Sleeps on the calling thread's timer: the core's, or the admin runtime's.

@@ -132,7 +132,9 @@ impl CoreState {
             core_id: core,
             ..config
         };
-        let index = Index::new(config);
+        let mut index = Index::new(config);
+        // ALL_CLEARED leaves its removals to slices the runtime drives (`clear_slice_if_pending`).
+        index.set_sliced_clears(true);
         Self {
             core,
             ingested: 0,
@@ -167,6 +169,7 @@ impl CoreState {
         self.ingested += 1;
         let out = self.index.ingest(update, unix_now_ns(), &*self.policy);
         metrics::record_cap_builds_sync(self.index.take_cap_sync_builds());
+        metrics::record_clears_sync(self.index.take_clear_sync_finishes());
         self.nudge_cap_prebuild();
         if out.rejected_string_table_full {
             if !self.warned_string_table_full {
@@ -224,6 +227,7 @@ impl CoreState {
     pub fn cap_candidates(&mut self, k: usize) -> Vec<CapVictim> {
         let c = self.index.cap_candidates(k, &*self.policy);
         metrics::record_cap_builds_sync(self.index.take_cap_sync_builds());
+        metrics::record_clears_sync(self.index.take_clear_sync_finishes());
         self.nudge_cap_prebuild();
         c
     }
@@ -253,6 +257,7 @@ impl CoreState {
     /// Applies one PublishEvent.
     pub fn apply_event(&mut self, event: &pb::CacheEvent) {
         let out = self.index.apply_event(event, unix_now_ns(), &*self.policy);
+        metrics::record_clears_sync(self.index.take_clear_sync_finishes());
         if out.timestamp_clamped {
             metrics::record_timestamp_clamped();
         }
@@ -265,15 +270,31 @@ impl CoreState {
         self.index.sweep_begin(unix_now_ns());
     }
 
+    /// One slice of a pending `ALL_CLEARED`'s removals (index `clear` module), within
+    /// [`SWEEP_SLICE_BUDGET`] and [`SWEEP_SLICE_MAX_ENTRIES`] (the sweep's test hook bounds it
+    /// too). Returns whether one was pending: an operation that needs the store after the clear
+    /// waits for it instead of running (`mailbox::call_after_clear`), and the sweep and cap
+    /// build loops run these slices before their own.
+    pub fn clear_slice_if_pending(&mut self) -> bool {
+        if !self.index.clear_pending() {
+            return false;
+        }
+        self.index.clear_step(sweep_budget());
+        metrics::record_clear_slice();
+        self.publish_gauge();
+        self.nudge_cap_prebuild();
+        true
+    }
+
     /// Runs one slice of the sweep pass in progress, within [`SWEEP_SLICE_BUDGET`] and
     /// [`SWEEP_SLICE_MAX_ENTRIES`]; re-publishes the entries gauge, and once the pass finished
-    /// records its TTL evictions. Returns whether the pass finished.
+    /// records its TTL evictions. Returns whether the pass finished. A pending `ALL_CLEARED`
+    /// takes the slice instead (the pass goes on after it).
     pub fn sweep_slice(&mut self) -> bool {
-        let budget = SweepBudget {
-            max_entries: crate::sys::test_hooks::sweep_slice_entries()
-                .unwrap_or(SWEEP_SLICE_MAX_ENTRIES),
-            deadline: Some(Instant::now() + SWEEP_SLICE_BUDGET),
-        };
+        if self.clear_slice_if_pending() {
+            return false;
+        }
+        let budget = sweep_budget();
         let step = self.index.sweep_step(&*self.policy, budget);
         self.publish_gauge();
         self.nudge_cap_prebuild();
@@ -296,6 +317,13 @@ impl CoreState {
     /// and [`CAP_BUILD_SLICE_MAX_ENTRIES`] (the sweep's test hook bounds it too): whether it
     /// started, finished (and installed) a build, or left one in progress.
     pub fn cap_build_slice(&mut self) -> CapBuildStep {
+        if self.clear_slice_if_pending() {
+            // The build reads the store: after the clear.
+            return CapBuildStep {
+                in_progress: true,
+                ..CapBuildStep::default()
+            };
+        }
         let budget = SweepBudget {
             max_entries: crate::sys::test_hooks::sweep_slice_entries()
                 .unwrap_or(CAP_BUILD_SLICE_MAX_ENTRIES),
@@ -351,7 +379,9 @@ impl CoreState {
         }
     }
 
-    /// GetCacheState for `(tenant, model)`.
+    /// GetCacheState for `(tenant, model)`. Its prefix count includes keys a pending
+    /// `ALL_CLEARED` is still removing: the gRPC handler waits for the clear
+    /// (`mailbox::call_after_clear`); the stats rows (all the PD route reads) are final at once.
     pub fn cache_state(&mut self, tenant: &str, model: &str) -> pb::GetCacheStateResponse {
         let st = self.index.cache_state(tenant, model);
         pb::GetCacheStateResponse {
@@ -374,6 +404,16 @@ impl CoreState {
         self.index.drain_gauge_updates(|model, count| {
             metrics::publish_index_entries(model, count as i64)
         });
+    }
+}
+
+/// A sweep slice's budget: [`SWEEP_SLICE_BUDGET`] from now, [`SWEEP_SLICE_MAX_ENTRIES`] (or the
+/// test hook's bound).
+fn sweep_budget() -> SweepBudget {
+    SweepBudget {
+        max_entries: crate::sys::test_hooks::sweep_slice_entries()
+            .unwrap_or(SWEEP_SLICE_MAX_ENTRIES),
+        deadline: Some(Instant::now() + SWEEP_SLICE_BUDGET),
     }
 }
 

@@ -577,6 +577,34 @@ impl Target {
         }
     }
 
+    /// Each core's completed sweep passes (`inferencecache_core_sweeps_total`), in core order.
+    async fn sweeps(&self) -> Vec<u64> {
+        let port = self.srv.http_port;
+        let (_, body) = blocking(move || http_get(port, "/metrics").expect("GET /metrics")).await;
+        body.lines()
+            .filter(|l| l.starts_with("inferencecache_core_sweeps_total{"))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .map(|v| v as u64)
+            .collect()
+    }
+
+    /// Waits until every core completed a sweep pass after `before` (its counts then): the TTL
+    /// evictions of a pass are counted when it ends, so the pass that removed the stale entries
+    /// is counted by then (it may end after `/snapshot` stopped showing them). Returns the
+    /// `/metrics` requests it sent.
+    async fn sweeps_after(&self, before: &[u64], deadline: Instant) -> usize {
+        let mut polls = 0;
+        loop {
+            let now = self.sweeps().await;
+            polls += 1;
+            if now.len() == before.len() && now.iter().zip(before).all(|(n, b)| n > b) {
+                return polls;
+            }
+            assert!(Instant::now() < deadline, "no sweep pass completed in 20 s");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
     /// Whether this server's sweep has removed every `stale-*` entry and stats row.
     async fn stale_gone(&self) -> bool {
         let port = self.srv.admin_port;
@@ -717,6 +745,17 @@ async fn self_differential_shards_1_2_4() {
                 );
                 sent += 1; // the /snapshot polls are requests too
                 if x && y && z {
+                    let before = [
+                        targets[0].sweeps().await,
+                        targets[1].sweeps().await,
+                        targets[2].sweeps().await,
+                    ];
+                    // The /metrics polls are requests too (counted per server, as above).
+                    let mut polls = 0;
+                    for (t, b) in targets.iter().zip(&before) {
+                        polls = polls.max(t.sweeps_after(b, deadline).await);
+                    }
+                    sent += 1 + polls;
                     break;
                 }
                 assert!(
@@ -761,6 +800,20 @@ async fn self_differential_shards_1_2_4() {
         assert!(
             built > 0,
             "shards {}: no cap build ahead of need",
+            shard_counts[i]
+        );
+        let (clear_slices, clears_sync) = (
+            sum("inferencecache_core_clear_slices_total{"),
+            sum("inferencecache_core_clears_sync_total{"),
+        );
+        eprintln!(
+            "self-differential: shards {}: ALL_CLEARED removals in {clear_slices} slices, finished in one go {clears_sync}",
+            shard_counts[i]
+        );
+        // The answers above were compared while clears were pending between requests.
+        assert!(
+            clear_slices > 0,
+            "shards {}: no ALL_CLEARED left its removals to slices",
             shard_counts[i]
         );
     }

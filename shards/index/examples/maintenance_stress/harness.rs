@@ -7,7 +7,9 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use inferencecache_index::index::{Index, IndexConfig, PersistEntry, RestoreCache, SweepBudget};
+use inferencecache_index::index::{
+    Index, IndexConfig, PersistEntry, RestoreCache, SnapshotPartBuilder, SweepBudget,
+};
 use inferencecache_index::rules::{Eviction, TenantRules};
 use inferencecache_proto::v1alpha1::{
     CacheEvent, CacheStateUpdate, PrefixEntry, cache_event::Type,
@@ -92,9 +94,6 @@ pub struct Report {
     /// Every slice over [`SLOW_SLICE`] of thread CPU, with what the kernel says the thread did
     /// in it (the diagnosis of the rare slow slice).
     pub slow: Vec<SlowSlice>,
-    /// Steps not (yet) sliced, timed for the record (not asserted): `shape/step` → the most
-    /// thread CPU one took, and how many ran.
-    pub unsliced: BTreeMap<String, (Duration, u64)>,
     shape: &'static str,
 }
 
@@ -228,20 +227,6 @@ fn timed<T>(report: &mut Report, task: &'static str, f: impl FnOnce() -> T) -> T
     out
 }
 
-/// Times one step that is not sliced ([`Report::unsliced`]).
-fn timed_unsliced<T>(report: &mut Report, step: &'static str, f: impl FnOnce() -> T) -> T {
-    let c = thread_cpu();
-    let out = f();
-    let cpu = thread_cpu() - c;
-    let e = report
-        .unsliced
-        .entry(format!("{}/{step}", report.shape))
-        .or_default();
-    e.0 = e.0.max(cpu);
-    e.1 += 1;
-    out
-}
-
 fn budget() -> SweepBudget {
     SweepBudget {
         max_entries: SLICE_ENTRIES,
@@ -296,14 +281,17 @@ fn no_huge_pages(addr: usize, len: usize) {
 }
 
 fn index(scale: &Scale) -> Index {
-    Index::new(IndexConfig {
+    let mut ix = Index::new(IndexConfig {
         gradual_buffer_hook: Some(no_huge_pages),
         max_entries: 0,
         max_keyspaces_per_model: scale.keyspaces + 16,
         max_keyspaces: scale.keyspaces * 2 + 1024,
         max_holders_per_key: scale.holders,
         ..IndexConfig::default()
-    })
+    });
+    // As the server: ALL_CLEARED leaves its removals to slices.
+    ix.set_sliced_clears(true);
+    ix
 }
 
 /// Ingests `n` updates of `per` prefixes from `make(i)`.
@@ -502,6 +490,16 @@ fn restore(ix: &mut Index, rules: &Rules, records: &[Owned], report: &mut Report
     timed(report, "restore_slice", || ix.restore_finish());
 }
 
+/// The `/snapshot` part of the core in the server's slices (500 µs / 16,384 entries).
+fn snapshot_part(ix: &Index, report: &mut Report) {
+    let mut b = SnapshotPartBuilder::default();
+    let budget = |b: &mut SnapshotPartBuilder| {
+        ix.snapshot_part_step(b, SLICE_ENTRIES, Some(Instant::now() + SNAPSHOT_SLICE))
+    };
+    while !timed(report, "snapshot_part_slice", || budget(&mut b)) {}
+    b.finish();
+}
+
 /// Builds one shape and runs its maintenance tasks.
 type Shape = fn(&Scale, &mut Rules, &mut Report);
 
@@ -531,7 +529,7 @@ fn run_plain(scale: &Scale, rules: &mut Rules, report: &mut Report) {
     plain(&mut ix, rules, scale.entries);
     cap_build(&mut ix, report);
     snapshot(&ix, report);
-    timed_unsliced(report, "snapshot_part", || ix.snapshot_part());
+    snapshot_part(&ix, report);
     let records = records(&ix);
     sweep(&mut ix, rules, report, |ix, rules, n, report| {
         if n % 64 == 0 {
@@ -546,7 +544,11 @@ fn run_plain(scale: &Scale, rules: &mut Rules, report: &mut Report) {
                 tenant_id: format!("t{}", n % 4),
                 ..Default::default()
             };
-            timed_unsliced(report, "all_cleared", || ix.apply_event(&e, NOW, rules));
+            // The event, then its removals in slices (as the server runs them before the
+            // sweep's next slice).
+            timed(report, "all_cleared", || ix.apply_event(&e, NOW, rules));
+            while !timed(report, "clear_slice", || ix.clear_step(budget())) {}
+            assert_eq!(ix.take_clear_sync_finishes(), 0);
         }
     });
     cap_build(&mut ix, report);

@@ -87,13 +87,6 @@ fn main() {
             s.nivcsw
         );
     }
-    println!();
-    println!("steps not sliced (timed for the record, not asserted):");
-    println!("| shape/step | runs | longest, thread CPU |");
-    println!("|---|---:|---:|");
-    for (step, (cpu, n)) in &report.unsliced {
-        println!("| {step} | {n} | {:.3} ms |", cpu.as_secs_f64() * 1e3);
-    }
     let (task, worst) = report.worst().expect("slices ran");
     assert!(
         worst <= Duration::from_millis(1),

@@ -50,6 +50,58 @@ pub struct PartReplica {
     pub last_event_at: Option<i64>,
 }
 
+/// Where a sliced `/snapshot` part stands.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum PartCursor {
+    /// The next key's slab position.
+    Keys(u32),
+    /// The next model scope record.
+    Stats(u32),
+    Done,
+}
+
+impl Default for PartCursor {
+    fn default() -> Self {
+        PartCursor::Keys(0)
+    }
+}
+
+/// A `/snapshot` part being built in slices ([`Index::snapshot_part_step`]), keyed by names so
+/// it outlives the ids of one slice. Bounded like the part itself: one row per `(tenant,
+/// replica)` and per tenant of the core.
+#[derive(Debug, Default)]
+pub struct SnapshotPartBuilder {
+    reps: HashMap<(String, String), PartReplica>,
+    tenants: HashMap<String, u64>,
+    cursor: PartCursor,
+}
+
+impl SnapshotPartBuilder {
+    /// The part built (complete once the last step said so).
+    pub fn finish(self) -> SnapshotPart {
+        let replicas = self
+            .reps
+            .into_iter()
+            .map(|((tenant, replica), p)| PartReplica {
+                tenant,
+                replica,
+                ..p
+            })
+            .collect();
+        SnapshotPart {
+            replicas,
+            tenant_entries: self.tenants.into_iter().collect(),
+        }
+    }
+}
+
+/// One slice's counts by string ids (valid within the slice).
+#[derive(Default)]
+struct SliceRows {
+    reps: HashMap<(u32, u32), PartReplica>,
+    tenants: HashMap<u32, u64>,
+}
+
 /// One core's contribution to `/snapshot`; merge with [`merge_snapshot_parts`].
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct SnapshotPart {
@@ -229,66 +281,143 @@ impl Index {
         }
     }
 
-    /// This core's `/snapshot` part (one walk over the core's keys and stats rows).
+    /// This core's `/snapshot` part in one call (tests, tools): [`Index::snapshot_part_step`]
+    /// to the end. The server builds it in slices.
     pub fn snapshot_part(&self) -> SnapshotPart {
-        let mut reps: HashMap<(u32, u32), PartReplica> = HashMap::new();
-        let mut tenants: HashMap<u32, u64> = HashMap::new();
-        let reserved = |t: u32| self.cat.tenants.get(&t).is_some_and(|r| r.reserved);
-        for pos in 0..self.store.slots() {
-            let Some(key) = self.store.live_key_at(pos) else {
+        let mut b = SnapshotPartBuilder::default();
+        while !self.snapshot_part_step(&mut b, usize::MAX, None) {}
+        b.finish()
+    }
+
+    /// One slice of this core's `/snapshot` part into `b`: keys from where it stopped, then the
+    /// model scopes' stats rows, until `max_entries` entries (a key's holders are never split; a
+    /// key or a model scope without rows counts as one) or `deadline` (read every few keys).
+    /// Returns whether the part is complete. What `b` holds is keyed by names, so the reclaim
+    /// pass may run between two slices; key records never move, so a part built across
+    /// mutations counts every key present throughout once (docs/ARCHITECTURE.md §6).
+    pub fn snapshot_part_step(
+        &self,
+        b: &mut SnapshotPartBuilder,
+        max_entries: usize,
+        deadline: Option<std::time::Instant>,
+    ) -> bool {
+        /// Keys or model scopes between two clock reads.
+        const CLOCK_EVERY: usize = 64;
+        let mut slice = SliceRows::default();
+        let mut n = 0usize;
+        let mut since_clock = 0usize;
+        let spent = |n: usize, since: &mut usize| {
+            if n >= max_entries {
+                return true;
+            }
+            *since += 1;
+            if *since < CLOCK_EVERY {
+                return false;
+            }
+            *since = 0;
+            deadline.is_some_and(|d| std::time::Instant::now() >= d)
+        };
+        while let PartCursor::Keys(pos) = b.cursor {
+            if pos >= self.store.slots() {
+                b.cursor = PartCursor::Stats(0);
+                break;
+            }
+            if n > 0 && spent(n, &mut since_clock) {
+                break;
+            }
+            n += self.part_key(pos, &mut slice).max(1);
+            b.cursor = PartCursor::Keys(pos + 1);
+        }
+        self.merge_slice(b, slice);
+        while let PartCursor::Stats(pos) = b.cursor {
+            if pos as usize >= self.cat.models.len() {
+                b.cursor = PartCursor::Done;
+                break;
+            }
+            if n > 0 && spent(n, &mut since_clock) {
+                break;
+            }
+            n += self.part_stats(pos, b).max(1);
+            b.cursor = PartCursor::Stats(pos + 1);
+        }
+        b.cursor == PartCursor::Done
+    }
+
+    /// Counts the key at slab position `pos` into `slice`; returns its entries counted (0 for a
+    /// free slot).
+    fn part_key(&self, pos: u32, slice: &mut SliceRows) -> usize {
+        let Some(key) = self.store.live_key_at(pos) else {
+            return 0;
+        };
+        let tenant = self.cat.tenant_of(key);
+        if self.cat.tenants.get(&tenant).is_some_and(|r| r.reserved) {
+            return 0;
+        }
+        let cleared = self.cleared_replica(self.cat.scope_of(key).mscope);
+        let mut held = 0;
+        for (_, h) in self.store.holders(pos) {
+            if h.replica() == cleared {
                 continue;
+            }
+            held += 1;
+            let e = slice.reps.entry((tenant, h.replica())).or_default();
+            e.prefix_count += 1;
+            e.last_event_at = Some(
+                e.last_event_at
+                    .map_or(h.last_seen(), |x| x.max(h.last_seen())),
+            );
+        }
+        if held > 0 {
+            *slice.tenants.entry(tenant).or_insert(0) += 1;
+        }
+        held
+    }
+
+    /// Adds one slice's counts (by ids, valid within the slice) to `b` (by names).
+    fn merge_slice(&self, b: &mut SnapshotPartBuilder, slice: SliceRows) {
+        let s = &self.cat.strings;
+        for ((t, r), p) in slice.reps {
+            let e = b
+                .reps
+                .entry((s.name(t).to_string(), s.name(r).to_string()))
+                .or_default();
+            e.prefix_count += p.prefix_count;
+            e.last_event_at = match (e.last_event_at, p.last_event_at) {
+                (Some(a), Some(c)) => Some(a.max(c)),
+                (a, c) => a.or(c),
             };
-            let tenant = self.cat.tenant_of(key);
-            if reserved(tenant) {
-                continue;
-            }
-            *tenants.entry(tenant).or_insert(0) += 1;
-            for (_, h) in self.store.holders(pos) {
-                let e = reps.entry((tenant, h.replica())).or_default();
-                e.prefix_count += 1;
-                e.last_event_at = Some(
-                    e.last_event_at
-                        .map_or(h.last_seen(), |x| x.max(h.last_seen())),
-                );
+        }
+        for (t, n) in slice.tenants {
+            *b.tenants.entry(s.name(t).to_string()).or_insert(0) += n;
+        }
+    }
+
+    /// Adds the stats rows of model scope record `pos` to `b`; returns how many.
+    fn part_stats(&self, pos: u32, b: &mut SnapshotPartBuilder) -> usize {
+        let m = &self.cat.models[pos as usize];
+        let reserved = self.cat.tenants.get(&m.tenant).is_some_and(|r| r.reserved);
+        if m.stats.is_empty() || reserved {
+            return 0; // freed records have no stats
+        }
+        let names = &self.cat.strings;
+        for (r, row) in &m.stats {
+            let s = PartStats {
+                model: names.name(m.model).to_string(),
+                cache_memory_bytes: row.cache_memory_bytes,
+                hit_rate: row.hit_rate,
+                pressure: row.pressure,
+                t2_hit_tokens: row.t2_hit_tokens,
+                t2_query_tokens: row.t2_query_tokens,
+                last_seen: row.last_seen,
+            };
+            let key = (names.name(m.tenant).to_string(), names.name(*r).to_string());
+            let e = b.reps.entry(key).or_default();
+            match &e.stats {
+                Some(cur) if !newer(&s, cur) => {}
+                _ => e.stats = Some(s),
             }
         }
-        for m in &self.cat.models {
-            if m.stats.is_empty() || reserved(m.tenant) {
-                continue; // freed records have no stats
-            }
-            for (r, row) in &m.stats {
-                let s = PartStats {
-                    model: self.cat.strings.name(m.model).to_string(),
-                    cache_memory_bytes: row.cache_memory_bytes,
-                    hit_rate: row.hit_rate,
-                    pressure: row.pressure,
-                    t2_hit_tokens: row.t2_hit_tokens,
-                    t2_query_tokens: row.t2_query_tokens,
-                    last_seen: row.last_seen,
-                };
-                let e = reps.entry((m.tenant, *r)).or_default();
-                match &e.stats {
-                    Some(cur) if !newer(&s, cur) => {}
-                    _ => e.stats = Some(s),
-                }
-            }
-        }
-        let replicas = reps
-            .into_iter()
-            .map(|((t, r), mut p)| {
-                p.tenant = self.cat.strings.name(t).to_string();
-                p.replica = self.cat.strings.name(r).to_string();
-                p
-            })
-            .collect();
-        let tenant_entries = tenants
-            .into_iter()
-            .map(|(t, n)| (self.cat.strings.name(t).to_string(), n))
-            .collect();
-        SnapshotPart {
-            replicas,
-            tenant_entries,
-        }
+        m.stats.len()
     }
 
     /// Convenience for one core: this core's part merged on its own.
@@ -336,5 +465,63 @@ impl Index {
             .get(model)
             .and_then(|m| self.gauge.counts.get(&m))
             .map_or(0, |e| e.0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::index::{Index, merge_snapshot_parts};
+    use crate::rules::NoRules;
+    use inferencecache_proto::v1alpha1::{CacheStateUpdate, PrefixEntry, ReplicaStats};
+
+    const NOW: i64 = 1_700_000_000_000_000_000;
+
+    fn update(
+        tenant: &str,
+        model: &str,
+        replica: &str,
+        keys: std::ops::Range<u64>,
+    ) -> CacheStateUpdate {
+        CacheStateUpdate {
+            tenant_id: tenant.into(),
+            model_id: model.into(),
+            replica_id: replica.into(),
+            hash_scheme: "s".into(),
+            prefixes: keys
+                .map(|k| PrefixEntry {
+                    prefix_hash: k.to_be_bytes().to_vec(),
+                    token_count: 16,
+                    ..Default::default()
+                })
+                .collect(),
+            stats: Some(ReplicaStats {
+                hit_rate: 0.5,
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+
+    /// A part built in slices of 10 entries is the part built in one call.
+    #[test]
+    fn a_snapshot_part_built_in_slices_is_the_part_built_at_once() {
+        let mut ix = Index::default();
+        for i in 0..40 {
+            let (t, m, r) = (
+                format!("t{}", i % 3),
+                format!("m{}", i % 5),
+                format!("r{i}"),
+            );
+            ix.ingest(&update(&t, &m, &r, i * 7..i * 7 + 20), NOW, &NoRules);
+        }
+        let whole = merge_snapshot_parts(&[ix.snapshot_part()]);
+        let mut b = super::SnapshotPartBuilder::default();
+        let mut slices = 1;
+        while !ix.snapshot_part_step(&mut b, 10, None) {
+            slices += 1;
+        }
+        // 40 × 20 entries (some keys shared) and 40 stats rows, 10 per slice.
+        assert!(slices >= 60, "{slices} slices");
+        assert_eq!(merge_snapshot_parts(&[b.finish()]), whole);
     }
 }

@@ -881,6 +881,7 @@ impl Index {
     /// victims are those of the one-step build, only the work moves out of the ingest that
     /// needs them.
     pub fn cap_prebuild_step(&mut self, budget: SweepBudget) -> CapBuildStep {
+        self.finish_clear();
         let mut step = CapBuildStep::default();
         if !self.quota_retired.is_empty() {
             // A slice of its own (of the same budget).
@@ -1394,6 +1395,7 @@ impl Index {
     /// once and judges it at the pass's `now`. A key added (or refreshed) after its position was visited is left for
     /// the next pass, as if the sweep had run before that change.
     pub fn sweep_step(&mut self, rules: &dyn TenantRules, budget: SweepBudget) -> SweepStep {
+        self.finish_clear();
         let Some(mut pass) = self.sweep_pass.take() else {
             return SweepStep::default();
         };
@@ -1714,6 +1716,7 @@ impl Index {
     /// with the eviction algorithms resolved from `rules`. Changes nothing observable (the
     /// candidates stay in the core's candidate heap).
     pub fn cap_candidates(&mut self, k: usize, rules: &dyn TenantRules) -> Vec<CapVictim> {
+        self.finish_clear();
         if k == 0 || self.non_reserved_entry_count() == 0 {
             return Vec::new();
         }
@@ -1763,6 +1766,7 @@ impl Index {
     /// Removes the given cap victims held by this core, in order (entries that are gone are
     /// skipped). Returns the removals per algorithm.
     pub fn evict_cap_victims(&mut self, victims: &[CapVictim], now: i64) -> EvictionCounts {
+        self.finish_clear();
         let mut out = EvictionCounts::default();
         for v in victims {
             let Some(key) = self.key_by_names(&v.tenant, &v.model, &v.scheme, &v.adapter, &v.hash)
@@ -1791,6 +1795,7 @@ impl Index {
 
     /// This core's `k` oldest prefix keys of `tenant` in the quota order (§7.1).
     pub fn quota_candidates(&mut self, tenant: &str, k: usize) -> Vec<QuotaVictim> {
+        self.finish_clear();
         let Some(t) = self.cat.strings.get(tenant) else {
             return Vec::new();
         };
@@ -1828,6 +1833,7 @@ impl Index {
     /// Removes the given prefix keys of `tenant` held by this core (every holder), in order.
     /// Returns the number of keys removed.
     pub fn evict_quota_victims(&mut self, tenant: &str, victims: &[QuotaVictim], now: i64) -> u64 {
+        self.finish_clear();
         let mut n = 0;
         for v in victims {
             if let Some(key) = self.key_by_names(tenant, &v.model, &v.scheme, &v.adapter, &v.hash) {

@@ -318,6 +318,9 @@ struct Step {
     ttl: i64,
     /// Record an LFU hit per extended run.
     lfu: bool,
+    /// A replica whose holders here are cleared (`ALL_CLEARED` still being removed, see the
+    /// `clear` module), or `NIL`: it starts no run, so no later block extends one.
+    cleared: u32,
     /// The last block whose holders were visited: the runs still going have `last_block ==
     /// anchor` (blocks consumed as part of a stored run since then extended them all alike).
     anchor: u32,
@@ -355,7 +358,7 @@ impl Scratch {
     /// Opens holder `h`'s run at block 0 if its entry is live.
     #[inline(always)]
     fn start_run(&mut self, h: &Holder, step: &Step) {
-        if !step.live(h) {
+        if !step.live(h) || h.replica() == step.cleared {
             return;
         }
         let r = h.replica();
@@ -743,11 +746,12 @@ impl Index {
         let (total, mscope) = (srec.serving.len(), srec.mscope);
         let coeff = self.cfg.ranker.slo_coeff(q.ttft_ms);
         let lfu = rules.eviction(q.tenant) == Eviction::Lfu;
+        let cleared = self.cleared_replica(mscope);
         let mut scores = std::mem::take(&mut self.last.scores);
         let mut hits = std::mem::take(&mut self.last.hits);
         for (_, h) in self.store.holders(pos) {
             let f = freshness(now, h.last_seen(), ttl);
-            if f <= 0.0 {
+            if f <= 0.0 || h.replica() == cleared {
                 continue;
             }
             let pressure = self.prefix_pressure(mscope, h.replica(), now, ttl);
@@ -849,6 +853,7 @@ impl Index {
         ttl: i64,
         lfu: bool,
     ) {
+        let cleared = self.cleared_in_keyspace(ks);
         let sc = &mut self.scratch;
         sc.next_epoch(self.cat.strings.slots());
         sc.runs.clear();
@@ -918,6 +923,7 @@ impl Index {
                     now,
                     ttl,
                     lfu,
+                    cleared,
                     anchor: walk.anchor,
                 };
                 walk.alive = if i == 0 {

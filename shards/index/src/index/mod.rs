@@ -18,11 +18,13 @@
 //! * `removal` — the optional sink told of every entry the index removes on its own;
 //! * `aggregate` — GetCacheState, `/snapshot` parts and their merge, the entries gauge;
 //! * `persist` — warm restart: sliced export and record-by-record restore;
-//! * `reclaim` — the sliced pass that frees records and names nothing refers to any more.
+//! * `reclaim` — the sliced pass that frees records and names nothing refers to any more;
+//! * `clear` — `ALL_CLEARED` in slices.
 
 mod aggregate;
 #[cfg(test)]
 mod chain_batch_tests;
+mod clear;
 mod eviction;
 mod intern;
 mod lookup;
@@ -34,8 +36,8 @@ mod removal;
 mod store;
 
 pub use aggregate::{
-    CacheState, EntriesGauge, PartReplica, PartStats, ReplicaRow, SnapshotPart, SnapshotRows,
-    TenantRow, merge_snapshot_parts,
+    CacheState, EntriesGauge, PartReplica, PartStats, ReplicaRow, SnapshotPart,
+    SnapshotPartBuilder, SnapshotRows, TenantRow, merge_snapshot_parts,
 };
 pub use eviction::{CapBuildStep, CapVictim, QuotaVictim, SweepBudget, SweepStep, select_victims};
 pub use lookup::{BlockHashes, LfuHit, LookupQuery, LookupView, Score, Strategy};
@@ -632,6 +634,13 @@ pub struct Index {
     /// Most stale snapshots one cap pop dropped on a path that needed a victim, not yet taken
     /// by [`Index::take_cap_max_stale_pops`].
     cap_max_stale_pops: u64,
+    /// `ALL_CLEARED` leaves its removals to [`Index::clear_step`] (see the `clear` module).
+    sliced_clears: bool,
+    /// The `ALL_CLEARED` whose holders are still being removed, if any.
+    clear: Option<clear::PendingClear>,
+    /// Pending clears finished in one go by an entry point, not yet taken by
+    /// [`Index::take_clear_sync_finishes`].
+    clear_sync_finishes: u64,
 }
 
 impl Default for Index {
@@ -679,6 +688,9 @@ impl Index {
             new_tenant_algo: Eviction::Lru,
             cap_sync_builds: 0,
             cap_max_stale_pops: 0,
+            sliced_clears: false,
+            clear: None,
+            clear_sync_finishes: 0,
         }
     }
 
@@ -759,7 +771,7 @@ impl Index {
 
     /// Number of storage entries on this core (reserved included).
     pub fn entry_count(&self) -> u64 {
-        self.store.entry_count() as u64
+        self.store.entry_count() as u64 - self.cleared_holders_left()
     }
 
     /// Number of distinct prefix keys on this core (reserved included).
@@ -769,7 +781,7 @@ impl Index {
 
     /// Non-reserved storage entries on this core (what this core contributes to the cap).
     pub fn non_reserved_entry_count(&self) -> u64 {
-        self.store.entry_count() as u64 - self.reserved_entries
+        self.entry_count() - self.reserved_entries
     }
 
     /// Resolved TTL of a tenant: its policy TTL if positive, else the index default (§6).
@@ -1138,57 +1150,74 @@ impl Index {
         }
     }
 
-    /// The entry `(key, replica)` was removed, and with it the key when `key_gone`: one
-    /// resolution of the key's scope and tenant for both.
+    /// The entry `(key, replica)` was removed, and with it the key when `key_gone`.
     fn on_entry_removed(&mut self, key: KeyId, replica: u32, key_gone: bool) {
-        let ks = &mut self.cat.keyspaces[key.keyspace() as usize];
-        let scope_id = ks.scope;
+        let scope_id = self.cat.keyspaces[key.keyspace() as usize].scope;
+        let tenant = self.cat.scopes[scope_id as usize].tenant;
+        self.count_entries_removed(tenant, 1);
         if key_gone {
-            ks.keys -= 1;
-            if ks.keys == 0 {
-                self.reclaimable += 1;
-            }
+            self.on_key_gone(key);
         }
-        let scope = &self.cat.scopes[scope_id as usize];
-        let (tenant, model, mscope) = (scope.tenant, scope.model, scope.mscope);
-        let t = self.cat.tenants.get_mut(&tenant).expect("tenant record");
-        debug_assert!(t.entries > 0);
-        t.entries -= 1;
-        self.pending.total -= 1;
-        if t.reserved {
-            self.reserved_entries -= 1;
-        } else {
-            self.pending.non_reserved -= 1;
-        }
-        if key_gone {
-            debug_assert!(t.prefixes > 0);
-            t.prefixes -= 1;
-            let (reserved, fp) = (t.reserved, t.fp);
-            let m = &mut self.cat.models[mscope as usize];
-            debug_assert!(m.prefixes > 0);
-            m.prefixes -= 1;
-            self.pending_tenant(tenant, fp, -1);
-            if !reserved {
-                self.gauge.add(model, -1);
-            }
-            if key.is_blob() {
-                self.cat.blobs.release(key.h as u32);
-            }
-        }
-        let strings = &self.cat.strings;
         let scope = &mut self.cat.scopes[scope_id as usize];
         let c = scope.serving.get_mut(&replica).expect("serving count");
         *c -= 1;
         if *c == 0 {
-            self.reclaimable += 1;
-            scope.serving.remove(&replica);
-            let name = strings.name(replica);
-            let at = scope
-                .sorted
-                .binary_search_by(|r| strings.name(*r).cmp(name))
-                .expect("serving replica in sorted list");
-            scope.sorted.remove(at);
+            self.stop_serving(scope_id, replica);
         }
+    }
+
+    /// `n` storage entries of `tenant` are gone: its entry counts and this core's.
+    fn count_entries_removed(&mut self, tenant: u32, n: u64) {
+        let t = self.cat.tenants.get_mut(&tenant).expect("tenant record");
+        debug_assert!(t.entries >= n);
+        t.entries -= n;
+        self.pending.total -= n as i64;
+        if t.reserved {
+            self.reserved_entries -= n;
+        } else {
+            self.pending.non_reserved -= n as i64;
+        }
+    }
+
+    /// The last holder of `key` was removed: the key counts of its keyspace, model scope and
+    /// tenant, the entries gauge, its blob.
+    fn on_key_gone(&mut self, key: KeyId) {
+        let ks = &mut self.cat.keyspaces[key.keyspace() as usize];
+        let scope_id = ks.scope;
+        ks.keys -= 1;
+        if ks.keys == 0 {
+            self.reclaimable += 1;
+        }
+        let scope = &self.cat.scopes[scope_id as usize];
+        let (tenant, model, mscope) = (scope.tenant, scope.model, scope.mscope);
+        let t = self.cat.tenants.get_mut(&tenant).expect("tenant record");
+        debug_assert!(t.prefixes > 0);
+        t.prefixes -= 1;
+        let (reserved, fp) = (t.reserved, t.fp);
+        let m = &mut self.cat.models[mscope as usize];
+        debug_assert!(m.prefixes > 0);
+        m.prefixes -= 1;
+        self.pending_tenant(tenant, fp, -1);
+        if !reserved {
+            self.gauge.add(model, -1);
+        }
+        if key.is_blob() {
+            self.cat.blobs.release(key.h as u32);
+        }
+    }
+
+    /// `replica` serves nothing more in the scope: out of its serving map and sorted list.
+    fn stop_serving(&mut self, scope_id: u32, replica: u32) {
+        self.reclaimable += 1;
+        let strings = &self.cat.strings;
+        let scope = &mut self.cat.scopes[scope_id as usize];
+        scope.serving.remove(&replica);
+        let name = strings.name(replica);
+        let at = scope
+            .sorted
+            .binary_search_by(|r| strings.name(*r).cmp(name))
+            .expect("serving replica in sorted list");
+        scope.sorted.remove(at);
     }
 
     /// *Remove(key, replica)* of §3.3. Returns the removed holder.
@@ -1377,6 +1406,7 @@ impl Index {
         now: i64,
         rules: &dyn TenantRules,
     ) -> IngestOutcome {
+        self.finish_clear();
         let mut out = IngestOutcome::default();
         let prefixes = !u.hash_scheme.is_empty() && u.prefixes.iter().any(Self::prefix_applies);
         let fits = |ix: &Index| (ix.strings_fit(u, prefixes), ix.keyspaces_fit(u, prefixes));
@@ -1536,6 +1566,7 @@ impl Index {
         now: i64,
         _rules: &dyn TenantRules,
     ) -> EventOutcome {
+        self.finish_clear();
         let mut out = EventOutcome::default();
         let (ts, clamped) = self.producer_ts(e.timestamp_us, now);
         out.timestamp_clamped = clamped;
@@ -1582,7 +1613,7 @@ impl Index {
                 }
             }
             Ok(cache_event::Type::AllCleared) => {
-                out.entries_removed = self.clear_replica(mscope, replica);
+                out.entries_removed = self.begin_clear(mscope, replica);
                 out.stats_changed = self.cat.models[mscope as usize]
                     .stats
                     .remove(&replica)
@@ -1635,33 +1666,6 @@ impl Index {
         removed
     }
 
-    /// Removes `replica` from every key of a model scope (ALL_CLEARED). A full scan of this
-    /// core's keys that stops as soon as the replica's known entry count is reached; skipped
-    /// entirely when the replica serves nothing in the model scope.
-    fn clear_replica(&mut self, mscope: u32, replica: u32) -> u64 {
-        let mut expected: u64 = 0;
-        for s in &self.cat.models[mscope as usize].scopes {
-            expected += *self.cat.scopes[*s as usize]
-                .serving
-                .get(&replica)
-                .unwrap_or(&0) as u64;
-        }
-        let mut removed = 0;
-        let mut pos = 0u32;
-        while removed < expected && pos < self.store.slots() {
-            if let Some(key) = self.store.live_key_at(pos)
-                && self.cat.scope_of(key).mscope == mscope
-                && self.store.find_holder(pos, replica).is_some()
-            {
-                self.remove_entry(key, replica);
-                removed += 1;
-            }
-            pos += 1;
-        }
-        debug_assert_eq!(removed, expected);
-        removed
-    }
-
     // ---- reclaiming names and records --------------------------------------------------------
 
     /// The whole reclaim pass in one call (see the `reclaim` module): frees every record and
@@ -1685,7 +1689,7 @@ impl Index {
     pub fn has_tenant_model(&self, tenant: &str, model: &str) -> bool {
         self.cat
             .find_model(tenant, model)
-            .is_some_and(|m| self.cat.models[m as usize].prefixes > 0)
+            .is_some_and(|m| self.cat.models[m as usize].prefixes > self.keys_going_with_clear(m))
     }
 
     /// Whether any replica serves `(tenant, model, scheme)`.
@@ -1697,16 +1701,18 @@ impl Index {
 
     /// Tenant known anywhere: local keys, else the directory.
     pub(crate) fn tenant_known(&self, tenant: &str) -> bool {
-        let (local, fp) = match self
+        let (local, fp, going) = match self
             .cat
             .strings
             .get(tenant)
-            .and_then(|t| self.cat.tenants.get(&t))
+            .and_then(|t| Some((t, self.cat.tenants.get(&t)?)))
         {
-            Some(rec) => (rec.prefixes, rec.fp),
-            None => (0, Directory::fingerprint(tenant)),
+            Some((t, rec)) => (rec.prefixes, rec.fp, self.tenant_keys_going_with_clear(t)),
+            None => (0, Directory::fingerprint(tenant), 0),
         };
-        local > 0 || self.dir.tenant_keys(fp) > 0 || self.dir.is_saturated()
+        local > going
+            || self.dir.tenant_keys(fp).saturating_sub(going) > 0
+            || self.dir.is_saturated()
     }
 
     /// Distinct prefix keys of a tenant on this core.
@@ -1731,7 +1737,11 @@ impl Index {
             let keyspace = &self.cat.keyspaces[key.keyspace() as usize];
             let mut buf = [0u8; 8];
             let hash = self.cat.hash_bytes(key, &mut buf).to_vec();
+            let cleared = self.cleared_replica(scope.mscope);
             for (_, h) in self.store.holders(pos) {
+                if h.replica() == cleared {
+                    continue;
+                }
                 out.push(EntryDump {
                     tenant: self.cat.strings.name(scope.tenant).to_string(),
                     model: self.cat.strings.name(scope.model).to_string(),

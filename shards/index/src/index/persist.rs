@@ -89,10 +89,12 @@ pub enum RestoreOutcome {
 impl Index {
     /// Calls `f` for every entry of the keys at store positions `from..`, stopping after the key
     /// at which `max_entries` entries were reached (a key's holders are never split, so a call
-    /// may yield up to `max_entries` plus one key's holders). Returns the position to continue
-    /// from, or `None` when every key was visited. Key records never move, so a snapshot sliced
-    /// across mutations carries every key present throughout exactly once (a key created in a
-    /// free slot below `from` after that slot was passed is left for the next snapshot).
+    /// may yield up to `max_entries` plus one key's holders; a free slot, or a key with none to
+    /// yield, all its holders cleared by a pending `ALL_CLEARED`, counts as one, so a call
+    /// visits at most `max_entries` slots). Returns the position to continue from, or `None`
+    /// when every key was visited. Key records never move, so a snapshot sliced across
+    /// mutations carries every key present throughout exactly once (a key created in a free
+    /// slot below `from` after that slot was passed is left for the next snapshot).
     pub fn export_entries(
         &self,
         from: u32,
@@ -113,7 +115,12 @@ impl Index {
             let mut buf = [0u8; 8];
             let hash = self.cat.hash_bytes(key, &mut buf);
             let s = &self.cat.strings;
+            let cleared = self.cleared_replica(scope.mscope);
+            let before = n;
             for (_, h) in self.store.holders(pos) {
+                if h.replica() == cleared {
+                    continue;
+                }
                 f(&PersistEntry {
                     tenant: s.name(scope.tenant),
                     model: s.name(scope.model),
@@ -128,6 +135,7 @@ impl Index {
                 });
                 n += 1;
             }
+            n = n.max(before + 1);
             pos += 1;
         }
         (pos < keys).then_some(pos)
@@ -135,6 +143,8 @@ impl Index {
 
     /// Calls `f` for every stats row of the model scopes at record positions `from..`, stopping
     /// after the model scope at which `max_rows` rows were reached; returns where to continue.
+    /// A record without rows counts as one, so a call visits at most `max_rows` records (the
+    /// model scopes of a core are bounded only by its keyspaces).
     pub fn export_stats(
         &self,
         from: u32,
@@ -148,6 +158,7 @@ impl Index {
         while pos < models && n < max_rows {
             let m = &self.cat.models[pos as usize];
             // Freed records have no stats rows.
+            n += usize::from(m.stats.is_empty());
             for (replica, row) in &m.stats {
                 f(&PersistStats {
                     tenant: s.name(m.tenant),
@@ -512,5 +523,54 @@ mod tests {
             );
         });
         assert_eq!(b.entry_count(), 0);
+    }
+
+    /// 5,000 model scopes without stats rows before one with: one call visits at most
+    /// `max_rows` records (it walked all of them, one step on the core, before).
+    #[test]
+    fn a_stats_export_call_visits_at_most_its_rows_in_records() {
+        let mut a = Index::default();
+        for i in 0..5_000 {
+            let mut u = update("t", &format!("m{i}"), "r1", &[1]);
+            u.stats = None;
+            a.ingest(&u, NOW, &NoRules);
+        }
+        a.ingest(&update("t", "last", "r1", &[1]), NOW, &NoRules);
+        let mut rows = 0;
+        let next = a.export_stats(0, 256, |_| rows += 1);
+        assert_eq!((next, rows), (Some(256), 0));
+        let mut from = next;
+        while let Some(f) = from {
+            from = a.export_stats(f, 256, |_| rows += 1);
+        }
+        assert_eq!(rows, 1);
+    }
+
+    /// Keys whose holders a pending `ALL_CLEARED` cleared yield nothing but still count: one
+    /// call visits at most `max_entries` keys.
+    #[test]
+    fn an_entries_export_call_visits_at_most_its_entries_in_keys() {
+        let mut a = Index::default();
+        a.set_sliced_clears(true);
+        let hashes: Vec<u64> = (0..5_000).collect();
+        a.ingest(&update("t", "m", "rc", &hashes), NOW, &NoRules);
+        a.ingest(&update("t", "m", "r1", &[1_000_000]), NOW, &NoRules);
+        let clear = inferencecache_proto::v1alpha1::CacheEvent {
+            r#type: inferencecache_proto::v1alpha1::cache_event::Type::AllCleared as i32,
+            tenant_id: "t".into(),
+            model_id: "m".into(),
+            replica_id: "rc".into(),
+            ..Default::default()
+        };
+        a.apply_event(&clear, NOW, &NoRules);
+        assert!(a.clear_pending());
+        let mut entries = 0;
+        let next = a.export_entries(0, 256, |_| entries += 1);
+        assert_eq!((next, entries), (Some(256), 0));
+        let mut from = next;
+        while let Some(f) = from {
+            from = a.export_entries(f, 256, |_| entries += 1);
+        }
+        assert_eq!(entries, 1);
     }
 }

@@ -88,6 +88,7 @@ impl Index {
     /// One slice of the reclaim pass (begun here if none is in progress), within `budget`.
     /// Returns the number of names the pass freed once it finished, `None` while it is not.
     pub fn reclaim_step(&mut self, budget: SweepBudget) -> Option<u64> {
+        self.finish_clear();
         let mut meter = budget.meter();
         let mut work = 0;
         self.reclaim_slice(&mut meter, &mut work)
