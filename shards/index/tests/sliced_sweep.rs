@@ -363,6 +363,42 @@ fn a_key_moved_into_the_visited_part_is_still_swept() {
     assert_eq!(ix.entry_count(), 99);
 }
 
+/// A stretch of free key slots (keys removed side by side) longer than a slice's budget is
+/// passed over in slices: each slice resumes after the free slots the last one counted, so the
+/// pass finishes and sweeps the expired key after them. (A slice that counted free slots
+/// without moving the resume mark re-counted the same ones for ever.)
+#[test]
+fn a_stretch_of_free_slots_longer_than_a_slice_is_passed() {
+    let rules = rules();
+    let mut ix = fresh_index();
+    for i in 0..60u32 {
+        let u = at(upd_r("r1", vec![legacy(&i.to_be_bytes(), 4)]), NOW);
+        ix.ingest(&u, NOW, &rules);
+    }
+    let stale = at(upd_r("r2", vec![legacy(b"stale", 4)]), NOW - 2 * HOUR);
+    ix.ingest(&stale, NOW, &rules);
+    for i in 5..55u32 {
+        let e = event(Type::PrefixEvicted, "t", "m", "r1", &i.to_be_bytes());
+        ix.apply_event(&e, NOW, &rules);
+    }
+    assert_eq!(ix.entry_count(), 11);
+    ix.sweep_begin(NOW);
+    let budget = SweepBudget {
+        max_entries: 4,
+        deadline: None,
+    };
+    let mut out = None;
+    for _ in 0..100 {
+        if let Some(o) = ix.sweep_step(&rules, budget).finished {
+            out = Some(o);
+            break;
+        }
+    }
+    let out = out.expect("the pass finished");
+    assert_eq!(out.ttl_evicted.total(), 1, "the expired key after the free slots was swept");
+    assert_eq!(ix.entry_count(), 10);
+}
+
 /// No slice examines more than its entry budget (plus the rest of the key it stopped in: a key's
 /// holders are never split), every slice but the last is cut short, and the slices together
 /// visit every key once. Without slicing the first step would do the whole pass.

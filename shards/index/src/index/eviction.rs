@@ -1422,8 +1422,10 @@ impl Index {
                     break;
                 }
                 let Some(key) = self.store.live_key_at(pos) else {
+                    // Passed too: a slice cut in a stretch of free slots resumes after them.
                     free_slots += 1;
                     pos += 1;
+                    self.store.set_visited(pos);
                     continue;
                 };
                 step.keys += 1;
