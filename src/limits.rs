@@ -179,19 +179,20 @@ pub const HTTP2_FRAMES_PER_TURN: usize = 256;
 /// (`limit="http2_stream_error_resets"`): server-induced resets ("MadeYouReset",
 /// CVE-2025-8671) make the server reset streams it may already be serving. h2's default.
 pub const HTTP2_MAX_STREAM_ERROR_RESETS: u32 = 1024;
-/// Streams a peer may reset (RST_STREAM on a stream still open) in one second on one
-/// connection; past it GOAWAY ENHANCE_YOUR_CALM (`limit="http2_peer_resets"`): rapid reset
-/// (CVE-2023-44487). Twice the streams it may have open, so a client cancelling everything
-/// it has in flight is not cut off.
+/// Streams a peer may reset before ending its request (RST_STREAM on a stream open on its
+/// side) in one second on one connection; past it GOAWAY ENHANCE_YOUR_CALM
+/// (`limit="http2_peer_resets"`): rapid reset (CVE-2023-44487). A call cancelled after its
+/// request was sent whole (a deadline) is not counted; twice the streams a peer may have
+/// open, so a client abandoning everything it is still sending is not cut off.
 pub const HTTP2_MAX_PEER_RESETS_PER_SECOND: u32 = 2 * MAX_CONCURRENT_STREAMS;
 /// SETTINGS frames (not ACKs) a peer may send in one second on one connection; past it GOAWAY
 /// ENHANCE_YOUR_CALM (`limit="http2_settings_frames"`). A client sends a handful in a
 /// connection's life.
 pub const HTTP2_MAX_SETTINGS_PER_SECOND: u32 = 100;
-/// PING frames (not ACKs) a peer may send in one second on one connection; past it GOAWAY
-/// ENHANCE_YOUR_CALM (`limit="http2_ping_frames"`). Keep-alive pings come every few seconds at
-/// most; BDP probes one per round trip while a client receives data, and only until its
-/// window stops growing.
+/// PING frames (not ACKs) a peer may send in one second on one connection, not counting one
+/// after the server sent DATA (a BDP probe, one per round trip while a client receives);
+/// past it GOAWAY ENHANCE_YOUR_CALM (`limit="http2_ping_frames"`). Keep-alive pings come
+/// every few seconds at most.
 pub const HTTP2_MAX_PINGS_PER_SECOND: u32 = 1000;
 /// PRIORITY frames a peer may send per stream it opened (plus one stream's worth), on one
 /// connection; past it GOAWAY ENHANCE_YOUR_CALM (`limit="http2_priority_frames"`). Priorities

@@ -711,8 +711,11 @@ impl<S: AsyncRead + AsyncWrite + Unpin, H: Service> Connection<S, H> {
         let reason = Reason(u32::from_be_bytes(code));
         match self.streams.remove(&head.stream) {
             Some(stream) => {
+                let request_ended = !recv_open(stream.state);
                 self.close_removed(head.stream, stream, Event::RecvRstStream, reason);
-                self.guard.peer_reset().map_err(|limit| self.calm(limit))?;
+                if !request_ended {
+                    self.guard.peer_reset().map_err(|limit| self.calm(limit))?;
+                }
             }
             None => self.off_table(head.stream, Event::RecvRstStream)?,
         }

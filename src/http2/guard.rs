@@ -38,6 +38,8 @@ pub(super) struct FloodGuard {
     empty_run: u32,
     /// Stream errors this server sent (RST_STREAM for the peer's fault).
     error_resets: u32,
+    /// [`FloodGuard::data_frames_sent`] when the last PING came.
+    data_frames_at_ping: u64,
     settings: PerSecond,
     pings: PerSecond,
     peer_resets: PerSecond,
@@ -62,15 +64,24 @@ impl FloodGuard {
         )
     }
 
-    /// A PING frame (not an ACK).
+    /// A PING frame (not an ACK). One after this server sent DATA is not counted: a client
+    /// measuring its bandwidth (grpc-go's BDP probe) pings once per round trip while it
+    /// receives, as often as answers flow (grpc-go's own server forgives those pings the same
+    /// way).
     pub(super) fn ping(&mut self) -> Result<(), Exceeded> {
+        if self.data_frames_sent > self.data_frames_at_ping {
+            self.data_frames_at_ping = self.data_frames_sent;
+            return Ok(());
+        }
         over(
             self.pings.count(HTTP2_MAX_PINGS_PER_SECOND),
             "http2_ping_frames",
         )
     }
 
-    /// The peer reset a stream that was still open (rapid reset, CVE-2023-44487).
+    /// The peer reset a stream whose request it had not ended (rapid reset, CVE-2023-44487).
+    /// A client cancelling a call it sent whole (a deadline) is not counted: the request's
+    /// cost was that of any request.
     pub(super) fn peer_reset(&mut self) -> Result<(), Exceeded> {
         over(
             self.peer_resets.count(HTTP2_MAX_PEER_RESETS_PER_SECOND),
@@ -173,6 +184,19 @@ mod tests {
         // A new window starts over.
         w.since = Some(Instant::now() - Duration::from_secs(2));
         assert!(!w.count(10));
+    }
+
+    #[test]
+    fn a_ping_after_data_sent_is_not_counted() {
+        let mut g = FloodGuard::default();
+        for _ in 0..10 * HTTP2_MAX_PINGS_PER_SECOND {
+            g.data_frames_sent(1);
+            g.ping().unwrap();
+        }
+        for _ in 0..HTTP2_MAX_PINGS_PER_SECOND {
+            g.ping().unwrap();
+        }
+        assert_eq!(g.ping(), Err("http2_ping_frames"));
     }
 
     #[test]
