@@ -699,6 +699,11 @@ async fn case(seed: u64) -> (usize, String) {
     (PEAK.load(Ordering::Relaxed).saturating_sub(start), kind)
 }
 
+/// How often a long run applies the harness's preload again: well inside the index's default
+/// TTL (30 minutes), past which the preloaded replicas expire and a LookupRoute no longer ranks
+/// them (the first 30-minute run with flood bursts failed its last case that way).
+const PRELOAD_REFRESH: Duration = Duration::from_secs(600);
+
 /// A case that makes no progress for [`HANG_AFTER`] (its own timers bound it to a few
 /// seconds, so only an executor that sleeps past them gets there) ends the run, naming its
 /// seed: a hang is a failure, not a silent stall of the long run.
@@ -808,7 +813,12 @@ fn fuzz_connection_frame_sequences() {
     let mut peak = 0;
     let mut retained_base = None;
     let mut outcomes = std::collections::BTreeMap::new();
+    let mut preloaded = Instant::now();
     while n < cases && until.is_none_or(|t| Instant::now() < t) {
+        if preloaded.elapsed() >= PRELOAD_REFRESH {
+            frontend_harness::refresh_preload(&ex);
+            preloaded = Instant::now();
+        }
         let seed = base.wrapping_add(n);
         watchdog.case(seed);
         let guard = SeedOnPanic(seed);
