@@ -168,6 +168,47 @@ pub const HTTP2_MAX_QUEUED_RESPONSE_BYTES: usize = 16 * 1024 * 1024;
 /// Response bytes the HTTP/2 layer queues per general-path stream before the handler waits for the
 /// peer's window (hyper's default).
 pub const HTTP2_MAX_SEND_BUFFER_BYTES: usize = 400 * 1024;
+/// Frames one gRPC connection handles in a turn before it yields to the core's other tasks
+/// (the rest stay in its read buffer, which is not read further until they are handled): a
+/// flooding connection delays the other connections on its core by at most one such turn
+/// (`inferencecache_limit_hits_total{limit="http2_frames_per_turn"}` counts the cut turns).
+/// About a hundred pipelined unary calls.
+pub const HTTP2_FRAMES_PER_TURN: usize = 256;
+/// Stream errors (RST_STREAM other than REFUSED_STREAM, CANCEL or NO_ERROR) a peer may cause on
+/// one connection; past it the connection is closed with GOAWAY ENHANCE_YOUR_CALM
+/// (`limit="http2_stream_error_resets"`): server-induced resets ("MadeYouReset",
+/// CVE-2025-8671) make the server reset streams it may already be serving. h2's default.
+pub const HTTP2_MAX_STREAM_ERROR_RESETS: u32 = 1024;
+/// Streams a peer may reset before ending its request (RST_STREAM on a stream open on its
+/// side) in one second on one connection; past it GOAWAY ENHANCE_YOUR_CALM
+/// (`limit="http2_peer_resets"`): rapid reset (CVE-2023-44487). A call cancelled after its
+/// request was sent whole (a deadline) is not counted; twice the streams a peer may have
+/// open, so a client abandoning everything it is still sending is not cut off.
+pub const HTTP2_MAX_PEER_RESETS_PER_SECOND: u32 = 2 * MAX_CONCURRENT_STREAMS;
+/// SETTINGS frames (not ACKs) a peer may send in one second on one connection; past it GOAWAY
+/// ENHANCE_YOUR_CALM (`limit="http2_settings_frames"`). A client sends a handful in a
+/// connection's life.
+pub const HTTP2_MAX_SETTINGS_PER_SECOND: u32 = 100;
+/// PING frames (not ACKs) a peer may send in one second on one connection, not counting one
+/// after the server sent DATA (a BDP probe, one per round trip while a client receives);
+/// past it GOAWAY ENHANCE_YOUR_CALM (`limit="http2_ping_frames"`). Keep-alive pings come
+/// every few seconds at most.
+pub const HTTP2_MAX_PINGS_PER_SECOND: u32 = 1000;
+/// PRIORITY frames a peer may send per stream it opened (plus one stream's worth), on one
+/// connection; past it GOAWAY ENHANCE_YOUR_CALM (`limit="http2_priority_frames"`). Priorities
+/// are not used; Envoy's default.
+pub const HTTP2_MAX_PRIORITY_FRAMES_PER_STREAM: u64 = 100;
+/// WINDOW_UPDATE frames a peer may send per DATA frame this server sent it (plus 100), on one
+/// connection; past it GOAWAY ENHANCE_YOUR_CALM (`limit="http2_window_update_frames"`). A
+/// client returns window for what it received, at most a connection and a stream update per
+/// frame; Envoy's default ratio.
+pub const HTTP2_MAX_WINDOW_UPDATES_PER_DATA_FRAME: u64 = 10;
+/// Frames in a row with an empty payload that end nothing (DATA without END_STREAM,
+/// HEADERS or CONTINUATION without END_HEADERS) a peer may send; past it GOAWAY
+/// ENHANCE_YOUR_CALM (`limit="http2_empty_frames"`): they cost the server a frame each and
+/// move nothing forward (an empty-DATA flood, a header block held open by empty CONTINUATION
+/// frames, which the block's byte bound does not see).
+pub const HTTP2_MAX_CONSECUTIVE_EMPTY_FRAMES: u32 = 64;
 /// Longest a client may take to send the HTTP/2 preface after connecting (or after the TLS
 /// handshake); a connection that stays silent is closed.
 pub const HTTP2_PREFACE_TIMEOUT: Duration = Duration::from_secs(10);

@@ -6,7 +6,9 @@
 //! one), then up to [`MAX_GARBAGE`] frames of every type with random flags, stream ids and
 //! payloads (plausible ones and random ones, now and then one over the frame size), with one
 //! well-formed LookupRoute (HEADERS, then DATA with END_STREAM) interleaved at random points,
-//! then a SETTINGS and a WINDOW_UPDATE that open the windows. Asserted for every case:
+//! then a SETTINGS and a WINDOW_UPDATE that open the windows. One case in eight adds a burst of
+//! one denial-of-service family ([`flood`]: up to 2,600 frames or frame pairs, under or past
+//! the connection's bound for it). Asserted for every case:
 //!
 //! * no panic, and the connection's task ends once the client hangs up (no hang, no leak);
 //! * the LookupRoute is answered (a decodable answer ranking every replica), or the connection
@@ -356,6 +358,73 @@ fn plausible(rng: &mut Rng, next_new: &mut u32, opened: &mut Vec<u32>, out: &mut
     });
 }
 
+/// A burst of one denial-of-service family (up to a few thousand frames, past the bound of each
+/// family in `src/http2/guard.rs` or below it), so the bounds' GOAWAY and their bookkeeping meet
+/// the request and the other frames: PING, SETTINGS, PRIORITY, WINDOW_UPDATE and empty-DATA
+/// floods, rapid reset, server-induced resets, a header block held open by empty CONTINUATION.
+fn flood(rng: &mut Rng, next_new: &mut u32, opened: &mut Vec<u32>, out: &mut Vec<Garbage>) {
+    let mut push = |kind, flags, stream, payload: Vec<u8>| {
+        out.push(Garbage {
+            kind,
+            flags,
+            stream,
+            payload,
+        })
+    };
+    let mut new_id = || {
+        let id = *next_new;
+        *next_new += 2;
+        id
+    };
+    let n = 1 + rng.below(2_600);
+    match rng.below(8) {
+        0 => (0..n).for_each(|_| push(PING, 0, 0, rng.bytes(8))),
+        1 => (0..n).for_each(|_| push(SETTINGS, 0, 0, Vec::new())),
+        2 => {
+            for _ in 0..n {
+                // On idle streams above the ones opened (they open none), depending on stream 0.
+                let id = *next_new + 2 * rng.below(64) as u32;
+                push(PRIORITY, 0, id, vec![0, 0, 0, 0, 16]);
+            }
+        }
+        3 => (0..n).for_each(|_| push(WINDOW_UPDATE, 0, 0, 1u32.to_be_bytes().to_vec())),
+        4 => {
+            let id = new_id();
+            opened.push(id);
+            push(HEADERS, END_HEADERS, id, frontend_harness::header_block());
+            (0..n).for_each(|_| push(DATA, 0, id, Vec::new()));
+        }
+        5 => {
+            for _ in 0..n {
+                let id = new_id();
+                push(HEADERS, END_HEADERS, id, frontend_harness::header_block());
+                push(RST_STREAM, 0, id, 8u32.to_be_bytes().to_vec());
+            }
+        }
+        6 => {
+            for _ in 0..n.min(1_200) {
+                let id = new_id();
+                push(
+                    HEADERS,
+                    END_HEADERS | END_STREAM,
+                    id,
+                    frontend_harness::header_block(),
+                );
+                push(WINDOW_UPDATE, 0, id, 0u32.to_be_bytes().to_vec());
+            }
+        }
+        _ => {
+            let id = new_id();
+            opened.push(id);
+            let mut block = frontend_harness::header_block();
+            let rest = block.split_off(block.len() / 2);
+            push(HEADERS, 0, id, block);
+            (0..n.min(200)).for_each(|_| push(CONTINUATION, 0, id, Vec::new()));
+            push(CONTINUATION, END_HEADERS, id, rest);
+        }
+    }
+}
+
 /// What the client wrote, and what it means for the outcome.
 struct Script {
     bytes: Vec<u8>,
@@ -399,6 +468,8 @@ fn script(rng: &mut Rng) -> Script {
     // Three cases in four: plausible frames with a random one now and then; else anything.
     let wild = rng.one_in(4);
     let rounds = rng.below(MAX_GARBAGE + 1);
+    // One case in eight: a flood burst at one of its rounds.
+    let at_flood = rng.one_in(8).then(|| rng.below(rounds + 1));
     let at_headers = rng.below(rounds + 1);
     let at_data = at_headers + rng.below(rounds - at_headers + 1);
     let mut junk: Vec<Garbage> = Vec::new();
@@ -452,7 +523,9 @@ fn script(rng: &mut Rng) -> Script {
         if round == rounds {
             break;
         }
-        if wild || rng.one_in(40) {
+        if at_flood == Some(round) {
+            flood(rng, &mut next_new, &mut opened, &mut junk);
+        } else if wild || rng.one_in(40) {
             junk.push(garbage(rng));
         } else {
             plausible(rng, &mut next_new, &mut opened, &mut junk);
@@ -626,6 +699,11 @@ async fn case(seed: u64) -> (usize, String) {
     (PEAK.load(Ordering::Relaxed).saturating_sub(start), kind)
 }
 
+/// How often a long run applies the harness's preload again: well inside the index's default
+/// TTL (30 minutes), past which the preloaded replicas expire and a LookupRoute no longer ranks
+/// them (the first 30-minute run with flood bursts failed its last case that way).
+const PRELOAD_REFRESH: Duration = Duration::from_secs(600);
+
 /// A case that makes no progress for [`HANG_AFTER`] (its own timers bound it to a few
 /// seconds, so only an executor that sleeps past them gets there) ends the run, naming its
 /// seed: a hang is a failure, not a silent stall of the long run.
@@ -735,7 +813,12 @@ fn fuzz_connection_frame_sequences() {
     let mut peak = 0;
     let mut retained_base = None;
     let mut outcomes = std::collections::BTreeMap::new();
+    let mut preloaded = Instant::now();
     while n < cases && until.is_none_or(|t| Instant::now() < t) {
+        if preloaded.elapsed() >= PRELOAD_REFRESH {
+            frontend_harness::refresh_preload(&ex);
+            preloaded = Instant::now();
+        }
         let seed = base.wrapping_add(n);
         watchdog.case(seed);
         let guard = SeedOnPanic(seed);

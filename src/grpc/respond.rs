@@ -19,6 +19,11 @@ use super::dispatch::dispatch;
 
 /// Serves one stream to completion (or until the peer resets it).
 pub async fn serve_stream(req: Request<RequestBody>, respond: Responder) {
+    // Reset between the task's start and its first run (by the peer, or by the server over a
+    // later frame): the call is not made.
+    if respond.is_reset() {
+        return;
+    }
     let call = dispatch(req);
     let answered = futures_lite::future::or(async { Some(call.await) }, async {
         poll_fn(|cx| respond.poll_reset(cx)).await;

@@ -15,6 +15,13 @@
 //! the closed streams remembered for late frames
 //! ([`HTTP2_RECENT_CLOSED_STREAMS`](crate::limits::HTTP2_RECENT_CLOSED_STREAMS)).
 //!
+//! A turn handles at most [`HTTP2_FRAMES_PER_TURN`] frames before it yields, so a flooding
+//! connection delays its core's other connections by one bounded turn. Floods of frames that
+//! move nothing forward, and the stream errors a peer provokes, are bounded per connection by
+//! [`FloodGuard`] (GOAWAY ENHANCE_YOUR_CALM past a bound). The tasks of the streams a read
+//! batch opens start at its end, so a stream reset in the batch that opened it (by the peer,
+//! or by this server over a later frame: "MadeYouReset") never starts one.
+//!
 //! Stream states move only through [`transition`] (RFC 9113 §5.1, in `state.rs`): a stream in
 //! the table is open or half-closed, one below the highest id used and not in it is closed (on
 //! record with its cause, or forgotten), one above it idle.
@@ -32,7 +39,7 @@ use bytes::{Buf, Bytes, BytesMut};
 use futures_lite::{AsyncRead, AsyncWrite};
 
 use crate::limits::{
-    DRAIN_TIMEOUT, HTTP2_CONNECTION_WINDOW_BYTES, HTTP2_KEEPALIVE_INTERVAL,
+    DRAIN_TIMEOUT, HTTP2_CONNECTION_WINDOW_BYTES, HTTP2_FRAMES_PER_TURN, HTTP2_KEEPALIVE_INTERVAL,
     HTTP2_KEEPALIVE_TIMEOUT, HTTP2_MAX_HEADER_BLOCK_BYTES, HTTP2_MAX_HEADER_BYTES_PER_CORE,
     HTTP2_MAX_HEADER_LIST_BYTES, HTTP2_MAX_QUEUED_RESPONSE_BYTES, HTTP2_MAX_SEND_BUFFER_BYTES,
     HTTP2_PREFACE_TIMEOUT, HTTP2_STREAM_WINDOW_BYTES, HTTP2_WRITE_BUFFER_BYTES,
@@ -40,6 +47,7 @@ use crate::limits::{
 };
 
 use super::frame::{self, FrameHeader, Reason, flag, kind, setting};
+use super::guard::{Exceeded, FloodGuard};
 use super::headers::{Decoded, Decoder, HeaderList};
 use super::state::{Cause, ClosedStreams, ContentLength, Event, Reaction, State, transition};
 use super::stream::{Outgoing, RecvHalf, Responder, Shared, StreamLink, Wakeups};
@@ -91,8 +99,11 @@ pub enum Inline<L> {
     General,
 }
 
-/// Read and answer rounds of one connection turn before it yields to the core's other tasks.
+/// Read and answer rounds of one connection turn before it yields to the core's other tasks
+/// (fewer once [`HTTP2_FRAMES_PER_TURN`] frames are handled).
 const ROUNDS_PER_TURN: usize = 8;
+/// The last stream id a client can use (§5.1.1): past it, it needs a new connection.
+const LAST_STREAM_ID: u32 = 0x7fff_ffff;
 /// The ping payloads this server sends.
 const KEEPALIVE_PING: [u8; 8] = *b"ic-alive";
 const DRAIN_PING: [u8; 8] = *b"ic-drain";
@@ -222,6 +233,30 @@ struct PendingBlock {
     block: BytesMut,
 }
 
+/// The task a stream opened in this read batch is to get, started at the batch's end unless
+/// the stream was reset by then. Held in a reused vector: the variants' sizes cost no
+/// allocation, where boxing the larger would cost one per stream.
+#[allow(clippy::large_enum_variant)]
+enum Start<L> {
+    General {
+        head: HeaderList,
+        req: http::Request<RecvHalf>,
+        respond: Responder,
+    },
+    Later {
+        later: L,
+        respond: Responder,
+    },
+}
+
+impl<L> Start<L> {
+    fn respond(&self) -> &Responder {
+        match self {
+            Start::General { respond, .. } | Start::Later { respond, .. } => respond,
+        }
+    }
+}
+
 /// Serves HTTP/2 on `io` until the peer closes, a connection error, or the drain after SIGTERM.
 pub async fn serve<S, H>(io: S, service: H)
 where
@@ -242,7 +277,7 @@ where
     conn.reset_all(Reason::CANCEL);
 }
 
-struct Connection<S, H> {
+struct Connection<S, H: Service> {
     io: S,
     service: H,
     phase: Phase,
@@ -273,6 +308,11 @@ struct Connection<S, H> {
     parked_streams: Vec<u32>,
     /// One clone per live general-path task (bounds them, reset or not).
     tasks: Arc<()>,
+    /// Tasks of streams opened in this read batch, started at its end.
+    starting: Vec<Start<H::Later>>,
+    /// Frames this turn may still handle.
+    turn_frames_left: usize,
+    guard: FloodGuard,
     /// The one timer: the earliest of the instants below.
     timer: Option<Pin<Box<glommio::timer::Timer>>>,
     timer_at: Option<Instant>,
@@ -328,6 +368,9 @@ impl<S: AsyncRead + AsyncWrite + Unpin, H: Service> Connection<S, H> {
             blocked: Vec::new(),
             parked_streams: Vec::new(),
             tasks: Arc::new(()),
+            starting: Vec::new(),
+            turn_frames_left: HTTP2_FRAMES_PER_TURN,
+            guard: FloodGuard::default(),
             timer: None,
             timer_at: None,
             next_ping: now + HTTP2_KEEPALIVE_INTERVAL,
@@ -342,6 +385,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin, H: Service> Connection<S, H> {
     /// One turn: read and handle frames, serve the general streams, write; `Ready` once the
     /// connection is over.
     fn poll_turn(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+        self.turn_frames_left = HTTP2_FRAMES_PER_TURN;
         for _ in 0..ROUNDS_PER_TURN {
             let mut progressed = match self.read_and_handle(cx) {
                 Ok(p) => p,
@@ -356,6 +400,11 @@ impl<S: AsyncRead + AsyncWrite + Unpin, H: Service> Connection<S, H> {
             }
             if self.finished() {
                 return Poll::Ready(());
+            }
+            if self.turn_frames_left == 0 {
+                // Frames may be left in the read buffer: the yield below comes back for them.
+                crate::metrics::record_limit_hit("http2_frames_per_turn");
+                break;
             }
             if !progressed {
                 if self.has_general_streams() && self.register_wakeups(cx) {
@@ -395,7 +444,10 @@ impl<S: AsyncRead + AsyncWrite + Unpin, H: Service> Connection<S, H> {
             return Ok(false);
         }
         let mut progressed = self.handle_buffered();
-        if self.phase == Phase::Closing || self.out.len() >= HTTP2_WRITE_BUFFER_BYTES {
+        if self.phase == Phase::Closing
+            || self.out.len() >= HTTP2_WRITE_BUFFER_BYTES
+            || self.turn_frames_left == 0
+        {
             return Ok(progressed);
         }
         let polled = READ_SCRATCH.with_borrow_mut(|scratch| {
@@ -428,7 +480,8 @@ impl<S: AsyncRead + AsyncWrite + Unpin, H: Service> Connection<S, H> {
         if self.phase == Phase::Preface && !self.take_preface() {
             return false;
         }
-        let whole = self.whole_frames_len();
+        let (whole, frames) = self.whole_frames_len(self.turn_frames_left);
+        self.turn_frames_left -= frames;
         if whole > 0 {
             let frames = self.read_buf.split_to(whole).freeze();
             let mut at = 0;
@@ -441,6 +494,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin, H: Service> Connection<S, H> {
                 }
             }
             self.release_parked();
+            self.start_tasks();
         }
         let oversize = self.read_buf.len() >= frame::HEADER_BYTES
             && FrameHeader::parse(&self.read_buf).len > frame::DEFAULT_MAX_FRAME_BYTES as usize;
@@ -465,29 +519,37 @@ impl<S: AsyncRead + AsyncWrite + Unpin, H: Service> Connection<S, H> {
         true
     }
 
-    /// The length of the whole frames at the front of the read buffer (stopping at an oversize
-    /// frame's header, which `on_frame` rejects).
-    fn whole_frames_len(&self) -> usize {
+    /// The length and count of the whole frames at the front of the read buffer, at most
+    /// `max_frames` (stopping at an oversize frame's header, which `on_frame` rejects).
+    fn whole_frames_len(&self, max_frames: usize) -> (usize, usize) {
         let buf = &self.read_buf[..];
         let mut at = 0;
-        while buf.len() - at >= frame::HEADER_BYTES {
+        let mut frames = 0;
+        while buf.len() - at >= frame::HEADER_BYTES && frames < max_frames {
             let head = FrameHeader::parse(&buf[at..]);
             if head.len > frame::DEFAULT_MAX_FRAME_BYTES as usize {
                 // Rejected by the caller (FRAME_SIZE_ERROR) once the frames before it are handled.
-                return at;
+                return (at, frames);
             }
             if buf.len() - at - frame::HEADER_BYTES < head.len {
                 break;
             }
             at += frame::HEADER_BYTES + head.len;
+            frames += 1;
         }
-        at
+        (at, frames)
     }
 }
 
 impl<S: AsyncRead + AsyncWrite + Unpin, H: Service> Connection<S, H> {
-    /// Handles one frame (RFC 9113 §6).
+    /// Handles one frame (RFC 9113 §6); a peer past a [`FloodGuard`] bound is a connection
+    /// error.
     fn on_frame(&mut self, head: FrameHeader, payload: Bytes) -> Result<(), ConnError> {
+        self.dispatch_frame(head, payload)?;
+        self.guard.error_resets().map_err(|limit| self.calm(limit))
+    }
+
+    fn dispatch_frame(&mut self, head: FrameHeader, payload: Bytes) -> Result<(), ConnError> {
         if let Some(pending) = &self.pending_block
             && (head.kind != kind::CONTINUATION || head.stream != pending.stream)
         {
@@ -531,6 +593,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin, H: Service> Connection<S, H> {
         if !payload.len().is_multiple_of(6) {
             return Err(ConnError(Reason::FRAME_SIZE_ERROR));
         }
+        self.guard.settings().map_err(|limit| self.calm(limit))?;
         for entry in payload.chunks_exact(6) {
             let id = u16::from_be_bytes([entry[0], entry[1]]);
             let value = u32::from_be_bytes([entry[2], entry[3], entry[4], entry[5]]);
@@ -590,6 +653,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin, H: Service> Connection<S, H> {
             return Err(ConnError(Reason::FRAME_SIZE_ERROR));
         };
         if !head.has(flag::ACK) {
+            self.guard.ping().map_err(|limit| self.calm(limit))?;
             frame::put_ping(&mut self.out, true, data);
         } else if data == KEEPALIVE_PING {
             self.ping_ack_by = None;
@@ -617,6 +681,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin, H: Service> Connection<S, H> {
         if head.stream == 0 {
             return Err(ConnError(Reason::PROTOCOL_ERROR));
         }
+        self.guard.priority().map_err(|limit| self.calm(limit))?;
         if payload.len() != 5 {
             self.reset_stream(head.stream, Reason::FRAME_SIZE_ERROR);
             return Ok(());
@@ -645,7 +710,13 @@ impl<S: AsyncRead + AsyncWrite + Unpin, H: Service> Connection<S, H> {
         };
         let reason = Reason(u32::from_be_bytes(code));
         match self.streams.remove(&head.stream) {
-            Some(stream) => self.close_removed(head.stream, stream, Event::RecvRstStream, reason),
+            Some(stream) => {
+                let request_ended = !recv_open(stream.state);
+                self.close_removed(head.stream, stream, Event::RecvRstStream, reason);
+                if !request_ended {
+                    self.guard.peer_reset().map_err(|limit| self.calm(limit))?;
+                }
+            }
             None => self.off_table(head.stream, Event::RecvRstStream)?,
         }
         Ok(())
@@ -656,6 +727,9 @@ impl<S: AsyncRead + AsyncWrite + Unpin, H: Service> Connection<S, H> {
             return Err(ConnError(Reason::FRAME_SIZE_ERROR));
         };
         let increment = i64::from(u32::from_be_bytes(bytes) & 0x7fff_ffff);
+        self.guard
+            .window_update()
+            .map_err(|limit| self.calm(limit))?;
         if head.stream == 0 {
             if increment == 0 {
                 return Err(ConnError(Reason::PROTOCOL_ERROR));
@@ -708,6 +782,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin, H: Service> Connection<S, H> {
             Reaction::Connection(reason) => Err(ConnError(reason)),
             Reaction::Stream(reason) => {
                 frame::put_rst_stream(&mut self.out, id, reason);
+                self.guard.reset_sent(reason);
                 Ok(())
             }
             Reaction::Accept | Reaction::Ignore => Ok(()),
@@ -745,6 +820,9 @@ impl<S: AsyncRead + AsyncWrite + Unpin, H: Service> Connection<S, H> {
         }
         let fragment = &payload[start..end];
         let end_stream = head.has(flag::END_STREAM);
+        self.guard
+            .payload_frame(fragment.is_empty() && !head.has(flag::END_HEADERS))
+            .map_err(|limit| self.calm(limit))?;
         if head.has(flag::END_HEADERS) {
             return self.on_header_block(head.stream, end_stream, self_dependent, fragment);
         }
@@ -764,6 +842,9 @@ impl<S: AsyncRead + AsyncWrite + Unpin, H: Service> Connection<S, H> {
         let Some(mut pending) = self.pending_block.take() else {
             return Err(ConnError(Reason::PROTOCOL_ERROR));
         };
+        self.guard
+            .payload_frame(payload.is_empty() && !head.has(flag::END_HEADERS))
+            .map_err(|limit| self.calm(limit))?;
         if pending.block.len() + payload.len() > HTTP2_MAX_HEADER_BLOCK_BYTES {
             return Err(self.calm("http2_header_block_bytes"));
         }
@@ -782,7 +863,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin, H: Service> Connection<S, H> {
     }
 
     /// A peer over a bound: counted, then GOAWAY ENHANCE_YOUR_CALM.
-    fn calm(&self, limit: &'static str) -> ConnError {
+    fn calm(&self, limit: Exceeded) -> ConnError {
         crate::metrics::record_limit_hit(limit);
         ConnError(Reason::ENHANCE_YOUR_CALM)
     }
@@ -806,6 +887,11 @@ impl<S: AsyncRead + AsyncWrite + Unpin, H: Service> Connection<S, H> {
             return self.on_trailers(id, end_stream, self_dependent, decoded);
         }
         self.last_stream = id;
+        self.guard.stream_opened();
+        if id == LAST_STREAM_ID {
+            // The peer spent its stream ids (a new stream needs a new connection).
+            crate::metrics::record_limit_hit("http2_stream_ids");
+        }
         // Idle to open, or to half-closed (remote) with END_STREAM.
         let (state, _) = transition(State::Idle, Event::RecvHeaders { end_stream });
         let list = match decoded {
@@ -953,6 +1039,9 @@ impl<S: AsyncRead + AsyncWrite + Unpin, H: Service> Connection<S, H> {
         let padding = payload.len() - (end - start);
         self.recv_unreleased += padding;
         let data = payload.slice(start..end);
+        self.guard
+            .payload_frame(data.is_empty() && !end_stream)
+            .map_err(|limit| self.calm(limit))?;
         let Some(stream) = self.streams.get_mut(&head.stream) else {
             // Closed: STREAM_CLOSED, or dropped after our reset (§6.1, §5.1).
             self.recv_unreleased += data.len();
@@ -1085,7 +1174,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin, H: Service> Connection<S, H> {
             self.tasks.clone(),
         );
         self.insert_general(id, link, opened);
-        self.service.answer_later(later, respond);
+        self.starting.push(Start::Later { later, respond });
     }
 
     /// Writes an inline answer now when the windows allow (the stream closes), else queues it
@@ -1105,6 +1194,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin, H: Service> Connection<S, H> {
                 self.peer_max_frame,
             );
             frame::put_data(&mut self.out, id, &self.answer, false);
+            self.guard.data_frames_sent(1);
             frame::put_headers(
                 &mut self.out,
                 id,
@@ -1199,7 +1289,29 @@ impl<S: AsyncRead + AsyncWrite + Unpin, H: Service> Connection<S, H> {
         {
             g.flow.recv_window -= received.len() as i64;
         }
-        self.service.serve_general(&head, req, respond);
+        self.starting.push(Start::General { head, req, respond });
+    }
+
+    /// At the end of a read batch: the tasks of the streams it opened start, but for streams
+    /// reset since (by the peer, by this server over a later frame of the batch, or by the
+    /// connection closing), which get none: their reset costs no work.
+    fn start_tasks(&mut self) {
+        if self.starting.is_empty() {
+            return;
+        }
+        let mut starting = std::mem::take(&mut self.starting);
+        for start in starting.drain(..) {
+            if start.respond().is_reset() {
+                continue;
+            }
+            match start {
+                Start::General { head, req, respond } => {
+                    self.service.serve_general(&head, req, respond)
+                }
+                Start::Later { later, respond } => self.service.answer_later(later, respond),
+            }
+        }
+        self.starting = starting;
     }
 
     /// The request of a general stream ended (END_STREAM, with trailers or not): the stream
@@ -1241,6 +1353,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin, H: Service> Connection<S, H> {
     /// the table only the frame is sent: it is idle or closed already.
     fn reset_stream(&mut self, id: u32, reason: Reason) {
         frame::put_rst_stream(&mut self.out, id, reason);
+        self.guard.reset_sent(reason);
         if let Some(stream) = self.streams.remove(&id) {
             self.close_removed(id, stream, Event::SendReset, reason);
         }
@@ -1249,6 +1362,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin, H: Service> Connection<S, H> {
     /// RST_STREAM on a stream just opened in `state` and never put in the table.
     fn reset_unlisted(&mut self, id: u32, state: State, reason: Reason) {
         frame::put_rst_stream(&mut self.out, id, reason);
+        self.guard.reset_sent(reason);
         self.record_closed(id, state, &[Event::SendReset]);
     }
 
@@ -1375,6 +1489,8 @@ struct SendState<'a> {
     connection_window: &'a mut i64,
     queued: &'a AtomicUsize,
     max_frame: usize,
+    /// DATA frames written.
+    data_frames: u64,
 }
 
 impl SendState<'_> {
@@ -1400,6 +1516,7 @@ impl SendState<'_> {
                     let chunk = bytes.split_to(n);
                     let last = bytes.is_empty();
                     frame::put_data(self.out, id, &chunk, *end && last);
+                    self.data_frames += 1;
                     *self.connection_window -= n as i64;
                     flow.send_window -= n as i64;
                     s.queued_bytes -= n;
@@ -1529,8 +1646,10 @@ impl<S: AsyncRead + AsyncWrite + Unpin, H: Service> Connection<S, H> {
             connection_window: &mut self.send_window,
             queued: &self.queued,
             max_frame: self.peer_max_frame,
+            data_frames: 0,
         };
         let ended = send.write_queued(id, &mut g.flow, s);
+        self.guard.data_frames_sent(send.data_frames);
         if g.flow.blocked && !self.blocked.contains(&id) {
             self.blocked.push(id);
         }

@@ -13,12 +13,15 @@
 //! * [`state`]: stream states and their transitions (RFC 9113 §5.1), the record of closed
 //!   streams, `content-length` accounting.
 //! * [`stream`]: what a general-path stream's task shares with its connection.
+//! * [`guard`]: per-connection bounds on floods and provoked stream errors (the
+//!   denial-of-service families).
 //! * [`connection`]: the connection itself, and the [`Service`] it serves.
 
 mod connection;
 pub mod frame;
 #[cfg(test)]
 mod fuzz_hpack;
+mod guard;
 pub mod headers;
 mod hpack;
 mod hpack_tables;

@@ -260,6 +260,12 @@ impl Responder {
         let _ = self.push(Outgoing::Reset(reason), true);
     }
 
+    /// Whether the stream was reset (by the peer or the connection closing): a task that has
+    /// not begun its work need not.
+    pub fn is_reset(&self) -> bool {
+        self.link.lock().reset.is_some()
+    }
+
     /// Ready with the reason once the stream was reset (by the peer or the connection closing).
     pub fn poll_reset(&self, cx: &mut Context<'_>) -> Poll<Reason> {
         let mut s = self.link.lock();

@@ -187,15 +187,13 @@ shards_1_and_2!(lookup_in_every_framing);
 // ---------------------------------------------------------------------------------------------
 // 3. Pipelining
 
-/// 64 LookupRoutes on streams 1, 3, …, 127 written in one go: each stream gets exactly one
+/// `calls` LookupRoutes on streams 1, 3, … written in one go: each stream gets exactly one
 /// complete answer of its own.
-async fn pipelined_streams_each_get_one_answer(shards: usize) {
-    const CALLS: u32 = 64;
-    let srv = Server::start(shards, &[]);
+async fn pipelined_calls_each_get_one_answer(srv: &Server, calls: u32) {
     let mut c = FrameConn::handshake(srv.grpc_port).await;
     let block = grpc_request_block(LOOKUP_PATH);
     let body = lookup_body();
-    let ids: Vec<u32> = (0..CALLS).map(|i| 2 * i + 1).collect();
+    let ids: Vec<u32> = (0..calls).map(|i| 2 * i + 1).collect();
     let mut w = Vec::new();
     for &id in &ids {
         w.extend_from_slice(&headers(id, &block, false));
@@ -219,7 +217,25 @@ async fn pipelined_streams_each_get_one_answer(shards: usize) {
         }
     }
 }
+
+/// 64 LookupRoutes on streams 1, 3, …, 127 written in one go: one answer each.
+async fn pipelined_streams_each_get_one_answer(shards: usize) {
+    let srv = Server::start(shards, &[]);
+    pipelined_calls_each_get_one_answer(&srv, 64).await;
+}
 shards_1_and_2!(pipelined_streams_each_get_one_answer);
+
+/// 1,000 LookupRoutes (2,000 frames) written in one go: more than one turn's frames
+/// (`HTTP2_FRAMES_PER_TURN`, 256), so the connection yields with frames still in its read
+/// buffer (counted) and comes back for them: every stream still gets exactly one answer.
+async fn pipelined_past_one_turn_each_get_one_answer(shards: usize) {
+    let srv = Server::start(shards, &[]);
+    pipelined_calls_each_get_one_answer(&srv, 1_000).await;
+    let series = "inferencecache_limit_hits_total{limit=\"http2_frames_per_turn\"}";
+    let cut = metric_value(&metrics_text(&srv), series).unwrap_or(0.0);
+    assert!(cut >= 1.0, "no turn was cut short ({cut})");
+}
+shards_1_and_2!(pipelined_past_one_turn_each_get_one_answer);
 
 // ---------------------------------------------------------------------------------------------
 // 4. The server respects the client's flow-control windows
