@@ -395,7 +395,11 @@ fn a_stretch_of_free_slots_longer_than_a_slice_is_passed() {
         }
     }
     let out = out.expect("the pass finished");
-    assert_eq!(out.ttl_evicted.total(), 1, "the expired key after the free slots was swept");
+    assert_eq!(
+        out.ttl_evicted.total(),
+        1,
+        "the expired key after the free slots was swept"
+    );
     assert_eq!(ix.entry_count(), 10);
 }
 
