@@ -5,10 +5,10 @@
 //! removing one holder is O(1) whatever the number of holders (the chain is a linear walk).
 //!
 //! Layout (the memory target is < 48 bytes per storage entry, docs/ARCHITECTURE.md §3):
-//! * a key record, 36 bytes in three columns of the [`KeySlab`]: the key's 8-byte hash (or blob
-//!   id); its `ks` word, the keyspace id (`(scope, adapter)`, top bit = "hash is a blob id";
-//!   bits 30 and 29 are the run bits the chain walk uses, see [`RUN_FLAG`]); and `KeyRec` (24
-//!   bytes), the first holder and the head of the overflow chain.
+//! * a key record, 36 bytes in two columns of the [`KeySlab`]: [`KeyWords`] (12 bytes), its `ks`
+//!   word, the keyspace id (`(scope, adapter)`, top bit = "hash is a blob id"; bits 30 and 29
+//!   are the run bits the chain walk uses, see [`RUN_FLAG`]), and the key's 8-byte hash (or
+//!   blob id); and `KeyRec` (24 bytes), the first holder and the head of the overflow chain.
 //! * `OverRec` (24 bytes): a further holder and the next link.
 //! * [`PosTable`] × [`SEGMENTS`]: slab positions with a hash tag, 4 bytes per bucket, split by
 //!   hash bits so that no table grows or rehashes more than a small share of the keys at once.
@@ -53,8 +53,6 @@ pub(crate) const KEYSPACE_LIMIT: u32 = NEXT_RUN_FLAG - 1;
 /// has, without run bits, so a free record never compares equal to a key (with or without
 /// [`RUN_FLAG`]) and never continues a run. Its hash words are the free list's links.
 const FREE_KS: u32 = BLOB_FLAG | KEYSPACE_LIMIT;
-/// Records [`Store::run_matches`] compares in one step.
-const RUN_COMPARE: usize = 8;
 /// How many free slots below the newest freed one [`Store::find_or_insert`] looks through for
 /// the start of their free range when a chain begins a new run: chains removed root first free
 /// their slots upwards, and the run is rebuilt upwards from the lowest of them.
@@ -214,59 +212,80 @@ impl<T> Chunked<T> {
     }
 }
 
-/// The key records as three columns in step: hash words, `ks` words and holder parts (36 bytes
-/// per key in all, as one record was). A lookup's chain walk compares a run's keys along the
-/// slab: it streams 12 bytes per block from the first two columns instead of 36, so a long
-/// chain costs a third of the memory traffic (the walk is bound by it on a large index).
-/// A free slot's hash word holds the free list's links ([`FreeSlots`]).
+/// A key record's key part: its `ks` word and its 8-byte hash (or blob id) as two words (12
+/// bytes, align 4).
+#[derive(Clone, Copy)]
+#[repr(C)]
+struct KeyWords {
+    ks: u32,
+    h: [u32; 2],
+}
+
+const _: () = assert!(std::mem::size_of::<KeyWords>() == 12);
+
+impl KeyWords {
+    #[inline(always)]
+    fn hash(&self) -> u64 {
+        (self.h[1] as u64) << 32 | self.h[0] as u64
+    }
+    #[inline(always)]
+    fn new(hash: u64, ks: u32) -> KeyWords {
+        KeyWords {
+            ks,
+            h: [hash as u32, (hash >> 32) as u32],
+        }
+    }
+}
+
+/// The key records as two columns in step: key parts ([`KeyWords`]: `ks` word and hash) and
+/// holder parts ([`KeyRec`]), 36 bytes per key in all, as one record was. A lookup's chain walk
+/// compares a run's keys along the slab: it streams the 12-byte key parts, not the whole 36, so
+/// a long chain costs a third of the memory traffic. A free slot's hash words hold the free
+/// list's links ([`FreeSlots`]).
 struct KeySlab {
-    hash: Chunked<u64>,
-    ks: Chunked<u32>,
+    key: Chunked<KeyWords>,
     rec: Chunked<KeyRec>,
 }
 
 impl KeySlab {
     fn new() -> KeySlab {
         KeySlab {
-            hash: Chunked::new(),
-            ks: Chunked::new(),
+            key: Chunked::new(),
             rec: Chunked::new(),
         }
     }
     #[inline(always)]
     fn len(&self) -> usize {
-        self.ks.len
+        self.key.len
     }
     fn push(&mut self, hash: u64, ks: u32, rec: KeyRec) -> u32 {
-        self.hash.push(hash);
-        self.ks.push(ks);
+        self.key.push(KeyWords::new(hash, ks));
         self.rec.push(rec)
     }
     fn set(&mut self, pos: u32, hash: u64, ks: u32, rec: KeyRec) {
-        *self.hash.get_mut(pos) = hash;
-        *self.ks.get_mut(pos) = ks;
+        *self.key.get_mut(pos) = KeyWords::new(hash, ks);
         *self.rec.get_mut(pos) = rec;
     }
     fn pop(&mut self) {
-        self.hash.pop();
-        self.ks.pop();
+        self.key.pop();
         self.rec.pop();
     }
     #[inline(always)]
     fn hash(&self, pos: u32) -> u64 {
-        *self.hash.get(pos)
+        self.key.get(pos).hash()
     }
     #[inline(always)]
-    fn hash_mut(&mut self, pos: u32) -> &mut u64 {
-        self.hash.get_mut(pos)
+    fn set_hash(&mut self, pos: u32, hash: u64) {
+        let k = self.key.get_mut(pos);
+        k.h = [hash as u32, (hash >> 32) as u32];
     }
     #[inline(always)]
     fn ks(&self, pos: u32) -> u32 {
-        *self.ks.get(pos)
+        self.key.get(pos).ks
     }
     #[inline(always)]
     fn ks_mut(&mut self, pos: u32) -> &mut u32 {
-        self.ks.get_mut(pos)
+        &mut self.key.get_mut(pos).ks
     }
     #[inline(always)]
     fn rec(&self, pos: u32) -> &KeyRec {
@@ -279,13 +298,14 @@ impl KeySlab {
     /// The key at `pos` (its `ks` word without the run bits).
     #[inline(always)]
     fn key(&self, pos: u32) -> KeyId {
+        let k = self.key.get(pos);
         KeyId {
-            ks: self.ks(pos) & !RUN_BITS,
-            h: self.hash(pos),
+            ks: k.ks & !RUN_BITS,
+            h: k.hash(),
         }
     }
     fn bytes(&self) -> usize {
-        self.hash.bytes() + self.ks.bytes() + self.rec.bytes()
+        self.key.bytes() + self.rec.bytes()
     }
 }
 
@@ -321,12 +341,12 @@ impl FreeSlots {
     fn push(&mut self, keys: &mut KeySlab, pos: u32) {
         *keys.ks_mut(pos) = FREE_KS;
         keys.rec_mut(pos).next = NIL;
-        *keys.hash_mut(pos) = links(self.newest, NIL);
+        keys.set_hash(pos, links(self.newest, NIL));
         if self.newest == NIL {
             self.oldest = pos;
         } else {
             let older = keys.hash(self.newest) as u32;
-            *keys.hash_mut(self.newest) = links(older, pos);
+            keys.set_hash(self.newest, links(older, pos));
         }
         self.newest = pos;
         self.count += 1;
@@ -339,14 +359,14 @@ impl FreeSlots {
         if older == NIL {
             self.oldest = newer;
         } else {
-            let h = keys.hash_mut(older);
-            *h = links(*h as u32, newer);
+            let h = keys.hash(older);
+            keys.set_hash(older, links(h as u32, newer));
         }
         if newer == NIL {
             self.newest = older;
         } else {
-            let h = keys.hash_mut(newer);
-            *h = links(older, (*h >> 32) as u32);
+            let h = keys.hash(newer);
+            keys.set_hash(newer, links(older, (h >> 32) as u32));
         }
         self.count -= 1;
     }
@@ -618,9 +638,9 @@ impl Store {
     /// How many key records from `prev + 1` on continue a run and hold, in order, the keys
     /// `key(0)`, `key(1)`, … (at most `max`; `key` returns None for a key the index cannot
     /// hold, which ends the match): the blocks of a chain that follow block `prev`'s stored run.
-    /// No table probe: the hash and `ks` columns are compared along the slab, chunk by chunk,
-    /// [`RUN_COMPARE`] records at a time without a branch per record; the key and the run bit
-    /// are compared in one step (the record's `ks` word is the key's with the bit set).
+    /// No table probe: the key column is compared along the slab, chunk by chunk (12 bytes read
+    /// per record, not the record's 36); the key and the run bit are compared in one step (the
+    /// record's `ks` word is the key's with the bit set).
     #[inline]
     pub fn run_matches(
         &self,
@@ -630,47 +650,20 @@ impl Store {
     ) -> usize {
         let mut m = 0;
         let mut pos = prev as usize + 1;
-        let mut want = [(0u32, 0u64); RUN_COMPARE];
         while m < max && pos < self.keys.len() {
             let c = pos >> CHUNK_SHIFT;
-            let (hashes, kss) = (&self.keys.hash.chunks[c], &self.keys.ks.chunks[c]);
+            let chunk = &self.keys.key.chunks[c];
             let from = pos & (CHUNK - 1);
-            let take = (hashes.len() - from).min(max - m);
-            let (hashes, kss) = (&hashes[from..from + take], &kss[from..from + take]);
-            let mut i = 0;
-            while i < take {
-                let n = (take - i).min(RUN_COMPARE);
-                let mut known = n;
-                for (j, w) in want[..n].iter_mut().enumerate() {
-                    match key(m + i + j) {
-                        Some(k) => *w = (k.ks | RUN_FLAG, k.h),
-                        None => {
-                            known = j;
-                            break;
-                        }
-                    }
+            let take = (chunk.len() - from).min(max - m);
+            for rec in &chunk[from..from + take] {
+                let Some(k) = key(m) else {
+                    return m;
+                };
+                if rec.ks & !NEXT_RUN_FLAG != k.ks | RUN_FLAG || rec.hash() != k.h {
+                    return m;
                 }
-                let equal = hashes[i..i + known]
-                    .iter()
-                    .zip(&kss[i..i + known])
-                    .zip(&want[..known])
-                    .fold(true, |all, ((h, ks), (wks, wh))| {
-                        all & (*h == *wh) & (*ks & !NEXT_RUN_FLAG == *wks)
-                    });
-                if !equal || known < n {
-                    let same = hashes[i..i + known]
-                        .iter()
-                        .zip(&kss[i..i + known])
-                        .zip(&want[..known])
-                        .take_while(|((h, ks), (wks, wh))| {
-                            **h == *wh && **ks & !NEXT_RUN_FLAG == *wks
-                        })
-                        .count();
-                    return m + i + same;
-                }
-                i += n;
+                m += 1;
             }
-            m += take;
             pos += take;
         }
         m
