@@ -121,6 +121,21 @@ pub(crate) async fn subscriber_batches(port: u16) -> f64 {
         .unwrap_or(0.0)
 }
 
+/// The real subscriber run in this process with `args`, and the sender that stops it (a send,
+/// or dropping it, ends the run).
+pub(crate) fn spawn_subscriber(
+    args: kvevent_subscriber::cli::Args,
+) -> (
+    tokio::sync::oneshot::Sender<()>,
+    tokio::task::JoinHandle<impl Sized>,
+) {
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let sub = tokio::spawn(kvevent_subscriber::app::run(args, async move {
+        let _ = stop_rx.await;
+    }));
+    (stop_tx, sub)
+}
+
 /// Publishes empty batches until the subscriber (metrics on `metrics_port`) has received one:
 /// a ZMQ SUB socket misses what was published before it joined. Returns the next sequence
 /// number to publish. Panics if the subscriber stops or 30 s pass.
@@ -168,10 +183,7 @@ async fn engine_events_drive_lookups(shards: usize) {
         "--metrics-bind",
         &format!("127.0.0.1:{metrics_port}"),
     ]);
-    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let sub = tokio::spawn(kvevent_subscriber::app::run(args, async move {
-        let _ = stop_rx.await;
-    }));
+    let (stop_tx, sub) = spawn_subscriber(args);
 
     // ZMQ slow joiner: publish empty batches (every 50 ms) until the subscriber's metrics show
     // it has received one; bounded by a generous deadline.
@@ -775,10 +787,7 @@ async fn subscriber_over_tls_with_credentials(shards: usize) {
         "--metrics-bind",
         &format!("127.0.0.1:{metrics_port}"),
     ]);
-    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let sub = tokio::spawn(kvevent_subscriber::app::run(args, async move {
-        let _ = stop_rx.await;
-    }));
+    let (stop_tx, sub) = spawn_subscriber(args);
     let seq = prime_subscriber(&mut pub_sock, metrics_port, &sub).await;
     publish(
         &mut pub_sock,

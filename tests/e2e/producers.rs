@@ -848,7 +848,7 @@ fn producer_startup_failures() {
 /// gateway calls with no credentials. With the token's service account bound to another
 /// replica, the same run is refused (checked below by a second subscriber).
 async fn subscriber_with_a_token(shards: usize) {
-    use crate::kvevents::{BS, batch, prime_subscriber, publish, stored};
+    use crate::kvevents::{BS, batch, prime_subscriber, publish, spawn_subscriber, stored};
     use zeromq::Socket as _;
     let bs = BS.to_string();
     let (dir, srv, _state) = token_server(
@@ -888,10 +888,7 @@ async fn subscriber_with_a_token(shards: usize) {
                 "--metrics-bind",
                 &format!("127.0.0.1:{metrics_port}"),
             ]);
-            let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-            let sub = tokio::spawn(kvevent_subscriber::app::run(args, async move {
-                let _ = stop_rx.await;
-            }));
+            let (stop_tx, sub) = spawn_subscriber(args);
             let seq = prime_subscriber(&mut pub_sock, metrics_port, &sub).await;
             let blocks = [first_block, first_block + 1];
             let tokens = first_block as u32 * BS..(first_block as u32 + 2) * BS;

@@ -775,7 +775,9 @@ async fn event_log_over_tls_with_credentials_shards_2() {
 /// the engine's blocks reach LookupRoute through the stream. Without it the server counts the
 /// refusal.
 async fn event_log_with_a_creds_file(shards: usize) {
-    use crate::kvevents::{BS, batch, eventually, prime_subscriber, publish, stored};
+    use crate::kvevents::{
+        BS, batch, eventually, prime_subscriber, publish, spawn_subscriber, stored,
+    };
     use zeromq::{PubSocket, Socket};
     const STREAM: &str = "IC_E2E_CREDS";
     let (nats, creds) = NatsServer::start_operator_mode();
@@ -823,10 +825,7 @@ async fn event_log_with_a_creds_file(shards: usize) {
         "--nats-creds-file",
         &creds_file,
     ]);
-    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let sub = tokio::spawn(kvevent_subscriber::app::run(args, async move {
-        let _ = stop_rx.await;
-    }));
+    let (stop_tx, sub) = spawn_subscriber(args);
     let seq = prime_subscriber(&mut pub_sock, metrics_port, &sub).await;
     publish(
         &mut pub_sock,
@@ -995,7 +994,9 @@ async fn log_messages_obey_the_producer_policy_and_fencing_shards_2() {
 /// publishing under another producer's name is refused by NATS at the publish: nothing reaches
 /// the stream, nothing is refused (or applied) by the replica.
 async fn log_producer_names_are_bound_by_nats_permissions(shards: usize) {
-    use crate::kvevents::{BS, batch, eventually, prime_subscriber, publish, stored};
+    use crate::kvevents::{
+        BS, batch, eventually, prime_subscriber, publish, spawn_subscriber, stored,
+    };
     use zeromq::{PubSocket, Socket};
     const STREAM: &str = "IC_E2E_NAMES";
     let nats = NatsServer::start_with_users(
@@ -1067,10 +1068,7 @@ async fn log_producer_names_are_bound_by_nats_permissions(shards: usize) {
         "--nats-password-file",
         &pool_pw,
     ]);
-    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let sub = tokio::spawn(kvevent_subscriber::app::run(args, async move {
-        let _ = stop_rx.await;
-    }));
+    let (stop_tx, sub) = spawn_subscriber(args);
     let seq = prime_subscriber(&mut engine, metrics_port, &sub).await;
     publish(&mut engine, seq, batch(vec![stored(&[41, 42], 0..2 * BS)])).await;
     eventually(&srv, 0..2 * BS, "PREFIX_MATCH", 2 * BS as i32).await;
