@@ -115,6 +115,24 @@ async fn publish_as(
         .map(|r| r.into_inner())
 }
 
+/// A call without an identity: its ReportCacheState of `hash` for `replica` of `tenant` is
+/// refused with `UNAUTHENTICATED`, and its ALL_CLEARED for that replica fails `Unauthenticated`.
+async fn anonymous_refused(c: &mut Client, replica: &str, tenant: &str, hash: &[u8]) {
+    refused(
+        report_as(c, vec![update(replica, tenant, hash)], None, None).await,
+        "UNAUTHENTICATED",
+    );
+    let st = publish_as(
+        c,
+        cache_event(Type::AllCleared, tenant, "m", replica, b"", ""),
+        None,
+        None,
+    )
+    .await
+    .unwrap_err();
+    assert_eq!(st.code(), tonic::Code::Unauthenticated, "{st:?}");
+}
+
 fn refused(ack: Result<pb::Ack, tonic::Status>, reason: &str) {
     let ack = ack.expect("an Ack");
     assert!(!ack.accepted, "{ack:?}");
@@ -218,25 +236,7 @@ async fn certificates_and_policy(shards: usize) {
         .await
         .unwrap()
         .into_inner();
-    refused(
-        report_as(
-            &mut gateway,
-            vec![update("decode-a1", "team-a", b"h-anon")],
-            None,
-            None,
-        )
-        .await,
-        "UNAUTHENTICATED",
-    );
-    let st = publish_as(
-        &mut gateway,
-        cache_event(Type::AllCleared, "team-a", "m", "decode-a1", b"", ""),
-        None,
-        None,
-    )
-    .await
-    .unwrap_err();
-    assert_eq!(st.code(), tonic::Code::Unauthenticated, "{st:?}");
+    anonymous_refused(&mut gateway, "decode-a1", "team-a", b"h-anon").await;
     let mut a = tls_client(port, &server_pki.ca_pem, Some(&certs[0]))
         .await
         .unwrap();
@@ -764,25 +764,7 @@ async fn required_without_policy(shards: usize) {
         },
     );
     let mut c = srv.client().await;
-    refused(
-        report_as(
-            &mut c,
-            vec![update("any-replica", "any-tenant", b"q")],
-            None,
-            None,
-        )
-        .await,
-        "UNAUTHENTICATED",
-    );
-    let st = publish_as(
-        &mut c,
-        cache_event(Type::AllCleared, "any-tenant", "m", "any-replica", b"", ""),
-        None,
-        None,
-    )
-    .await
-    .unwrap_err();
-    assert_eq!(st.code(), tonic::Code::Unauthenticated, "{st:?}");
+    anonymous_refused(&mut c, "any-replica", "any-tenant", b"q").await;
     assert!(holders(&mut c, "any-tenant", b"q").await.is_empty());
     accepted(
         report_as(
