@@ -9,7 +9,7 @@ use inferencecache_proto::v1alpha1 as pb;
 
 use crate::feeds::events;
 use crate::runtime::{evict, mailbox};
-use crate::shard::{IngestRefused, owner};
+use crate::shard::{CapNeed, IngestRefused, owner};
 
 /// The owner core could not be reached (stalled or shutting down); nothing was applied.
 #[derive(Debug)]
@@ -30,15 +30,20 @@ pub async fn apply_update(
     let core = owner(&update.tenant_id, &update.model_id);
     // The update travels back with the answer, so the change feed can publish it without a
     // copy; so do the entries its cap or quota evicted on the owner (published after it).
-    // After a pending ALL_CLEARED on the owner: the ingest needs the store after it.
-    let (applied, update, removals, evictions) = mailbox::call_after_clear(core, move |st| {
-        let applied = st.ingest(&update);
-        let quota = st.quota_for(&update.tenant_id);
-        let evictions = evict::pending(st, &update.tenant_id, quota);
-        (applied, update, events::take_removals(), evictions)
-    })
-    .await
-    .map_err(|_| OwnerUnavailable)?;
+    // After a pending ALL_CLEARED on the owner (the ingest needs the store after it), and after
+    // the slices of any cap victims it may need that are not ready.
+    let need = CapNeed::Ingest {
+        new_entries: update.prefixes.len(),
+    };
+    let (applied, update, removals, evictions) =
+        mailbox::call_after_maintenance(core, need, move |st| {
+            let applied = st.ingest(&update);
+            let quota = st.quota_for(&update.tenant_id);
+            let evictions = evict::pending(st, &update.tenant_id, quota);
+            (applied, update, events::take_removals(), evictions)
+        })
+        .await
+        .map_err(|_| OwnerUnavailable)?;
     // Several cores: each core hands back the removals its share of the victims held.
     let cross_core_removals = match evictions {
         Some(e) => e.enforce(events::take_removals).await,

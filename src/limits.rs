@@ -246,6 +246,12 @@ pub const CAP_PREBUILD_POLL: Duration = Duration::from_secs(1);
 /// (a lookup queued behind it waits at most about this long); slices are
 /// [`SWEEP_SLICE_PAUSE`] apart, like the sweep's.
 pub const CAP_BUILD_SLICE_BUDGET: Duration = Duration::from_micros(250);
+/// Cap build slices one ingest runs at most before it is applied, when it may evict at the cap
+/// and the victims are not ready (`mailbox::call_after_maintenance`): about a second of slices,
+/// more than a build over the largest per-core index takes. Past it (policy pushes restarting
+/// every build), the ingest builds its victims itself, counted in
+/// `inferencecache_core_cap_builds_sync_total`, rather than wait without end.
+pub const MAX_CAP_SLICES_BEFORE_INGEST: usize = 4_096;
 /// Storage entries (plus candidate reorder steps) one cap build slice handles at
 /// most; a slice stops at whichever of this and the time budget comes first.
 pub const CAP_BUILD_SLICE_MAX_ENTRIES: usize = 16_384;

@@ -472,7 +472,7 @@ fn core_requests(cores: &[CoreView]) -> Family<'_> {
 type PerCore = (&'static str, &'static str, MetricType, fn(&CoreView) -> i64);
 
 /// The per-core families of one whole number per core.
-const PER_CORE: [PerCore; 13] = [
+const PER_CORE: [PerCore; 14] = [
     (
         "inferencecache_core_hopped_ops",
         "Operations a core executed on behalf of other threads (hop arrivals).",
@@ -538,6 +538,12 @@ const PER_CORE: [PerCore; 13] = [
         "Cap candidate builds a core ran or finished in one go on an ingest that needed victims first (the fallback).",
         MetricType::Counter,
         |c| c.metrics.cap_builds_sync as i64,
+    ),
+    (
+        "inferencecache_core_cap_slices_on_demand",
+        "Cap build slices a core ran for an ingest or a cross-core candidate request whose victims were not ready, before serving it (instead of one O(entries) build on it).",
+        MetricType::Counter,
+        |c| c.metrics.cap_slices_on_demand as i64,
     ),
     (
         "inferencecache_core_clear_slices",

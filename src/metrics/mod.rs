@@ -198,6 +198,10 @@ pub struct CoreMetrics {
     pub clears_sync: u64,
     /// Slices of `ALL_CLEARED` removals a core ran (the core serves queued requests between two).
     pub clear_slices: u64,
+    /// Cap build (or algorithm re-resolution) slices a core ran for an ingest or a cross-core
+    /// candidate request whose victims were not ready, before serving it (it waited instead of
+    /// building them in one go).
+    pub cap_slices_on_demand: u64,
     /// Longest slice of the last completed build ahead of need (seconds; the largest over
     /// cores once merged).
     pub cap_build_last_max_slice: f64,
@@ -316,6 +320,7 @@ impl CoreMetrics {
         self.cap_builds_sync += other.cap_builds_sync;
         self.clears_sync += other.clears_sync;
         self.clear_slices += other.clear_slices;
+        self.cap_slices_on_demand += other.cap_slices_on_demand;
         self.cap_build_last_max_slice = self
             .cap_build_last_max_slice
             .max(other.cap_build_last_max_slice);
@@ -479,6 +484,11 @@ pub fn record_cap_builds_sync(n: u64) {
     if n > 0 {
         with_store(|m| m.cap_builds_sync += n);
     }
+}
+
+/// One cap build slice ran before an operation that needed its victims (`CoreState::cap_slice_before`).
+pub fn record_cap_slice_on_demand() {
+    with_store(|m| m.cap_slices_on_demand += 1);
 }
 
 /// One slice of a pending `ALL_CLEARED`'s removals ran.

@@ -20,7 +20,7 @@ use inferencecache_index::directory::Directory;
 use inferencecache_index::index::select_victims;
 
 use super::mailbox;
-use crate::shard::{self, CoreState};
+use crate::shard::{self, CapNeed, CoreState};
 
 /// Ingests whose cross-core evictions are pending or running.
 static IN_FLIGHT: AtomicUsize = AtomicUsize::new(0);
@@ -65,15 +65,20 @@ pub fn pending(st: &CoreState, tenant: &str, quota: Option<u64>) -> Option<Pendi
 }
 
 /// Runs `round` for each core concurrently and collects the answers (a core that cannot be
-/// reached, i.e. shutdown, contributes the default).
-async fn on_every_core<R, F>(cores: usize, mut round: F) -> Vec<R>
+/// reached, i.e. shutdown, contributes the default). Each core first readies the cap victims
+/// `need` says the round takes there, in slices.
+async fn on_every_core<R, F>(cores: usize, need: CapNeed, mut round: F) -> Vec<R>
 where
     R: Send + Default + 'static,
     F: FnMut(usize) -> Box<dyn FnOnce(&mut CoreState) -> R + Send>,
 {
     let calls = (0..cores).map(|c| {
         let f = round(c);
-        async move { mailbox::call_after_clear(c, f).await.unwrap_or_default() }
+        async move {
+            mailbox::call_after_maintenance(c, need, f)
+                .await
+                .unwrap_or_default()
+        }
     });
     futures_util::future::join_all(calls).await
 }
@@ -101,21 +106,21 @@ impl Pending {
             let fp = Directory::fingerprint(tenant);
             // The directory counts keys a pending ALL_CLEARED is still removing: read it once
             // every core's is done.
-            on_every_core(cores, |_| Box::new(|_| ())).await;
+            on_every_core(cores, CapNeed::Nothing, |_| Box::new(|_| ())).await;
             loop {
                 let global = dir.tenant_keys_exact(fp);
                 if global <= budget {
                     break;
                 }
                 let over = (global - budget) as usize;
-                let parts = on_every_core(cores, |_| {
+                let parts = on_every_core(cores, CapNeed::Nothing, |_| {
                     let t = tenant.to_string();
                     Box::new(move |st| st.index.quota_candidates(&t, over))
                 })
                 .await;
                 let mut picks = select_victims(&parts, over);
                 let evicted = sum_evicted(
-                    on_every_core(cores, |c| {
+                    on_every_core(cores, CapNeed::Nothing, |c| {
                         let (t, v) = (tenant.to_string(), std::mem::take(&mut picks[c]));
                         Box::new(move |st| (st.evict_quota(&t, &v), Some(after_evict())))
                     })
@@ -136,10 +141,13 @@ impl Pending {
                 break;
             }
             let over = over as usize;
-            let parts = on_every_core(cores, |_| Box::new(move |st| st.cap_candidates(over))).await;
+            let parts = on_every_core(cores, CapNeed::Candidates(over), |_| {
+                Box::new(move |st| st.cap_candidates(over))
+            })
+            .await;
             let mut picks = select_victims(&parts, over);
             let evicted = sum_evicted(
-                on_every_core(cores, |c| {
+                on_every_core(cores, CapNeed::Nothing, |c| {
                     let v = std::mem::take(&mut picks[c]);
                     Box::new(move |st| (st.evict_cap(&v), Some(after_evict())))
                 })

@@ -13,9 +13,9 @@ use futures_util::task::AtomicWaker;
 
 use crate::limits::{
     CORE_HEARTBEAT_INTERVAL, MAILBOX_BACKOFF_MAX, MAILBOX_BACKOFF_MIN, MAILBOX_CAPACITY,
-    MAILBOX_DRAIN_BATCH, SWEEP_SLICE_PAUSE,
+    MAILBOX_DRAIN_BATCH, MAX_CAP_SLICES_BEFORE_INGEST, SWEEP_SLICE_PAUSE,
 };
-use crate::shard::{self, CoreState};
+use crate::shard::{self, CapNeed, CoreState};
 
 /// Work shipped to the core that owns it.
 pub enum Op {
@@ -193,28 +193,51 @@ where
 }
 
 /// [`call`] once no `ALL_CLEARED` is pending on `owner` (the index `clear` module): for
-/// operations that need its store after the clear (ingest, events, evictions, GetCacheState).
-/// While one is pending, each attempt runs one slice of it there instead (as the sweep does)
-/// and the caller pauses [`SWEEP_SLICE_PAUSE`] before the next, so the core serves whatever
-/// else arrived in between and nothing waits behind more than one slice.
+/// operations that need its store after the clear (events, evictions, GetCacheState, scrapes).
+/// See [`call_after_maintenance`].
 pub async fn call_after_clear<R, F>(owner: usize, f: F) -> Result<R, HopError>
 where
     R: Send + 'static,
     F: FnOnce(&mut CoreState) -> R + Send + 'static,
 {
+    call_after_maintenance(owner, CapNeed::Nothing, f).await
+}
+
+/// [`call`] once `owner` has no maintenance pending that `f` would otherwise finish in one step:
+/// a pending `ALL_CLEARED`, and the global-cap victims it may take there (`need`,
+/// `CoreState::cap_slice_before`). While one is pending, each attempt runs one slice of it
+/// there instead (as the sweep does) and the caller pauses [`SWEEP_SLICE_PAUSE`] before the
+/// next, so the core serves whatever else arrived in between and nothing waits behind more than
+/// one slice. The cap's slices are bounded per call by [`MAX_CAP_SLICES_BEFORE_INGEST`]: past
+/// it (policy pushes restarting every build), `f` builds what it needs itself, counted as a
+/// build on the ingest.
+pub async fn call_after_maintenance<R, F>(owner: usize, need: CapNeed, f: F) -> Result<R, HopError>
+where
+    R: Send + 'static,
+    F: FnOnce(&mut CoreState) -> R + Send + 'static,
+{
     let mut f = f;
+    let mut cap_slices = 0;
     loop {
+        let wait_for = if cap_slices < MAX_CAP_SLICES_BEFORE_INGEST {
+            need
+        } else {
+            CapNeed::Nothing
+        };
         let attempt = call(owner, move |st| {
             if st.clear_slice_if_pending() {
-                Err(f)
+                Err((f, 0))
+            } else if st.cap_slice_before(wait_for) {
+                Err((f, 1))
             } else {
                 Ok(f(st))
             }
         });
         match attempt.await? {
             Ok(r) => return Ok(r),
-            Err(back) => {
+            Err((back, cap)) => {
                 f = back;
+                cap_slices += cap;
                 backoff_sleep(SWEEP_SLICE_PAUSE).await;
             }
         }

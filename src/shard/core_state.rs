@@ -82,6 +82,17 @@ impl IngestRefused {
     }
 }
 
+/// The global-cap victims an operation may take on a core ([`CoreState::cap_slice_before`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CapNeed {
+    /// None (events, GetCacheState, evictions of victims already chosen).
+    Nothing,
+    /// An ingest of this many entries: victims on this core when it evicts by itself (one core).
+    Ingest { new_entries: usize },
+    /// This many candidates for a cross-core selection (`CoreState::cap_candidates`).
+    Candidates(usize),
+}
+
 /// Everything one core owns.
 pub struct CoreState {
     /// This core's id (0-based).
@@ -307,6 +318,26 @@ impl CoreState {
         }
     }
 
+    /// Before an operation that may take global-cap victims on this core while they are not
+    /// ready (a policy change, a heap used up): one slice of building them (or of re-resolving
+    /// the algorithms) instead, so the operation does not build them in one O(entries) step
+    /// while lookups wait. Returns whether it ran one; the caller retries the operation after a
+    /// pause (`mailbox::call_after_maintenance`).
+    pub fn cap_slice_before(&mut self, need: CapNeed) -> bool {
+        let victims = match need {
+            CapNeed::Nothing => 0,
+            CapNeed::Ingest { new_entries } => self.index.cap_victims_for_ingest(new_entries),
+            CapNeed::Candidates(k) => k,
+        };
+        if !self.index.cap_victims_pending(victims) {
+            return false;
+        }
+        self.index
+            .cap_victims_step(victims, &*self.policy, cap_build_budget());
+        metrics::record_cap_slice_on_demand();
+        true
+    }
+
     /// Whether this core should build its next global-cap candidate heap ahead of need (or is
     /// building it): [`Self::cap_build_slice`] does the work.
     pub fn cap_prebuild_wanted(&self) -> bool {
@@ -324,11 +355,7 @@ impl CoreState {
                 ..CapBuildStep::default()
             };
         }
-        let budget = SweepBudget {
-            max_entries: crate::sys::test_hooks::sweep_slice_entries()
-                .unwrap_or(CAP_BUILD_SLICE_MAX_ENTRIES),
-            deadline: Some(Instant::now() + CAP_BUILD_SLICE_BUDGET),
-        };
+        let budget = cap_build_budget();
         if self.index.algorithms_pending() {
             // After a policy install: the tenants' eviction algorithms first, in slices.
             let entries = self.index.algorithms_step(&*self.policy, budget);
@@ -407,6 +434,16 @@ impl CoreState {
     }
 }
 
+/// A cap build slice's budget: [`CAP_BUILD_SLICE_BUDGET`] from now,
+/// [`CAP_BUILD_SLICE_MAX_ENTRIES`] (or the sweep's test hook bound).
+fn cap_build_budget() -> SweepBudget {
+    SweepBudget {
+        max_entries: crate::sys::test_hooks::sweep_slice_entries()
+            .unwrap_or(CAP_BUILD_SLICE_MAX_ENTRIES),
+        deadline: Some(Instant::now() + CAP_BUILD_SLICE_BUDGET),
+    }
+}
+
 /// A sweep slice's budget: [`SWEEP_SLICE_BUDGET`] from now, [`SWEEP_SLICE_MAX_ENTRIES`] (or the
 /// test hook's bound).
 fn sweep_budget() -> SweepBudget {
@@ -456,6 +493,52 @@ mod tests {
                 .collect(),
             ..Default::default()
         }
+    }
+
+    /// After a policy change (or with a heap too small for the message), an ingest that would
+    /// evict at the cap first runs the cap build in slices (each bounded, the core free between
+    /// two) instead of building its victims in one go: no build on the ingest.
+    #[test]
+    fn an_ingest_at_the_cap_waits_for_its_victims_in_slices() {
+        let config = IndexConfig {
+            max_entries: 40_000,
+            rules_change_notified: true,
+            ..Default::default()
+        };
+        let mut st = CoreState::new(0, config);
+        for part in 0..10 {
+            st.ingest(&update(part * 4_000..(part + 1) * 4_000))
+                .unwrap();
+        }
+        st.build_cap_candidates_at_start();
+        st.set_policy(Arc::new(PolicyStore::empty()));
+        assert!(
+            !st.cap_slice_before(CapNeed::Ingest { new_entries: 0 }),
+            "nothing new: no wait"
+        );
+        let mut slices = 0;
+        while st.cap_slice_before(CapNeed::Ingest { new_entries: 16 }) {
+            slices += 1;
+            assert!(slices < 10_000, "the slices make progress");
+        }
+        // The algorithms, then at least 40,000 / CAP_BUILD_SLICE_MAX_ENTRIES build slices.
+        assert!(slices >= 4, "{slices} slices");
+        st.ingest(&update(40_000..40_016)).unwrap();
+        assert_eq!(st.index.take_cap_sync_builds(), 0, "no build on the ingest");
+        assert_eq!(st.index.entry_count(), 40_000);
+        // A message that evicts more than the live heap holds: a bigger build, in slices.
+        assert!(
+            st.cap_slice_before(CapNeed::Ingest { new_entries: 8_000 }),
+            "the heap holds fewer"
+        );
+        while st.cap_slice_before(CapNeed::Ingest { new_entries: 8_000 }) {}
+        st.ingest(&update(50_000..58_000)).unwrap();
+        assert_eq!(st.index.take_cap_sync_builds(), 0, "no build on the ingest");
+        assert_eq!(st.index.entry_count(), 40_000);
+        assert!(
+            !st.cap_slice_before(CapNeed::Ingest { new_entries: 0 }),
+            "nothing new: no wait"
+        );
     }
 
     /// An idle core sleeps until an ingest brings the index near the cap, and that ingest

@@ -858,6 +858,56 @@ impl Index {
             || self.cap_build_due()
     }
 
+    /// How many global-cap victims this core's ingest of `new_entries` entries may take in the
+    /// ingest itself: none with [`IndexConfig::cross_core_eviction`] (a cross-core selection
+    /// asks each core for candidates after it, [`Index::cap_candidates`]), none below the cap.
+    ///
+    /// [`IndexConfig::cross_core_eviction`]: super::IndexConfig::cross_core_eviction
+    pub fn cap_victims_for_ingest(&self, new_entries: usize) -> usize {
+        let max = self.cfg.max_entries;
+        if max == 0 || self.cfg.cross_core_eviction {
+            return 0;
+        }
+        let over = self.dir.non_reserved_entries() + new_entries as i64 - max as i64;
+        usize::try_from(over).unwrap_or(0).min(new_entries)
+    }
+
+    /// Whether taking `need` global-cap victims (or candidates) on this core would build them in
+    /// one O(entries) step because they are not ready: the tenants' algorithms are being
+    /// re-resolved after a policy change, there is no live candidate heap, or it holds fewer
+    /// than `need` and not every entry. [`Index::cap_victims_step`] does that work in slices
+    /// instead; each makes progress while this holds.
+    pub fn cap_victims_pending(&self, need: usize) -> bool {
+        if need == 0 || self.cfg.max_entries == 0 || self.non_reserved_entry_count() == 0 {
+            return false;
+        }
+        self.algo_refresh.is_some()
+            || !self.cap.active
+            || (self.cap.threshold.is_some() && self.cap.heap.len() < need)
+    }
+
+    /// One slice of readying `need` cap victims (see [`Index::cap_victims_pending`]): the
+    /// tenants' algorithms first, then a build of at least that many candidates (a build in
+    /// progress for fewer starts over). Returns the work done. Like a build ahead of need, it
+    /// changes nothing observable.
+    pub fn cap_victims_step(
+        &mut self,
+        need: usize,
+        rules: &dyn TenantRules,
+        budget: SweepBudget,
+    ) -> usize {
+        if self.algo_refresh.is_some() {
+            return self.algorithms_step(rules, budget);
+        }
+        let need = need
+            .max(self.min_candidates)
+            .max(self.store.entry_count() / PREBUILD_AMORTISATION);
+        if self.cap.next.as_ref().is_none_or(|b| b.k < need) {
+            self.cap_build_begin(need);
+        }
+        self.cap_build_run(budget).0
+    }
+
     /// Whether a new cap build ahead of need should start (see [`Index::cap_prebuild_wanted`]).
     fn cap_build_due(&self) -> bool {
         let max = self.cfg.max_entries;
