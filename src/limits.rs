@@ -246,6 +246,12 @@ pub const CAP_PREBUILD_POLL: Duration = Duration::from_secs(1);
 /// (a lookup queued behind it waits at most about this long); slices are
 /// [`SWEEP_SLICE_PAUSE`] apart, like the sweep's.
 pub const CAP_BUILD_SLICE_BUDGET: Duration = Duration::from_micros(250);
+/// Global-cap evictions one step runs at most when an ingest took the index over the cap (one
+/// core; also bounded by [`CAP_BUILD_SLICE_BUDGET`] of time): the ingest's own step evicts this
+/// many, the rest run in later slices the ingest waits for before it is acknowledged
+/// (`evict::Pending`). A message of 4,096 new entries at the cap used to evict all of them in
+/// its own step, ≈ 4 ms of core time.
+pub const CAP_ENFORCE_SLICE_MAX_EVICTIONS: usize = 1_024;
 /// Cap build slices one ingest runs at most before it is applied, when it may evict at the cap
 /// and the victims are not ready (`mailbox::call_after_maintenance`): about a second of slices,
 /// more than a build over the largest per-core index takes. Past it (policy pushes restarting

@@ -472,7 +472,7 @@ fn core_requests(cores: &[CoreView]) -> Family<'_> {
 type PerCore = (&'static str, &'static str, MetricType, fn(&CoreView) -> i64);
 
 /// The per-core families of one whole number per core.
-const PER_CORE: [PerCore; 14] = [
+const PER_CORE: [PerCore; 15] = [
     (
         "inferencecache_core_hopped_ops",
         "Operations a core executed on behalf of other threads (hop arrivals).",
@@ -544,6 +544,12 @@ const PER_CORE: [PerCore; 14] = [
         "Cap build slices a core ran for an ingest or a cross-core candidate request whose victims were not ready, before serving it (instead of one O(entries) build on it).",
         MetricType::Counter,
         |c| c.metrics.cap_slices_on_demand as i64,
+    ),
+    (
+        "inferencecache_core_cap_enforce_slices",
+        "Steps of at most CAP_ENFORCE_SLICE_MAX_EVICTIONS global-cap evictions a core ran after an ingest's own (one core) or per cross-core round (several).",
+        MetricType::Counter,
+        |c| c.metrics.cap_enforce_slices as i64,
     ),
     (
         "inferencecache_core_clear_slices",

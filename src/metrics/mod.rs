@@ -202,6 +202,9 @@ pub struct CoreMetrics {
     /// candidate request whose victims were not ready, before serving it (it waited instead of
     /// building them in one go).
     pub cap_slices_on_demand: u64,
+    /// Steps of at most `CAP_ENFORCE_SLICE_MAX_EVICTIONS` global-cap evictions run after an
+    /// ingest's own step (one core) or per cross-core round (several).
+    pub cap_enforce_slices: u64,
     /// Longest slice of the last completed build ahead of need (seconds; the largest over
     /// cores once merged).
     pub cap_build_last_max_slice: f64,
@@ -321,6 +324,7 @@ impl CoreMetrics {
         self.clears_sync += other.clears_sync;
         self.clear_slices += other.clear_slices;
         self.cap_slices_on_demand += other.cap_slices_on_demand;
+        self.cap_enforce_slices += other.cap_enforce_slices;
         self.cap_build_last_max_slice = self
             .cap_build_last_max_slice
             .max(other.cap_build_last_max_slice);
@@ -489,6 +493,12 @@ pub fn record_cap_builds_sync(n: u64) {
 /// One cap build slice ran before an operation that needed its victims (`CoreState::cap_slice_before`).
 pub fn record_cap_slice_on_demand() {
     with_store(|m| m.cap_slices_on_demand += 1);
+}
+
+/// One step of global-cap evictions ran after an ingest (`CoreState::cap_enforce_slice`,
+/// `CoreState::evict_cap`).
+pub fn record_cap_enforce_slice() {
+    with_store(|m| m.cap_enforce_slices += 1);
 }
 
 /// One slice of a pending `ALL_CLEARED`'s removals ran.

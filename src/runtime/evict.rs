@@ -2,7 +2,9 @@
 //! §1). With several cores an ingest does not evict by itself; once the owner applied it, the
 //! ingesting stream asks every core for its first candidates in the reference's order, picks
 //! the globally first ones and has each core evict its share, so the victims are exactly those
-//! one global index would choose. With one core the index evicts inside the ingest instead.
+//! one global index would choose. With one core the index evicts inside the ingest instead,
+//! at most one slice's worth (`CAP_ENFORCE_SLICE_MAX_EVICTIONS`); the ingesting stream then runs
+//! the rest in slices on the core before the ingest is acknowledged, as the cross-core rounds are.
 //!
 //! Eviction happens on the ingest path only, never on a lookup. Every step is a
 //! [`mailbox::call`] (bounded queues, no blocking wait on a core): two streams enforcing at once
@@ -20,7 +22,8 @@ use inferencecache_index::directory::Directory;
 use inferencecache_index::index::select_victims;
 
 use super::mailbox;
-use crate::shard::{self, CapNeed, CoreState};
+use crate::limits::SWEEP_SLICE_PAUSE;
+use crate::shard::{self, CapNeed, CoreState, cap_enforce_max_evictions};
 
 /// Ingests whose cross-core evictions are pending or running.
 static IN_FLIGHT: AtomicUsize = AtomicUsize::new(0);
@@ -34,6 +37,9 @@ pub fn sweep_may_run() -> bool {
 pub struct Pending {
     tenant: String,
     quota: Option<u64>,
+    /// One core: the global-cap evictions the ingest's own step left owed
+    /// (`CoreState::cap_enforce_slice`), not a cross-core selection.
+    local_cap: bool,
 }
 
 impl Drop for Pending {
@@ -47,7 +53,16 @@ impl Drop for Pending {
 /// cap. Always `None` with one core (the index evicted inside the ingest).
 pub fn pending(st: &CoreState, tenant: &str, quota: Option<u64>) -> Option<Pending> {
     if shard::cores() <= 1 || !st.index.config().cross_core_eviction {
-        return None;
+        // The index evicted inside the ingest, at most a slice of the cap's share.
+        if !st.index.cap_enforce_owed() {
+            return None;
+        }
+        IN_FLIGHT.fetch_add(1, Ordering::AcqRel);
+        return Some(Pending {
+            tenant: tenant.to_string(),
+            quota: None,
+            local_cap: true,
+        });
     }
     let dir = st.index.directory();
     let max = st.index.config().max_entries;
@@ -61,7 +76,28 @@ pub fn pending(st: &CoreState, tenant: &str, quota: Option<u64>) -> Option<Pendi
     Some(Pending {
         tenant: tenant.to_string(),
         quota,
+        local_cap: false,
     })
+}
+
+/// Runs the global-cap evictions an ingest left owed on `core` in slices
+/// ([`SWEEP_SLICE_PAUSE`] apart, each after the victims it needs are ready), until none are
+/// owed. Each slice evicts at least one entry, so this ends.
+async fn enforce_owed_cap<R: Send + 'static>(core: usize, after_evict: fn() -> R) -> Vec<R> {
+    let mut collected = Vec::new();
+    loop {
+        let slice = mailbox::call_after_maintenance(core, CapNeed::Owed, move |st| {
+            (st.cap_enforce_slice(), after_evict())
+        });
+        let Ok((done, removals)) = slice.await else {
+            return collected;
+        };
+        collected.push(removals);
+        if done {
+            return collected;
+        }
+        mailbox::pause(SWEEP_SLICE_PAUSE).await;
+    }
 }
 
 /// Runs `round` for each core concurrently and collects the answers (a core that cannot be
@@ -88,6 +124,9 @@ impl Pending {
     /// `after_evict` runs on each core right after it evicted its share (the change feed takes
     /// the removals it held there); its results come back in eviction order.
     pub async fn enforce<R: Send + 'static>(self, after_evict: fn() -> R) -> Vec<R> {
+        if self.local_cap {
+            return enforce_owed_cap(0, after_evict).await;
+        }
         let mut collected = Vec::new();
         let cores = shard::cores();
         let info =
@@ -140,7 +179,9 @@ impl Pending {
             if over <= 0 {
                 break;
             }
-            let over = over as usize;
+            // At most a slice's worth per round: each core's candidate request and eviction
+            // stay bounded steps, and the globally first victims in rounds are the same set.
+            let over = (over as usize).min(cap_enforce_max_evictions());
             let parts = on_every_core(cores, CapNeed::Candidates(over), |_| {
                 Box::new(move |st| st.cap_candidates(over))
             })

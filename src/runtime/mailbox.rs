@@ -244,6 +244,12 @@ where
     }
 }
 
+/// Sleeps `d` on the calling thread's timer (the core's, or the admin runtime's): the pause
+/// between two slices of work a caller drives on a core.
+pub async fn pause(d: Duration) {
+    backoff_sleep(d).await
+}
+
 /// Sleeps on the calling thread's timer: the core's, or the admin runtime's.
 async fn backoff_sleep(d: Duration) {
     if shard::current_core().is_some() {

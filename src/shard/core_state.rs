@@ -7,15 +7,15 @@ use std::task::{Context, Poll, Waker};
 use std::time::Instant;
 
 use inferencecache_index::index::{
-    CapBuildStep, CapVictim, EvictionCounts, Index, IndexConfig, QuotaVictim, RemovalSink,
-    SweepBudget,
+    CapBuildStep, CapSlice, CapVictim, EvictionCounts, Index, IndexConfig, QuotaVictim,
+    RemovalSink, SweepBudget,
 };
 use inferencecache_index::policy::PolicyStore;
 use inferencecache_proto::v1alpha1 as pb;
 
 use crate::limits::{
-    CAP_BUILD_SLICE_BUDGET, CAP_BUILD_SLICE_MAX_ENTRIES, MAX_ID_BYTES, SWEEP_SLICE_BUDGET,
-    SWEEP_SLICE_MAX_ENTRIES,
+    CAP_BUILD_SLICE_BUDGET, CAP_BUILD_SLICE_MAX_ENTRIES, CAP_ENFORCE_SLICE_MAX_EVICTIONS,
+    MAX_ID_BYTES, SWEEP_SLICE_BUDGET, SWEEP_SLICE_MAX_ENTRIES,
 };
 use crate::metrics;
 use crate::sys::clock::unix_now_ns;
@@ -91,6 +91,8 @@ pub enum CapNeed {
     Ingest { new_entries: usize },
     /// This many candidates for a cross-core selection (`CoreState::cap_candidates`).
     Candidates(usize),
+    /// The evictions an ingest left owed on this core (`CoreState::cap_enforce_slice`).
+    Owed,
 }
 
 /// Everything one core owns.
@@ -144,8 +146,10 @@ impl CoreState {
             ..config
         };
         let mut index = Index::new(config);
-        // ALL_CLEARED leaves its removals to slices the runtime drives (`clear_slice_if_pending`).
+        // ALL_CLEARED leaves its removals to slices the runtime drives (`clear_slice_if_pending`),
+        // and an ingest over the global cap most of its evictions (`cap_enforce_slice`).
         index.set_sliced_clears(true);
+        index.set_sliced_cap(Some(cap_enforce_budget()));
         Self {
             core,
             ingested: 0,
@@ -248,6 +252,7 @@ impl CoreState {
     pub fn evict_cap(&mut self, victims: &[CapVictim]) -> u64 {
         let c = self.index.evict_cap_victims(victims, unix_now_ns());
         record_evictions(c, "cap");
+        metrics::record_cap_enforce_slice();
         self.publish_gauge();
         self.nudge_cap_prebuild();
         c.total()
@@ -328,6 +333,7 @@ impl CoreState {
             CapNeed::Nothing => 0,
             CapNeed::Ingest { new_entries } => self.index.cap_victims_for_ingest(new_entries),
             CapNeed::Candidates(k) => k,
+            CapNeed::Owed => self.index.cap_victims_owed(),
         };
         if !self.index.cap_victims_pending(victims) {
             return false;
@@ -336,6 +342,24 @@ impl CoreState {
             .cap_victims_step(victims, &*self.policy, cap_build_budget());
         metrics::record_cap_slice_on_demand();
         true
+    }
+
+    /// One slice of the global-cap evictions an ingest left owed on this core (one core: the
+    /// ingest evicted one slice's worth itself, `evict::pending`), within the cap build's slice
+    /// budget. Returns whether none are owed any more.
+    pub fn cap_enforce_slice(&mut self) -> bool {
+        let mut counts = EvictionCounts::default();
+        let done = self.index.cap_enforce_step(
+            &*self.policy,
+            &mut counts,
+            unix_now_ns(),
+            cap_enforce_budget().budget(),
+        );
+        record_evictions(counts, "cap");
+        metrics::record_cap_enforce_slice();
+        self.publish_gauge();
+        self.nudge_cap_prebuild();
+        done
     }
 
     /// Whether this core should build its next global-cap candidate heap ahead of need (or is
@@ -444,6 +468,21 @@ fn cap_build_budget() -> SweepBudget {
     }
 }
 
+/// How much of the global cap's evictions one step runs on a core when an ingest took the
+/// index over it: [`CAP_BUILD_SLICE_BUDGET`], [`cap_enforce_max_evictions`].
+fn cap_enforce_budget() -> CapSlice {
+    CapSlice {
+        max_evictions: cap_enforce_max_evictions(),
+        time: CAP_BUILD_SLICE_BUDGET,
+    }
+}
+
+/// Global-cap evictions one step runs at most: [`CAP_ENFORCE_SLICE_MAX_EVICTIONS`], or the
+/// sweep's test hook bound (so the end-to-end tests' small indexes evict in many steps).
+pub fn cap_enforce_max_evictions() -> usize {
+    crate::sys::test_hooks::sweep_slice_entries().unwrap_or(CAP_ENFORCE_SLICE_MAX_EVICTIONS)
+}
+
 /// A sweep slice's budget: [`SWEEP_SLICE_BUDGET`] from now, [`SWEEP_SLICE_MAX_ENTRIES`] (or the
 /// test hook's bound).
 fn sweep_budget() -> SweepBudget {
@@ -533,6 +572,19 @@ mod tests {
         );
         while st.cap_slice_before(CapNeed::Ingest { new_entries: 8_000 }) {}
         st.ingest(&update(50_000..58_000)).unwrap();
+        // The ingest evicted one step's worth; the rest in steps, as `evict::Pending` runs them.
+        assert!(st.index.entry_count() > 40_000);
+        let mut steps = 0;
+        loop {
+            steps += 1;
+            assert!(steps < 10_000, "the steps make progress");
+            if st.cap_slice_before(CapNeed::Owed) {
+                continue;
+            }
+            if st.cap_enforce_slice() {
+                break;
+            }
+        }
         assert_eq!(st.index.take_cap_sync_builds(), 0, "no build on the ingest");
         assert_eq!(st.index.entry_count(), 40_000);
         assert!(

@@ -7,7 +7,9 @@ mod core_state;
 use std::sync::OnceLock;
 
 pub use crate::limits::PARTITIONS;
-pub use core_state::{CapNeed, CoreState, IngestRefused, current_core, install, with_core};
+pub use core_state::{
+    CapNeed, CoreState, IngestRefused, cap_enforce_max_evictions, current_core, install, with_core,
+};
 
 /// Number of cores serving, fixed once at start-up.
 static CORES: OnceLock<usize> = OnceLock::new();

@@ -81,6 +81,40 @@ async fn many_adapters_do_not_stall_the_sweep(shards: usize) {
 }
 shards_1_and_2!(many_adapters_do_not_stall_the_sweep);
 
+/// One message that takes the index far over the global cap is not evicted down in one step:
+/// with steps of at most 64 evictions (the test hook; `CAP_ENFORCE_SLICE_MAX_EVICTIONS` in
+/// production), a 3,000-entry message against a 1,000-entry cap takes at least 31 steps, the
+/// core serving requests between two, and is acknowledged only once the index is back at the
+/// cap. Before, the one core evicted all 2,000 inside the ingest (≈ 4 ms of core time per
+/// 4,096-adapter message in a release build; lookups waited behind it), and a cross-core round
+/// asked every core for all of them at once.
+async fn evictions_past_the_cap_run_in_bounded_steps(shards: usize) {
+    let srv = Server::start_opts(
+        shards,
+        StartOpts {
+            flags: &["--index-max-entries", "1000"],
+            env: &[("INFERENCECACHE_TEST_SWEEP_SLICE_ENTRIES", "64")],
+            ..Default::default()
+        },
+    );
+    let mut c = srv.client().await;
+    let ack = report(&mut c, vec![adapter_update("t", "m", 0, 3000, now_us())]).await;
+    assert!(ack.accepted, "{ack:?}");
+    let text = metrics_text(&srv);
+    let total = |family: &str| -> f64 {
+        (0..shards)
+            .filter_map(|core| {
+                metric_value(&text, &format!("{family}{{core=\"{core}\"}}"))
+            })
+            .sum()
+    };
+    let steps = total("inferencecache_core_cap_enforce_slices_total");
+    assert!(steps >= 31.0, "{steps} eviction steps for 2,000 evictions of at most 64");
+    let entries = metric_value(&text, r#"inferencecache_index_entries{model="m"}"#);
+    assert_eq!(entries, Some(1000.0), "at the cap when acknowledged");
+}
+shards_1_and_2!(evictions_past_the_cap_run_in_bounded_steps);
+
 /// One ReportCacheState message of `n` prefixes, each under its own adapter `a{first + i}`.
 fn adapter_update(
     tenant: &str,

@@ -1151,24 +1151,29 @@ impl Index {
     }
 
     /// Global cap (§7.2): while the global non-reserved count exceeds the cap, evict this core's
-    /// minimum entries. Counts removals per algorithm into `out` and reports each to the
-    /// removal sink (at `now`).
+    /// minimum entries, until `budget` is spent (evictions; at least one is made when any is
+    /// owed). Counts removals per algorithm into `out` and reports each to the removal sink (at
+    /// `now`). Returns whether the index is back within the cap (or has nothing left to evict);
+    /// if not, the rest is owed ([`Index::cap_enforce_owed`]).
     pub(crate) fn enforce_cap(
         &mut self,
         rules: &dyn TenantRules,
         out: &mut EvictionCounts,
         now: i64,
-    ) {
+        budget: SweepBudget,
+    ) -> bool {
         let max = self.config().max_entries;
         if max == 0 {
-            return;
+            return true;
         }
         self.flush();
+        let mut meter = budget.meter();
+        let mut work = 0usize;
         let mut refreshed = false;
         loop {
             let over = self.directory().non_reserved_entries() - max as i64;
             if over <= 0 || self.non_reserved_entry_count() == 0 {
-                break;
+                return true;
             }
             if !refreshed {
                 self.algorithms_current(rules);
@@ -1176,6 +1181,10 @@ impl Index {
             }
             let mut evicted = 0i64;
             while evicted < over {
+                if work > 0 && meter.spent(work) {
+                    self.flush();
+                    return false;
+                }
                 let Some((key, replica)) = self.cap_pop((over - evicted) as usize) else {
                     break;
                 };
@@ -1185,12 +1194,56 @@ impl Index {
                 debug_assert!(removed.is_some());
                 out.add(algo);
                 evicted += 1;
+                work += 1;
+                meter.charge_removals(1);
             }
             self.flush();
             if evicted == 0 {
-                break;
+                return true;
             }
         }
+    }
+
+    /// With sliced cap enforcement ([`Index::set_sliced_cap`], one core): an ingest that took
+    /// the index over the global cap evicts at most one slice's worth itself; the server then
+    /// runs [`Index::cap_enforce_step`] slices, serving requests between two, before it
+    /// acknowledges the ingest.
+    pub fn set_sliced_cap(&mut self, slice: Option<CapSlice>) {
+        self.sliced_cap = slice;
+    }
+
+    /// Whether this core owes global-cap evictions: over the cap, with non-reserved entries of
+    /// its own, and evicting by itself (one core).
+    pub fn cap_enforce_owed(&self) -> bool {
+        let max = self.cfg.max_entries;
+        max > 0
+            && !self.cfg.cross_core_eviction
+            && self.non_reserved_entry_count() > 0
+            && self.dir.non_reserved_entries() > max as i64
+    }
+
+    /// The evictions this core owes the global cap (see [`Index::cap_enforce_owed`]), 0 if none.
+    pub fn cap_victims_owed(&self) -> usize {
+        if !self.cap_enforce_owed() {
+            return 0;
+        }
+        usize::try_from(self.dir.non_reserved_entries() - self.cfg.max_entries as i64).unwrap_or(0)
+    }
+
+    /// One slice of the global cap's owed evictions, within `budget`. Returns whether none are
+    /// owed any more. Counts removals per algorithm into `out`, each reported to the removal sink.
+    pub fn cap_enforce_step(
+        &mut self,
+        rules: &dyn TenantRules,
+        out: &mut EvictionCounts,
+        now: i64,
+        budget: SweepBudget,
+    ) -> bool {
+        self.finish_clear();
+        if !self.cap_enforce_owed() {
+            return true;
+        }
+        self.enforce_cap(rules, out, now, budget) || !self.cap_enforce_owed()
     }
 
     // ---- quota ------------------------------------------------------------------------------
@@ -1662,6 +1715,27 @@ impl SweepBudget {
         max_entries: usize::MAX,
         deadline: None,
     };
+}
+
+/// How much of the global cap's evictions one step runs when they are sliced
+/// ([`Index::set_sliced_cap`]): an ingest's own share, and each later
+/// [`Index::cap_enforce_step`] the server gives the same budget.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CapSlice {
+    /// Evictions at most.
+    pub max_evictions: usize,
+    /// Time at most, from the step's first eviction.
+    pub time: std::time::Duration,
+}
+
+impl CapSlice {
+    /// The budget of one step starting now.
+    pub fn budget(self) -> SweepBudget {
+        SweepBudget {
+            max_entries: self.max_evictions,
+            deadline: Some(std::time::Instant::now() + self.time),
+        }
+    }
 }
 
 /// What one [`Index::sweep_step`] did.

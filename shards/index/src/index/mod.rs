@@ -39,7 +39,9 @@ pub use aggregate::{
     CacheState, EntriesGauge, PartReplica, PartStats, ReplicaRow, SnapshotPart,
     SnapshotPartBuilder, SnapshotRows, TenantRow, merge_snapshot_parts,
 };
-pub use eviction::{CapBuildStep, CapVictim, QuotaVictim, SweepBudget, SweepStep, select_victims};
+pub use eviction::{
+    CapBuildStep, CapSlice, CapVictim, QuotaVictim, SweepBudget, SweepStep, select_victims,
+};
 pub use lookup::{BlockHashes, LfuHit, LookupQuery, LookupView, Score, Strategy};
 pub use persist::{PersistEntry, PersistStats, RestoreCache, RestoreOutcome};
 pub use ranking::RankerConfig;
@@ -636,6 +638,9 @@ pub struct Index {
     cap_max_stale_pops: u64,
     /// `ALL_CLEARED` leaves its removals to [`Index::clear_step`] (see the `clear` module).
     sliced_clears: bool,
+    /// With `Some`, an ingest runs at most this much of the global cap's evictions itself and
+    /// owes the rest to [`Index::cap_enforce_step`] ([`Index::set_sliced_cap`]).
+    sliced_cap: Option<eviction::CapSlice>,
     /// The `ALL_CLEARED` whose holders are still being removed, if any.
     clear: Option<clear::PendingClear>,
     /// Pending clears finished in one go by an entry point, not yet taken by
@@ -689,6 +694,7 @@ impl Index {
             cap_sync_builds: 0,
             cap_max_stale_pops: 0,
             sliced_clears: false,
+            sliced_cap: None,
             clear: None,
             clear_sync_finishes: 0,
         }
@@ -1452,7 +1458,10 @@ impl Index {
             }
         }
         if !self.cfg.cross_core_eviction {
-            self.enforce_cap(rules, &mut out.cap_evicted, now);
+            let budget = self
+                .sliced_cap
+                .map_or(SweepBudget::UNBOUNDED, |s| s.budget());
+            self.enforce_cap(rules, &mut out.cap_evicted, now, budget);
         }
         self.flush();
         out

@@ -1,0 +1,174 @@
+//! The global cap's evictions in slices (`Index::set_sliced_cap`, the server with one core): an
+//! ingest that takes the index over the cap evicts at most one slice's worth itself, and the
+//! rest is owed to `Index::cap_enforce_step` slices the server runs before it acknowledges the
+//! ingest. Run that way after every ingest, a seeded workload evicts exactly the same entries in
+//! exactly the same order as with every eviction inside the ingest, and leaves the same state.
+
+mod index_support;
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use index_support::*;
+use inferencecache_index::index::{CapSlice, EvictionCounts, Index, Removed, SweepBudget};
+use inferencecache_proto::v1alpha1::cache_event::Type;
+
+/// A small deterministic generator (xorshift64*), so failures reproduce from the seed.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+}
+
+/// Records every removal-hook report as one comparable line.
+fn record(ix: &mut Index) -> Arc<Mutex<Vec<String>>> {
+    let rows = Arc::new(Mutex::new(Vec::new()));
+    let sink = rows.clone();
+    ix.set_removal_sink(Some(Box::new(move |r: &Removed<'_>| {
+        let mut buf = [0u8; 8];
+        sink.lock().unwrap().push(format!(
+            "{:?} {:?} {} {} {} {:?}",
+            r.reason(),
+            r.algorithm(),
+            r.tenant(),
+            r.model(),
+            r.replica(),
+            r.prefix_hash(&mut buf),
+        ));
+    })));
+    rows
+}
+
+/// Every entry, sorted.
+fn state(ix: &Index) -> Vec<String> {
+    let mut out = Vec::new();
+    ix.export_entries(0, usize::MAX, |e| {
+        out.push(format!(
+            "{} {} {:?} {} {} {}",
+            e.tenant, e.model, e.hash, e.replica, e.last_seen, e.access
+        ))
+    });
+    out.sort();
+    out
+}
+
+/// What one run produced: removal reports in order, the final state, the most evictions one
+/// step made, and the number of steps run after ingests.
+struct Run {
+    removals: Vec<String>,
+    state: Vec<String>,
+    most_per_step: u64,
+    steps: usize,
+}
+
+/// A seeded workload against a cap of 200: ingests of 1–60 keys (new ones and refreshes),
+/// lookups crediting LFU counts, PREFIX_EVICTED events and policy pushes. With `slice`, the cap
+/// is sliced and every ingest is followed by `cap_enforce_step` until nothing is owed.
+fn run(seed: u64, slice: Option<usize>) -> Run {
+    let rules = Rules::lfu("t1");
+    let mut ix = index_with(HOUR, 200);
+    ix.set_min_candidates(4);
+    ix.set_sliced_cap(slice.map(|max_evictions| CapSlice {
+        max_evictions,
+        time: Duration::from_secs(3600),
+    }));
+    let rows = record(&mut ix);
+    let mut rng = Rng(seed);
+    let now = T0 + 10 * SEC;
+    let (mut most_per_step, mut steps) = (0u64, 0usize);
+    for _ in 0..400 {
+        let (tenant, model, replica) = (rng.below(3), rng.below(2), rng.below(3));
+        let (tenant, model, replica) = (
+            format!("t{tenant}"),
+            format!("m{model}"),
+            format!("r{replica}"),
+        );
+        match rng.below(10) {
+            0..=6 => {
+                let n = 1 + rng.below(60);
+                let prefixes = (0..n)
+                    .map(|_| legacy(&rng.below(600).to_be_bytes(), 16))
+                    .collect();
+                let u = upd(&tenant, &model, "vllm", &replica, prefixes);
+                let out = ix.ingest(&at(u, T0 + rng.below(8) as i64 * SEC), now, &rules);
+                most_per_step = most_per_step.max(out.cap_evicted.total());
+                while let Some(max_entries) = slice.filter(|_| ix.cap_enforce_owed()) {
+                    let mut c = EvictionCounts::default();
+                    let budget = SweepBudget {
+                        max_entries,
+                        deadline: None,
+                    };
+                    ix.cap_enforce_step(&rules, &mut c, now, budget);
+                    assert!(c.total() > 0, "a step that owes evictions makes one");
+                    most_per_step = most_per_step.max(c.total());
+                    steps += 1;
+                }
+                assert!(!ix.cap_enforce_owed());
+            }
+            7 => {
+                let hash = rng.below(600).to_be_bytes();
+                let q = inferencecache_index::index::LookupQuery {
+                    tenant: &tenant,
+                    model: &model,
+                    hash_scheme: "vllm",
+                    prefix_hash: &hash,
+                    ..Default::default()
+                };
+                route(&mut ix, &q, now, &rules);
+                ix.credit_lfu(|_| true, &rules);
+            }
+            8 => {
+                let hash = rng.below(600).to_be_bytes();
+                let e = event(Type::PrefixEvicted, &tenant, &model, &replica, &hash);
+                ix.apply_event(&e, now, &rules);
+            }
+            _ => ix.rules_changed(),
+        }
+    }
+    let removals = rows.lock().unwrap().clone();
+    Run {
+        removals,
+        state: state(&ix),
+        most_per_step,
+        steps,
+    }
+}
+
+#[test]
+fn sliced_cap_evictions_match_evicting_inside_the_ingest() {
+    for seed in 1..=12u64 {
+        let whole = run(seed, None);
+        assert!(
+            whole.most_per_step > 8,
+            "seed {seed}: the workload evicts in bulk"
+        );
+        for slice in [1, 3, 8] {
+            let sliced = run(seed, Some(slice));
+            assert!(
+                sliced.steps > 0,
+                "seed {seed}, slice {slice}: no owed evictions"
+            );
+            assert!(
+                sliced.most_per_step <= slice as u64,
+                "seed {seed}, slice {slice}: a step evicted {}",
+                sliced.most_per_step
+            );
+            assert_eq!(
+                sliced.removals, whole.removals,
+                "seed {seed}, slice {slice}: removals"
+            );
+            assert_eq!(
+                sliced.state, whole.state,
+                "seed {seed}, slice {slice}: state"
+            );
+        }
+    }
+}
