@@ -252,6 +252,11 @@ pub const CAP_BUILD_SLICE_BUDGET: Duration = Duration::from_micros(250);
 /// (`evict::Pending`). A message of 4,096 new entries at the cap used to evict all of them in
 /// its own step, ≈ 4 ms of core time.
 pub const CAP_ENFORCE_SLICE_MAX_EVICTIONS: usize = 1_024;
+/// Times a cross-core cap round asks every core for its candidates when one ran out of live
+/// ones (stale snapshots) and readied more in slices instead of building them in one go
+/// (`evict::cap_candidates_everywhere`, counted in
+/// `inferencecache_core_cap_candidate_retries_total`); the last time a core may build in one go.
+pub const MAX_CAP_CANDIDATE_ROUNDS: usize = 8;
 /// Cap build slices one ingest runs at most before it is applied, when it may evict at the cap
 /// and the victims are not ready (`mailbox::call_after_maintenance`): about a second of slices,
 /// more than a build over the largest per-core index takes. Past it (policy pushes restarting

@@ -472,7 +472,7 @@ fn core_requests(cores: &[CoreView]) -> Family<'_> {
 type PerCore = (&'static str, &'static str, MetricType, fn(&CoreView) -> i64);
 
 /// The per-core families of one whole number per core.
-const PER_CORE: [PerCore; 15] = [
+const PER_CORE: [PerCore; 16] = [
     (
         "inferencecache_core_hopped_ops",
         "Operations a core executed on behalf of other threads (hop arrivals).",
@@ -550,6 +550,12 @@ const PER_CORE: [PerCore; 15] = [
         "Steps of at most CAP_ENFORCE_SLICE_MAX_EVICTIONS global-cap evictions a core ran after an ingest's own (one core) or per cross-core round (several).",
         MetricType::Counter,
         |c| c.metrics.cap_enforce_slices as i64,
+    ),
+    (
+        "inferencecache_core_cap_candidate_retries",
+        "Cross-core cap rounds a core's ingest asked again because a core's candidate heap ran out of live snapshots (it readied more in slices instead of building them in one go).",
+        MetricType::Counter,
+        |c| c.metrics.cap_candidate_retries as i64,
     ),
     (
         "inferencecache_core_clear_slices",

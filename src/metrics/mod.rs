@@ -205,6 +205,9 @@ pub struct CoreMetrics {
     /// Steps of at most `CAP_ENFORCE_SLICE_MAX_EVICTIONS` global-cap evictions run after an
     /// ingest's own step (one core) or per cross-core round (several).
     pub cap_enforce_slices: u64,
+    /// Cross-core cap rounds asked again because a core's heap ran out of live candidates
+    /// (`MAX_CAP_CANDIDATE_ROUNDS`), counted on the core whose ingest drove the round.
+    pub cap_candidate_retries: u64,
     /// Longest slice of the last completed build ahead of need (seconds; the largest over
     /// cores once merged).
     pub cap_build_last_max_slice: f64,
@@ -325,6 +328,7 @@ impl CoreMetrics {
         self.clear_slices += other.clear_slices;
         self.cap_slices_on_demand += other.cap_slices_on_demand;
         self.cap_enforce_slices += other.cap_enforce_slices;
+        self.cap_candidate_retries += other.cap_candidate_retries;
         self.cap_build_last_max_slice = self
             .cap_build_last_max_slice
             .max(other.cap_build_last_max_slice);
@@ -499,6 +503,11 @@ pub fn record_cap_slice_on_demand() {
 /// `CoreState::evict_cap`).
 pub fn record_cap_enforce_slice() {
     with_store(|m| m.cap_enforce_slices += 1);
+}
+
+/// A cross-core cap round is asked again (`evict::cap_candidates_everywhere`).
+pub fn record_cap_candidate_retry() {
+    with_store(|m| m.cap_candidate_retries += 1);
 }
 
 /// One slice of a pending `ALL_CLEARED`'s removals ran.

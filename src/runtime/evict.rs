@@ -19,10 +19,10 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use inferencecache_index::directory::Directory;
-use inferencecache_index::index::select_victims;
+use inferencecache_index::index::{CapVictim, select_victims};
 
 use super::mailbox;
-use crate::limits::SWEEP_SLICE_PAUSE;
+use crate::limits::{MAX_CAP_CANDIDATE_ROUNDS, SWEEP_SLICE_PAUSE};
 use crate::shard::{self, CapNeed, CoreState, cap_enforce_max_evictions};
 
 /// Ingests whose cross-core evictions are pending or running.
@@ -182,10 +182,7 @@ impl Pending {
             // At most a slice's worth per round: each core's candidate request and eviction
             // stay bounded steps, and the globally first victims in rounds are the same set.
             let over = (over as usize).min(cap_enforce_max_evictions());
-            let parts = on_every_core(cores, CapNeed::Candidates(over), |_| {
-                Box::new(move |st| st.cap_candidates(over))
-            })
-            .await;
+            let parts = cap_candidates_everywhere(cores, over).await;
             let mut picks = select_victims(&parts, over);
             let evicted = sum_evicted(
                 on_every_core(cores, CapNeed::Nothing, |c| {
@@ -201,6 +198,26 @@ impl Pending {
         }
         collected
     }
+}
+
+/// Every core's `over` first global-cap candidates, each core readying them in slices first
+/// (`CapNeed::Candidates`). A core whose heap ran out of live snapshots while answering (stale
+/// ones, which readiness cannot see) answers `None` rather than build in one go, and the round
+/// is asked again after its slices; the last of [`MAX_CAP_CANDIDATE_ROUNDS`] may build.
+async fn cap_candidates_everywhere(cores: usize, over: usize) -> Vec<Vec<CapVictim>> {
+    for round in 1..=MAX_CAP_CANDIDATE_ROUNDS {
+        let build = round == MAX_CAP_CANDIDATE_ROUNDS;
+        let parts = on_every_core(cores, CapNeed::Candidates(over), |_| {
+            Box::new(move |st| st.cap_candidates(over, build))
+        })
+        .await;
+        if build || parts.iter().all(Option::is_some) {
+            return parts.into_iter().map(Option::unwrap_or_default).collect();
+        }
+        crate::metrics::record_cap_candidate_retry();
+        mailbox::pause(SWEEP_SLICE_PAUSE).await;
+    }
+    unreachable!("the last round builds")
 }
 
 /// Total evicted over one round's answers, keeping each core's `after_evict` result.

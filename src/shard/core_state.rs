@@ -239,8 +239,14 @@ impl CoreState {
     }
 
     /// This core's `k` first global-cap candidates (§7.2), for a cross-core victim selection.
-    pub fn cap_candidates(&mut self, k: usize) -> Vec<CapVictim> {
-        let c = self.index.cap_candidates(k, &*self.policy);
+    /// Without `build`, `None` where they would be built in one go (stale snapshots used the
+    /// heap up): the caller readies them in slices and asks again (`evict::Pending`).
+    pub fn cap_candidates(&mut self, k: usize, build: bool) -> Option<Vec<CapVictim>> {
+        let c = if build {
+            Some(self.index.cap_candidates(k, &*self.policy))
+        } else {
+            self.index.cap_candidates_ready(k, &*self.policy)
+        };
         metrics::record_cap_builds_sync(self.index.take_cap_sync_builds());
         metrics::record_clears_sync(self.index.take_clear_sync_finishes());
         self.nudge_cap_prebuild();

@@ -103,13 +103,14 @@ async fn evictions_past_the_cap_run_in_bounded_steps(shards: usize) {
     let text = metrics_text(&srv);
     let total = |family: &str| -> f64 {
         (0..shards)
-            .filter_map(|core| {
-                metric_value(&text, &format!("{family}{{core=\"{core}\"}}"))
-            })
+            .filter_map(|core| metric_value(&text, &format!("{family}{{core=\"{core}\"}}")))
             .sum()
     };
     let steps = total("inferencecache_core_cap_enforce_slices_total");
-    assert!(steps >= 31.0, "{steps} eviction steps for 2,000 evictions of at most 64");
+    assert!(
+        steps >= 31.0,
+        "{steps} eviction steps for 2,000 evictions of at most 64"
+    );
     let entries = metric_value(&text, r#"inferencecache_index_entries{model="m"}"#);
     assert_eq!(entries, Some(1000.0), "at the cap when acknowledged");
 }

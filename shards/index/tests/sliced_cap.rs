@@ -3,6 +3,8 @@
 //! rest is owed to `Index::cap_enforce_step` slices the server runs before it acknowledges the
 //! ingest. Run that way after every ingest, a seeded workload evicts exactly the same entries in
 //! exactly the same order as with every eviction inside the ingest, and leaves the same state.
+//! A cross-core candidate request (`Index::cap_candidates_ready`) that finds its heap used up by
+//! stale snapshots answers `None` instead of building candidates in one go.
 
 mod index_support;
 
@@ -171,4 +173,56 @@ fn sliced_cap_evictions_match_evicting_inside_the_ingest() {
             );
         }
     }
+}
+
+/// Fills a 100-entry cap with one key per second (oldest first), builds the candidate heap,
+/// then refreshes its six oldest keys: every snapshot the heap holds is stale.
+fn index_with_a_stale_heap() -> Index {
+    let rules = Rules::lfu("t1");
+    let mut ix = index_with(HOUR, 100);
+    ix.set_min_candidates(4);
+    let now = T0 + 1000 * SEC;
+    let ingest = |ix: &mut Index, key: u64, ts: i64| {
+        let u = upd("t0", "m", "vllm", "r", vec![legacy(&key.to_be_bytes(), 16)]);
+        ix.ingest(&at(u, ts), now, &rules);
+    };
+    for key in 0..100 {
+        ingest(&mut ix, key, T0 + key as i64 * SEC);
+    }
+    ix.cap_prebuild_step(SweepBudget::UNBOUNDED);
+    assert!(!ix.cap_victims_pending(3), "a live heap");
+    for key in 0..6 {
+        ingest(&mut ix, key, T0 + 500 * SEC);
+    }
+    ix
+}
+
+/// A cross-core candidate request that finds the heap used up by stale snapshots does not
+/// build candidates in one go: it answers `None`, the heap is then seen to need a build, which
+/// runs in slices, and the request asked again answers what the one-go build would have.
+#[test]
+fn candidates_from_a_stale_heap_are_readied_in_slices() {
+    let rules = Rules::lfu("t1");
+    let mut ix = index_with_a_stale_heap();
+    let mut twin = index_with_a_stale_heap();
+    assert_eq!(ix.cap_candidates_ready(3, &rules), None);
+    assert_eq!(ix.take_cap_sync_builds(), 0);
+    assert!(ix.cap_victims_pending(3));
+    let budget = SweepBudget {
+        max_entries: 8,
+        deadline: None,
+    };
+    let mut slices = 0;
+    while ix.cap_victims_pending(3) {
+        ix.cap_victims_step(3, &rules, budget);
+        slices += 1;
+        assert!(slices < 1_000, "the slices make progress");
+    }
+    assert!(slices > 4, "{slices} slices of 8 entries over 100");
+    let ready = ix.cap_candidates_ready(3, &rules).expect("readied");
+    assert_eq!(ix.take_cap_sync_builds(), 0);
+    let whole = twin.cap_candidates(3, &rules);
+    assert_eq!(twin.take_cap_sync_builds(), 1, "the twin built in one go");
+    assert_eq!(format!("{ready:?}"), format!("{whole:?}"));
+    assert_eq!(ready.len(), 3);
 }

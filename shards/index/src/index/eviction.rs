@@ -1022,11 +1022,15 @@ impl Index {
         }
     }
 
-    /// Pops the minimum live cap candidate: `(key, replica)`.
-    fn cap_pop(&mut self, need: usize) -> Option<(KeyId, u32)> {
+    /// Pops the minimum live cap candidate: `(key, replica)`. Without `build`, `None` where it
+    /// would build candidates in one go (no live heap, or one run out of live snapshots).
+    fn cap_pop(&mut self, need: usize, build: bool) -> Option<(KeyId, u32)> {
         let mut rebuilt = false;
         let mut stale = 0u64;
         if !self.cap.active {
+            if !build {
+                return None;
+            }
             rebuilt = self.cap_build(need);
         }
         loop {
@@ -1036,7 +1040,7 @@ impl Index {
                 .heap
                 .pop(&|a, b| cap_cmp(cat, a, b) == Ordering::Less);
             let Some(c) = popped else {
-                if rebuilt || self.cap.threshold.is_none() {
+                if rebuilt || self.cap.threshold.is_none() || !build {
                     return None;
                 }
                 // A whole build holds `need` live candidates (or every entry): one is enough.
@@ -1185,7 +1189,7 @@ impl Index {
                     self.flush();
                     return false;
                 }
-                let Some((key, replica)) = self.cap_pop((over - evicted) as usize) else {
+                let Some((key, replica)) = self.cap_pop((over - evicted) as usize, true) else {
                     break;
                 };
                 let algo = self.cat.tenants[&self.cat.tenant_of(key)].algo;
@@ -1842,9 +1846,34 @@ impl Index {
     /// with the eviction algorithms resolved from `rules`. Changes nothing observable (the
     /// candidates stay in the core's candidate heap).
     pub fn cap_candidates(&mut self, k: usize, rules: &dyn TenantRules) -> Vec<CapVictim> {
+        self.cap_candidates_within(k, rules, true)
+            .expect("a build is allowed")
+    }
+
+    /// [`Index::cap_candidates`] without building candidates in one go: `None` (and nothing
+    /// changed but stale snapshots dropped) when the live heap runs out of them, or is missing,
+    /// before `k` were found. [`Index::cap_victims_pending`] then holds for `k`, and the caller
+    /// readies them in slices ([`Index::cap_victims_step`]) before it asks again.
+    pub fn cap_candidates_ready(
+        &mut self,
+        k: usize,
+        rules: &dyn TenantRules,
+    ) -> Option<Vec<CapVictim>> {
+        self.cap_candidates_within(k, rules, false)
+    }
+
+    fn cap_candidates_within(
+        &mut self,
+        k: usize,
+        rules: &dyn TenantRules,
+        build: bool,
+    ) -> Option<Vec<CapVictim>> {
         self.finish_clear();
         if k == 0 || self.non_reserved_entry_count() == 0 {
-            return Vec::new();
+            return Some(Vec::new());
+        }
+        if !build && self.cap_victims_pending(k) {
+            return None;
         }
         self.algorithms_current(rules);
         let mut popped = Vec::new();
@@ -1852,7 +1881,15 @@ impl Index {
         while popped.len() < k {
             // A heap rebuilt in this loop holds the candidates popped before it (they are still
             // in the store), so it must hold `k`, not only the `k - popped` still wanted.
-            let Some(c) = self.cap_pop(k) else {
+            let Some(c) = self.cap_pop(k, build) else {
+                if !build && (self.cap.threshold.is_some() || !self.cap.active) {
+                    // The heap ran out of live snapshots (it would rebuild in one go): put back
+                    // what was popped instead.
+                    for (key, replica) in popped {
+                        self.cap_touch(key, replica, None);
+                    }
+                    return None;
+                }
                 break;
             };
             // An entry can pop twice: the heap may hold its current snapshot twice (a mutation
@@ -1886,7 +1923,7 @@ impl Index {
             // Back into the heap: it is still the current minimum.
             self.cap_touch(key, replica, Some(pos));
         }
-        out
+        Some(out)
     }
 
     /// Removes the given cap victims held by this core, in order (entries that are gone are
