@@ -1,0 +1,262 @@
+//! The server as the event log's only writer (`--nats-log-writer`, docs/BEHAVIOUR.md §4.3,
+//! docs/ARCHITECTURE.md §7 "Log writers"): a real `nats-server -js`, a writer replica reviewing
+//! producer tokens under a policy, and a second replica that only consumes the log. Reported as
+//! ignored by the test runner when `nats-server` was not on PATH at build time (build.rs).
+
+use std::time::Duration;
+
+use async_nats::jetstream;
+use pb::cache_event::Type;
+
+use crate::producers::{
+    Client, accepted, holders, publish_as, refused, refused_count, report_as, token_server, update,
+};
+use crate::replicas::{SUBJECT, applied, nats_flags, start_replica};
+use crate::support::*;
+
+/// The token the stand-in TokenReview maps to the service account the policy binds to
+/// `decode-a*` of `team-a` (producers::token_server).
+const TOKEN: &str = "engine-a-token";
+const OLD: &str = "1700000000000-zombie";
+const NEW: &str = "1700000005000-live";
+
+/// Every message of the stream: (subject, `x-producer-epoch` header, payload).
+async fn stream_messages(js: &jetstream::Context, stream: &str) -> Vec<(String, String, Vec<u8>)> {
+    let last = last_sequence(js, stream).await;
+    let st = js.get_stream(stream).await.expect("get stream");
+    let mut out = Vec::new();
+    for seq in 1..=last {
+        let m = st.get_raw_message(seq).await.expect("stream message");
+        let epoch = m
+            .headers
+            .get("x-producer-epoch")
+            .map(|v| v.as_str().to_string())
+            .unwrap_or_default();
+        out.push((m.subject.to_string(), epoch, m.payload.to_vec()));
+    }
+    out
+}
+
+/// Whether some stream message's payload contains `needle`.
+fn logged(msgs: &[(String, String, Vec<u8>)], needle: &[u8]) -> bool {
+    msgs.iter()
+        .any(|(_, _, p)| p.windows(needle.len()).any(|w| w == needle))
+}
+
+/// Waits until `c` answers `want` as the holders of `hash` of `team-a`.
+async fn eventually_held(c: &mut Client, hash: &[u8], want: &[&str]) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let got = holders(c, "team-a", hash).await;
+        if got == want {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{hash:?}: holders {got:?}, want {want:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Through a writer, an authorised producer's update is stored in the stream before it is
+/// acknowledged (stream sequence 1, on `ic.admitted.update`, with its epoch) and reaches the
+/// writer and a second replica from the log; calls the producer checks refuse (another replica,
+/// another tenant, no identity, an older epoch; ReportCacheState and PublishEvent) are answered
+/// with their documented reasons and are not in the stream; an authorised ALL_CLEARED is
+/// published and applied on both replicas alike.
+async fn the_writer_publishes_only_admitted_messages(shards: usize) {
+    const STREAM: &str = "IC_E2E_WRITER";
+    let nats = NatsServer::start();
+    let js = nats.jetstream().await;
+    create_stream(&js, STREAM, SUBJECT, -1).await;
+    let mut flags = nats_flags(&nats, STREAM);
+    flags.extend(["--nats-log-writer".into(), "--require-producer-auth".into()]);
+    let flags_ref: Vec<&str> = flags.iter().map(String::as_str).collect();
+    let (_dir, writer, _reviews) = token_server(shards, &format!("writer-{shards}"), &flags_ref);
+    let reader = start_replica(shards, &nats_flags(&nats, STREAM));
+    let (mut w, mut r) = (writer.client().await, reader.client().await);
+
+    let ok = update("decode-a1", "team-a", b"writer-ok");
+    accepted(report_as(&mut w, vec![ok], Some(TOKEN), Some(NEW)).await);
+    let log = stream_messages(&js, STREAM).await;
+    assert_eq!(log.len(), 1, "stored before the Ack");
+    assert_eq!(
+        (log[0].0.as_str(), log[0].1.as_str()),
+        ("ic.admitted.update", NEW)
+    );
+    eventually_held(&mut r, b"writer-ok", &["decode-a1"]).await;
+    eventually_held(&mut w, b"writer-ok", &["decode-a1"]).await;
+    assert!(wait_until(Duration::from_secs(10), || applied(&writer) == 1));
+
+    let forbidden = [
+        (
+            update("decode-b", "team-a", b"writer-replica"),
+            Some(TOKEN),
+            NEW,
+        ),
+        (
+            update("decode-a1", "team-b", b"writer-tenant"),
+            Some(TOKEN),
+            NEW,
+        ),
+        (update("decode-a1", "team-a", b"writer-anon"), None, NEW),
+        (
+            update("decode-a1", "team-a", b"writer-zombie"),
+            Some(TOKEN),
+            OLD,
+        ),
+    ];
+    let reasons = [
+        "PERMISSION_DENIED",
+        "PERMISSION_DENIED",
+        "UNAUTHENTICATED",
+        "FENCED",
+    ];
+    for ((u, token, epoch), reason) in forbidden.into_iter().zip(reasons) {
+        refused(report_as(&mut w, vec![u], token, Some(epoch)).await, reason);
+    }
+    let clear = |replica: &str| cache_event(Type::AllCleared, "team-a", "m", replica, b"", "");
+    let st = publish_as(&mut w, clear("decode-b"), Some(TOKEN), Some(NEW))
+        .await
+        .unwrap_err();
+    assert_eq!(st.code(), tonic::Code::PermissionDenied, "{st:?}");
+    let st = publish_as(&mut w, clear("decode-a1"), Some(TOKEN), Some(OLD))
+        .await
+        .unwrap_err();
+    assert_eq!(st.code(), tonic::Code::FailedPrecondition, "{st:?}");
+
+    let log = stream_messages(&js, STREAM).await;
+    assert_eq!(log.len(), 1, "nothing refused reached the stream: {log:?}");
+    for hash in [
+        &b"writer-replica"[..],
+        b"writer-tenant",
+        b"writer-anon",
+        b"writer-zombie",
+    ] {
+        assert!(!logged(&log, hash), "{hash:?} is in the stream");
+    }
+    let text = metrics_text(&writer);
+    assert_eq!(refused_count(&text, "token", "permission_denied"), 3.0);
+    assert_eq!(refused_count(&text, "none", "unauthenticated"), 1.0);
+    assert_eq!(refused_count(&text, "token", "fenced"), 2.0);
+    assert_eq!(
+        metric_value(&text, "inferencecache_nats_writer_published_total"),
+        Some(1.0)
+    );
+
+    accepted(publish_as(&mut w, clear("decode-a1"), Some(TOKEN), Some(NEW)).await);
+    let log = stream_messages(&js, STREAM).await;
+    assert_eq!(log.len(), 2, "stored before the Ack");
+    assert_eq!(log[1].0, "ic.admitted.event");
+    eventually_held(&mut r, b"writer-ok", &[]).await;
+    eventually_held(&mut w, b"writer-ok", &[]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(has_nats_server),
+    ignore = "nats-server not on PATH: apt-get install nats-server, then touch build.rs"
+)]
+async fn the_writer_publishes_only_admitted_messages_shards_1() {
+    the_writer_publishes_only_admitted_messages(1).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(has_nats_server),
+    ignore = "nats-server not on PATH: apt-get install nats-server, then touch build.rs"
+)]
+async fn the_writer_publishes_only_admitted_messages_shards_2() {
+    the_writer_publishes_only_admitted_messages(2).await;
+}
+
+/// A writer whose log is gone acknowledges nothing: with NATS stopped, an authorised
+/// ReportCacheState fails `UNAVAILABLE` (no Ack) and is not applied on the writer; a burst of
+/// PublishEvent calls larger than the publish slots fails at once with `RESOURCE_EXHAUSTED`
+/// beyond them (counted), never queueing, and none is acknowledged.
+async fn a_writer_without_its_log_acknowledges_nothing(shards: usize) {
+    const STREAM: &str = "IC_E2E_WRITER_DOWN";
+    let nats = NatsServer::start();
+    let js = nats.jetstream().await;
+    create_stream(&js, STREAM, SUBJECT, -1).await;
+    let mut flags = nats_flags(&nats, STREAM);
+    flags.push("--nats-log-writer".into());
+    let flags_ref: Vec<&str> = flags.iter().map(String::as_str).collect();
+    let (_dir, writer, _reviews) =
+        token_server(shards, &format!("writer-down-{shards}"), &flags_ref);
+    let mut w = writer.client().await;
+    accepted(
+        report_as(
+            &mut w,
+            vec![update("decode-a1", "team-a", b"up")],
+            Some(TOKEN),
+            None,
+        )
+        .await,
+    );
+    eventually_held(&mut w, b"up", &["decode-a1"]).await;
+    drop(nats);
+
+    let lost = update("decode-a1", "team-a", b"writer-down");
+    let st = report_as(&mut w, vec![lost], Some(TOKEN), None)
+        .await
+        .unwrap_err();
+    assert_eq!(st.code(), tonic::Code::Unavailable, "{st:?}");
+    assert!(st.message().contains("event log"), "{st:?}");
+    assert!(holders(&mut w, "team-a", b"writer-down").await.is_empty());
+
+    // More calls at once than NATS_WRITER_MAX_IN_FLIGHT (64), over a few connections.
+    let mut calls = tokio::task::JoinSet::new();
+    for i in 0..96 {
+        let mut c = if i % 24 == 0 {
+            writer.client().await
+        } else {
+            w.clone()
+        };
+        let e = cache_event(Type::AllCleared, "team-a", "m", "decode-a1", b"", "");
+        calls.spawn(async move { publish_as(&mut c, e, Some(TOKEN), None).await });
+    }
+    let mut codes = std::collections::BTreeMap::new();
+    while let Some(r) = calls.join_next().await {
+        let code = match r.unwrap() {
+            Ok(_) => tonic::Code::Ok,
+            Err(st) => st.code(),
+        };
+        *codes.entry(format!("{code:?}")).or_insert(0) += 1;
+    }
+    assert!(
+        !codes.contains_key("Ok"),
+        "acknowledged without a log: {codes:?}"
+    );
+    assert!(codes.contains_key("ResourceExhausted"), "{codes:?}");
+    let text = metrics_text(&writer);
+    let saturated = metric_value(
+        &text,
+        "inferencecache_nats_writer_failed_total{reason=\"saturated\"}",
+    )
+    .unwrap_or(0.0);
+    assert_eq!(saturated as usize, codes["ResourceExhausted"]);
+    assert!(
+        holders(&mut w, "team-a", b"up").await == ["decode-a1"],
+        "nothing cleared"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(has_nats_server),
+    ignore = "nats-server not on PATH: apt-get install nats-server, then touch build.rs"
+)]
+async fn a_writer_without_its_log_acknowledges_nothing_shards_1() {
+    a_writer_without_its_log_acknowledges_nothing(1).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(has_nats_server),
+    ignore = "nats-server not on PATH: apt-get install nats-server, then touch build.rs"
+)]
+async fn a_writer_without_its_log_acknowledges_nothing_shards_2() {
+    a_writer_without_its_log_acknowledges_nothing(2).await;
+}
