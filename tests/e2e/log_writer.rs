@@ -73,8 +73,22 @@ async fn the_writer_publishes_only_admitted_messages(shards: usize) {
     let mut flags = nats_flags(&nats, STREAM);
     flags.extend(["--nats-log-writer".into(), "--require-producer-auth".into()]);
     let flags_ref: Vec<&str> = flags.iter().map(String::as_str).collect();
-    let (_dir, writer, _reviews) = token_server(shards, &format!("writer-{shards}"), &flags_ref);
-    let reader = start_replica(shards, &nats_flags(&nats, STREAM));
+    let (dir, writer, _reviews) = token_server(shards, &format!("writer-{shards}"), &flags_ref);
+    // The reader's policy binds no identity the writer's callers have: writer-admitted messages
+    // are not checked against it (the writer applied its own), only fenced.
+    let policy = dir.join("reader-policy.yaml");
+    std::fs::write(
+        &policy,
+        "bindings: [{identities: [\"nats:other\"], replicas: [x], tenants: [x]}]\n",
+    )
+    .unwrap();
+    let mut reader_flags = nats_flags(&nats, STREAM);
+    reader_flags.extend([
+        "--producer-policy".into(),
+        policy.display().to_string(),
+        "--require-producer-auth".into(),
+    ]);
+    let reader = start_replica(shards, &reader_flags);
     let (mut w, mut r) = (writer.client().await, reader.client().await);
 
     let ok = update("decode-a1", "team-a", b"writer-ok");
@@ -151,6 +165,30 @@ async fn the_writer_publishes_only_admitted_messages(shards: usize) {
     assert_eq!(log[1].0, "ic.admitted.event");
     eventually_held(&mut r, b"writer-ok", &[]).await;
     eventually_held(&mut w, b"writer-ok", &[]).await;
+
+    // A writer that had not yet applied the newer epoch (another replica's caller) could
+    // publish a zombie's message: every replica fences it in stream order, counted as `writer`.
+    let mut h = async_nats::HeaderMap::new();
+    h.insert("x-producer-epoch", OLD);
+    let late = update("decode-a1", "team-a", b"writer-late-zombie");
+    js.publish_with_headers(
+        "ic.admitted.update",
+        h,
+        prost::Message::encode_to_vec(&late).into(),
+    )
+    .await
+    .unwrap()
+    .await
+    .unwrap();
+    for srv in [&writer, &reader] {
+        assert!(wait_until(Duration::from_secs(10), || applied(srv) == 3));
+        assert_eq!(refused_count(&metrics_text(srv), "writer", "fenced"), 1.0);
+    }
+    assert!(
+        holders(&mut r, "team-a", b"writer-late-zombie")
+            .await
+            .is_empty()
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -183,7 +221,7 @@ async fn a_writer_without_its_log_acknowledges_nothing(shards: usize) {
     let mut flags = nats_flags(&nats, STREAM);
     flags.push("--nats-log-writer".into());
     let flags_ref: Vec<&str> = flags.iter().map(String::as_str).collect();
-    let (_dir, writer, _reviews) =
+    let (dir, writer, _reviews) =
         token_server(shards, &format!("writer-down-{shards}"), &flags_ref);
     let mut w = writer.client().await;
     accepted(
