@@ -221,7 +221,7 @@ async fn a_writer_without_its_log_acknowledges_nothing(shards: usize) {
     let mut flags = nats_flags(&nats, STREAM);
     flags.push("--nats-log-writer".into());
     let flags_ref: Vec<&str> = flags.iter().map(String::as_str).collect();
-    let (dir, writer, _reviews) =
+    let (_dir, writer, _reviews) =
         token_server(shards, &format!("writer-down-{shards}"), &flags_ref);
     let mut w = writer.client().await;
     accepted(
