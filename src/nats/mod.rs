@@ -14,6 +14,10 @@
 //! (the plain subjects carry none), which NATS publish permissions bind to the users allowed to
 //! publish it; its epoch is its `x-producer-epoch` header. A refused message is skipped (counted
 //! in `inferencecache_producer_refused_total{identity="nats"|"none"}`) by every replica alike.
+//! A message on `<subject>.admitted.update` / `<subject>.admitted.event` was published by a log
+//! writer ([`writer`], `--nats-log-writer`) after its own producer checks: only its epoch is
+//! checked again (`producer::admitted_caller`), in stream order, so every replica's epoch table
+//! moves alike; NATS permissions let only the servers' user publish those subjects.
 //!
 //! The consumer runs on the admin thread's tokio runtime, never on a serving core: it reaches
 //! the owner core over the bounded mailbox (`mailbox::call` backs off while a queue is full).

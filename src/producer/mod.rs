@@ -11,8 +11,9 @@
 //! * **Fencing** — a message sent under an older `x-producer-epoch` than the newest seen for its
 //!   replica is refused (`FENCED`) ([`epochs`]).
 //!
-//! The check runs in the handler before a message is handed to the index, so nothing of a
-//! refused message reaches the index or the change feed. LookupRoute and the other read RPCs
+//! The check runs in the handler before a message is handed to the index (or, on a log writer,
+//! to the event log: [`Caller::admit_for_log`]), so nothing of a refused message reaches the
+//! index, the change feed or the JetStream log. LookupRoute and the other read RPCs
 //! never get here.
 
 pub mod epochs;
