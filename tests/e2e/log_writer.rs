@@ -298,3 +298,93 @@ async fn a_writer_without_its_log_acknowledges_nothing_shards_1() {
 async fn a_writer_without_its_log_acknowledges_nothing_shards_2() {
     a_writer_without_its_log_acknowledges_nothing(2).await;
 }
+
+/// The NATS permissions docs/OPERATIONS.md "The server as the log's only writer" documents (the
+/// replicas' user kept off the producer subjects, no producer user): a writer logged in as that
+/// user consumes the stream and publishes admitted messages, which a second replica applies;
+/// the same user publishing on a producer subject is refused by NATS (nothing reaches the
+/// stream).
+async fn the_documented_nats_permissions_admit_only_the_writer(shards: usize) {
+    const STREAM: &str = "IC_E2E_WRITER_PERMS";
+    let nats = NatsServer::start_with_users(
+        "{ user: replica, password: replica-pw, permissions: { publish: { deny: \
+         [\"ic.update\", \"ic.event\", \"ic.update.>\", \"ic.event.>\"] } } }",
+    );
+    let dir = scratch_dir(&format!("writer-perms-{shards}"));
+    let pw = dir.join("replica-pw");
+    std::fs::write(&pw, "replica-pw").unwrap();
+    let mut flags = nats_flags(&nats, STREAM);
+    flags.extend(
+        [
+            "--nats-user",
+            "replica",
+            "--nats-password-file",
+            pw.to_str().unwrap(),
+        ]
+        .map(String::from),
+    );
+    let reader = start_replica(shards, &flags);
+    flags.push("--nats-log-writer".into());
+    let flags_ref: Vec<&str> = flags.iter().map(String::as_str).collect();
+    let (_dir, writer, _reviews) =
+        token_server(shards, &format!("writer-perms-w-{shards}"), &flags_ref);
+    let mut w = writer.client().await;
+    // The first replica to connect creates the stream; the writer retries until it is there.
+    let ok = update("decode-a1", "team-a", b"perms-ok");
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        match report_as(&mut w, vec![ok.clone()], Some(TOKEN), None).await {
+            Ok(ack) => break assert!(ack.accepted, "{ack:?}"),
+            Err(st) if std::time::Instant::now() < deadline => {
+                assert_eq!(st.code(), tonic::Code::Unavailable, "{st:?}");
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            Err(st) => panic!("the writer never published: {st:?}"),
+        }
+    }
+    let mut r = reader.client().await;
+    eventually_held(&mut r, b"perms-ok", &["decode-a1"]).await;
+
+    let client =
+        async_nats::ConnectOptions::with_user_and_password("replica".into(), "replica-pw".into())
+            .connect(nats.url())
+            .await
+            .expect("the replicas' user logs in");
+    let js = jetstream::new(client);
+    let before = last_sequence(&js, STREAM).await;
+    let forged = prost::Message::encode_to_vec(&update("decode-b", "team-a", b"perms-forged"));
+    for subject in ["ic.update", "ic.update.pool-a"] {
+        let acked = tokio::time::timeout(Duration::from_secs(5), async {
+            js.publish(subject, forged.clone().into())
+                .await
+                .ok()?
+                .await
+                .ok()
+        })
+        .await;
+        assert!(!matches!(acked, Ok(Some(_))), "NATS stored {subject}");
+    }
+    assert_eq!(
+        last_sequence(&js, STREAM).await,
+        before,
+        "nothing reached the stream"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(has_nats_server),
+    ignore = "nats-server not on PATH: apt-get install nats-server, then touch build.rs"
+)]
+async fn the_documented_nats_permissions_admit_only_the_writer_shards_1() {
+    the_documented_nats_permissions_admit_only_the_writer(1).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(has_nats_server),
+    ignore = "nats-server not on PATH: apt-get install nats-server, then touch build.rs"
+)]
+async fn the_documented_nats_permissions_admit_only_the_writer_shards_2() {
+    the_documented_nats_permissions_admit_only_the_writer(2).await;
+}
