@@ -388,3 +388,101 @@ async fn the_documented_nats_permissions_admit_only_the_writer_shards_1() {
 async fn the_documented_nats_permissions_admit_only_the_writer_shards_2() {
     the_documented_nats_permissions_admit_only_the_writer(2).await;
 }
+
+/// The deploy/ flow end to end: the real subscriber with `--token-file` reports its engine's
+/// blocks to the writer's gRPC port over its long-lived stream; the writer publishes them (each
+/// stream message on `ic.admitted.update`, carrying the subscriber's `x-producer-epoch`) and a
+/// second replica, which no producer calls, serves them to a gateway.
+async fn the_subscriber_through_a_writer_reaches_every_replica(shards: usize) {
+    use crate::kvevents::{BS, batch, prime_subscriber, publish, spawn_subscriber, stored};
+    use zeromq::Socket as _;
+    const STREAM: &str = "IC_E2E_WRITER_SUB";
+    let nats = NatsServer::start();
+    let js = nats.jetstream().await;
+    create_stream(&js, STREAM, SUBJECT, -1).await;
+    let mut flags = nats_flags(&nats, STREAM);
+    flags.extend(["--engine-block-size".into(), BS.to_string()]);
+    let reader = start_replica(shards, &flags);
+    flags.extend(["--nats-log-writer".into(), "--require-producer-auth".into()]);
+    let flags_ref: Vec<&str> = flags.iter().map(String::as_str).collect();
+    let (dir, writer, _reviews) = token_server(shards, &format!("writer-sub-{shards}"), &flags_ref);
+    let token = dir.join("producer-token");
+    std::fs::write(&token, format!("{TOKEN}\n")).unwrap();
+
+    let mut engine = zeromq::PubSocket::new();
+    let ep = engine.bind("tcp://127.0.0.1:0").await.unwrap();
+    let metrics_port = free_port();
+    let args = <kvevent_subscriber::cli::Args as clap::Parser>::parse_from([
+        "kvevent-subscriber",
+        "--endpoint",
+        &ep.to_string(),
+        "--topic",
+        "kv",
+        "--server",
+        &writer.grpc_url(),
+        "--token-file",
+        token.to_str().unwrap(),
+        "--replica-id",
+        "decode-a1",
+        "--model-id",
+        "m",
+        "--tenant-id",
+        "team-a",
+        "--flush-interval",
+        "10ms",
+        "--metrics-bind",
+        &format!("127.0.0.1:{metrics_port}"),
+    ]);
+    let (stop_tx, sub) = spawn_subscriber(args);
+    let seq = prime_subscriber(&mut engine, metrics_port, &sub).await;
+    publish(&mut engine, seq, batch(vec![stored(&[41, 42], 0..2 * BS)])).await;
+    let lookup = pb::LookupRouteRequest {
+        model_id: "m".into(),
+        tenant_id: "team-a".into(),
+        hash_scheme: "vllm".into(),
+        token_ids: (0..2 * BS).collect(),
+        ..Default::default()
+    };
+    let gateway = reader.client().await;
+    poll_until(
+        "the subscriber's blocks served by the replica it never called",
+        Duration::from_secs(30),
+        || {
+            let (mut g, req) = (gateway.clone(), lookup.clone());
+            async move {
+                let r = g.lookup_route(req).await.unwrap().into_inner();
+                r.reason_code == "PREFIX_MATCH" && r.replica_scores[0].replica_id == "decode-a1"
+            }
+        },
+    )
+    .await;
+    let log = stream_messages(&js, STREAM).await;
+    assert!(!log.is_empty());
+    for (subject, epoch, _) in &log {
+        assert_eq!(subject, "ic.admitted.update");
+        assert!(
+            !epoch.is_empty(),
+            "the subscriber's epoch travels with its messages"
+        );
+    }
+    let _ = stop_tx.send(());
+    let _ = tokio::time::timeout(Duration::from_secs(15), sub).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(has_nats_server),
+    ignore = "nats-server not on PATH: apt-get install nats-server, then touch build.rs"
+)]
+async fn the_subscriber_through_a_writer_reaches_every_replica_shards_1() {
+    the_subscriber_through_a_writer_reaches_every_replica(1).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(has_nats_server),
+    ignore = "nats-server not on PATH: apt-get install nats-server, then touch build.rs"
+)]
+async fn the_subscriber_through_a_writer_reaches_every_replica_shards_2() {
+    the_subscriber_through_a_writer_reaches_every_replica(2).await;
+}
