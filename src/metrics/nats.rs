@@ -231,8 +231,8 @@ fn writer_families(fams: &mut Vec<Family>) {
     ));
     fams.push((
         "inferencecache_nats_writer_failed",
-        "Ingest calls failed by their publish: reason=saturated (every publish slot taken, \
-         RESOURCE_EXHAUSTED) or unavailable (not stored, UNAVAILABLE).",
+        "Ingest calls failed by their publish: reason=saturated (every publish slot taken) or \
+         unavailable (not stored); both answer UNAVAILABLE.",
         MetricType::Counter,
         Box::new(|e| {
             counter(

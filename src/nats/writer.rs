@@ -12,7 +12,9 @@
 //! replicas' indexes and epoch tables stay identical.
 //!
 //! Bounded: at most [`NATS_WRITER_MAX_IN_FLIGHT`] publishes await their acknowledgement, all
-//! calls together; one more fails its call at once with `RESOURCE_EXHAUSTED`. A publish takes at
+//! calls together; one more fails its call at once with `UNAVAILABLE` ("event log writer
+//! saturated"): transient, so producers retry it with back-off (kvevent-subscriber counts a
+//! `RESOURCE_EXHAUSTED` as a refusal of the content and drops it after a few). A publish takes at
 //! most [`NATS_REQUEST_TIMEOUT`], then its call fails `UNAVAILABLE`. The publishes run on the
 //! admin thread's tokio runtime over the consumer's connection; a serving core only awaits them.
 
@@ -104,12 +106,12 @@ impl Drop for Slot {
 }
 
 /// Publishes one admitted message and waits for JetStream's acknowledgement: `Ok(sequence)`
-/// once it is stored, else the status its call fails with (`RESOURCE_EXHAUSTED` when
+/// once it is stored, else the status its call fails with (`UNAVAILABLE` "saturated" when
 /// [`NATS_WRITER_MAX_IN_FLIGHT`] publishes are in flight, `UNAVAILABLE` when the log is not
 /// connected, refused the publish or did not answer within [`NATS_REQUEST_TIMEOUT`]).
 pub async fn publish(kind: Kind, body: Vec<u8>, epoch: Option<&str>) -> Result<u64, Status> {
     let slot = Slot::take().ok_or_else(|| {
-        Status::resource_exhausted(format!(
+        Status::unavailable(format!(
             "event log writer saturated: {NATS_WRITER_MAX_IN_FLIGHT} publishes awaiting \
              JetStream; retry"
         ))
