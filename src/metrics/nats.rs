@@ -39,6 +39,8 @@ static WRITE_SATURATED: AtomicU64 = AtomicU64::new(0);
 /// Ingest calls failed because the log did not store their message (not connected, refused,
 /// no acknowledgement in time).
 static WRITE_UNAVAILABLE: AtomicU64 = AtomicU64::new(0);
+/// Ingest calls failed because their message exceeds the NATS server's `max_payload`.
+static WRITE_TOO_LARGE: AtomicU64 = AtomicU64::new(0);
 
 /// Why a log writer's publish failed its call.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -47,6 +49,8 @@ pub enum WriteFailure {
     Saturated,
     /// Not connected, refused, or not acknowledged in time.
     Unavailable,
+    /// Larger than the NATS server's `max_payload`.
+    TooLarge,
 }
 
 /// Marks this server a log writer.
@@ -64,6 +68,7 @@ pub fn record_write_failed(why: WriteFailure) {
     let c = match why {
         WriteFailure::Saturated => &WRITE_SATURATED,
         WriteFailure::Unavailable => &WRITE_UNAVAILABLE,
+        WriteFailure::TooLarge => &WRITE_TOO_LARGE,
     };
     c.fetch_add(1, Ordering::Relaxed);
 }
@@ -232,7 +237,8 @@ fn writer_families(fams: &mut Vec<Family>) {
     fams.push((
         "inferencecache_nats_writer_failed",
         "Ingest calls failed by their publish: reason=saturated (every publish slot taken) or \
-         unavailable (not stored); both answer UNAVAILABLE.",
+         unavailable (not stored), both UNAVAILABLE; too_large (over NATS max_payload, \
+         RESOURCE_EXHAUSTED).",
         MetricType::Counter,
         Box::new(|e| {
             counter(
@@ -244,6 +250,11 @@ fn writer_families(fams: &mut Vec<Family>) {
                 e,
                 &[("reason", "unavailable")],
                 WRITE_UNAVAILABLE.load(Ordering::Relaxed),
+            )?;
+            counter(
+                e,
+                &[("reason", "too_large")],
+                WRITE_TOO_LARGE.load(Ordering::Relaxed),
             )
         }),
     ));

@@ -82,6 +82,26 @@ pub fn in_flight() -> usize {
     IN_FLIGHT.load(Ordering::Relaxed)
 }
 
+/// Why a publish stored nothing.
+enum Failure {
+    /// The message is larger than the NATS server's `max_payload`: it never will be stored, so
+    /// its call fails `RESOURCE_EXHAUSTED` (a refusal of the content, not retried forever).
+    TooLarge(String),
+    /// Not connected, refused, or not acknowledged in time: worth a retry.
+    Unavailable(String),
+}
+
+impl Failure {
+    fn of_publish(e: jetstream::context::PublishError) -> Self {
+        match e.kind() {
+            jetstream::context::PublishErrorKind::MaxPayloadExceeded => {
+                Self::TooLarge(e.to_string())
+            }
+            _ => Self::Unavailable(e.to_string()),
+        }
+    }
+}
+
 /// One of the [`NATS_WRITER_MAX_IN_FLIGHT`] publish slots; freed when dropped.
 struct Slot;
 
@@ -107,8 +127,9 @@ impl Drop for Slot {
 
 /// Publishes one admitted message and waits for JetStream's acknowledgement: `Ok(sequence)`
 /// once it is stored, else the status its call fails with (`UNAVAILABLE` "saturated" when
-/// [`NATS_WRITER_MAX_IN_FLIGHT`] publishes are in flight, `UNAVAILABLE` when the log is not
-/// connected, refused the publish or did not answer within [`NATS_REQUEST_TIMEOUT`]).
+/// [`NATS_WRITER_MAX_IN_FLIGHT`] publishes are in flight, and when the log is not connected,
+/// refused the publish or did not answer within [`NATS_REQUEST_TIMEOUT`]; `RESOURCE_EXHAUSTED`
+/// when the message is larger than the NATS server's `max_payload`).
 pub async fn publish(kind: Kind, body: Vec<u8>, epoch: Option<&str>) -> Result<u64, Status> {
     let slot = Slot::take().ok_or_else(|| {
         Status::unavailable(format!(
@@ -124,43 +145,59 @@ pub async fn publish(kind: Kind, body: Vec<u8>, epoch: Option<&str>) -> Result<u
     if let Some(e) = epoch {
         headers.insert(epochs::EPOCH_HEADER, e);
     }
-    let subject = subject(prefix, kind);
-    let js = js.clone();
+    let bytes = body.len();
+    let message = (subject(prefix, kind), headers, body);
     // The slot travels with the publish: a call that goes away (client cancel) does not free it
     // before JetStream answered or the time limit passed.
-    let task = rt.spawn(async move {
-        let _slot = slot;
-        let publish = async {
-            js.publish_with_headers(subject, headers, body.into())
-                .await
-                .map_err(|e| e.to_string())?
-                .await
-                .map_err(|e| e.to_string())
-        };
-        match tokio::time::timeout(NATS_REQUEST_TIMEOUT, publish).await {
-            Ok(r) => r,
-            Err(_) => Err(format!(
-                "no acknowledgement within {NATS_REQUEST_TIMEOUT:?}"
-            )),
-        }
-    });
-    match task.await {
-        Ok(Ok(ack)) => {
+    let outcome = rt
+        .spawn(publish_on_admin(js.clone(), message, slot))
+        .await
+        .unwrap_or_else(|_| Err(Failure::Unavailable("publish task failed".into())));
+    match outcome {
+        Ok(ack) => {
             m::record_written();
             Ok(ack.sequence)
         }
-        Ok(Err(why)) => {
+        Err(Failure::TooLarge(why)) => {
+            m::record_write_failed(m::WriteFailure::TooLarge);
+            Err(Status::resource_exhausted(format!(
+                "message of {bytes} bytes refused by the event log: {why}"
+            )))
+        }
+        Err(Failure::Unavailable(why)) => {
             m::record_write_failed(m::WriteFailure::Unavailable);
             tracing::warn!(error = %why, "nats_log_publish_failed");
             Err(Status::unavailable(format!(
                 "event log publish failed: {why}; retry"
             )))
         }
-        Err(_) => {
-            m::record_write_failed(m::WriteFailure::Unavailable);
-            Err(Status::unavailable("event log publish task failed; retry"))
-        }
     }
+}
+
+/// One message to publish: subject, headers, body.
+type Outbound = (String, async_nats::HeaderMap, Vec<u8>);
+
+/// The publish and its acknowledgement, on the admin runtime, holding `slot` until done.
+async fn publish_on_admin(
+    js: jetstream::Context,
+    (subject, headers, body): Outbound,
+    slot: Slot,
+) -> Result<jetstream::publish::PublishAck, Failure> {
+    let _slot = slot;
+    let publish = async {
+        js.publish_with_headers(subject, headers, body.into())
+            .await
+            .map_err(Failure::of_publish)?
+            .await
+            .map_err(|e| Failure::Unavailable(e.to_string()))
+    };
+    tokio::time::timeout(NATS_REQUEST_TIMEOUT, publish)
+        .await
+        .unwrap_or_else(|_| {
+            Err(Failure::Unavailable(format!(
+                "no acknowledgement within {NATS_REQUEST_TIMEOUT:?}"
+            )))
+        })
 }
 
 #[cfg(test)]

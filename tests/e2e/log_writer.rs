@@ -209,13 +209,15 @@ async fn the_writer_publishes_only_admitted_messages_shards_2() {
     the_writer_publishes_only_admitted_messages(2).await;
 }
 
-/// A writer whose log is gone acknowledges nothing: with NATS stopped, an authorised
+/// A message larger than the log's `max_payload` is refused `RESOURCE_EXHAUSTED` (it never
+/// could be stored: not worth a retry) and is not in the stream. A writer whose log is gone
+/// acknowledges nothing: with NATS stopped, an authorised
 /// ReportCacheState fails `UNAVAILABLE` (no Ack) and is not applied on the writer; a burst of
 /// PublishEvent calls larger than the publish slots fails at once beyond them with `UNAVAILABLE`
 /// "event log writer saturated" (counted), never queueing, and none is acknowledged.
 async fn a_writer_without_its_log_acknowledges_nothing(shards: usize) {
     const STREAM: &str = "IC_E2E_WRITER_DOWN";
-    let nats = NatsServer::start();
+    let nats = NatsServer::start_with_max_payload(4096);
     let js = nats.jetstream().await;
     create_stream(&js, STREAM, SUBJECT, -1).await;
     let mut flags = nats_flags(&nats, STREAM);
@@ -234,6 +236,21 @@ async fn a_writer_without_its_log_acknowledges_nothing(shards: usize) {
         .await,
     );
     eventually_held(&mut w, b"up", &["decode-a1"]).await;
+    let huge = update("decode-a1", "team-a", &[7u8; 8192]);
+    let st = report_as(&mut w, vec![huge], Some(TOKEN), None)
+        .await
+        .unwrap_err();
+    assert_eq!(st.code(), tonic::Code::ResourceExhausted, "{st:?}");
+    assert!(st.message().contains("event log"), "{st:?}");
+    assert_eq!(last_sequence(&js, STREAM).await, 1, "only the first update");
+    let text = metrics_text(&writer);
+    assert_eq!(
+        metric_value(
+            &text,
+            "inferencecache_nats_writer_failed_total{reason=\"too_large\"}"
+        ),
+        Some(1.0)
+    );
     drop(nats);
 
     let lost = update("decode-a1", "team-a", b"writer-down");
