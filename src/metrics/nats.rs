@@ -34,6 +34,8 @@ static CAUGHT_UP: AtomicBool = AtomicBool::new(false);
 static WRITER: AtomicBool = AtomicBool::new(false);
 /// Admitted ingest messages JetStream acknowledged (stored in the stream).
 static WRITTEN: AtomicU64 = AtomicU64::new(0);
+/// Publishes awaiting their acknowledgement (kept by the writer as its slots change).
+static WRITER_IN_FLIGHT: AtomicU64 = AtomicU64::new(0);
 /// Ingest calls failed because every publish slot was taken.
 static WRITE_SATURATED: AtomicU64 = AtomicU64::new(0);
 /// Ingest calls failed because the log did not store their message (not connected, refused,
@@ -56,6 +58,15 @@ pub enum WriteFailure {
 /// Marks this server a log writer.
 pub fn enable_writer() {
     WRITER.store(true, Ordering::SeqCst);
+}
+
+/// One more (`true`) or one fewer of the writer's publishes awaits its acknowledgement.
+pub fn writer_in_flight(more: bool) {
+    if more {
+        WRITER_IN_FLIGHT.fetch_add(1, Ordering::Relaxed);
+    } else {
+        WRITER_IN_FLIGHT.fetch_sub(1, Ordering::Relaxed);
+    }
 }
 
 /// One admitted message stored in the stream.
@@ -262,6 +273,6 @@ fn writer_families(fams: &mut Vec<Family>) {
         "inferencecache_nats_writer_in_flight",
         "Event log publishes awaiting JetStream's acknowledgement (at most 64).",
         MetricType::Gauge,
-        Box::new(|e| gauge(e, &[], crate::nats::writer::in_flight() as i64)),
+        Box::new(|e| gauge(e, &[], WRITER_IN_FLIGHT.load(Ordering::Relaxed) as i64)),
     ));
 }

@@ -77,11 +77,6 @@ pub(super) fn install(js: jetstream::Context, prefix: &str) {
     let _ = LOG.set((js, prefix.to_string()));
 }
 
-/// Publishes awaiting their acknowledgement now.
-pub fn in_flight() -> usize {
-    IN_FLIGHT.load(Ordering::Relaxed)
-}
-
 /// Why a publish stored nothing.
 enum Failure {
     /// The message is larger than the NATS server's `max_payload`: it never will be stored, so
@@ -115,6 +110,7 @@ impl Slot {
             m::record_write_failed(m::WriteFailure::Saturated);
             return None;
         }
+        m::writer_in_flight(true);
         Some(Slot)
     }
 }
@@ -122,6 +118,7 @@ impl Slot {
 impl Drop for Slot {
     fn drop(&mut self) {
         IN_FLIGHT.fetch_sub(1, Ordering::SeqCst);
+        m::writer_in_flight(false);
     }
 }
 
@@ -217,9 +214,9 @@ mod tests {
             .collect();
         assert_eq!(held.len(), NATS_WRITER_MAX_IN_FLIGHT);
         assert!(Slot::take().is_none(), "one more is refused");
-        assert_eq!(in_flight(), NATS_WRITER_MAX_IN_FLIGHT);
+        assert_eq!(IN_FLIGHT.load(Ordering::SeqCst), NATS_WRITER_MAX_IN_FLIGHT);
         drop(held);
-        assert_eq!(in_flight(), 0);
+        assert_eq!(IN_FLIGHT.load(Ordering::SeqCst), 0);
         assert!(Slot::take().is_some());
     }
 }

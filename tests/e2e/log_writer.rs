@@ -294,6 +294,11 @@ async fn a_writer_without_its_log_acknowledges_nothing(shards: usize) {
     )
     .unwrap_or(0.0);
     assert_eq!(saturated as usize, codes["Unavailable saturated"]);
+    assert_eq!(
+        metric_value(&text, "inferencecache_nats_writer_in_flight"),
+        Some(0.0),
+        "every slot freed once its publish gave up"
+    );
     assert!(
         holders(&mut w, "team-a", b"up").await == ["decode-a1"],
         "nothing cleared"
