@@ -67,11 +67,12 @@ async fn report_through_log(
 ) -> Result<Response<pb::Ack>, Status> {
     let mut refused: Option<&'static str> = None;
     while let Some(update) = stream.message().await.map_err(receive_status)? {
-        if update.tenant_id == PROBE_TENANT {
-            continue;
-        }
         if let Err(why) = caller.admit_for_log(&update.tenant_id, &update.replica_id) {
             refused.get_or_insert(why.reason_code());
+            continue;
+        }
+        // As on the direct path: checked, then skipped silently (§4.1); never in the log.
+        if update.tenant_id == PROBE_TENANT {
             continue;
         }
         // Names no replica would store are refused here, before they take room in the log.
@@ -96,12 +97,12 @@ async fn publish_through_log(
     caller: &producer::Caller,
     event: pb::CacheEvent,
 ) -> Result<Response<pb::Ack>, Status> {
-    if event.tenant_id == PROBE_TENANT {
-        return Ok(ack());
-    }
     caller
         .admit_for_log(&event.tenant_id, &event.replica_id)
         .map_err(|why| why.status())?;
+    if event.tenant_id == PROBE_TENANT {
+        return Ok(ack());
+    }
     writer::publish(
         writer::Kind::Event,
         event.encode_to_vec(),

@@ -103,6 +103,8 @@ async fn the_writer_publishes_only_admitted_messages(shards: usize) {
     eventually_held(&mut w, b"writer-ok", &["decode-a1"]).await;
     assert!(wait_until(Duration::from_secs(10), || applied(&writer) == 1));
 
+    // Allowed by the policy (decode-a*), but a name no replica would store.
+    let long_replica = format!("decode-a{}", "x".repeat(1100));
     let forbidden = [
         (
             update("decode-b", "team-a", b"writer-replica"),
@@ -120,12 +122,18 @@ async fn the_writer_publishes_only_admitted_messages(shards: usize) {
             Some(TOKEN),
             OLD,
         ),
+        (
+            update(&long_replica, "team-a", b"writer-long"),
+            Some(TOKEN),
+            NEW,
+        ),
     ];
     let reasons = [
         "PERMISSION_DENIED",
         "PERMISSION_DENIED",
         "UNAUTHENTICATED",
         "FENCED",
+        "ID_TOO_LONG",
     ];
     for ((u, token, epoch), reason) in forbidden.into_iter().zip(reasons) {
         refused(report_as(&mut w, vec![u], token, Some(epoch)).await, reason);
@@ -147,6 +155,7 @@ async fn the_writer_publishes_only_admitted_messages(shards: usize) {
         b"writer-tenant",
         b"writer-anon",
         b"writer-zombie",
+        b"writer-long",
     ] {
         assert!(!logged(&log, hash), "{hash:?} is in the stream");
     }
