@@ -198,6 +198,12 @@ pub struct Cli {
     /// File holding the password of `--nats-user` (surrounding whitespace trimmed).
     #[arg(long, default_value = "")]
     pub nats_password_file: String,
+    /// Make this server a writer of the event log: ReportCacheState/PublishEvent messages that
+    /// pass the producer checks are published to the stream (on `<subject>.admitted.*`) and
+    /// acknowledged once JetStream acknowledged them, instead of being applied here directly;
+    /// every replica, this one included, applies them from the log (docs/BEHAVIOUR.md §4.3).
+    #[arg(long)]
+    pub nats_log_writer: bool,
 }
 
 /// A flag combination the server refuses to start with (exit 2).
@@ -330,6 +336,9 @@ pub fn validate_producer(cli: &Cli) -> Result<(), FlagError> {
     }
     if cli.producer_token_audience.trim() != cli.producer_token_audience {
         return Err(FlagError::Whitespace("--producer-token-audience"));
+    }
+    if cli.nats_log_writer && cli.nats_url.is_empty() {
+        return Err(FlagError::Requires("--nats-log-writer", "--nats-url"));
     }
     let identity_source = !cli.client_ca_file.is_empty()
         || !cli.producer_token_audience.is_empty()
@@ -559,6 +568,14 @@ mod tests {
             ok(&["--nats-url", "nats://n:4222", "--producer-policy", "/p"]),
             Ok(()),
             "log producers have an identity"
+        );
+        assert_eq!(
+            ok(&["--nats-log-writer"]),
+            Err(FlagError::Requires("--nats-log-writer", "--nats-url"))
+        );
+        assert_eq!(
+            ok(&["--nats-url", "nats://n:4222", "--nats-log-writer"]),
+            Ok(())
         );
     }
 

@@ -446,6 +446,12 @@ pub const NATS_REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
 /// Default `--nats-ready-max-lag`: `/readyz` answers 503 until, once after start, the stream's
 /// last sequence is at most this many messages ahead of the last applied one.
 pub const DEFAULT_NATS_READY_MAX_LAG: u64 = 100;
+/// With `--nats-log-writer`: ingest messages this server has handed to JetStream and whose
+/// publish acknowledgement it still awaits, all calls together. One more fails its call at once
+/// with `UNAVAILABLE` ("event log writer saturated"; the producer retries) instead of queueing:
+/// each in-flight publish holds its message (at most `MAX_MESSAGE_BYTES`) until JetStream answers or
+/// [`NATS_REQUEST_TIMEOUT`] passes.
+pub const NATS_WRITER_MAX_IN_FLIGHT: usize = 64;
 
 // ---- How the limits relate ------------------------------------------------------------------
 

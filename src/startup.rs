@@ -148,6 +148,10 @@ fn start(cli: &Cli) -> Result<Server, StartupError> {
             .map_err(|e| StartupError::fatal("grpc_tls_load", e))?;
     }
     configure_producers(cli)?;
+    if cli.nats_log_writer {
+        // Before serving: no ingest call is applied here directly, only from the log.
+        nats::writer::enable();
+    }
     metrics::set_grpc_tls_enabled(settings.grpc_tls);
     feeds::configure(cli.max_event_subscribers, cli.max_metric_subscribers);
     feeds::metrics::set_scraper(|| Box::pin(admin::render_metrics()));

@@ -243,8 +243,16 @@ pub const DEFAULT_METRICS_BIND: &str = "0.0.0.0:9102";
 /// Ports tried from the default metrics port on (9102 … 9165).
 pub const DEFAULT_METRICS_PORTS: u16 = 64;
 
-/// `--nats-producer`: one NATS subject token (1-64 bytes, no `.`, `*`, `>` or whitespace).
+/// `--nats-producer`: one NATS subject token (1-64 bytes, no `.`, `*`, `>` or whitespace), and
+/// not `update` or `event`: a NATS permission `<subject>.*.update` written for such a name would
+/// also let its user publish `<subject>.admitted.update`, the subject only a log-writing server
+/// may publish (the replicas apply it without a policy check, docs/BEHAVIOUR.md §4.3).
 pub fn parse_nats_producer(s: &str) -> Result<String, String> {
+    if matches!(s, "update" | "event") {
+        return Err(format!(
+            "'{s}' is reserved: a permission for <subject>.*.{s} would cover <subject>.admitted.{s}"
+        ));
+    }
     let ok = (1..=64).contains(&s.len())
         && !s
             .chars()
@@ -471,7 +479,16 @@ mod tests {
     #[test]
     fn nats_producer_is_one_subject_token() {
         assert_eq!(parse_nats_producer("pool-a_1").unwrap(), "pool-a_1");
-        for bad in ["", "a.b", "a*", ">", "a b", &"x".repeat(65)] {
+        for bad in [
+            "",
+            "a.b",
+            "a*",
+            ">",
+            "a b",
+            &"x".repeat(65),
+            "update",
+            "event",
+        ] {
             assert!(parse_nats_producer(bad).is_err(), "{bad:?}");
         }
     }

@@ -14,9 +14,11 @@ use tonic::{Request, Response, Status, Streaming};
 
 use crate::ingest;
 use crate::lookup::LookupConfig;
+use crate::nats::writer;
 use crate::producer;
 use crate::runtime::mailbox;
-use crate::shard::owner;
+use crate::shard::{IngestRefused, owner};
+use prost::Message;
 
 use super::status::receive_status;
 
@@ -40,6 +42,74 @@ fn ack() -> Response<pb::Ack> {
         accepted: true,
         reason_code: String::new(),
     })
+}
+
+/// The Ack of a ReportCacheState stream: accepted, or the first refusal's code.
+fn ack_of(refused: Option<&'static str>) -> Response<pb::Ack> {
+    match refused {
+        None => ack(),
+        Some(why) => Response::new(pb::Ack {
+            accepted: false,
+            reason_code: why.to_string(),
+        }),
+    }
+}
+
+/// ReportCacheState on a log writer (`--nats-log-writer`): each message the producer checks
+/// admit is published to the event log, and the next is read only once JetStream stored it (so
+/// the stream's messages keep the stream's order, and a slow log slows the producer through
+/// HTTP/2 flow control); a refused one is never published. The index is not touched here:
+/// every replica, this one too, applies the message from the log. A publish that fails ends the
+/// call with its status (what was published before it stays published).
+async fn report_through_log(
+    caller: &producer::Caller,
+    stream: &mut Streaming<pb::CacheStateUpdate>,
+) -> Result<Response<pb::Ack>, Status> {
+    let mut refused: Option<&'static str> = None;
+    while let Some(update) = stream.message().await.map_err(receive_status)? {
+        if let Err(why) = caller.admit_for_log(&update.tenant_id, &update.replica_id) {
+            refused.get_or_insert(why.reason_code());
+            continue;
+        }
+        // As on the direct path: checked, then skipped silently (§4.1); never in the log.
+        if update.tenant_id == PROBE_TENANT {
+            continue;
+        }
+        // Names no replica would store are refused here, before they take room in the log.
+        if let Err(why) = IngestRefused::check_ids(&update) {
+            crate::metrics::record_ingest_refused(why.metric_label());
+            refused.get_or_insert(why.reason_code());
+            continue;
+        }
+        writer::publish(
+            writer::Kind::Update,
+            update.encode_to_vec(),
+            caller.epoch_text(),
+        )
+        .await?;
+    }
+    Ok(ack_of(refused))
+}
+
+/// PublishEvent on a log writer: published once the producer checks admit it, acknowledged
+/// once JetStream stored it; a refusal or a failed publish is the call's status.
+async fn publish_through_log(
+    caller: &producer::Caller,
+    event: pb::CacheEvent,
+) -> Result<Response<pb::Ack>, Status> {
+    caller
+        .admit_for_log(&event.tenant_id, &event.replica_id)
+        .map_err(|why| why.status())?;
+    if event.tenant_id == PROBE_TENANT {
+        return Ok(ack());
+    }
+    writer::publish(
+        writer::Kind::Event,
+        event.encode_to_vec(),
+        caller.epoch_text(),
+    )
+    .await?;
+    Ok(ack())
 }
 
 #[tonic::async_trait]
@@ -107,6 +177,9 @@ impl InferenceCache for CacheService {
     ) -> Result<Response<pb::Ack>, Status> {
         let caller = producer::caller(&request).await?;
         let mut stream = request.into_inner();
+        if writer::enabled() {
+            return report_through_log(&caller, &mut stream).await;
+        }
         let mut refused: Option<&'static str> = None;
         // Each message is applied as soon as it is received (docs/BEHAVIOUR.md §4.1); the await on
         // the owner's reply bounds this stream to one message in flight, so a slow owner slows
@@ -125,13 +198,7 @@ impl InferenceCache for CacheService {
                 refused.get_or_insert(why.reason_code());
             }
         }
-        Ok(match refused {
-            None => ack(),
-            Some(why) => Response::new(pb::Ack {
-                accepted: false,
-                reason_code: why.to_string(),
-            }),
-        })
+        Ok(ack_of(refused))
     }
 
     async fn publish_event(
@@ -142,6 +209,9 @@ impl InferenceCache for CacheService {
         // before anything of the event is applied or published.
         let caller = producer::caller(&request).await?;
         let event = request.into_inner();
+        if writer::enabled() {
+            return publish_through_log(&caller, event).await;
+        }
         caller
             .admit(&event.tenant_id, &event.replica_id)
             .map_err(|why| why.status())?;

@@ -30,6 +30,59 @@ static REFUSED_AUTH: AtomicU64 = AtomicU64::new(0);
 static REFUSED_TLS: AtomicU64 = AtomicU64::new(0);
 /// Set once, after start, the first time the lag is within `--nats-ready-max-lag`.
 static CAUGHT_UP: AtomicBool = AtomicBool::new(false);
+/// Whether this server writes the log (`--nats-log-writer`); the writer families only then.
+static WRITER: AtomicBool = AtomicBool::new(false);
+/// Admitted ingest messages JetStream acknowledged (stored in the stream).
+static WRITTEN: AtomicU64 = AtomicU64::new(0);
+/// Publishes awaiting their acknowledgement (kept by the writer as its slots change).
+static WRITER_IN_FLIGHT: AtomicU64 = AtomicU64::new(0);
+/// Ingest calls failed because every publish slot was taken.
+static WRITE_SATURATED: AtomicU64 = AtomicU64::new(0);
+/// Ingest calls failed because the log did not store their message (not connected, refused,
+/// no acknowledgement in time).
+static WRITE_UNAVAILABLE: AtomicU64 = AtomicU64::new(0);
+/// Ingest calls failed because their message exceeds the NATS server's `max_payload`.
+static WRITE_TOO_LARGE: AtomicU64 = AtomicU64::new(0);
+
+/// Why a log writer's publish failed its call.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WriteFailure {
+    /// `NATS_WRITER_MAX_IN_FLIGHT` publishes were awaiting their acknowledgement.
+    Saturated,
+    /// Not connected, refused, or not acknowledged in time.
+    Unavailable,
+    /// Larger than the NATS server's `max_payload`.
+    TooLarge,
+}
+
+/// Marks this server a log writer.
+pub fn enable_writer() {
+    WRITER.store(true, Ordering::SeqCst);
+}
+
+/// One more (`true`) or one fewer of the writer's publishes awaits its acknowledgement.
+pub fn writer_in_flight(more: bool) {
+    if more {
+        WRITER_IN_FLIGHT.fetch_add(1, Ordering::Relaxed);
+    } else {
+        WRITER_IN_FLIGHT.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// One admitted message stored in the stream.
+pub fn record_written() {
+    WRITTEN.fetch_add(1, Ordering::Relaxed);
+}
+
+/// One ingest call failed by its publish.
+pub fn record_write_failed(why: WriteFailure) {
+    let c = match why {
+        WriteFailure::Saturated => &WRITE_SATURATED,
+        WriteFailure::Unavailable => &WRITE_UNAVAILABLE,
+        WriteFailure::TooLarge => &WRITE_TOO_LARGE,
+    };
+    c.fetch_add(1, Ordering::Relaxed);
+}
 
 /// Marks the consumer configured, starting after stream sequence `start_after`.
 pub fn enable(start_after: u64) {
@@ -113,6 +166,9 @@ pub(super) fn families(fams: &mut Vec<Family>) {
     if !enabled() {
         return;
     }
+    if WRITER.load(Ordering::SeqCst) {
+        writer_families(fams);
+    }
     let counters: [(&'static str, &'static str, &'static AtomicU64); 5] = [
         (
             "inferencecache_nats_messages_applied",
@@ -178,5 +234,45 @@ pub(super) fn families(fams: &mut Vec<Family>) {
         "1 once the replica caught up with the event log after start (gates /readyz).",
         MetricType::Gauge,
         Box::new(|e| gauge(e, &[], i64::from(CAUGHT_UP.load(Ordering::SeqCst)))),
+    ));
+}
+
+/// The `inferencecache_nats_writer_*` families (`--nats-log-writer`).
+fn writer_families(fams: &mut Vec<Family>) {
+    fams.push((
+        "inferencecache_nats_writer_published",
+        "Admitted ingest messages this server published to the event log and JetStream stored.",
+        MetricType::Counter,
+        Box::new(|e| counter(e, &[], WRITTEN.load(Ordering::Relaxed))),
+    ));
+    fams.push((
+        "inferencecache_nats_writer_failed",
+        "Ingest calls failed by their publish: reason=saturated (every publish slot taken) or \
+         unavailable (not stored), both UNAVAILABLE; too_large (over NATS max_payload, \
+         RESOURCE_EXHAUSTED).",
+        MetricType::Counter,
+        Box::new(|e| {
+            counter(
+                e,
+                &[("reason", "saturated")],
+                WRITE_SATURATED.load(Ordering::Relaxed),
+            )?;
+            counter(
+                e,
+                &[("reason", "unavailable")],
+                WRITE_UNAVAILABLE.load(Ordering::Relaxed),
+            )?;
+            counter(
+                e,
+                &[("reason", "too_large")],
+                WRITE_TOO_LARGE.load(Ordering::Relaxed),
+            )
+        }),
+    ));
+    fams.push((
+        "inferencecache_nats_writer_in_flight",
+        "Event log publishes awaiting JetStream's acknowledgement (at most 64).",
+        MetricType::Gauge,
+        Box::new(|e| gauge(e, &[], WRITER_IN_FLIGHT.load(Ordering::Relaxed) as i64)),
     ));
 }

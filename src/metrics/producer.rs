@@ -11,10 +11,10 @@ use super::exposition::{Family, counter, gauge};
 /// `reason` label values.
 pub const REASONS: [&str; 3] = ["unauthenticated", "permission_denied", "fenced"];
 /// `identity` label values.
-pub const CLASSES: [&str; 4] = ["none", "certificate", "token", "nats"];
+pub const CLASSES: [&str; 5] = ["none", "certificate", "token", "nats", "writer"];
 
 /// Refused ingest messages by (reason, identity class).
-static REFUSED: [[AtomicU64; 4]; 3] = [const { [const { AtomicU64::new(0) }; 4] }; 3];
+static REFUSED: [[AtomicU64; 5]; 3] = [const { [const { AtomicU64::new(0) }; 5] }; 3];
 /// Changed policy files that did not load (the last good policy stayed in force).
 static POLICY_RELOAD_ERRORS: AtomicU64 = AtomicU64::new(0);
 /// Producer tokens the TokenReview rejected (calls answered UNAUTHENTICATED).

@@ -14,6 +14,10 @@
 //! (the plain subjects carry none), which NATS publish permissions bind to the users allowed to
 //! publish it; its epoch is its `x-producer-epoch` header. A refused message is skipped (counted
 //! in `inferencecache_producer_refused_total{identity="nats"|"none"}`) by every replica alike.
+//! A message on `<subject>.admitted.update` / `<subject>.admitted.event` was published by a log
+//! writer ([`writer`], `--nats-log-writer`) after its own producer checks: only its epoch is
+//! checked again (`producer::admitted_caller`), in stream order, so every replica's epoch table
+//! moves alike; NATS permissions let only the servers' user publish those subjects.
 //!
 //! The consumer runs on the admin thread's tokio runtime, never on a serving core: it reaches
 //! the owner core over the bounded mailbox (`mailbox::call` backs off while a queue is full).
@@ -22,6 +26,8 @@
 //! before the next one is taken and before [`applied_sequence`] moves past it. Any error (NATS
 //! down, stream missing, consumer lost) drops the consumer and recreates it from the next
 //! unapplied sequence after a back-off; nothing here panics or exits.
+
+pub mod writer;
 
 use std::time::Duration;
 
@@ -106,24 +112,33 @@ impl Decoded {
     }
 }
 
-/// The message and the producer token of its subject (`<prefix>.<kind>[.<producer>]`).
-fn decode<'s>(
-    prefix: &str,
-    subject: &'s str,
-    payload: &[u8],
-) -> Option<(Decoded, Option<&'s str>)> {
+/// Who a message's subject says published it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Origin<'s> {
+    /// `<prefix>.<kind>`: no identity.
+    Anonymous,
+    /// `<prefix>.<kind>.<producer>`: the producer NATS let publish it.
+    Producer(&'s str),
+    /// `<prefix>.admitted.<kind>`: a log-writing server, after its producer checks ([`writer`]).
+    Admitted,
+}
+
+/// The message and its origin, from its subject: `<prefix>.<kind>[.<producer>]` or
+/// `<prefix>.admitted.<kind>`.
+fn decode<'s>(prefix: &str, subject: &'s str, payload: &[u8]) -> Option<(Decoded, Origin<'s>)> {
     let rest = subject.strip_prefix(prefix)?.strip_prefix('.')?;
-    let (kind, producer) = match rest.split_once('.') {
-        Some((kind, p)) if !p.is_empty() && !p.contains('.') => (kind, Some(p)),
+    let (kind, origin) = match rest.split_once('.') {
+        Some((writer::ADMITTED, kind)) => (kind, Origin::Admitted),
+        Some((kind, p)) if !p.is_empty() && !p.contains('.') => (kind, Origin::Producer(p)),
         Some(_) => return None,
-        None => (rest, None),
+        None => (rest, Origin::Anonymous),
     };
     let decoded = match kind {
         "update" => Decoded::Update(pb::CacheStateUpdate::decode(payload).ok()?),
         "event" => Decoded::Event(pb::CacheEvent::decode(payload).ok()?),
         _ => return None,
     };
-    Some((decoded, producer))
+    Some((decoded, origin))
 }
 
 /// The producer epoch a message's `x-producer-epoch` header names: `Ok(None)` without one,
@@ -137,11 +152,14 @@ fn epoch_of(headers: Option<&async_nats::HeaderMap>) -> Result<Option<epochs::Ep
 }
 
 /// Whether the producer checks admit a decoded message (a refusal is counted by `admit`).
-fn admitted(d: &Decoded, producer: Option<&str>, epoch: Option<epochs::Epoch>) -> bool {
+fn admitted(d: &Decoded, origin: Origin<'_>, epoch: Option<epochs::Epoch>) -> bool {
     let (tenant, replica) = d.target();
-    producer::log_caller(producer, epoch)
-        .admit(tenant, replica)
-        .is_ok()
+    let caller = match origin {
+        Origin::Anonymous => producer::log_caller(None, epoch),
+        Origin::Producer(p) => producer::log_caller(Some(p), epoch),
+        Origin::Admitted => producer::admitted_caller(epoch),
+    };
+    caller.admit(tenant, replica).is_ok()
 }
 
 /// Exponential back-off between recreations.
@@ -179,6 +197,9 @@ async fn run(cfg: NatsConfig) {
         return;
     };
     let js = jetstream::new(client);
+    if writer::enabled() {
+        writer::install(js.clone(), &cfg.subject);
+    }
     tokio::spawn(poll_lag(js.clone(), cfg.clone()));
     let mut backoff = Backoff::new();
     while !shutting_down() {
@@ -326,7 +347,7 @@ async fn consume(
         let decoded =
             decode(&cfg.subject, msg.subject.as_str(), &msg.payload).filter(|_| epoch.is_ok());
         let outcome = match decoded {
-            Some((d, producer)) if admitted(&d, producer, epoch.unwrap_or(None)) => {
+            Some((d, origin)) if admitted(&d, origin, epoch.unwrap_or(None)) => {
                 if !apply(d).await {
                     return Ok(()); // shutting down
                 }
@@ -407,10 +428,14 @@ mod tests {
         };
         let ub = u.encode_to_vec();
         let eb = e.encode_to_vec();
-        assert!(
-            matches!(decode("ic", "ic.update", &ub), Some((Decoded::Update(x), None)) if x == u)
-        );
-        assert!(matches!(decode("ic", "ic.event", &eb), Some((Decoded::Event(x), None)) if x == e));
+        assert!(matches!(
+            decode("ic", "ic.update", &ub),
+            Some((Decoded::Update(x), Origin::Anonymous)) if x == u
+        ));
+        assert!(matches!(
+            decode("ic", "ic.event", &eb),
+            Some((Decoded::Event(x), Origin::Anonymous)) if x == e
+        ));
         assert!(decode("ic", "ic.other", &ub).is_none());
         assert!(decode("ic", "icx.update", &ub).is_none());
         assert!(decode("ic", "ic.update", &[0xff, 0xff, 0xff]).is_none());
@@ -422,11 +447,11 @@ mod tests {
         let eb = pb::CacheEvent::default().encode_to_vec();
         assert!(matches!(
             decode("ic", "ic.update.pool-a", &ub),
-            Some((Decoded::Update(_), Some("pool-a")))
+            Some((Decoded::Update(_), Origin::Producer("pool-a")))
         ));
         assert!(matches!(
             decode("ic", "ic.event.pool-a", &eb),
-            Some((Decoded::Event(_), Some("pool-a")))
+            Some((Decoded::Event(_), Origin::Producer("pool-a")))
         ));
         assert!(
             decode("ic", "ic.update.a.b", &ub).is_none(),
@@ -434,6 +459,31 @@ mod tests {
         );
         assert!(decode("ic", "ic.update.", &ub).is_none());
         assert!(decode("ic", "ic.other.pool-a", &ub).is_none());
+    }
+
+    #[test]
+    fn the_admitted_subjects_are_a_log_writers() {
+        let ub = pb::CacheStateUpdate::default().encode_to_vec();
+        let eb = pb::CacheEvent::default().encode_to_vec();
+        let update = writer::subject("ic", writer::Kind::Update);
+        let event = writer::subject("ic", writer::Kind::Event);
+        assert!(matches!(
+            decode("ic", &update, &ub),
+            Some((Decoded::Update(_), Origin::Admitted))
+        ));
+        assert!(matches!(
+            decode("ic", &event, &eb),
+            Some((Decoded::Event(_), Origin::Admitted))
+        ));
+        assert!(decode("ic", "ic.admitted.other", &ub).is_none());
+        assert!(decode("ic", "ic.admitted.update.x", &ub).is_none());
+        assert!(
+            matches!(
+                decode("ic", "ic.update.admitted", &ub),
+                Some((_, Origin::Producer("admitted")))
+            ),
+            "a producer named 'admitted' is a producer"
+        );
     }
 
     #[test]

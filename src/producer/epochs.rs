@@ -87,6 +87,14 @@ pub fn admit(tenant: &str, replica: &str, epoch: Epoch) -> Result<(), ()> {
     }
 }
 
+/// Whether [`admit`] would admit `epoch` for `(tenant, replica)` now, without recording it: the
+/// log writer's check before it publishes (the log's consumers record it, in stream order).
+pub fn would_admit(tenant: &str, replica: &str, epoch: Epoch) -> bool {
+    table()
+        .get(&key(tenant, replica))
+        .is_none_or(|newest| epoch >= *newest)
+}
+
 /// One table row: (replica key, start ms, id hash).
 pub type Row = (u128, u64, u64);
 
@@ -159,6 +167,18 @@ mod tests {
         ] {
             assert!(parse(bad).is_err(), "{bad:?}");
         }
+    }
+
+    #[test]
+    fn would_admit_checks_without_recording() {
+        let old = Epoch { ms: 10, id: 5 };
+        let new = Epoch { ms: 11, id: 1 };
+        assert!(would_admit("peek-t", "r", new), "an unknown replica");
+        assert!(would_admit("peek-t", "r", old), "nothing was recorded");
+        assert!(admit("peek-t", "r", new).is_ok());
+        assert!(would_admit("peek-t", "r", new), "the same epoch again");
+        assert!(!would_admit("peek-t", "r", old), "older after newer");
+        assert!(admit("peek-t", "r", old).is_err());
     }
 
     #[test]

@@ -11,8 +11,9 @@
 //! * **Fencing** — a message sent under an older `x-producer-epoch` than the newest seen for its
 //!   replica is refused (`FENCED`) ([`epochs`]).
 //!
-//! The check runs in the handler before a message is handed to the index, so nothing of a
-//! refused message reaches the index or the change feed. LookupRoute and the other read RPCs
+//! The check runs in the handler before a message is handed to the index (or, on a log writer,
+//! to the event log: [`Caller::admit_for_log`]), so nothing of a refused message reaches the
+//! index, the change feed or the JetStream log. LookupRoute and the other read RPCs
 //! never get here.
 
 pub mod epochs;
@@ -82,6 +83,10 @@ pub enum IdentityClass {
     /// The producer token of a JetStream log message's subject (`<subject>.update.<producer>`),
     /// which NATS publish permissions bind to the NATS user that may publish it.
     Nats = 3,
+    /// A JetStream log message a log-writing server published (`<subject>.admitted.*`) after its
+    /// own producer checks admitted the gRPC call: only fencing is checked again, in stream
+    /// order; NATS publish permissions let only the servers' NATS user publish it.
+    Writer = 4,
 }
 
 /// Why a message was refused.
@@ -125,6 +130,9 @@ pub struct Caller {
     class: IdentityClass,
     names: Arc<[String]>,
     epoch: Option<epochs::Epoch>,
+    /// The `x-producer-epoch` value as sent (at most 85 bytes), which a log writer copies onto
+    /// the messages it publishes.
+    epoch_text: Option<Arc<str>>,
 }
 
 /// The identity a JetStream log message carries: `nats:<producer>` from its subject's producer
@@ -137,12 +145,27 @@ pub fn log_caller(producer: Option<&str>, epoch: Option<epochs::Epoch>) -> Calle
             class: IdentityClass::Nats,
             names: Arc::from([format!("{LOG_IDENTITY_PREFIX}{p}")]),
             epoch,
+            epoch_text: None,
         },
         None => Caller {
             class: IdentityClass::None,
             names: Arc::from([]),
             epoch,
+            epoch_text: None,
         },
+    }
+}
+
+/// The caller of a log message a log-writing server published (`<subject>.admitted.*`): the
+/// writer's producer checks admitted it, so only its `x-producer-epoch` is checked again (every
+/// replica fences in stream order, so all agree), never the identity or the policy (which the
+/// writer applied once: replicas whose policy files differ for a moment still agree).
+pub fn admitted_caller(epoch: Option<epochs::Epoch>) -> Caller {
+    Caller {
+        class: IdentityClass::Writer,
+        names: Arc::from([]),
+        epoch,
+        epoch_text: None,
     }
 }
 
@@ -153,13 +176,14 @@ pub const LOG_IDENTITY_PREFIX: &str = "nats:";
 /// status: a malformed epoch (INVALID_ARGUMENT), a token the review rejected (UNAUTHENTICATED)
 /// or no verdict (UNAVAILABLE).
 pub async fn caller<T>(req: &tonic::Request<T>) -> Result<Caller, Status> {
-    let epoch = match req.metadata().get(epochs::EPOCH_HEADER) {
-        None => None,
+    let (epoch, epoch_text) = match req.metadata().get(epochs::EPOCH_HEADER) {
+        None => (None, None),
         Some(v) => {
             let v = v.to_str().unwrap_or("");
-            Some(epochs::parse(v).map_err(|e| {
+            let e = epochs::parse(v).map_err(|e| {
                 Status::invalid_argument(format!("malformed {}: {e}", epochs::EPOCH_HEADER))
-            })?)
+            })?;
+            (Some(e), Some(Arc::from(v)))
         }
     };
     if let Some(PeerCertificate(names)) = req.extensions().get::<PeerCertificate>() {
@@ -167,6 +191,7 @@ pub async fn caller<T>(req: &tonic::Request<T>) -> Result<Caller, Status> {
             class: IdentityClass::Certificate,
             names: names.clone(),
             epoch,
+            epoch_text,
         });
     }
     let reviewer = CONFIG.get().and_then(|c| c.tokens);
@@ -176,6 +201,7 @@ pub async fn caller<T>(req: &tonic::Request<T>) -> Result<Caller, Status> {
             class: IdentityClass::None,
             names: Arc::from([]),
             epoch,
+            epoch_text,
         });
     };
     let verdict = match reviewer.cached(token) {
@@ -187,6 +213,7 @@ pub async fn caller<T>(req: &tonic::Request<T>) -> Result<Caller, Status> {
             class: IdentityClass::Token,
             names: Arc::from([name.to_string()]),
             epoch,
+            epoch_text,
         }),
         Err(TokenError::Rejected) => {
             crate::metrics::producer::record_token_rejected();
@@ -229,7 +256,43 @@ impl Caller {
         out
     }
 
+    /// A log writer's check before it publishes a message (`--nats-log-writer`): as [`admit`],
+    /// but an epoch is only compared, not recorded. The log's consumers record it when they
+    /// apply the message in stream order, so every replica's table moves alike (a publish that
+    /// fails must not move the writer's). A refusal is counted.
+    ///
+    /// [`admit`]: Caller::admit
+    pub fn admit_for_log(&self, tenant: &str, replica: &str) -> Result<(), Refusal> {
+        let out = self
+            .authorize(tenant, replica)
+            .and_then(|()| match self.epoch {
+                Some(e) if !epochs::would_admit(tenant, replica, e) => Err(Refusal::Fenced),
+                _ => Ok(()),
+            });
+        if let Err(why) = out {
+            crate::metrics::producer::record_refused(why as usize, self.class as usize);
+        }
+        out
+    }
+
+    /// The `x-producer-epoch` the call sent, as sent.
+    pub fn epoch_text(&self) -> Option<&str> {
+        self.epoch_text.as_deref()
+    }
+
     fn check(&self, tenant: &str, replica: &str) -> Result<(), Refusal> {
+        self.authorize(tenant, replica)?;
+        match self.epoch {
+            Some(e) => epochs::admit(tenant, replica, e).map_err(|()| Refusal::Fenced),
+            None => Ok(()),
+        }
+    }
+
+    /// Identity and policy; a writer-admitted log message passed them at its writer.
+    fn authorize(&self, tenant: &str, replica: &str) -> Result<(), Refusal> {
+        if self.class == IdentityClass::Writer {
+            return Ok(());
+        }
         if let Some(cfg) = CONFIG.get() {
             let anonymous = self.class == IdentityClass::None;
             if anonymous && (cfg.require || cfg.policy.is_some()) {
@@ -241,9 +304,6 @@ impl Caller {
                 return Err(Refusal::PermissionDenied);
             }
         }
-        match self.epoch {
-            Some(e) => epochs::admit(tenant, replica, e).map_err(|()| Refusal::Fenced),
-            None => Ok(()),
-        }
+        Ok(())
     }
 }

@@ -43,6 +43,8 @@ mod kvevents;
 mod lean_client;
 /// LFU crediting and the global entry cap.
 mod lfu;
+/// The server as the event log's only writer (`--nats-log-writer`).
+mod log_writer;
 /// LookupRoute basics: exact and chain matches, tenant-hot, tiers, diagnostics, the probe
 /// tenant, the other RPCs, the response envelope.
 mod lookup_basics;

@@ -11,11 +11,11 @@ use pb::cache_event::Type;
 use pb::inference_cache_client::InferenceCacheClient;
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Identity};
 
-type Client = InferenceCacheClient<Channel>;
+pub(crate) type Client = InferenceCacheClient<Channel>;
 
 const ENGINE_A: &str = "spiffe://cluster.test/ns/llm/sa/engine-a";
 const ENGINE_B_DNS: &str = "engine-b.llm.svc";
-const PRODUCER_AUD: &str = "inferencecache.io/producer";
+pub(crate) const PRODUCER_AUD: &str = "inferencecache.io/producer";
 const ENGINE_SA: &str = "system:serviceaccount:llm:engine-a";
 
 /// engine-a (by SPIFFE URI) may report `decode-a*` of team-a; engine-b (by DNS name) `decode-b`
@@ -73,7 +73,7 @@ async fn tls_client(port: u16, ca_pem: &str, id: Option<&ClientCert>) -> Result<
 }
 
 /// Adds call metadata: `authorization: Bearer <token>` and/or `x-producer-epoch`.
-fn with_meta<T>(msg: T, token: Option<&str>, epoch: Option<&str>) -> tonic::Request<T> {
+pub(crate) fn with_meta<T>(msg: T, token: Option<&str>, epoch: Option<&str>) -> tonic::Request<T> {
     let mut r = tonic::Request::new(msg);
     if let Some(t) = token {
         r.metadata_mut()
@@ -93,7 +93,7 @@ pub(crate) fn update(replica: &str, tenant: &str, hash: &[u8]) -> pb::CacheState
 }
 
 /// ReportCacheState of `updates` with metadata: the Ack, or the call's status.
-async fn report_as(
+pub(crate) async fn report_as(
     c: &mut Client,
     updates: Vec<pb::CacheStateUpdate>,
     token: Option<&str>,
@@ -104,7 +104,7 @@ async fn report_as(
         .map(|r| r.into_inner())
 }
 
-async fn publish_as(
+pub(crate) async fn publish_as(
     c: &mut Client,
     e: pb::CacheEvent,
     token: Option<&str>,
@@ -133,13 +133,13 @@ async fn anonymous_refused(c: &mut Client, replica: &str, tenant: &str, hash: &[
     assert_eq!(st.code(), tonic::Code::Unauthenticated, "{st:?}");
 }
 
-fn refused(ack: Result<pb::Ack, tonic::Status>, reason: &str) {
+pub(crate) fn refused(ack: Result<pb::Ack, tonic::Status>, reason: &str) {
     let ack = ack.expect("an Ack");
     assert!(!ack.accepted, "{ack:?}");
     assert_eq!(ack.reason_code, reason);
 }
 
-fn accepted(ack: Result<pb::Ack, tonic::Status>) {
+pub(crate) fn accepted(ack: Result<pb::Ack, tonic::Status>) {
     let ack = ack.expect("an Ack");
     assert!(ack.accepted, "{ack:?}");
     assert_eq!(ack.reason_code, "");
@@ -451,7 +451,7 @@ shards_1_and_2!(certificates_and_policy);
 
 /// A server reviewing producer tokens with the stand-in TokenReview, under a policy binding
 /// `ENGINE_SA` to `decode-a*` of `team-a`, started with `extra` flags too.
-fn token_server(
+pub(crate) fn token_server(
     shards: usize,
     name: &str,
     extra: &[&str],

@@ -7,9 +7,9 @@ use std::time::{Duration, Instant};
 
 use crate::support::*;
 
-const SUBJECT: &str = "ic";
+pub(crate) const SUBJECT: &str = "ic";
 
-fn nats_flags(nats: &NatsServer, stream: &str) -> Vec<String> {
+pub(crate) fn nats_flags(nats: &NatsServer, stream: &str) -> Vec<String> {
     vec![
         "--nats-url".into(),
         nats.url(),
@@ -20,13 +20,13 @@ fn nats_flags(nats: &NatsServer, stream: &str) -> Vec<String> {
     ]
 }
 
-fn start_replica(shards: usize, flags: &[String]) -> Server {
+pub(crate) fn start_replica(shards: usize, flags: &[String]) -> Server {
     let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
     Server::start(shards, &flags)
 }
 
 /// `inferencecache_nats_applied_sequence` of `srv`.
-fn applied(srv: &Server) -> u64 {
+pub(crate) fn applied(srv: &Server) -> u64 {
     metric_value(&metrics_text(srv), "inferencecache_nats_applied_sequence").unwrap_or(0.0) as u64
 }
 

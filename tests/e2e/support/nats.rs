@@ -137,6 +137,20 @@ impl NatsServer {
         NatsServer::from_config(store, port, &conf)
     }
 
+    /// Starts one (plain text, no authentication) that takes messages of at most `bytes`
+    /// (`max_payload`).
+    pub fn start_with_max_payload(bytes: usize) -> NatsServer {
+        let port = free_port();
+        let store = scratch_dir("nats-max-payload");
+        let conf = format!(
+            "listen: \"127.0.0.1:{port}\"\n\
+             max_payload: {bytes}\n\
+             jetstream {{ store_dir: {js:?} }}\n",
+            js = store.join("js").display().to_string(),
+        );
+        NatsServer::from_config(store, port, &conf)
+    }
+
     /// The `nats://` URL.
     pub fn url(&self) -> String {
         format!("nats://127.0.0.1:{}", self.port)
