@@ -114,6 +114,13 @@ impl<T: Copy> Heap<T> {
         self.sift_down(0, less);
         Some(top)
     }
+    /// Replaces the top with `x` and restores the order: one sift down, where a pop and a push
+    /// would take two passes (and twice the comparisons that tie down to the names).
+    fn replace_top(&mut self, x: T, less: &impl Fn(&T, &T) -> bool) -> T {
+        let top = std::mem::replace(&mut self.v[0], x);
+        self.sift_down(0, less);
+        top
+    }
     /// Moves `v[i]` down until neither child pops before it.
     fn sift_down(&mut self, mut i: usize, less: &impl Fn(&T, &T) -> bool) {
         let n = self.v.len();
@@ -442,9 +449,7 @@ impl CapBuild {
                 if (c.eff, c.last_seen) > (top.eff, top.last_seen) || !greater(&top, &c) {
                     return;
                 }
-                let out = self.sel.pop(&greater).expect("non-empty");
-                self.sel.push(c, &greater);
-                Some(out)
+                Some(self.sel.replace_top(c, &greater))
             }
         };
         retain_blob(cat, c.key);
