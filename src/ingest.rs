@@ -44,18 +44,17 @@ pub async fn apply_update(
         })
         .await
         .map_err(|_| OwnerUnavailable)?;
-    // Several cores: each core hands back the removals its share of the victims held.
-    let cross_core_removals = match evictions {
-        Some(e) => e.enforce(events::take_removals).await,
-        None => Vec::new(),
-    };
+    // The evictions that follow (in steps, or across cores) hand back the removals each step
+    // held, kept with the ingest's own up to one burst in all.
+    let mut removals = removals;
+    if let Some(e) = evictions {
+        e.enforce(events::take_removals, &mut |later| removals.absorb(later))
+            .await;
+    }
     if applied.is_ok() {
         events::publish_ingest(&update);
     }
     events::publish_removals(removals);
-    cross_core_removals
-        .into_iter()
-        .for_each(events::publish_removals);
     Ok(applied)
 }
 

@@ -250,6 +250,23 @@ pub struct Removals {
     dropped: u64,
 }
 
+impl Removals {
+    /// Appends `later`'s removals (the next eviction step of the same ingest), keeping at most
+    /// [`EVENT_REMOVAL_BURST`] held in all, as one step would: one ingest's burst, whatever the
+    /// steps its evictions ran in. The rest are counted as dropped (and the limit hit once).
+    pub fn absorb(&mut self, later: Removals) {
+        let room = EVENT_REMOVAL_BURST.saturating_sub(self.events.len());
+        let over = later.events.len().saturating_sub(room);
+        if over > 0 && self.dropped == 0 && later.dropped == 0 {
+            crate::metrics::record_limit_hit("event_removal_burst");
+        }
+        let mut events = later.events;
+        events.truncate(room);
+        self.events.append(&mut events);
+        self.dropped += later.dropped + over as u64;
+    }
+}
+
 /// Publishes removals held back by an ingest, after that ingest's own changes. When some were
 /// dropped past [`EVENT_REMOVAL_BURST`], every subscriber that wants evictions is told it fell
 /// behind.

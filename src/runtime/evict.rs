@@ -82,19 +82,23 @@ pub fn pending(st: &CoreState, tenant: &str, quota: Option<u64>) -> Option<Pendi
 
 /// Runs the global-cap evictions an ingest left owed on `core` in slices
 /// ([`SWEEP_SLICE_PAUSE`] apart, each after the victims it needs are ready), until none are
-/// owed. Each slice evicts at least one entry, so this ends.
-async fn enforce_owed_cap<R: Send + 'static>(core: usize, after_evict: fn() -> R) -> Vec<R> {
-    let mut collected = Vec::new();
+/// owed; `absorb` takes each slice's `after_evict` result. Each slice evicts at least one entry,
+/// so this ends.
+async fn enforce_owed_cap<R: Send + 'static>(
+    core: usize,
+    after_evict: fn() -> R,
+    absorb: &mut impl FnMut(R),
+) {
     loop {
         let slice = mailbox::call_after_maintenance(core, CapNeed::Owed, move |st| {
             (st.cap_enforce_slice(), after_evict())
         });
         let Ok((done, removals)) = slice.await else {
-            return collected;
+            return;
         };
-        collected.push(removals);
+        absorb(removals);
         if done {
-            return collected;
+            return;
         }
         mailbox::pause(SWEEP_SLICE_PAUSE).await;
     }
@@ -122,12 +126,16 @@ where
 impl Pending {
     /// Enforces the tenant's quota (when it has one) and then the global cap, across all cores.
     /// `after_evict` runs on each core right after it evicted its share (the change feed takes
-    /// the removals it held there); its results come back in eviction order.
-    pub async fn enforce<R: Send + 'static>(self, after_evict: fn() -> R) -> Vec<R> {
+    /// the removals it held there); `absorb` takes its results in eviction order, as they come
+    /// (so the caller bounds what it keeps of them).
+    pub async fn enforce<R: Send + 'static>(
+        self,
+        after_evict: fn() -> R,
+        absorb: &mut impl FnMut(R),
+    ) {
         if self.local_cap {
-            return enforce_owed_cap(0, after_evict).await;
+            return enforce_owed_cap(0, after_evict, absorb).await;
         }
-        let mut collected = Vec::new();
         let cores = shard::cores();
         let info =
             |st: &mut CoreState| (st.index.directory().clone(), st.index.config().max_entries);
@@ -137,7 +145,7 @@ impl Pending {
         } else {
             match mailbox::call(0, info).await {
                 Ok(x) => x,
-                Err(_) => return collected,
+                Err(_) => return,
             }
         };
         let tenant = self.tenant.as_str();
@@ -164,7 +172,7 @@ impl Pending {
                         Box::new(move |st| (st.evict_quota(&t, &v), Some(after_evict())))
                     })
                     .await,
-                    &mut collected,
+                    absorb,
                 );
                 if evicted == 0 {
                     break;
@@ -172,7 +180,7 @@ impl Pending {
             }
         }
         if max == 0 {
-            return collected;
+            return;
         }
         loop {
             let over = dir.non_reserved_entries() - max as i64;
@@ -190,13 +198,12 @@ impl Pending {
                     Box::new(move |st| (st.evict_cap(&v), Some(after_evict())))
                 })
                 .await,
-                &mut collected,
+                absorb,
             );
             if evicted == 0 {
                 break;
             }
         }
-        collected
     }
 }
 
@@ -221,11 +228,11 @@ async fn cap_candidates_everywhere(cores: usize, over: usize) -> Vec<Vec<CapVict
 }
 
 /// Total evicted over one round's answers, keeping each core's `after_evict` result.
-fn sum_evicted<R>(answers: Vec<(u64, Option<R>)>, collected: &mut Vec<R>) -> u64 {
+fn sum_evicted<R>(answers: Vec<(u64, Option<R>)>, absorb: &mut impl FnMut(R)) -> u64 {
     let mut total = 0;
     for (n, r) in answers {
         total += n;
-        collected.extend(r);
+        r.into_iter().for_each(&mut *absorb);
     }
     total
 }
