@@ -5,6 +5,8 @@
 //! client certificate presented. The double recycles connections (`max_connection_age`) so a
 //! rotated client certificate shows up on a later connection.
 
+mod support;
+
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -13,14 +15,13 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use inferencecache_proto::v1alpha1::inference_cache_server::{
-    InferenceCache, InferenceCacheServer,
-};
+use inferencecache_proto::v1alpha1::inference_cache_server::InferenceCacheServer;
 use inferencecache_proto::v1alpha1::*;
 use rcgen::{
     BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
 };
 use rmpv::Value;
+use support::{Ingest, IngestDouble};
 use tokio::net::TcpListener;
 use tonic::transport::server::TcpIncoming;
 use tonic::transport::{Certificate, Identity, Server, ServerTlsConfig};
@@ -138,31 +139,7 @@ fn seen<T>(method: &'static str, req: &Request<T>) -> Call {
 }
 
 #[tonic::async_trait]
-impl InferenceCache for Double {
-    async fn render_template(
-        &self,
-        _: Request<RenderTemplateRequest>,
-    ) -> Result<Response<RenderTemplateResponse>, Status> {
-        Err(Status::unimplemented("double"))
-    }
-    async fn lookup_route(
-        &self,
-        _: Request<LookupRouteRequest>,
-    ) -> Result<Response<LookupRouteResponse>, Status> {
-        Err(Status::unimplemented("double"))
-    }
-    async fn lookup_pd_route(
-        &self,
-        _: Request<LookupPdRouteRequest>,
-    ) -> Result<Response<LookupPdRouteResponse>, Status> {
-        Err(Status::unimplemented("double"))
-    }
-    async fn get_cache_state(
-        &self,
-        _: Request<GetCacheStateRequest>,
-    ) -> Result<Response<GetCacheStateResponse>, Status> {
-        Err(Status::unimplemented("double"))
-    }
+impl IngestDouble for Double {
     async fn report_cache_state(
         &self,
         req: Request<Streaming<CacheStateUpdate>>,
@@ -188,20 +165,6 @@ impl InferenceCache for Double {
             reason_code: String::new(),
         }))
     }
-    type StreamCacheEventsStream = tokio_stream::Empty<Result<CacheEvent, Status>>;
-    async fn stream_cache_events(
-        &self,
-        _: Request<StreamEventsRequest>,
-    ) -> Result<Response<Self::StreamCacheEventsStream>, Status> {
-        Err(Status::unimplemented("double"))
-    }
-    type StreamMetricsStream = tokio_stream::Empty<Result<Metric, Status>>;
-    async fn stream_metrics(
-        &self,
-        _: Request<StreamMetricsRequest>,
-    ) -> Result<Response<Self::StreamMetricsStream>, Status> {
-        Err(Status::unimplemented("double"))
-    }
 }
 
 impl Double {
@@ -220,7 +183,7 @@ async fn start_double(ca: &Ca) -> (SocketAddr, Double) {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let d = Double::default();
-    let svc = InferenceCacheServer::new(d.clone());
+    let svc = InferenceCacheServer::new(Ingest(d.clone()));
     let server = Server::builder()
         .tls_config(tls)
         .unwrap()

@@ -3,6 +3,8 @@
 //! every `ReportCacheState` message and `PublishEvent` call in arrival order, and keeps an
 //! in-memory index built from them.
 
+mod support;
+
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::process::{Child, Command, Stdio};
@@ -12,11 +14,10 @@ use std::time::Duration;
 use bytes::Bytes;
 use inferencecache_fingerprint::prefix_hashes;
 use inferencecache_proto::v1alpha1::cache_event::Type;
-use inferencecache_proto::v1alpha1::inference_cache_server::{
-    InferenceCache, InferenceCacheServer,
-};
+use inferencecache_proto::v1alpha1::inference_cache_server::InferenceCacheServer;
 use inferencecache_proto::v1alpha1::*;
 use rmpv::Value;
+use support::{Ingest, IngestDouble};
 use tokio::net::TcpListener;
 use tonic::transport::Server;
 use tonic::transport::server::TcpIncoming;
@@ -48,31 +49,7 @@ struct Double {
 }
 
 #[tonic::async_trait]
-impl InferenceCache for Double {
-    async fn render_template(
-        &self,
-        _: Request<RenderTemplateRequest>,
-    ) -> Result<Response<RenderTemplateResponse>, Status> {
-        Err(Status::unimplemented("double"))
-    }
-    async fn lookup_route(
-        &self,
-        _: Request<LookupRouteRequest>,
-    ) -> Result<Response<LookupRouteResponse>, Status> {
-        Err(Status::unimplemented("double"))
-    }
-    async fn lookup_pd_route(
-        &self,
-        _: Request<LookupPdRouteRequest>,
-    ) -> Result<Response<LookupPdRouteResponse>, Status> {
-        Err(Status::unimplemented("double"))
-    }
-    async fn get_cache_state(
-        &self,
-        _: Request<GetCacheStateRequest>,
-    ) -> Result<Response<GetCacheStateResponse>, Status> {
-        Err(Status::unimplemented("double"))
-    }
+impl IngestDouble for Double {
     async fn report_cache_state(
         &self,
         req: Request<Streaming<CacheStateUpdate>>,
@@ -105,20 +82,6 @@ impl InferenceCache for Double {
             accepted: true,
             reason_code: String::new(),
         }))
-    }
-    type StreamCacheEventsStream = tokio_stream::Empty<Result<CacheEvent, Status>>;
-    async fn stream_cache_events(
-        &self,
-        _: Request<StreamEventsRequest>,
-    ) -> Result<Response<Self::StreamCacheEventsStream>, Status> {
-        Err(Status::unimplemented("double"))
-    }
-    type StreamMetricsStream = tokio_stream::Empty<Result<Metric, Status>>;
-    async fn stream_metrics(
-        &self,
-        _: Request<StreamMetricsRequest>,
-    ) -> Result<Response<Self::StreamMetricsStream>, Status> {
-        Err(Status::unimplemented("double"))
     }
 }
 
@@ -167,7 +130,7 @@ impl Double {
 
 async fn start_double_on(listener: TcpListener) -> Double {
     let d = Double::default();
-    let svc = InferenceCacheServer::new(d.clone());
+    let svc = InferenceCacheServer::new(Ingest(d.clone()));
     tokio::spawn(async move {
         Server::builder()
             .serve_with_incoming(svc, TcpIncoming::from(listener))
