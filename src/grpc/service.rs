@@ -87,6 +87,7 @@ async fn report_through_log(
             caller.epoch_text(),
         )
         .await?;
+        caller.note_published(&update.tenant_id, &update.replica_id);
     }
     Ok(ack_of(refused))
 }
@@ -109,6 +110,7 @@ async fn publish_through_log(
         caller.epoch_text(),
     )
     .await?;
+    caller.note_published(&event.tenant_id, &event.replica_id);
     Ok(ack())
 }
 

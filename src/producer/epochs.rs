@@ -87,12 +87,36 @@ pub fn admit(tenant: &str, replica: &str, epoch: Epoch) -> Result<(), ()> {
     }
 }
 
+/// The newest epoch per `(tenant, replica)` this process published to the event log as its
+/// writer and JetStream stored (`--nats-log-writer`), not yet necessarily applied: a message the
+/// log holds is applied by every replica in stream order, so an older epoch arriving after it is
+/// fenced by all of them, and the writer refuses it before it reaches the log. Apart from
+/// [`TABLE`], which only the log's consumer moves (so every replica's stays alike).
+static PUBLISHED: LazyLock<Mutex<HashMap<u128, Epoch>>> = LazyLock::new(Mutex::default);
+
 /// Whether [`admit`] would admit `epoch` for `(tenant, replica)` now, without recording it: the
-/// log writer's check before it publishes (the log's consumers record it, in stream order).
+/// log writer's check before it publishes (the log's consumers record it, in stream order),
+/// against what was applied and what this writer already had stored ([`note_published`]).
 pub fn would_admit(tenant: &str, replica: &str, epoch: Epoch) -> bool {
-    table()
-        .get(&key(tenant, replica))
-        .is_none_or(|newest| epoch >= *newest)
+    let k = key(tenant, replica);
+    let not_older = |t: &HashMap<u128, Epoch>| t.get(&k).is_none_or(|newest| epoch >= *newest);
+    not_older(&table()) && not_older(&PUBLISHED.lock().unwrap_or_else(|e| e.into_inner()))
+}
+
+/// Records that a message of `(tenant, replica)` under `epoch` is stored in the event log (its
+/// writer's publish was acknowledged), for [`would_admit`]. At most [`MAX_PRODUCER_EPOCHS`]
+/// replicas; past that a replica is not recorded here (its consumers still fence in order).
+pub fn note_published(tenant: &str, replica: &str, epoch: Epoch) {
+    let k = key(tenant, replica);
+    let mut t = PUBLISHED.lock().unwrap_or_else(|e| e.into_inner());
+    let len = t.len();
+    match t.get_mut(&k) {
+        Some(newest) => *newest = (*newest).max(epoch),
+        None if len >= MAX_PRODUCER_EPOCHS => crate::metrics::record_limit_hit("producer_epochs"),
+        None => {
+            t.insert(k, epoch);
+        }
+    }
 }
 
 /// One table row: (replica key, start ms, id hash).
@@ -179,6 +203,25 @@ mod tests {
         assert!(would_admit("peek-t", "r", new), "the same epoch again");
         assert!(!would_admit("peek-t", "r", old), "older after newer");
         assert!(admit("peek-t", "r", old).is_err());
+    }
+
+    /// A writer refuses an epoch older than one it already had stored in the log, before its own
+    /// consumer applied that one; the applied table is not moved by it.
+    #[test]
+    fn an_epoch_older_than_one_published_is_refused_before_it_is_applied() {
+        let old = Epoch { ms: 1_000, id: 1 };
+        let new = Epoch { ms: 2_000, id: 2 };
+        assert!(would_admit("pub-t", "r", old));
+        note_published("pub-t", "r", new);
+        assert!(
+            !would_admit("pub-t", "r", old),
+            "older than what the log holds"
+        );
+        assert!(would_admit("pub-t", "r", new));
+        assert!(
+            admit("pub-t", "r", old).is_ok(),
+            "the applied table did not move"
+        );
     }
 
     #[test]

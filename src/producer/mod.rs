@@ -275,6 +275,16 @@ impl Caller {
         out
     }
 
+    /// After a log writer's publish for `replica` of `tenant` was stored: its epoch counts for
+    /// this writer's next checks ([`admit_for_log`]) before its consumer applies it.
+    ///
+    /// [`admit_for_log`]: Caller::admit_for_log
+    pub fn note_published(&self, tenant: &str, replica: &str) {
+        if let Some(e) = self.epoch {
+            epochs::note_published(tenant, replica, e);
+        }
+    }
+
     /// The `x-producer-epoch` the call sent, as sent.
     pub fn epoch_text(&self) -> Option<&str> {
         self.epoch_text.as_deref()
