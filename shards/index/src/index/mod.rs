@@ -161,6 +161,10 @@ pub struct IndexConfig {
     /// instead of visiting every tenant before every cap enforcement. False: the index checks
     /// every tenant before every cap enforcement itself.
     pub rules_change_notified: bool,
+    /// Time an ingest that found its core's tables full may spend reclaiming before it is
+    /// refused ([`RECLAIM_ON_FULL_BUDGET`]); tests that assert what the reclaim frees set more,
+    /// so a preempted thread does not turn it into a refusal.
+    pub reclaim_on_full_budget: std::time::Duration,
 }
 
 impl Default for IndexConfig {
@@ -183,6 +187,7 @@ impl Default for IndexConfig {
             cross_core_eviction: false,
             gradual_buffer_hook: None,
             rules_change_notified: false,
+            reclaim_on_full_budget: RECLAIM_ON_FULL_BUDGET,
         }
     }
 }
@@ -1285,7 +1290,7 @@ impl Index {
     /// bytes; an update that does not fit is refused whole. Only names that would be stored
     /// count: with neither an applied prefix nor stats an update interns nothing. Counts unseen
     /// names without deduplicating, so it can only refuse early, never late.
-    fn strings_fit(&self, u: &CacheStateUpdate, prefixes: bool) -> bool {
+    fn strings_fit(&self, u: &CacheStateUpdate, part: &[PrefixEntry], prefixes: bool) -> bool {
         let strings = &self.cat.strings;
         let (room, room_bytes) = (strings.room(), strings.room_bytes());
         let mut names: [&str; 4] = [&u.tenant_id, &u.model_id, &u.replica_id, &u.hash_scheme];
@@ -1297,18 +1302,15 @@ impl Index {
             return true;
         };
         let adapters = || {
-            u.prefixes
-                .iter()
-                .filter(|p| Self::prefix_applies(p))
-                .map(|p| {
-                    if p.adapter_id.is_empty() {
-                        u.adapter_id.as_str()
-                    } else {
-                        p.adapter_id.as_str()
-                    }
-                })
+            part.iter().filter(|p| Self::prefix_applies(p)).map(|p| {
+                if p.adapter_id.is_empty() {
+                    u.adapter_id.as_str()
+                } else {
+                    p.adapter_id.as_str()
+                }
+            })
         };
-        let n = fixed.len() + if prefixes { u.prefixes.len() } else { 0 };
+        let n = fixed.len() + if prefixes { part.len() } else { 0 };
         let bytes = fixed.iter().map(|s| s.len()).sum::<usize>()
             + if prefixes {
                 adapters().map(str::len).sum::<usize>()
@@ -1338,7 +1340,7 @@ impl Index {
     /// every applied prefix as a new keyspace first (no lookup); only when that would not fit
     /// does it count the distinct adapters the update's scope does not have yet. The work is
     /// bounded by the message's size.
-    fn keyspaces_fit(&self, u: &CacheStateUpdate, prefixes: bool) -> bool {
+    fn keyspaces_fit(&self, u: &CacheStateUpdate, part: &[PrefixEntry], prefixes: bool) -> bool {
         if !prefixes {
             return true;
         }
@@ -1351,7 +1353,7 @@ impl Index {
             have_model + n <= self.cfg.max_keyspaces_per_model
                 && have_core + n <= self.cfg.max_keyspaces
         };
-        let applied = || u.prefixes.iter().filter(|p| Self::prefix_applies(p));
+        let applied = || part.iter().filter(|p| Self::prefix_applies(p));
         if fit(applied().count()) {
             return true; // fast path: fits even if every prefix named a new adapter
         }
@@ -1392,7 +1394,7 @@ impl Index {
         }
         let budget = SweepBudget {
             max_entries: usize::MAX,
-            deadline: Some(std::time::Instant::now() + RECLAIM_ON_FULL_BUDGET),
+            deadline: Some(std::time::Instant::now() + self.cfg.reclaim_on_full_budget),
         };
         self.reclaim_step(budget);
     }
@@ -1412,10 +1414,42 @@ impl Index {
         now: i64,
         rules: &dyn TenantRules,
     ) -> IngestOutcome {
+        self.ingest_part(u, 0..u.prefixes.len(), now, rules)
+    }
+
+    /// One part of [`Index::ingest`]: the prefixes `u.prefixes[range]`, so that a caller can
+    /// apply a large update in bounded steps (the server, `ingest::apply_update`). The first part
+    /// (`range.start == 0`) checks that the whole update's names and keyspaces fit and refuses it
+    /// whole if not; a later part that no longer fits (another update took the room meanwhile)
+    /// is refused alone. Only the last part (`range.end >= u.prefixes.len()`) stores the stats
+    /// and enforces the tenant quota and the global cap, as one `ingest` of the whole update
+    /// does after all its prefixes.
+    pub fn ingest_part(
+        &mut self,
+        u: &CacheStateUpdate,
+        range: std::ops::Range<usize>,
+        now: i64,
+        rules: &dyn TenantRules,
+    ) -> IngestOutcome {
         self.finish_clear();
         let mut out = IngestOutcome::default();
-        let prefixes = !u.hash_scheme.is_empty() && u.prefixes.iter().any(Self::prefix_applies);
-        let fits = |ix: &Index| (ix.strings_fit(u, prefixes), ix.keyspaces_fit(u, prefixes));
+        let len = u.prefixes.len();
+        let last = range.end >= len;
+        let part = &u.prefixes[range.start.min(len)..range.end.min(len)];
+        let checked = if range.start == 0 {
+            &u.prefixes[..]
+        } else {
+            part
+        };
+        let applies =
+            |ps: &[PrefixEntry]| !u.hash_scheme.is_empty() && ps.iter().any(Self::prefix_applies);
+        let check = applies(checked);
+        let fits = |ix: &Index| {
+            (
+                ix.strings_fit(u, checked, check),
+                ix.keyspaces_fit(u, checked, check),
+            )
+        };
         if fits(self) != (true, true) {
             self.reclaim_on_full(now);
             let (strings, keyspaces) = fits(self);
@@ -1425,28 +1459,41 @@ impl Index {
                 return out;
             }
         }
+        let prefixes = applies(part);
         let (ts, clamped) = self.producer_ts(u.timestamp_us, now);
         out.timestamp_clamped = clamped;
         self.resolve_update_tenant(&u.tenant_id, rules);
-        let reserved = u.tenant_id == PROBE_TENANT;
-        let budget = if reserved {
+        if !u.hash_scheme.is_empty() {
+            out.malformed_dropped = part.iter().filter(|p| !Self::prefix_applies(p)).count() as u64;
+        }
+        if prefixes {
+            self.ingest_prefixes(u, part, ts, &mut out);
+        }
+        if last {
+            self.finish_ingest(u, ts, now, rules, &mut out);
+        }
+        self.flush();
+        out
+    }
+
+    /// What an update does after all its prefixes: its stats, then the tenant quota and the
+    /// global cap (§4.2 steps 4–5).
+    fn finish_ingest(
+        &mut self,
+        u: &CacheStateUpdate,
+        ts: i64,
+        now: i64,
+        rules: &dyn TenantRules,
+        out: &mut IngestOutcome,
+    ) {
+        if let Some(s) = &u.stats {
+            self.ingest_stats(u, s, ts, out);
+        }
+        let budget = if u.tenant_id == PROBE_TENANT {
             None
         } else {
             rules.quota(&u.tenant_id)
         };
-        if !u.hash_scheme.is_empty() {
-            out.malformed_dropped = u
-                .prefixes
-                .iter()
-                .filter(|p| !Self::prefix_applies(p))
-                .count() as u64;
-        }
-        if prefixes {
-            self.ingest_prefixes(u, ts, &mut out);
-        }
-        if let Some(s) = &u.stats {
-            self.ingest_stats(u, s, ts, &mut out);
-        }
         if let Some(b) = budget
             && let Some(tenant) = self.cat.strings.get(&u.tenant_id)
             && self.cat.tenants.contains_key(&tenant)
@@ -1463,20 +1510,24 @@ impl Index {
                 .map_or(SweepBudget::UNBOUNDED, |s| s.budget());
             self.enforce_cap(rules, &mut out.cap_evicted, now, budget);
         }
-        self.flush();
-        out
     }
 
     /// Upserts every applied prefix of `u` (chain blocks and legacy keys) at time `ts`, each in
     /// the keyspace of its own adapter or else the update's. The caller checked that at least
     /// one prefix applies.
-    fn ingest_prefixes(&mut self, u: &CacheStateUpdate, ts: i64, out: &mut IngestOutcome) {
+    fn ingest_prefixes(
+        &mut self,
+        u: &CacheStateUpdate,
+        part: &[PrefixEntry],
+        ts: i64,
+        out: &mut IngestOutcome,
+    ) {
         let tenant = self.cat.strings.intern(&u.tenant_id);
         let model = self.cat.strings.intern(&u.model_id);
         let scheme = self.cat.strings.intern(&u.hash_scheme);
         let replica = self.cat.strings.intern(&u.replica_id);
         let scope = self.ensure_scope(tenant, model, scheme);
-        for p in u.prefixes.iter().filter(|p| Self::prefix_applies(p)) {
+        for p in part.iter().filter(|p| Self::prefix_applies(p)) {
             let adapter = if p.adapter_id.is_empty() {
                 &u.adapter_id
             } else {
