@@ -8,6 +8,7 @@ use inferencecache_index::PROBE_TENANT;
 use inferencecache_proto::v1alpha1 as pb;
 
 use crate::feeds::events;
+use crate::limits::{INGEST_PART_BLOCKS, SWEEP_SLICE_PAUSE};
 use crate::runtime::{evict, mailbox};
 use crate::shard::{CapNeed, IngestRefused, owner};
 
@@ -28,6 +29,28 @@ pub async fn apply_update(
         return Ok(Err(why));
     }
     let core = owner(&update.tenant_id, &update.model_id);
+    let parts = parts(&update);
+    let (last, first_parts) = parts.split_last().expect("at least one part");
+    // A large update: its parts but the last, in steps (sweeps held off until its evictions
+    // are done, as for one step).
+    let _hold = (!first_parts.is_empty()).then(evict::SweepHold::new);
+    let mut update = update;
+    let mut partial = None;
+    for range in first_parts {
+        let range = range.clone();
+        let (applied, back) = mailbox::call_after_maintenance(core, CapNeed::Nothing, move |st| {
+            (st.ingest_part(&update, range), update)
+        })
+        .await
+        .map_err(|_| OwnerUnavailable)?;
+        update = back;
+        match applied {
+            Err(why) if why.is_whole() => return Ok(Err(why)),
+            Err(why) => partial = partial.or(Some(why)),
+            Ok(()) => {}
+        }
+        mailbox::pause(SWEEP_SLICE_PAUSE).await;
+    }
     // The update travels back with the answer, so the change feed can publish it without a
     // copy; so do the entries its cap or quota evicted on the owner (published after it).
     // After a pending ALL_CLEARED on the owner (the ingest needs the store after it), and after
@@ -35,9 +58,10 @@ pub async fn apply_update(
     let need = CapNeed::Ingest {
         new_entries: update.prefixes.len(),
     };
+    let last = last.clone();
     let (applied, update, removals, evictions) =
         mailbox::call_after_maintenance(core, need, move |st| {
-            let applied = st.ingest(&update);
+            let applied = st.ingest_part(&update, last);
             let quota = st.quota_for(&update.tenant_id);
             let evictions = evict::pending(st, &update.tenant_id, quota);
             (applied, update, events::take_removals(), evictions)
@@ -51,11 +75,31 @@ pub async fn apply_update(
         e.enforce(events::take_removals, &mut |later| removals.absorb(later))
             .await;
     }
+    let applied = match (applied, partial) {
+        (Ok(()), Some(why)) => Err(why),
+        (applied, _) => applied,
+    };
     if applied.is_ok() {
         events::publish_ingest(&update);
     }
     events::publish_removals(removals);
     Ok(applied)
+}
+
+/// The ranges of `update.prefixes` applied one step each: about [`INGEST_PART_BLOCKS`] blocks
+/// per part (a legacy prefix counts one, a chain entry its blocks; one entry is never split).
+fn parts(update: &pb::CacheStateUpdate) -> Vec<std::ops::Range<usize>> {
+    let mut parts = Vec::new();
+    let (mut start, mut blocks) = (0, 0);
+    for (i, p) in update.prefixes.iter().enumerate() {
+        blocks += p.block_hashes.len().max(1);
+        if blocks >= INGEST_PART_BLOCKS && i + 1 < update.prefixes.len() {
+            parts.push(start..i + 1);
+            (start, blocks) = (i + 1, 0);
+        }
+    }
+    parts.push(start..update.prefixes.len());
+    parts
 }
 
 /// Applies `event` on its owner core and publishes it to the change feed.

@@ -246,6 +246,11 @@ pub const CAP_PREBUILD_POLL: Duration = Duration::from_secs(1);
 /// (a lookup queued behind it waits at most about this long); slices are
 /// [`SWEEP_SLICE_PAUSE`] apart, like the sweep's.
 pub const CAP_BUILD_SLICE_BUDGET: Duration = Duration::from_micros(250);
+/// Blocks (legacy prefixes count one, a chain entry its blocks) of one ReportCacheState
+/// message applied in one step on its owner core: a larger message is applied in parts of about
+/// this many, 20 µs apart, the core serving requests between two (`ingest::apply_update`). A
+/// 4 MiB message of 250,000 legacy prefixes took its core 125 ms in one step before.
+pub const INGEST_PART_BLOCKS: usize = 4_096;
 /// Global-cap evictions one step runs at most when an ingest took the index over the cap (one
 /// core; also bounded by [`CAP_BUILD_SLICE_BUDGET`] of time): the ingest's own step evicts this
 /// many, the rest run in later slices the ingest waits for before it is acknowledged

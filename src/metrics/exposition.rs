@@ -472,7 +472,7 @@ fn core_requests(cores: &[CoreView]) -> Family<'_> {
 type PerCore = (&'static str, &'static str, MetricType, fn(&CoreView) -> i64);
 
 /// The per-core families of one whole number per core.
-const PER_CORE: [PerCore; 16] = [
+const PER_CORE: [PerCore; 17] = [
     (
         "inferencecache_core_hopped_ops",
         "Operations a core executed on behalf of other threads (hop arrivals).",
@@ -556,6 +556,12 @@ const PER_CORE: [PerCore; 16] = [
         "Cross-core cap rounds a core's ingest asked again because a core's candidate heap ran out of live snapshots (it readied more in slices instead of building them in one go).",
         MetricType::Counter,
         |c| c.metrics.cap_candidate_retries as i64,
+    ),
+    (
+        "inferencecache_core_ingest_parts",
+        "Parts of large ReportCacheState messages a core applied one step each (about INGEST_PART_BLOCKS blocks per part), serving requests between two.",
+        MetricType::Counter,
+        |c| c.metrics.ingest_parts as i64,
     ),
     (
         "inferencecache_core_clear_slices",

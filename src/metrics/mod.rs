@@ -208,6 +208,8 @@ pub struct CoreMetrics {
     /// Cross-core cap rounds asked again because a core's heap ran out of live candidates
     /// (`MAX_CAP_CANDIDATE_ROUNDS`), counted on the core whose ingest drove the round.
     pub cap_candidate_retries: u64,
+    /// Parts of large ReportCacheState messages applied one step each (`INGEST_PART_BLOCKS`).
+    pub ingest_parts: u64,
     /// Longest slice of the last completed build ahead of need (seconds; the largest over
     /// cores once merged).
     pub cap_build_last_max_slice: f64,
@@ -329,6 +331,7 @@ impl CoreMetrics {
         self.cap_slices_on_demand += other.cap_slices_on_demand;
         self.cap_enforce_slices += other.cap_enforce_slices;
         self.cap_candidate_retries += other.cap_candidate_retries;
+        self.ingest_parts += other.ingest_parts;
         self.cap_build_last_max_slice = self
             .cap_build_last_max_slice
             .max(other.cap_build_last_max_slice);
@@ -503,6 +506,11 @@ pub fn record_cap_slice_on_demand() {
 /// `CoreState::evict_cap`).
 pub fn record_cap_enforce_slice() {
     with_store(|m| m.cap_enforce_slices += 1);
+}
+
+/// One part of a large ReportCacheState message was applied (`CoreState::ingest_part`).
+pub fn record_ingest_part() {
+    with_store(|m| m.ingest_parts += 1);
 }
 
 /// A cross-core cap round is asked again (`evict::cap_candidates_everywhere`).

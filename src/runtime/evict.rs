@@ -33,6 +33,24 @@ pub fn sweep_may_run() -> bool {
     IN_FLIGHT.load(Ordering::Acquire) == 0
 }
 
+/// Keeps TTL sweeps from starting while held ([`sweep_may_run`]): an update applied in parts
+/// holds one from its first part to its last, so no sweep runs inside it, as none runs between
+/// an ingest and its evictions.
+pub struct SweepHold(());
+
+impl SweepHold {
+    pub fn new() -> SweepHold {
+        IN_FLIGHT.fetch_add(1, Ordering::AcqRel);
+        SweepHold(())
+    }
+}
+
+impl Drop for SweepHold {
+    fn drop(&mut self) {
+        IN_FLIGHT.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
 /// Evictions owed by one applied ingest; counted in flight from creation until dropped.
 pub struct Pending {
     tenant: String,

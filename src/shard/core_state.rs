@@ -41,6 +41,15 @@ pub enum IngestRefused {
 }
 
 impl IngestRefused {
+    /// Whether nothing of the message was applied (as opposed to a full key or stats table,
+    /// where the rest was).
+    pub fn is_whole(self) -> bool {
+        matches!(
+            self,
+            Self::StringTableFull | Self::IdTooLong | Self::KeyspacesFull
+        )
+    }
+
     /// The `Ack.reason_code` of a stream with a refused message.
     pub fn reason_code(self) -> &'static str {
         match self {
@@ -177,12 +186,31 @@ impl CoreState {
         self.nudge_cap_prebuild();
     }
 
+    #[cfg(test)]
     /// Applies one ReportCacheState message; `Err` when it was refused whole (nothing of it
     /// was applied) or applied only in part (a full key, a full stats table), so the stream's
     /// Ack must not claim it.
     pub fn ingest(&mut self, update: &pb::CacheStateUpdate) -> Result<(), IngestRefused> {
-        self.ingested += 1;
-        let out = self.index.ingest(update, unix_now_ns(), &*self.policy);
+        self.ingest_part(update, 0..update.prefixes.len())
+    }
+
+    /// One part of [`Self::ingest`]: the prefixes `update.prefixes[range]` (the index's
+    /// `ingest_part`: the first part checks the whole update's fit, the last stores its stats
+    /// and enforces quota and cap). `ingest::apply_update` applies a large update in parts.
+    pub fn ingest_part(
+        &mut self,
+        update: &pb::CacheStateUpdate,
+        range: std::ops::Range<usize>,
+    ) -> Result<(), IngestRefused> {
+        if range.end >= update.prefixes.len() {
+            self.ingested += 1;
+        }
+        if range.len() < update.prefixes.len() {
+            metrics::record_ingest_part();
+        }
+        let out = self
+            .index
+            .ingest_part(update, range, unix_now_ns(), &*self.policy);
         metrics::record_cap_builds_sync(self.index.take_cap_sync_builds());
         metrics::record_clears_sync(self.index.take_clear_sync_finishes());
         self.nudge_cap_prebuild();

@@ -294,3 +294,73 @@ async fn transparent_huge_pages_are_off_unless_the_environment_keeps_them() {
     );
     assert_eq!(thp_enabled(kept.child.id()), "1");
 }
+
+/// One legacy update of `n` prefixes `0..n` (8-byte hashes).
+fn many_prefixes_update(tenant: &str, n: usize) -> pb::CacheStateUpdate {
+    pb::CacheStateUpdate {
+        replica_id: "r0".into(),
+        model_id: "m".into(),
+        tenant_id: tenant.into(),
+        hash_scheme: "vllm".into(),
+        timestamp_us: now_us(),
+        prefixes: (0..n)
+            .map(|i| pb::PrefixEntry {
+                prefix_hash: (i as u64).to_be_bytes().to_vec(),
+                token_count: 16,
+                ..Default::default()
+            })
+            .collect(),
+        ..Default::default()
+    }
+}
+
+/// A large message is applied in parts of `INGEST_PART_BLOCKS` (4,096) blocks, the core serving
+/// requests between two: 10,000 prefixes are three parts, all acknowledged and stored. Before,
+/// one 4 MiB message of 250,000 prefixes held its core 125 ms in one step (release build).
+async fn a_large_message_is_applied_in_parts(shards: usize) {
+    let srv = Server::start(shards, &[]);
+    let mut c = srv.client().await;
+    let ack = report(&mut c, vec![many_prefixes_update("t", 10_000)]).await;
+    assert!(ack.accepted, "{ack:?}");
+    let text = metrics_text(&srv);
+    let parts: f64 = (0..shards)
+        .filter_map(|core| {
+            metric_value(
+                &text,
+                &format!("inferencecache_core_ingest_parts_total{{core=\"{core}\"}}"),
+            )
+        })
+        .sum();
+    assert_eq!(parts, 3.0, "4,096 + 4,096 + 1,808");
+    let state = c
+        .get_cache_state(pb::GetCacheStateRequest {
+            model_id: "m".into(),
+            tenant_id: "t".into(),
+        })
+        .await
+        .expect("GetCacheState")
+        .into_inner();
+    assert_eq!(state.summary.expect("summary").total_prefixes, 10_000);
+}
+shards_1_and_2!(a_large_message_is_applied_in_parts);
+
+/// A large message that cannot fit is still refused whole, before any part is applied: its
+/// first part checks the whole message (here 10,000 new adapters against a bound of 100
+/// keyspaces per model).
+async fn a_large_message_that_does_not_fit_is_refused_whole(shards: usize) {
+    let srv = Server::start(shards, &["--index-max-keyspaces-per-model", "100"]);
+    let mut c = srv.client().await;
+    let ack = report(&mut c, vec![adapter_update("t", "m", 0, 10_000, now_us())]).await;
+    assert!(!ack.accepted);
+    assert_eq!(ack.reason_code, "KEYSPACES_FULL");
+    let state = c
+        .get_cache_state(pb::GetCacheStateRequest {
+            model_id: "m".into(),
+            tenant_id: "t".into(),
+        })
+        .await
+        .expect("GetCacheState")
+        .into_inner();
+    assert_eq!(state.summary.map_or(0, |s| s.total_prefixes), 0);
+}
+shards_1_and_2!(a_large_message_that_does_not_fit_is_refused_whole);

@@ -226,3 +226,44 @@ fn candidates_from_a_stale_heap_are_readied_in_slices() {
     assert_eq!(format!("{ready:?}"), format!("{whole:?}"));
     assert_eq!(ready.len(), 3);
 }
+
+/// An update applied in parts (`Index::ingest_part`, as the server applies a large message)
+/// leaves the same entries and evicts the same ones in the same order as applied whole: only
+/// the last part enforces the cap, after all the prefixes.
+#[test]
+fn an_update_in_parts_matches_the_whole_update() {
+    let rules = Rules::lfu("t1");
+    for seed in 1..=8u64 {
+        let mut runs = Vec::new();
+        for part in [usize::MAX, 7, 1] {
+            let mut ix = index_with(HOUR, 150);
+            ix.set_min_candidates(4);
+            let rows = record(&mut ix);
+            let mut rng = Rng(seed);
+            let now = T0 + 10 * SEC;
+            for _ in 0..120 {
+                let (tenant, replica) =
+                    (format!("t{}", rng.below(3)), format!("r{}", rng.below(3)));
+                let n = 1 + rng.below(60) as usize;
+                let prefixes = (0..n)
+                    .map(|_| legacy(&rng.below(400).to_be_bytes(), 16))
+                    .collect();
+                let u = at(
+                    upd(&tenant, "m", "vllm", &replica, prefixes),
+                    T0 + rng.below(8) as i64 * SEC,
+                );
+                let mut start = 0;
+                while start < n {
+                    let end = start.saturating_add(part).min(n);
+                    ix.ingest_part(&u, start..end, now, &rules);
+                    start = end;
+                }
+            }
+            let removals = rows.lock().unwrap().clone();
+            runs.push((removals, state(&ix)));
+        }
+        assert!(!runs[0].0.is_empty(), "seed {seed}: the workload evicts");
+        assert_eq!(runs[1], runs[0], "seed {seed}: parts of 7");
+        assert_eq!(runs[2], runs[0], "seed {seed}: parts of 1");
+    }
+}
