@@ -1326,8 +1326,19 @@ impl Index {
             count += 1;
             size += s.len();
         }
-        if prefixes {
-            for s in adapters().filter(|s| strings.get(s).is_none()) {
+        if prefixes && part.iter().all(|p| p.adapter_id.is_empty()) {
+            // Every prefix in the update's own adapter (or none): one name.
+            if strings.get(&u.adapter_id).is_none() {
+                count += 1;
+                size += u.adapter_id.len();
+            }
+        } else if prefixes {
+            let mut previous = None;
+            for s in adapters() {
+                // Runs of one adapter (the common case: one or none per message) look up once.
+                if previous.replace(s) == Some(s) || strings.get(s).is_some() {
+                    continue;
+                }
                 count += 1;
                 size += s.len();
             }
@@ -1360,17 +1371,28 @@ impl Index {
         let scope = self
             .cat
             .find_scope(&u.tenant_id, &u.model_id, &u.hash_scheme);
+        let known = |adapter: &str| {
+            scope
+                .and_then(|s| self.cat.find_keyspace(s, adapter))
+                .is_some()
+        };
+        if applied().all(|p| p.adapter_id.is_empty()) {
+            // The common case: every prefix in the update's own adapter (or none).
+            return fit(usize::from(!known(&u.adapter_id)));
+        }
         let mut new: hashbrown::HashSet<&str> = hashbrown::HashSet::new();
+        let mut previous = None;
         for p in applied() {
             let adapter = if p.adapter_id.is_empty() {
                 u.adapter_id.as_str()
             } else {
                 p.adapter_id.as_str()
             };
-            if scope
-                .and_then(|s| self.cat.find_keyspace(s, adapter))
-                .is_none()
-            {
+            // Most messages name one adapter (or none) for all their prefixes: one lookup.
+            if previous.replace(adapter) == Some(adapter) {
+                continue;
+            }
+            if !known(adapter) {
                 new.insert(adapter);
             }
         }
