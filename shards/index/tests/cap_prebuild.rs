@@ -17,21 +17,6 @@ use inferencecache_index::index::{Index, IndexConfig, Removed, SweepBudget};
 use inferencecache_index::rules::TenantRules;
 use inferencecache_proto::v1alpha1::cache_event::Type;
 
-/// A small deterministic generator (xorshift64*), so failures reproduce from the seed.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-}
-
 /// `t1` is LFU (access counts order its entries first), the others LRU.
 fn rules() -> Rules {
     Rules::lfu("t1")

@@ -15,21 +15,6 @@ use index_support::*;
 use inferencecache_index::index::{CapSlice, EvictionCounts, Index, Removed, SweepBudget};
 use inferencecache_proto::v1alpha1::cache_event::Type;
 
-/// A small deterministic generator (xorshift64*), so failures reproduce from the seed.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-}
-
 /// Records every removal-hook report as one comparable line.
 fn record(ix: &mut Index) -> Arc<Mutex<Vec<String>>> {
     let rows = Arc::new(Mutex::new(Vec::new()));

@@ -16,21 +16,6 @@ use inferencecache_proto::v1alpha1::cache_event::Type;
 /// The sweep's one `now`.
 const NOW: i64 = T0 + 2 * HOUR;
 
-/// A small deterministic generator (xorshift64*), so failures reproduce from the seed.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-}
-
 /// Tenant `t0` has a 10-minute TTL, `t1` LFU and the default (1 h), `t2` the default.
 fn rules() -> Rules {
     let mut r = Rules::ttl("t0", 10 * MIN);

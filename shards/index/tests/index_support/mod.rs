@@ -258,3 +258,19 @@ pub fn approx(a: f32, b: f32, tol: f32) -> bool {
 pub fn assert_approx(a: f32, b: f32) {
     assert!(approx(a, b, b.abs() * 1e-3 + 1e-6), "{a} !≈ {b}");
 }
+
+/// A small deterministic generator (xorshift64*), so a seeded workload's failure reproduces
+/// from its seed.
+pub struct Rng(pub u64);
+
+impl Rng {
+    pub fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+}
