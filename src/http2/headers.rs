@@ -166,6 +166,10 @@ impl Decoder {
                 arena.put_slice(value);
             })
             .map_err(|_| CompressionError)?;
+        let evicted = self.hpack.take_evicted_bytes();
+        if evicted > 0 {
+            crate::metrics::record_hpack_evicted(evicted);
+        }
         let list = HeaderList {
             buf: arena.split().freeze(),
             content_length: check.content_length,

@@ -313,6 +313,14 @@ async fn hpack_bomb(shards: usize) {
     })
     .await;
     assert!(limit_hits(&srv, "http2_header_list_bytes") >= 1.0);
+    // Every block after a connection's first evicts the last block's 4,038-byte entry (4,000 +
+    // "x-bomb" + 32): the table's churn is counted.
+    let evicted = metric_value(
+        &metrics_text(&srv),
+        "inferencecache_http2_hpack_evicted_bytes_total",
+    )
+    .unwrap_or(0.0);
+    assert!(evicted >= 4_038.0 * 100.0, "{evicted} HPACK bytes evicted");
 }
 shards_1_and_2!(hpack_bomb);
 
