@@ -16,9 +16,9 @@
 //! ([`HTTP2_RECENT_CLOSED_STREAMS`](crate::limits::HTTP2_RECENT_CLOSED_STREAMS)).
 //!
 //! A turn handles at most [`HTTP2_FRAMES_PER_TURN`] frames, and frames for at most
-//! [`HTTP2_TURN_TIME`], before it yields; a connection that yields busy runs again only after its
-//! core has polled its I/O, so a flooding connection delays its core's other connections by one
-//! bounded turn. Floods of frames that
+//! [`HTTP2_TURN_TIME`], before it yields, and the core polls its I/O at least every
+//! [`CORE_PREEMPT_TIMER`](crate::limits::CORE_PREEMPT_TIMER) while tasks stay runnable, so a
+//! flooding connection delays its core's other connections by about one bounded turn. Floods of frames that
 //! move nothing forward, and the stream errors a peer provokes, are bounded per connection by
 //! [`FloodGuard`] (GOAWAY ENHANCE_YOUR_CALM past a bound). The tasks of the streams a read
 //! batch opens start at its end, so a stream reset in the batch that opened it (by the peer,
@@ -318,8 +318,6 @@ struct Connection<S, H: Service> {
     turn_clock: Option<Instant>,
     /// This turn was cut by [`HTTP2_TURN_TIME`] (not by the frame count).
     turn_out_of_time: bool,
-    /// Wakes a busy connection after the core's next I/O poll (see `yield_to_io`).
-    yield_timer: Option<Pin<Box<glommio::timer::Timer>>>,
     guard: FloodGuard,
     /// The one timer: the earliest of the instants below.
     timer: Option<Pin<Box<glommio::timer::Timer>>>,
@@ -380,7 +378,6 @@ impl<S: AsyncRead + AsyncWrite + Unpin, H: Service> Connection<S, H> {
             turn_frames_left: HTTP2_FRAMES_PER_TURN,
             turn_clock: None,
             turn_out_of_time: false,
-            yield_timer: None,
             guard: FloodGuard::default(),
             timer: None,
             timer_at: None,
@@ -433,9 +430,9 @@ impl<S: AsyncRead + AsyncWrite + Unpin, H: Service> Connection<S, H> {
                 };
             }
         }
-        // Busy: yield to the core's other tasks and its I/O, but keep the timers (a drain
-        // under load).
-        self.yield_to_io(cx);
+        // Busy: yield to the core's other tasks (its I/O is polled at least every
+        // `CORE_PREEMPT_TIMER`), but keep the timers (a drain under load).
+        cx.waker().wake_by_ref();
         match self.poll_timers(cx) {
             Ok(()) => Poll::Pending,
             Err(Closed) => Poll::Ready(()),
@@ -446,26 +443,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin, H: Service> Connection<S, H> {
 /// The connection is over (closed by the peer, an I/O error, or a finished close).
 struct Closed;
 
-/// How long a busy connection's yield timer runs: any, the point is that a timer wakes the
-/// connection only from the core's I/O poll.
-const YIELD_FOR: Duration = Duration::from_micros(1);
-
 impl<S, H: Service> Connection<S, H> {
-    /// Ends a busy turn so that the connection runs again only after the core has polled its
-    /// I/O. Waking itself at once would keep it in the core's run queue, and the executor polls
-    /// I/O only once that queue is empty (or after its 100 ms preemption timer): a connection
-    /// whose socket always has more frames (a flood) would run turn after turn while the
-    /// requests of the other connections on its core wait unseen in the kernel.
-    fn yield_to_io(&mut self, cx: &mut Context<'_>) {
-        let timer = self
-            .yield_timer
-            .get_or_insert_with(|| Box::pin(glommio::timer::Timer::new(YIELD_FOR)));
-        timer.reset(YIELD_FOR);
-        if timer.as_mut().poll(cx).is_ready() {
-            cx.waker().wake_by_ref();
-        }
-    }
-
     /// Whether this turn has handled frames for [`HTTP2_TURN_TIME`], `handled` frames into it;
     /// the clock is read every [`HTTP2_TURN_CLOCK_EVERY`] frames only.
     fn turn_time_up(&mut self, handled: usize) -> bool {
