@@ -44,8 +44,8 @@ use crate::limits::{
     DRAIN_TIMEOUT, HTTP2_CONNECTION_WINDOW_BYTES, HTTP2_FRAMES_PER_TURN, HTTP2_KEEPALIVE_INTERVAL,
     HTTP2_KEEPALIVE_TIMEOUT, HTTP2_MAX_HEADER_BLOCK_BYTES, HTTP2_MAX_HEADER_BYTES_PER_CORE,
     HTTP2_MAX_HEADER_LIST_BYTES, HTTP2_MAX_QUEUED_RESPONSE_BYTES, HTTP2_MAX_SEND_BUFFER_BYTES,
-    HTTP2_PREFACE_TIMEOUT, HTTP2_STREAM_WINDOW_BYTES, HTTP2_TURN_CLOCK_EVERY, HTTP2_TURN_TIME,
-    HTTP2_WRITE_BUFFER_BYTES, MAX_CONCURRENT_STREAMS,
+    HTTP2_PREFACE_TIMEOUT, HTTP2_STREAM_WINDOW_BYTES, HTTP2_TURN_CLOCK_EVERY,
+    HTTP2_TURN_MIN_FRAMES, HTTP2_TURN_TIME, HTTP2_WRITE_BUFFER_BYTES, MAX_CONCURRENT_STREAMS,
 };
 
 use super::frame::{self, FrameHeader, Reason, flag, kind, setting};
@@ -314,7 +314,7 @@ struct Connection<S, H: Service> {
     starting: Vec<Start<H::Later>>,
     /// Frames this turn may still handle.
     turn_frames_left: usize,
-    /// When this turn first read the clock (after [`HTTP2_TURN_CLOCK_EVERY`] frames).
+    /// When this turn first read the clock (at its 16th frame).
     turn_clock: Option<Instant>,
     /// This turn was cut by [`HTTP2_TURN_TIME`] (not by the frame count).
     turn_out_of_time: bool,
@@ -445,13 +445,16 @@ struct Closed;
 
 impl<S, H: Service> Connection<S, H> {
     /// Whether this turn has handled frames for [`HTTP2_TURN_TIME`], `handled` frames into it;
-    /// the clock is read every [`HTTP2_TURN_CLOCK_EVERY`] frames only.
+    /// the clock is read every [`HTTP2_TURN_CLOCK_EVERY`] frames only, from the 16th on, and the
+    /// turn is not cut before [`HTTP2_TURN_MIN_FRAMES`].
     fn turn_time_up(&mut self, handled: usize) -> bool {
-        if handled == 0 || !handled.is_multiple_of(HTTP2_TURN_CLOCK_EVERY) {
+        const CLOCK_FROM: usize = 16;
+        if handled < CLOCK_FROM || !handled.is_multiple_of(HTTP2_TURN_CLOCK_EVERY) {
             return false;
         }
         let now = Instant::now();
-        now.duration_since(*self.turn_clock.get_or_insert(now)) >= HTTP2_TURN_TIME
+        let started = *self.turn_clock.get_or_insert(now);
+        handled >= HTTP2_TURN_MIN_FRAMES && now.duration_since(started) >= HTTP2_TURN_TIME
     }
 }
 
