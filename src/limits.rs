@@ -82,6 +82,12 @@ pub const SPIN_WATCH_SLICE: Duration = Duration::from_micros(5);
 /// is its watcher's, which waits a microsecond timer between slices; this bridges those waits so
 /// the core does not park in them, and is all the core spins after the watcher stops.
 pub const GLOMMIO_SPIN_UNDER_WATCH: Duration = Duration::from_micros(20);
+/// glommio's preemption timer on every core: the longest a core runs tasks without polling its
+/// I/O while tasks stay runnable. The executor polls I/O only once no task is runnable or this
+/// timer fires (glommio's default: 100 ms); a busy gRPC connection (a flood, or a client
+/// pipelining as fast as the core answers) stays runnable turn after turn, and the requests of
+/// the core's other connections waited unseen in the kernel that long.
+pub const CORE_PREEMPT_TIMER: Duration = Duration::from_millis(1);
 /// Longest `--busy-poll-us` spin: past a millisecond a parked core's wake-up no longer matters.
 pub const MAX_BUSY_POLL: Duration = Duration::from_millis(1);
 /// Default `--shards` on machines with more than two CPUs is one per CPU, at most this many.
@@ -174,6 +180,19 @@ pub const HTTP2_MAX_SEND_BUFFER_BYTES: usize = 400 * 1024;
 /// (`inferencecache_limit_hits_total{limit="http2_frames_per_turn"}` counts the cut turns).
 /// About a hundred pipelined unary calls.
 pub const HTTP2_FRAMES_PER_TURN: usize = 256;
+/// How long one gRPC connection's turn may handle frames, once it has handled
+/// [`HTTP2_TURN_MIN_FRAMES`] (from there the clock is read every [`HTTP2_TURN_CLOCK_EVERY`]
+/// frames, so a turn of a few frames, a unary call, never reads it): frames that cost more than others (header blocks
+/// decoded to the list bound, an HPACK bomb) would hold the core for milliseconds within the
+/// frame budget. The rest wait for the connection's next turn, behind the core's other runnable
+/// tasks (`inferencecache_limit_hits_total{limit="http2_turn_time"}` counts the turns cut short).
+pub const HTTP2_TURN_TIME: Duration = Duration::from_micros(200);
+/// See [`HTTP2_TURN_TIME`].
+pub const HTTP2_TURN_CLOCK_EVERY: usize = 4;
+/// Frames a turn handles before [`HTTP2_TURN_TIME`] applies: the time is wall time, so on a
+/// loaded machine (a slow debug build, the thread preempted) a turn cut after a handful of
+/// frames would spend more on the turn itself than on frames.
+pub const HTTP2_TURN_MIN_FRAMES: usize = 32;
 /// Stream errors (RST_STREAM other than REFUSED_STREAM, CANCEL or NO_ERROR) a peer may cause on
 /// one connection; past it the connection is closed with GOAWAY ENHANCE_YOUR_CALM
 /// (`limit="http2_stream_error_resets"`): server-induced resets ("MadeYouReset",

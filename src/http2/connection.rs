@@ -15,8 +15,10 @@
 //! the closed streams remembered for late frames
 //! ([`HTTP2_RECENT_CLOSED_STREAMS`](crate::limits::HTTP2_RECENT_CLOSED_STREAMS)).
 //!
-//! A turn handles at most [`HTTP2_FRAMES_PER_TURN`] frames before it yields, so a flooding
-//! connection delays its core's other connections by one bounded turn. Floods of frames that
+//! A turn handles at most [`HTTP2_FRAMES_PER_TURN`] frames, and frames for at most
+//! [`HTTP2_TURN_TIME`], before it yields, and the core polls its I/O at least every
+//! [`CORE_PREEMPT_TIMER`](crate::limits::CORE_PREEMPT_TIMER) while tasks stay runnable, so a
+//! flooding connection delays its core's other connections by about one bounded turn. Floods of frames that
 //! move nothing forward, and the stream errors a peer provokes, are bounded per connection by
 //! [`FloodGuard`] (GOAWAY ENHANCE_YOUR_CALM past a bound). The tasks of the streams a read
 //! batch opens start at its end, so a stream reset in the batch that opened it (by the peer,
@@ -42,8 +44,8 @@ use crate::limits::{
     DRAIN_TIMEOUT, HTTP2_CONNECTION_WINDOW_BYTES, HTTP2_FRAMES_PER_TURN, HTTP2_KEEPALIVE_INTERVAL,
     HTTP2_KEEPALIVE_TIMEOUT, HTTP2_MAX_HEADER_BLOCK_BYTES, HTTP2_MAX_HEADER_BYTES_PER_CORE,
     HTTP2_MAX_HEADER_LIST_BYTES, HTTP2_MAX_QUEUED_RESPONSE_BYTES, HTTP2_MAX_SEND_BUFFER_BYTES,
-    HTTP2_PREFACE_TIMEOUT, HTTP2_STREAM_WINDOW_BYTES, HTTP2_WRITE_BUFFER_BYTES,
-    MAX_CONCURRENT_STREAMS,
+    HTTP2_PREFACE_TIMEOUT, HTTP2_STREAM_WINDOW_BYTES, HTTP2_TURN_CLOCK_EVERY,
+    HTTP2_TURN_MIN_FRAMES, HTTP2_TURN_TIME, HTTP2_WRITE_BUFFER_BYTES, MAX_CONCURRENT_STREAMS,
 };
 
 use super::frame::{self, FrameHeader, Reason, flag, kind, setting};
@@ -312,6 +314,10 @@ struct Connection<S, H: Service> {
     starting: Vec<Start<H::Later>>,
     /// Frames this turn may still handle.
     turn_frames_left: usize,
+    /// When this turn first read the clock (at its 16th frame).
+    turn_clock: Option<Instant>,
+    /// This turn was cut by [`HTTP2_TURN_TIME`] (not by the frame count).
+    turn_out_of_time: bool,
     guard: FloodGuard,
     /// The one timer: the earliest of the instants below.
     timer: Option<Pin<Box<glommio::timer::Timer>>>,
@@ -370,6 +376,8 @@ impl<S: AsyncRead + AsyncWrite + Unpin, H: Service> Connection<S, H> {
             tasks: Arc::new(()),
             starting: Vec::new(),
             turn_frames_left: HTTP2_FRAMES_PER_TURN,
+            turn_clock: None,
+            turn_out_of_time: false,
             guard: FloodGuard::default(),
             timer: None,
             timer_at: None,
@@ -386,6 +394,8 @@ impl<S: AsyncRead + AsyncWrite + Unpin, H: Service> Connection<S, H> {
     /// connection is over.
     fn poll_turn(&mut self, cx: &mut Context<'_>) -> Poll<()> {
         self.turn_frames_left = HTTP2_FRAMES_PER_TURN;
+        self.turn_clock = None;
+        self.turn_out_of_time = false;
         for _ in 0..ROUNDS_PER_TURN {
             let mut progressed = match self.read_and_handle(cx) {
                 Ok(p) => p,
@@ -403,7 +413,11 @@ impl<S: AsyncRead + AsyncWrite + Unpin, H: Service> Connection<S, H> {
             }
             if self.turn_frames_left == 0 {
                 // Frames may be left in the read buffer: the yield below comes back for them.
-                crate::metrics::record_limit_hit("http2_frames_per_turn");
+                crate::metrics::record_limit_hit(if self.turn_out_of_time {
+                    "http2_turn_time"
+                } else {
+                    "http2_frames_per_turn"
+                });
                 break;
             }
             if !progressed {
@@ -416,7 +430,8 @@ impl<S: AsyncRead + AsyncWrite + Unpin, H: Service> Connection<S, H> {
                 };
             }
         }
-        // Busy: yield to the core's other tasks, but keep the timers (a drain under load).
+        // Busy: yield to the core's other tasks (its I/O is polled at least every
+        // `CORE_PREEMPT_TIMER`), but keep the timers (a drain under load).
         cx.waker().wake_by_ref();
         match self.poll_timers(cx) {
             Ok(()) => Poll::Pending,
@@ -427,6 +442,21 @@ impl<S: AsyncRead + AsyncWrite + Unpin, H: Service> Connection<S, H> {
 
 /// The connection is over (closed by the peer, an I/O error, or a finished close).
 struct Closed;
+
+impl<S, H: Service> Connection<S, H> {
+    /// Whether this turn has handled frames for [`HTTP2_TURN_TIME`], `handled` frames into it;
+    /// the clock is read every [`HTTP2_TURN_CLOCK_EVERY`] frames only, from the 16th on, and the
+    /// turn is not cut before [`HTTP2_TURN_MIN_FRAMES`].
+    fn turn_time_up(&mut self, handled: usize) -> bool {
+        const CLOCK_FROM: usize = 16;
+        if handled < CLOCK_FROM || !handled.is_multiple_of(HTTP2_TURN_CLOCK_EVERY) {
+            return false;
+        }
+        let now = Instant::now();
+        let started = *self.turn_clock.get_or_insert(now);
+        handled >= HTTP2_TURN_MIN_FRAMES && now.duration_since(started) >= HTTP2_TURN_TIME
+    }
+}
 
 /// Bytes asked of the socket per read.
 const READ_CHUNK: usize = 64 * 1024;
@@ -480,15 +510,23 @@ impl<S: AsyncRead + AsyncWrite + Unpin, H: Service> Connection<S, H> {
         if self.phase == Phase::Preface && !self.take_preface() {
             return false;
         }
+        let handled_before = HTTP2_FRAMES_PER_TURN - self.turn_frames_left;
         let (whole, frames) = self.whole_frames_len(self.turn_frames_left);
         self.turn_frames_left -= frames;
         if whole > 0 {
             let frames = self.read_buf.split_to(whole).freeze();
             let mut at = 0;
+            let mut handled = handled_before;
             while at < frames.len() && self.phase != Phase::Closing {
+                if self.turn_time_up(handled) {
+                    self.out_of_time(&frames[at..]);
+                    // The batch goes on in the next turn: its streams' tasks start at its end.
+                    return true;
+                }
                 let head = FrameHeader::parse(&frames[at..]);
                 let body = at + frame::HEADER_BYTES;
                 at = body + head.len;
+                handled += 1;
                 if let Err(ConnError(reason)) = self.on_frame(head, frames.slice(body..at)) {
                     self.close_with(reason);
                 }
@@ -502,6 +540,17 @@ impl<S: AsyncRead + AsyncWrite + Unpin, H: Service> Connection<S, H> {
             self.close_with(Reason::FRAME_SIZE_ERROR);
         }
         whole > 0
+    }
+
+    /// The turn's time is up with `unhandled` frames of the batch left: they go back to the
+    /// front of the read buffer (a copy, on this path only) and the turn ends.
+    fn out_of_time(&mut self, unhandled: &[u8]) {
+        let mut rest = BytesMut::with_capacity(unhandled.len() + self.read_buf.len());
+        rest.extend_from_slice(unhandled);
+        rest.extend_from_slice(&self.read_buf);
+        self.read_buf = rest;
+        self.turn_frames_left = 0;
+        self.turn_out_of_time = true;
     }
 
     /// Consumes the client preface once it is all in; a wrong one closes the connection.

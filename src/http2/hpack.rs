@@ -30,6 +30,8 @@ pub struct Decoder {
     dynamic: VecDeque<(usize, Box<[u8]>)>,
     size: usize,
     max_size: usize,
+    /// Entry bytes evicted since [`Decoder::take_evicted_bytes`] last took them.
+    evicted_bytes: u64,
     /// The bound the peer may set `max_size` to (our SETTINGS_HEADER_TABLE_SIZE).
     max_allowed: usize,
     name_scratch: Vec<u8>,
@@ -66,6 +68,7 @@ impl Decoder {
             dynamic: VecDeque::new(),
             size: 0,
             max_size: max_table_bytes,
+            evicted_bytes: 0,
             max_allowed: max_table_bytes,
             name_scratch: Vec::new(),
             value_scratch: Vec::new(),
@@ -74,6 +77,12 @@ impl Decoder {
             #[cfg(test)]
             huffman_decodes: 0,
         }
+    }
+
+    /// The bytes of dynamic-table entries evicted since the last call (RFC 7541 §4.1 sizes): the
+    /// table's churn, for `inferencecache_http2_hpack_evicted_bytes_total`.
+    pub fn take_evicted_bytes(&mut self) -> u64 {
+        std::mem::take(&mut self.evicted_bytes)
     }
 
     /// Decodes one complete header block, calling `field` for each `(name, value)` in order.
@@ -225,6 +234,7 @@ impl Decoder {
         while self.size > bound {
             let (_, data) = self.dynamic.pop_back().expect("size counts entries");
             self.size -= data.len() + ENTRY_OVERHEAD;
+            self.evicted_bytes += (data.len() + ENTRY_OVERHEAD) as u64;
         }
     }
 }
@@ -679,5 +689,23 @@ mod tests {
         assert_eq!((d.dynamic.len(), d.size), (1, 36));
         assert_eq!(decode_all(&mut d, &[0xbe]), pairs(&[("ab", "cd")]));
         assert!(d.decode(&[0xbf], |_, _| {}).is_err(), "evicted entry");
+    }
+
+    #[test]
+    fn evicted_bytes_are_counted_once() {
+        let mut d = Decoder::new(64);
+        let add = hex("4002 6162 0263 64");
+        decode_all(&mut d, &add);
+        assert_eq!(d.take_evicted_bytes(), 0, "nothing evicted yet");
+        decode_all(&mut d, &add);
+        assert_eq!(
+            d.take_evicted_bytes(),
+            36,
+            "the first entry made room for the second"
+        );
+        assert_eq!(d.take_evicted_bytes(), 0, "taken");
+        // A table size update to 0 evicts the rest.
+        decode_all(&mut d, &[0x20]);
+        assert_eq!(d.take_evicted_bytes(), 36);
     }
 }

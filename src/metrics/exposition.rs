@@ -398,7 +398,7 @@ fn outcome_counters(t: &CoreMetrics) -> [OutcomeCounter; 2] {
 }
 
 /// Unlabelled counter families: name, help, count.
-fn plain_counters(t: &CoreMetrics) -> [(&'static str, &'static str, u64); 2] {
+fn plain_counters(t: &CoreMetrics) -> [(&'static str, &'static str, u64); 3] {
     [
         (
             "inferencecache_ingest_timestamps_clamped",
@@ -409,6 +409,11 @@ fn plain_counters(t: &CoreMetrics) -> [(&'static str, &'static str, u64); 2] {
             "inferencecache_ingest_entries",
             "Prefix entries carried by applied ReportCacheState messages.",
             t.ingest_entries,
+        ),
+        (
+            "inferencecache_http2_hpack_evicted_bytes",
+            "Bytes of HPACK dynamic-table entries evicted to make room for a peer's new ones (or by its table size updates) on the gRPC port: the tables' churn (RFC 7541 entry sizes).",
+            t.hpack_evicted_bytes,
         ),
     ]
 }

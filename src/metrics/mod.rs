@@ -144,6 +144,8 @@ pub struct CoreMetrics {
     pub inline_lookups_awaited: u64,
     /// Plain LookupRoutes the inline path handed to the general path.
     pub inline_lookups_handed_on: u64,
+    /// Bytes of HPACK dynamic-table entries evicted on the gRPC port (RFC 7541 §4.4 sizes).
+    pub hpack_evicted_bytes: u64,
     /// Watched quiet connections the spinning core woke when their bytes arrived.
     pub spin_watch_woken: u64,
     /// Watched quiet connections handed back to glommio's poll when the core stopped spinning.
@@ -313,6 +315,7 @@ impl CoreMetrics {
         self.inline_lookups_answered += other.inline_lookups_answered;
         self.inline_lookups_awaited += other.inline_lookups_awaited;
         self.inline_lookups_handed_on += other.inline_lookups_handed_on;
+        self.hpack_evicted_bytes += other.hpack_evicted_bytes;
         self.spin_watch_woken += other.spin_watch_woken;
         self.spin_watch_released += other.spin_watch_released;
         self.sweeps += other.sweeps;
@@ -543,6 +546,13 @@ pub fn record_inline_lookup(outcome: InlineOutcome) {
         InlineOutcome::Awaited => m.inline_lookups_awaited += 1,
         InlineOutcome::HandedOn => m.inline_lookups_handed_on += 1,
     });
+}
+
+/// `bytes` of HPACK dynamic-table entries a peer's header block evicted (an entry's size as
+/// RFC 7541 §4.1 counts it): the table's churn, which a client reusing its headers hardly causes
+/// and an HPACK bomb's table-churn variant causes on every block.
+pub fn record_hpack_evicted(bytes: u64) {
+    with_store(|m| m.hpack_evicted_bytes += bytes);
 }
 
 /// What the gRPC front end's inline path did with a plain LookupRoute.

@@ -26,8 +26,8 @@ use glommio::net::{TcpListener, TcpStream};
 use glommio::{LocalExecutorBuilder, Placement};
 
 use crate::limits::{
-    CAP_PREBUILD_POLL, EXECUTOR_START_TIMEOUT, GLOMMIO_SPIN_UNDER_WATCH, IO_MEMORY_BYTES,
-    LISTEN_BACKLOG, MAX_SHARDS, SWEEP_SLICE_PAUSE,
+    CAP_PREBUILD_POLL, CORE_PREEMPT_TIMER, EXECUTOR_START_TIMEOUT, GLOMMIO_SPIN_UNDER_WATCH,
+    IO_MEMORY_BYTES, LISTEN_BACKLOG, MAX_SHARDS, SWEEP_SLICE_PAUSE,
 };
 use crate::metrics::Maintenance;
 use crate::shard::{self, CoreState};
@@ -147,9 +147,7 @@ pub fn start(cfg: RuntimeConfig) -> Result<Runtime, StartError> {
         let cpu = cpus[core % cpus.len()];
         let (cfg, ready) = (cfg.clone(), ready_tx.clone());
         let own_listeners = if core == 0 { listeners.take() } else { None };
-        let mut builder = LocalExecutorBuilder::new(Placement::Fixed(cpu))
-            .name(&format!("core-{core}"))
-            .io_memory(IO_MEMORY_BYTES);
+        let mut builder = core_executor(cpu, core);
         if let Some(spin) = cfg.busy_poll {
             // The core's spin is its watcher's (`watch`); glommio's own only bridges the
             // watcher's reactor turns, so they never park the core.
@@ -167,6 +165,14 @@ pub fn start(cfg: RuntimeConfig) -> Result<Runtime, StartError> {
         listen_addr,
         shard_aware_addr,
     })
+}
+
+/// The executor of `core`, pinned to `cpu`.
+fn core_executor(cpu: usize, core: usize) -> LocalExecutorBuilder {
+    LocalExecutorBuilder::new(Placement::Fixed(cpu))
+        .name(&format!("core-{core}"))
+        .io_memory(IO_MEMORY_BYTES)
+        .preempt_timer(CORE_PREEMPT_TIMER)
 }
 
 /// The process-wide state of `cfg.shards` cores; runs once, before any core starts.
@@ -481,5 +487,46 @@ fn inject_sweep_fault() {
         Some(SweepFault::Panic) => panic!("INFERENCECACHE_TEST_SWEEP_FAULT: panic on core {core}"),
         Some(SweepFault::Stall(d)) => std::thread::sleep(d),
         None => {}
+    }
+}
+
+#[cfg(test)]
+mod preempt_tests {
+    use std::time::{Duration, Instant};
+
+    use super::core_executor;
+    use crate::limits::CORE_PREEMPT_TIMER;
+
+    /// A core polls its I/O (and timers) while a task stays runnable: a 5 ms timer fires
+    /// within a few preemption periods of its time while another task wakes itself in a loop
+    /// (a busy gRPC connection). With glommio's default timer it fired about 100 ms late.
+    #[test]
+    fn a_core_polls_io_while_a_task_stays_runnable() {
+        let cpu = crate::sys::cpus::allowed_cpus()[0];
+        let late = core_executor(cpu, 0)
+            .spawn(|| async move {
+                let stop = std::rc::Rc::new(std::cell::Cell::new(false));
+                let spinning = stop.clone();
+                let busy = glommio::spawn_local(async move {
+                    let until = Instant::now() + Duration::from_millis(500);
+                    while !spinning.get() && Instant::now() < until {
+                        futures_lite::future::yield_now().await;
+                    }
+                })
+                .detach();
+                let start = Instant::now();
+                glommio::timer::sleep(Duration::from_millis(5)).await;
+                let late = start.elapsed().saturating_sub(Duration::from_millis(5));
+                stop.set(true);
+                busy.await;
+                late
+            })
+            .expect("executor")
+            .join()
+            .expect("joined");
+        assert!(
+            late < 20 * CORE_PREEMPT_TIMER,
+            "the timer fired {late:?} late behind a task that stayed runnable"
+        );
     }
 }

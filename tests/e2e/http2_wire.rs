@@ -190,13 +190,17 @@ shards_1_and_2!(lookup_in_every_framing);
 /// `calls` LookupRoutes on streams 1, 3, … written in one go: each stream gets exactly one
 /// complete answer of its own.
 async fn pipelined_calls_each_get_one_answer(srv: &Server, calls: u32) {
+    pipelined_blocks_each_get_one_answer(srv, calls, &grpc_request_block(LOOKUP_PATH)).await;
+}
+
+/// [`pipelined_calls_each_get_one_answer`] with every request's header block `block`.
+async fn pipelined_blocks_each_get_one_answer(srv: &Server, calls: u32, block: &[u8]) {
     let mut c = FrameConn::handshake(srv.grpc_port).await;
-    let block = grpc_request_block(LOOKUP_PATH);
     let body = lookup_body();
     let ids: Vec<u32> = (0..calls).map(|i| 2 * i + 1).collect();
     let mut w = Vec::new();
     for &id in &ids {
-        w.extend_from_slice(&headers(id, &block, false));
+        w.extend_from_slice(&headers(id, block, false));
         w.extend_from_slice(&data(id, &body, true));
     }
     c.send(&w).await;
@@ -226,16 +230,41 @@ async fn pipelined_streams_each_get_one_answer(shards: usize) {
 shards_1_and_2!(pipelined_streams_each_get_one_answer);
 
 /// 1,000 LookupRoutes (2,000 frames) written in one go: more than one turn's frames
-/// (`HTTP2_FRAMES_PER_TURN`, 256), so the connection yields with frames still in its read
-/// buffer (counted) and comes back for them: every stream still gets exactly one answer.
+/// (`HTTP2_FRAMES_PER_TURN`, 256; or its time, `HTTP2_TURN_TIME`), so the connection yields
+/// with frames still in its read buffer (counted) and comes back for them: every stream still
+/// gets exactly one answer.
 async fn pipelined_past_one_turn_each_get_one_answer(shards: usize) {
     let srv = Server::start(shards, &[]);
     pipelined_calls_each_get_one_answer(&srv, 1_000).await;
-    let series = "inferencecache_limit_hits_total{limit=\"http2_frames_per_turn\"}";
-    let cut = metric_value(&metrics_text(&srv), series).unwrap_or(0.0);
+    // Cut by the frame count, or first by the turn's time (`HTTP2_TURN_TIME`: a debug build).
+    let text = metrics_text(&srv);
+    let cut: f64 = ["http2_frames_per_turn", "http2_turn_time"]
+        .iter()
+        .map(|l| {
+            let series = format!("inferencecache_limit_hits_total{{limit=\"{l}\"}}");
+            metric_value(&text, &series).unwrap_or(0.0)
+        })
+        .sum();
     assert!(cut >= 1.0, "no turn was cut short ({cut})");
 }
 shards_1_and_2!(pipelined_past_one_turn_each_get_one_answer);
+
+/// 100 LookupRoutes (200 frames, under the frame budget) whose header lists each hold 350 small
+/// fields (12.9 KB decoded, under the 16 KiB bound; 2.5 KB encoded, so the whole batch is read
+/// in one turn), written in one go: more work than one turn may take (`HTTP2_TURN_TIME`,
+/// 200 µs), so a turn is cut within its batch of frames (counted, `limit="http2_turn_time"`),
+/// the rest of the batch goes back to the read buffer, and every stream still gets exactly one
+/// answer.
+async fn costly_header_blocks_past_one_turns_time_each_get_one_answer(shards: usize) {
+    let srv = Server::start(shards, &[]);
+    let mut fields = grpc_request_fields(LOOKUP_PATH);
+    fields.extend(std::iter::repeat_n(("x-a", "b"), 350));
+    pipelined_blocks_each_get_one_answer(&srv, 100, &header_block(&fields)).await;
+    let series = "inferencecache_limit_hits_total{limit=\"http2_turn_time\"}";
+    let cut = metric_value(&metrics_text(&srv), series).unwrap_or(0.0);
+    assert!(cut >= 1.0, "no turn was cut by its time ({cut})");
+}
+shards_1_and_2!(costly_header_blocks_past_one_turns_time_each_get_one_answer);
 
 // ---------------------------------------------------------------------------------------------
 // 4. The server respects the client's flow-control windows
