@@ -9,52 +9,15 @@
 
 mod index_support;
 
-use std::sync::{Arc, Mutex};
-
 use index_support::*;
 use inferencecache_index::PROBE_TENANT;
-use inferencecache_index::index::{Index, IndexConfig, Removed, SweepBudget};
+use inferencecache_index::index::{Index, IndexConfig, SweepBudget};
 use inferencecache_index::rules::TenantRules;
 use inferencecache_proto::v1alpha1::cache_event::Type;
 
 /// `t1` is LFU (access counts order its entries first), the others LRU.
 fn rules() -> Rules {
     Rules::lfu("t1")
-}
-
-/// Records every removal-hook report as one comparable line.
-fn record(ix: &mut Index) -> Arc<Mutex<Vec<String>>> {
-    let rows = Arc::new(Mutex::new(Vec::new()));
-    let sink = rows.clone();
-    ix.set_removal_sink(Some(Box::new(move |r: &Removed<'_>| {
-        let mut buf = [0u8; 8];
-        sink.lock().unwrap().push(format!(
-            "{:?} {:?} {} {} {} {} {} {:?} {}",
-            r.reason(),
-            r.algorithm(),
-            r.tenant(),
-            r.model(),
-            r.hash_scheme(),
-            r.adapter(),
-            r.replica(),
-            r.prefix_hash(&mut buf),
-            r.at_ns(),
-        ));
-    })));
-    rows
-}
-
-/// Every entry, sorted.
-fn state(ix: &Index) -> Vec<String> {
-    let mut out = Vec::new();
-    ix.export_entries(0, usize::MAX, |e| {
-        out.push(format!(
-            "{} {} {} {} {:?} {} {} {}",
-            e.tenant, e.model, e.scheme, e.adapter, e.hash, e.replica, e.last_seen, e.access
-        ))
-    });
-    out.sort();
-    out
 }
 
 /// One operation of the workload.
@@ -233,7 +196,7 @@ fn run(ops: &[Op], cap: u64, k: usize, slice: Option<(usize, u64)>, seed: u64) -
     let rules = rules();
     let mut ix = index_with(HOUR, cap);
     ix.set_min_candidates(k);
-    let rows = record(&mut ix);
+    let rows = record_removals(&mut ix);
     let mut rng = Rng(seed ^ 0x5eed);
     let mut candidates = Vec::new();
     let (mut prebuilt, mut sync) = (0usize, 0u64);
@@ -261,7 +224,7 @@ fn run(ops: &[Op], cap: u64, k: usize, slice: Option<(usize, u64)>, seed: u64) -
     Run {
         removals,
         candidates,
-        state: state(&ix),
+        state: sorted_entries(&ix),
         prebuilt,
         sync,
     }
@@ -493,7 +456,7 @@ fn run_flipping(ops: &[Op], cap: u64, k: usize, notified: Option<(usize, u64)>, 
         ..IndexConfig::default()
     });
     ix.set_min_candidates(k);
-    let rows = record(&mut ix);
+    let rows = record_removals(&mut ix);
     let mut rng = Rng(seed ^ 0xf11b);
     let mut candidates = Vec::new();
     let (mut flips, mut prebuilt, mut sync) = (0usize, 0usize, 0u64);
@@ -534,7 +497,7 @@ fn run_flipping(ops: &[Op], cap: u64, k: usize, notified: Option<(usize, u64)>, 
     Run {
         removals,
         candidates,
-        state: state(&ix),
+        state: sorted_entries(&ix),
         prebuilt,
         sync,
     }

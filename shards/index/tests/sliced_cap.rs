@@ -8,44 +8,11 @@
 
 mod index_support;
 
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use index_support::*;
-use inferencecache_index::index::{CapSlice, EvictionCounts, Index, Removed, SweepBudget};
+use inferencecache_index::index::{CapSlice, EvictionCounts, Index, SweepBudget};
 use inferencecache_proto::v1alpha1::cache_event::Type;
-
-/// Records every removal-hook report as one comparable line.
-fn record(ix: &mut Index) -> Arc<Mutex<Vec<String>>> {
-    let rows = Arc::new(Mutex::new(Vec::new()));
-    let sink = rows.clone();
-    ix.set_removal_sink(Some(Box::new(move |r: &Removed<'_>| {
-        let mut buf = [0u8; 8];
-        sink.lock().unwrap().push(format!(
-            "{:?} {:?} {} {} {} {:?}",
-            r.reason(),
-            r.algorithm(),
-            r.tenant(),
-            r.model(),
-            r.replica(),
-            r.prefix_hash(&mut buf),
-        ));
-    })));
-    rows
-}
-
-/// Every entry, sorted.
-fn state(ix: &Index) -> Vec<String> {
-    let mut out = Vec::new();
-    ix.export_entries(0, usize::MAX, |e| {
-        out.push(format!(
-            "{} {} {:?} {} {} {}",
-            e.tenant, e.model, e.hash, e.replica, e.last_seen, e.access
-        ))
-    });
-    out.sort();
-    out
-}
 
 /// What one run produced: removal reports in order, the final state, the most evictions one
 /// step made, and the number of steps run after ingests.
@@ -67,7 +34,7 @@ fn run(seed: u64, slice: Option<usize>) -> Run {
         max_evictions,
         time: Duration::from_secs(3600),
     }));
-    let rows = record(&mut ix);
+    let rows = record_removals(&mut ix);
     let mut rng = Rng(seed);
     let now = T0 + 10 * SEC;
     let (mut most_per_step, mut steps) = (0u64, 0usize);
@@ -123,7 +90,7 @@ fn run(seed: u64, slice: Option<usize>) -> Run {
     let removals = rows.lock().unwrap().clone();
     Run {
         removals,
-        state: state(&ix),
+        state: sorted_entries(&ix),
         most_per_step,
         steps,
     }
@@ -223,7 +190,7 @@ fn an_update_in_parts_matches_the_whole_update() {
         for part in [usize::MAX, 7, 1] {
             let mut ix = index_with(HOUR, 150);
             ix.set_min_candidates(4);
-            let rows = record(&mut ix);
+            let rows = record_removals(&mut ix);
             let mut rng = Rng(seed);
             let now = T0 + 10 * SEC;
             for _ in 0..120 {
@@ -245,7 +212,7 @@ fn an_update_in_parts_matches_the_whole_update() {
                 }
             }
             let removals = rows.lock().unwrap().clone();
-            runs.push((removals, state(&ix)));
+            runs.push((removals, sorted_entries(&ix)));
         }
         assert!(!runs[0].0.is_empty(), "seed {seed}: the workload evicts");
         assert_eq!(runs[1], runs[0], "seed {seed}: parts of 7");

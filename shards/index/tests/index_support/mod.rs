@@ -2,12 +2,15 @@
 //! model `m`, scheme `vllm`, adapter "", fixed clock).
 #![allow(dead_code)]
 
-use inferencecache_index::index::{Index, IndexConfig, LookupQuery, RankerConfig, Strategy};
+use inferencecache_index::index::{
+    Index, IndexConfig, LookupQuery, RankerConfig, Removed, Strategy,
+};
 use inferencecache_index::rules::{Eviction, TenantRules};
 use inferencecache_proto::v1alpha1::{
     CacheEvent, CacheStateUpdate, PrefixEntry, ReplicaStats, cache_event,
 };
 use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 
 /// A fixed "now" (2023-11-14T22:13:20Z) in unix ns.
 pub const T0: i64 = 1_700_000_000_000_000_000;
@@ -273,4 +276,39 @@ impl Rng {
     pub fn below(&mut self, n: u64) -> u64 {
         self.next() % n
     }
+}
+
+/// Records every removal-hook report as one comparable line (all its fields).
+pub fn record_removals(ix: &mut Index) -> Arc<Mutex<Vec<String>>> {
+    let rows = Arc::new(Mutex::new(Vec::new()));
+    let sink = rows.clone();
+    ix.set_removal_sink(Some(Box::new(move |r: &Removed<'_>| {
+        let mut buf = [0u8; 8];
+        sink.lock().unwrap().push(format!(
+            "{:?} {:?} {} {} {} {} {} {:?} {}",
+            r.reason(),
+            r.algorithm(),
+            r.tenant(),
+            r.model(),
+            r.hash_scheme(),
+            r.adapter(),
+            r.replica(),
+            r.prefix_hash(&mut buf),
+            r.at_ns(),
+        ));
+    })));
+    rows
+}
+
+/// Every entry of the index as one comparable line each, sorted.
+pub fn sorted_entries(ix: &Index) -> Vec<String> {
+    let mut out = Vec::new();
+    ix.export_entries(0, usize::MAX, |e| {
+        out.push(format!(
+            "{} {} {} {} {:?} {} {} {}",
+            e.tenant, e.model, e.scheme, e.adapter, e.hash, e.replica, e.last_seen, e.access
+        ))
+    });
+    out.sort();
+    out
 }
