@@ -835,13 +835,13 @@ impl Index {
     /// representation, each laid out like the walk the perf gate's baseline measured.
     ///
     /// Cost per *stored run*, not per (block, holder): a block whose key record follows the
-    /// previous block's in the slab and is marked as continuing a run (same holders, tiers and
-    /// times as its predecessor, see `Store::continues_run`) extends exactly the runs that
-    /// reached the previous block, by its token count, with their oldest time and worst tier
-    /// unchanged; so it costs one key comparison and the counts of a stretch of such blocks are
-    /// added to the runs in one step, at the next block whose holders are visited (or at the
-    /// end). Holders are visited
-    /// at block 0, where the slab breaks, and where the holder set or data changes. LFU tenants
+    /// previous block's in the slab and is marked as continuing a run (every holder of its
+    /// predecessor holds it too, same tier, a time no earlier; see `Store::continues_run`)
+    /// extends exactly the runs that reached the previous block, by its token count, with their
+    /// oldest time and worst tier unchanged; so it costs one key comparison and the counts of a
+    /// stretch of such blocks are added to the runs in one step, at the next block whose
+    /// holders are visited (or at the end). Holders are visited at block 0, where the slab
+    /// breaks, and where a holder of the previous block stops or changes tier. LFU tenants
     /// visit every block's holders: each (block, holder) is an LFU hit.
     #[inline(never)]
     fn walk_blocks<H: AsRef<[u8]>>(

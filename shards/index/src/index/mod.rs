@@ -1008,7 +1008,7 @@ impl Index {
         };
         debug_assert_eq!(key.keyspace(), ks);
         if new_key {
-            self.store.note_upsert(cursor, pos, true, true);
+            self.store.note_upsert(cursor, pos, e.replica, true, true);
             created.keys += 1;
             created.entries += 1;
         } else {
@@ -1021,14 +1021,14 @@ impl Index {
                     h.tokens = e.tokens;
                     h.set_last_seen(e.ts);
                     h.set_tier(e.tier);
-                    self.store.note_upsert(cursor, pos, false, true);
+                    self.store.note_upsert(cursor, pos, e.replica, false, true);
                 }
                 HolderUpsert::Added => {
-                    self.store.note_upsert(cursor, pos, false, true);
+                    self.store.note_upsert(cursor, pos, e.replica, false, true);
                     created.entries += 1;
                 }
                 HolderUpsert::Full => {
-                    self.store.note_upsert(cursor, pos, false, false);
+                    self.store.note_upsert(cursor, pos, e.replica, false, false);
                     return false;
                 }
             }
