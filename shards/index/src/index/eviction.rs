@@ -45,7 +45,7 @@
 //!
 //! [`IndexConfig::cross_core_eviction`]: super::IndexConfig::cross_core_eviction
 
-use super::store::KeyId;
+use super::store::{Holder, KeyId, MoreHolders};
 use super::{Catalog, EvictionCounts, Index, RemovalReason, SweepOutcome};
 use crate::rules::{Eviction, TenantRules};
 use std::cmp::Ordering;
@@ -290,7 +290,9 @@ pub(crate) struct QuotaState {
 ///   appended, so every key present throughout is visited at least once (a record moved down
 ///   past the cursor may be visited twice: a duplicate snapshot, harmless). A mutation of an
 ///   entry at or above the cursor (visited, or new) offers its new snapshot; one below it is
-///   left to the scan, which reads the entry's key when it gets there.
+///   left to the scan, which reads the entry's key when it gets there. A key of many holders
+///   (a wide set) may be visited over several slices ([`Index::cap_scan_key`]): it is then at
+///   the cursor, so its mutations are offered meanwhile.
 /// * Reorder phase (`threshold` set): `sel` is turned into a min-heap in place (bottom-up, a few
 ///   subtrees per slice), then `late` is pushed into it; a mutation adds its snapshot to `late`
 ///   when it is `<=` the threshold.
@@ -310,6 +312,10 @@ pub(crate) struct CapBuild {
     dropped: bool,
     /// Scan phase: positions `0..cursor` are not visited yet.
     cursor: u32,
+    /// Scan phase: `Some(n)` when the key at `cursor` is visited in part (see
+    /// [`Index::cap_scan_key`]): its wide set's holders `0..n` and its inline holder are still to
+    /// be offered. Mutations of that key are offered (its position is `>= cursor`).
+    partial: Option<u32>,
     /// Per-keyspace policy bits of the current slice ([`KS_UNKNOWN`] until looked up).
     bits: Vec<u8>,
     /// Reorder phase: `Some(threshold)` (`None` inside: everything offered was kept).
@@ -320,6 +326,11 @@ pub(crate) struct CapBuild {
     /// min-heap.
     late: Vec<CapCand>,
 }
+
+/// A sliced cap build offers a wide key's holders this many at a time and checks its budget
+/// (reading the clock) between two such chunks: one key's 1,024 holders are ≈ 1–1.6 ms of heap
+/// work at 10M entries, more than a slice, and a chunk ≈ 50 µs.
+pub(crate) const CAP_SCAN_HOLDER_CHUNK: usize = 32;
 
 /// A spare selection buffer is reused for a build that needs at most this many times less.
 const SPARE_SLACK: usize = 2;
@@ -375,6 +386,20 @@ fn release_blob(cat: &mut Catalog, key: KeyId) {
     }
 }
 
+/// Offers one holder of `key` to a build (`lfu`: its tenant's algorithm is LFU).
+#[inline]
+fn cap_offer_holder(b: &mut CapBuild, cat: &mut Catalog, key: KeyId, lfu: bool, h: &Holder) {
+    let c = CapCand {
+        eff: if lfu { h.access } else { 0 },
+        last_seen: h.last_seen(),
+        key,
+        replica: h.replica(),
+    };
+    if !b.rejects_at_once(&c) {
+        b.offer(cat, c);
+    }
+}
+
 impl CapBuild {
     /// A build of `k` candidates over the key record slots `0..slots`. The selection becomes the next
     /// live heap, which mutations may grow to `2 k + min_candidates` before it is dropped: that
@@ -401,6 +426,7 @@ impl CapBuild {
             k,
             dropped: false,
             cursor: slots,
+            partial: None,
             bits: Vec::new(),
             threshold: None,
             heapify: 0,
@@ -675,14 +701,9 @@ impl Index {
         ));
     }
 
-    /// Offers the holders of the key at slab position `pos` to a cap build. Returns how many.
-    /// A free slot offers nothing but counts as one unit of work, so that a slice over a slab
-    /// of mostly free slots stays bounded too.
-    fn cap_offer_position(&mut self, b: &mut CapBuild, pos: u32) -> usize {
-        let Some(key) = self.store.live_key_at(pos) else {
-            return 1;
-        };
-        let ks = key.keyspace() as usize;
+    /// Whether a build offers the holders of keyspace `ks` and, if so, whether its tenant is
+    /// LFU (looked up once per keyspace and slice, in [`CapBuild::bits`]).
+    fn cap_build_lfu(&self, b: &mut CapBuild, ks: usize) -> Option<bool> {
         if b.bits[ks] == KS_UNKNOWN {
             let p = &self.cat.keyspaces[ks];
             b.bits[ks] = if p.keys == 0 {
@@ -699,24 +720,79 @@ impl Index {
             };
         }
         let bits = b.bits[ks];
-        if bits & KS_SKIP != 0 {
+        (bits & KS_SKIP == 0).then_some(bits & KS_LFU != 0)
+    }
+
+    /// Offers the holders of the key at slab position `pos` to a cap build. Returns how many.
+    /// A free slot offers nothing but counts as one unit of work, so that a slice over a slab
+    /// of mostly free slots stays bounded too.
+    fn cap_offer_position(&mut self, b: &mut CapBuild, pos: u32) -> usize {
+        let Some(key) = self.store.live_key_at(pos) else {
+            return 1;
+        };
+        let Some(lfu) = self.cap_build_lfu(b, key.keyspace() as usize) else {
             return 0;
-        }
-        let lfu = bits & KS_LFU != 0;
+        };
         let mut offered = 0;
         for (_, h) in self.store.holders(pos) {
             offered += 1;
-            let c = CapCand {
-                eff: if lfu { h.access } else { 0 },
-                last_seen: h.last_seen(),
-                key,
-                replica: h.replica(),
-            };
-            if !b.rejects_at_once(&c) {
-                b.offer(&mut self.cat, c);
-            }
+            cap_offer_holder(b, &mut self.cat, key, lfu, h);
         }
         offered
+    }
+
+    /// Offers the key at slab position `pos` (the scan's `cursor`) to a sliced build: all its
+    /// holders when they are few; a wide set's from its last holder down, then the inline one,
+    /// [`CAP_SCAN_HOLDER_CHUNK`] at a time, stopping between two chunks once `meter` says the
+    /// slice is spent (`b.partial` then says where to resume; returns false).
+    ///
+    /// Why a key visited in part loses none of its holders: mutations of it are offered (its
+    /// position is the cursor); a holder added to a wide set goes to its end (visited part);
+    /// a removal moves the set's last holder into the hole (`swap_remove`) or into the inline
+    /// slot, so an unvisited holder only ever moves to a place still to be visited, while a
+    /// visited one may move there and be offered twice (a duplicate snapshot of the same
+    /// current key: harmless, as for a record the scan meets twice). A key that is no longer
+    /// wide when the scan resumes (its set emptied, or its slot freed and reused) is offered
+    /// whole again, duplicates included.
+    fn cap_scan_key(
+        &mut self,
+        b: &mut CapBuild,
+        pos: u32,
+        work: &mut usize,
+        meter: &mut BudgetMeter,
+    ) -> bool {
+        let resume = b.partial.take();
+        let Some(key) = self.store.live_key_at(pos) else {
+            *work += 1;
+            return true;
+        };
+        let Some(lfu) = self.cap_build_lfu(b, key.keyspace() as usize) else {
+            return true;
+        };
+        let (first, more) = self.store.holder_parts(pos);
+        let MoreHolders::Wide(set) = more else {
+            let offered = self.cap_offer_position(b, pos);
+            meter.charge_entries(offered);
+            *work += offered;
+            return true;
+        };
+        let mut next = resume.map_or(set.len(), |n| (n as usize).min(set.len()));
+        while next > 0 {
+            // Never before the slice's first chunk: each slice makes progress.
+            if *work > 0 && meter.spent_each(*work) {
+                b.partial = Some(next as u32);
+                return false;
+            }
+            let from = next.saturating_sub(CAP_SCAN_HOLDER_CHUNK);
+            for h in set[from..next].iter().rev() {
+                cap_offer_holder(b, &mut self.cat, key, lfu, h);
+            }
+            *work += next - from;
+            next = from;
+        }
+        cap_offer_holder(b, &mut self.cat, key, lfu, first);
+        *work += 1;
+        true
     }
 
     /// Runs the build in progress within `budget` (storage entries visited plus candidate
@@ -728,7 +804,10 @@ impl Index {
         let mut meter = budget.meter();
         if b.threshold.is_none() {
             // Scan phase. Records never move, but the slab may have given back trailing free
-            // slots: clamp the cursor to it.
+            // slots: clamp the cursor to it (a key visited in part there is gone).
+            if b.cursor >= self.store.slots() {
+                b.partial = None;
+            }
             b.cursor = b.cursor.min(self.store.slots());
             b.bits.clear();
             b.bits.resize(self.cat.keyspaces.len(), KS_UNKNOWN);
@@ -745,16 +824,18 @@ impl Index {
                 }
                 b.cursor = 0;
             }
-            while b.cursor > 0 {
+            if b.partial.is_some() {
+                let pos = b.cursor;
+                cut = !self.cap_scan_key(&mut b, pos, &mut work, &mut meter);
+            }
+            while !cut && b.cursor > 0 {
                 if meter.spent(work) {
                     cut = true;
                     break;
                 }
                 let pos = b.cursor - 1;
                 b.cursor = pos;
-                let offered = self.cap_offer_position(&mut b, pos);
-                meter.charge_entries(offered);
-                work += offered;
+                cut = !self.cap_scan_key(&mut b, pos, &mut work, &mut meter);
             }
             if cut {
                 self.cap.next = Some(b);
