@@ -609,6 +609,10 @@ pub struct Index {
     quotas: HashMap<u32, QuotaState>,
     /// Quota heaps dropped by the reclaim pass, released in the cap build's slices.
     quota_retired: eviction::QuotaRetired,
+    /// A tenant's quota candidate build in slices ([`Index::quota_victims_step`]).
+    quota_next: Option<eviction::QuotaBuild>,
+    /// [`Index::take_quota_sync_builds`].
+    quota_sync_builds: u64,
     scratch: lookup::Scratch,
     last: lookup::LastLookup,
     min_candidates: usize,
@@ -684,6 +688,8 @@ impl Index {
             cap: CapState::default(),
             quotas: HashMap::new(),
             quota_retired: eviction::QuotaRetired::default(),
+            quota_next: None,
+            quota_sync_builds: 0,
             scratch: lookup::Scratch::default(),
             last: lookup::LastLookup::default(),
             min_candidates: eviction::MIN_CANDIDATES,
@@ -755,9 +761,7 @@ impl Index {
     #[doc(hidden)]
     pub fn set_min_candidates(&mut self, k: usize) {
         self.cap_clear();
-        for t in self.quotas.keys().copied().collect::<Vec<_>>() {
-            self.quota_clear(t);
-        }
+        self.quota_clear_all();
         self.min_candidates = k.max(1);
     }
 

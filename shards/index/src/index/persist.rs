@@ -332,9 +332,7 @@ impl Index {
         self.flush();
         self.restore_runs_to(NIL);
         self.cap_clear();
-        for t in self.quotas.keys().copied().collect::<Vec<_>>() {
-            self.quota_clear(t);
-        }
+        self.quota_clear_all();
         self.reset_last();
     }
 }
