@@ -32,6 +32,10 @@ pub enum IngestRefused {
     /// The message would create a keyspace (a new adapter of its scope) beyond the bound per
     /// `(tenant, model)` or per core; nothing of the message was applied.
     KeyspacesFull,
+    /// The message's replica does not serve in its scope `(tenant, model, hash scheme)` yet
+    /// and the scope already has the maximum number of serving replicas; nothing of the
+    /// message was applied.
+    ScopeReplicasFull,
     /// Some prefix key of the message already had the maximum number of holders, so this
     /// replica was not added to it; the rest of the message was applied.
     KeyHoldersFull,
@@ -46,7 +50,7 @@ impl IngestRefused {
     pub fn is_whole(self) -> bool {
         matches!(
             self,
-            Self::StringTableFull | Self::IdTooLong | Self::KeyspacesFull
+            Self::StringTableFull | Self::IdTooLong | Self::KeyspacesFull | Self::ScopeReplicasFull
         )
     }
 
@@ -56,6 +60,7 @@ impl IngestRefused {
             Self::StringTableFull => "STRING_TABLE_FULL",
             Self::IdTooLong => "ID_TOO_LONG",
             Self::KeyspacesFull => "KEYSPACES_FULL",
+            Self::ScopeReplicasFull => "SCOPE_REPLICAS_FULL",
             Self::KeyHoldersFull => "KEY_HOLDERS_FULL",
             Self::StatsRowsFull => "STATS_ROWS_FULL",
         }
@@ -67,6 +72,7 @@ impl IngestRefused {
             Self::StringTableFull => "string_table_full",
             Self::IdTooLong => "id_too_long",
             Self::KeyspacesFull => "keyspaces_full",
+            Self::ScopeReplicasFull => "scope_replicas_full",
             Self::KeyHoldersFull => "key_holders_full",
             Self::StatsRowsFull => "stats_rows_full",
         }
@@ -241,6 +247,11 @@ impl CoreState {
             metrics::record_limit_hit("index_keyspaces");
             metrics::record_ingest_refused(IngestRefused::KeyspacesFull.metric_label());
             return Err(IngestRefused::KeyspacesFull);
+        }
+        if out.rejected_scope_replicas_full {
+            metrics::record_limit_hit("index_scope_replicas");
+            metrics::record_ingest_refused(IngestRefused::ScopeReplicasFull.metric_label());
+            return Err(IngestRefused::ScopeReplicasFull);
         }
         metrics::record_ingest(out.upserts);
         if out.timestamp_clamped {
