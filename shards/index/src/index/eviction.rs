@@ -404,9 +404,12 @@ pub(crate) struct CapBuild {
 }
 
 /// A sliced cap build offers a wide key's holders this many at a time and checks its budget
-/// (reading the clock) between two such chunks: one key's 1,024 holders are ≈ 1–1.6 ms of heap
-/// work at 10M entries, more than a slice, and a chunk ≈ 50 µs.
-pub(crate) const CAP_SCAN_HOLDER_CHUNK: usize = 32;
+/// (reading the clock) between two such chunks: one key's 1,024 holders were 1–1.5 ms of heap
+/// work at the `held` shape of `maintenance_stress` (10M entries), more than a slice. An offer
+/// late in a build (a walk down a selection of `entries / 16` snapshots, ties falling through
+/// to the names) costs microseconds: chunks of 32 still overran the 250 µs budget to ≈ 0.5 ms
+/// of thread CPU, chunks of 8 to ≈ 0.3–0.4 ms (perf/runs/2026-12-06-h30i.md).
+pub(crate) const CAP_SCAN_HOLDER_CHUNK: usize = 8;
 
 /// A spare selection buffer is reused for a build that needs at most this many times less.
 const SPARE_SLACK: usize = 2;
