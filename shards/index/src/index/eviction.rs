@@ -1711,9 +1711,14 @@ impl Index {
             };
             let local = rec.prefixes as usize;
             let k = need.max(self.min_candidates).max(local / SCAN_AMORTISATION);
+            // Room for the whole selection now (address space; pages are touched as used), so
+            // no slice copies it to grow it.
+            let room = k.min(local.saturating_add(self.min_candidates));
             self.quota_next = Some(QuotaBuild {
                 tenant: t,
-                sel: Heap::default(),
+                sel: Heap {
+                    v: Vec::with_capacity(room),
+                },
                 k,
                 dropped: false,
                 cursor: self.store.slots(),
