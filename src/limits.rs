@@ -291,7 +291,9 @@ pub const MAX_CAP_CANDIDATE_ROUNDS: usize = 8;
 /// and the victims are not ready (`mailbox::call_after_maintenance`): about a second of slices,
 /// more than a build over the largest per-core index takes. Past it (policy pushes restarting
 /// every build), the ingest builds its victims itself, counted in
-/// `inferencecache_core_cap_builds_sync_total`, rather than wait without end.
+/// `inferencecache_core_cap_builds_sync_total`, rather than wait without end. Slices of its
+/// tenant's quota heap build (`CoreState::cap_slice_before`) count towards the same bound
+/// (past it: `inferencecache_core_quota_builds_sync_total`).
 pub const MAX_CAP_SLICES_BEFORE_INGEST: usize = 4_096;
 /// Storage entries (plus candidate reorder steps) one cap build slice handles at
 /// most; a slice stops at whichever of this and the time budget comes first.
