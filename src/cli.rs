@@ -6,9 +6,9 @@ use clap::{ArgAction, Parser};
 use crate::limits::{
     DEFAULT_BUSY_POLL, DEFAULT_MAX_CONNECTIONS_PER_CORE, DEFAULT_MAX_ENTRIES,
     DEFAULT_MAX_HOLDERS_PER_KEY, DEFAULT_MAX_KEYSPACES, DEFAULT_MAX_KEYSPACES_PER_MODEL,
-    DEFAULT_MAX_SHARDS, DEFAULT_MAX_STRING_BYTES, DEFAULT_MAX_TIMESTAMP_SKEW_MS,
-    DEFAULT_NATS_READY_MAX_LAG, DEFAULT_SNAPSHOT_INTERVAL_MS, MAX_BUSY_POLL, MAX_SHARDS,
-    MESSAGE_RECEIVE_TIMEOUT, MIN_SNAPSHOT_INTERVAL_MS,
+    DEFAULT_MAX_REPLICAS_PER_SCOPE, DEFAULT_MAX_SHARDS, DEFAULT_MAX_STRING_BYTES,
+    DEFAULT_MAX_TIMESTAMP_SKEW_MS, DEFAULT_NATS_READY_MAX_LAG, DEFAULT_SNAPSHOT_INTERVAL_MS,
+    MAX_BUSY_POLL, MAX_SHARDS, MESSAGE_RECEIVE_TIMEOUT, MIN_SNAPSHOT_INTERVAL_MS,
 };
 
 /// Flags of `inference-cache-server`. Go-style single-dash spellings (`-grpc-bind-address`) are
@@ -113,6 +113,11 @@ pub struct Cli {
     /// Hidden: an operations/test knob.
     #[arg(long, default_value_t = DEFAULT_MAX_HOLDERS_PER_KEY, hide = true)]
     pub index_max_holders_per_key: usize,
+    /// Replicas that may serve in one scope `(tenant, model, hash scheme)` (at least 1); a
+    /// message of one more is refused (`SCOPE_REPLICAS_FULL`).
+    /// Hidden: an operations/test knob.
+    #[arg(long, default_value_t = DEFAULT_MAX_REPLICAS_PER_SCOPE, hide = true)]
+    pub index_max_replicas_per_scope: usize,
     /// Distinct keyspaces (adapters, across hash schemes) of one `(tenant, model)` on its core;
     /// a message that would create one more is refused (`KEYSPACES_FULL`).
     /// Hidden: an operations/test knob.

@@ -57,6 +57,7 @@ pub async fn apply_update(
     // the slices of any cap victims it may need that are not ready.
     let need = CapNeed::Ingest {
         new_entries: update.prefixes.len(),
+        tenant: update.tenant_id.as_str().into(),
     };
     let last = last.clone();
     let (applied, update, removals, evictions) =

@@ -9,9 +9,9 @@ use std::time::Duration;
 
 pub use inferencecache_index::index::{
     DEFAULT_MAX_ENTRIES, DEFAULT_MAX_FUTURE_SKEW_NS, DEFAULT_MAX_HOLDERS_PER_KEY,
-    DEFAULT_MAX_KEYSPACES, DEFAULT_MAX_KEYSPACES_PER_MODEL, DEFAULT_MAX_STATS_ROWS,
-    DEFAULT_MAX_STATS_ROWS_PER_MODEL, DEFAULT_MAX_STRING_BYTES, MAX_STRINGS,
-    RECLAIM_ON_FULL_BUDGET, RECLAIM_ON_FULL_INTERVAL_NS,
+    DEFAULT_MAX_KEYSPACES, DEFAULT_MAX_KEYSPACES_PER_MODEL, DEFAULT_MAX_REPLICAS_PER_SCOPE,
+    DEFAULT_MAX_STATS_ROWS, DEFAULT_MAX_STATS_ROWS_PER_MODEL, DEFAULT_MAX_STRING_BYTES,
+    MAX_STRINGS, RECLAIM_ON_FULL_BUDGET, RECLAIM_ON_FULL_INTERVAL_NS,
 };
 pub use inferencecache_index::policy::MAX_POLICY_BODY_BYTES;
 pub use inferencecache_index::resolve::MAX_PROMPT_TEXT_BYTES;
@@ -34,6 +34,12 @@ pub const MAX_ID_BYTES: usize = 1024;
 // * [`DEFAULT_MAX_HOLDERS_PER_KEY`] (`--index-max-holders-per-key`): replicas holding one prefix
 //   key; a further replica's upsert of a full key is refused, the rest of its update applied:
 //   `KEY_HOLDERS_FULL`.
+// * [`DEFAULT_MAX_REPLICAS_PER_SCOPE`] (`--index-max-replicas-per-scope`): replicas serving in
+//   one scope `(tenant, model, hash scheme)`. An update of a replica not serving there yet that
+//   would be one more is refused whole: `SCOPE_REPLICAS_FULL`
+//   (`inferencecache_limit_hits_total{limit="index_scope_replicas"}`). Keeps the scope's sorted
+//   replica list (an insert is a memmove of it) and the reclaim pass's marking of its replicas
+//   (one step) within a maintenance slice.
 // * [`DEFAULT_MAX_STATS_ROWS_PER_MODEL`] and [`DEFAULT_MAX_STATS_ROWS`]: stats rows of one
 //   `(tenant, model)` and of one core; a new row beyond either is refused: `STATS_ROWS_FULL`.
 // * [`DEFAULT_MAX_KEYSPACES_PER_MODEL`] (`--index-max-keyspaces-per-model`) and
@@ -285,7 +291,9 @@ pub const MAX_CAP_CANDIDATE_ROUNDS: usize = 8;
 /// and the victims are not ready (`mailbox::call_after_maintenance`): about a second of slices,
 /// more than a build over the largest per-core index takes. Past it (policy pushes restarting
 /// every build), the ingest builds its victims itself, counted in
-/// `inferencecache_core_cap_builds_sync_total`, rather than wait without end.
+/// `inferencecache_core_cap_builds_sync_total`, rather than wait without end. Slices of its
+/// tenant's quota heap build (`CoreState::cap_slice_before`) count towards the same bound
+/// (past it: `inferencecache_core_quota_builds_sync_total`).
 pub const MAX_CAP_SLICES_BEFORE_INGEST: usize = 4_096;
 /// Storage entries (plus candidate reorder steps) one cap build slice handles at
 /// most; a slice stops at whichever of this and the time budget comes first.

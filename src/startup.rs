@@ -247,6 +247,7 @@ fn index_config(cli: &Cli, shards: usize) -> IndexConfig {
         max_strings: cli.index_max_strings.unwrap_or(MAX_STRINGS),
         max_string_bytes: cli.index_max_string_bytes,
         max_holders_per_key: cli.index_max_holders_per_key,
+        max_replicas_per_scope: cli.index_max_replicas_per_scope,
         max_keyspaces_per_model: cli.index_max_keyspaces_per_model,
         max_keyspaces: cli.index_max_keyspaces,
         // Several cores pick quota and cap victims across cores (runtime::evict).

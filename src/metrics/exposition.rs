@@ -477,7 +477,7 @@ fn core_requests(cores: &[CoreView]) -> Family<'_> {
 type PerCore = (&'static str, &'static str, MetricType, fn(&CoreView) -> i64);
 
 /// The per-core families of one whole number per core.
-const PER_CORE: [PerCore; 17] = [
+const PER_CORE: [PerCore; 19] = [
     (
         "inferencecache_core_hopped_ops",
         "Operations a core executed on behalf of other threads (hop arrivals).",
@@ -549,6 +549,18 @@ const PER_CORE: [PerCore; 17] = [
         "Cap build slices a core ran for an ingest or a cross-core candidate request whose victims were not ready, before serving it (instead of one O(entries) build on it).",
         MetricType::Counter,
         |c| c.metrics.cap_slices_on_demand as i64,
+    ),
+    (
+        "inferencecache_core_quota_builds_sync",
+        "Tenant quota candidate heaps a core built or finished in one go on an ingest or cross-core candidate request that needed victims first (the fallback).",
+        MetricType::Counter,
+        |c| c.metrics.quota_builds_sync as i64,
+    ),
+    (
+        "inferencecache_core_quota_slices_on_demand",
+        "Quota heap build slices a core ran for an ingest or a cross-core candidate request whose tenant quota victims were not ready, before serving it (instead of one O(keys) scan on it).",
+        MetricType::Counter,
+        |c| c.metrics.quota_slices_on_demand as i64,
     ),
     (
         "inferencecache_core_cap_enforce_slices",

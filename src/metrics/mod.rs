@@ -204,6 +204,13 @@ pub struct CoreMetrics {
     /// candidate request whose victims were not ready, before serving it (it waited instead of
     /// building them in one go).
     pub cap_slices_on_demand: u64,
+    /// Tenant quota candidate heaps built (or finished) in one go by an ingest or a cross-core
+    /// candidate request that needed victims while they were not ready: the fallback, O(keys of
+    /// the core) on that request's path.
+    pub quota_builds_sync: u64,
+    /// Quota heap build slices a core ran for an ingest or a cross-core candidate request whose
+    /// quota victims were not ready, before serving it.
+    pub quota_slices_on_demand: u64,
     /// Steps of at most `CAP_ENFORCE_SLICE_MAX_EVICTIONS` global-cap evictions run after an
     /// ingest's own step (one core) or per cross-core round (several).
     pub cap_enforce_slices: u64,
@@ -332,6 +339,8 @@ impl CoreMetrics {
         self.clears_sync += other.clears_sync;
         self.clear_slices += other.clear_slices;
         self.cap_slices_on_demand += other.cap_slices_on_demand;
+        self.quota_builds_sync += other.quota_builds_sync;
+        self.quota_slices_on_demand += other.quota_slices_on_demand;
         self.cap_enforce_slices += other.cap_enforce_slices;
         self.cap_candidate_retries += other.cap_candidate_retries;
         self.ingest_parts += other.ingest_parts;
@@ -503,6 +512,19 @@ pub fn record_cap_builds_sync(n: u64) {
 /// One cap build slice ran before an operation that needed its victims (`CoreState::cap_slice_before`).
 pub fn record_cap_slice_on_demand() {
     with_store(|m| m.cap_slices_on_demand += 1);
+}
+
+/// `n` tenant quota heaps built or finished in one go on the path that needed victims.
+pub fn record_quota_builds_sync(n: u64) {
+    if n > 0 {
+        with_store(|m| m.quota_builds_sync += n);
+    }
+}
+
+/// One quota heap build slice ran before an operation that needed its victims
+/// (`CoreState::cap_slice_before`).
+pub fn record_quota_slice_on_demand() {
+    with_store(|m| m.quota_slices_on_demand += 1);
 }
 
 /// One step of global-cap evictions ran after an ingest (`CoreState::cap_enforce_slice`,

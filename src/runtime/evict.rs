@@ -132,6 +132,7 @@ where
 {
     let calls = (0..cores).map(|c| {
         let f = round(c);
+        let need = need.clone();
         async move {
             mailbox::call_after_maintenance(c, need, f)
                 .await
@@ -178,9 +179,13 @@ impl Pending {
                     break;
                 }
                 let over = (global - budget) as usize;
-                let parts = on_every_core(cores, CapNeed::Nothing, |_| {
+                let need = CapNeed::QuotaCandidates {
+                    tenant: tenant.into(),
+                    k: over,
+                };
+                let parts = on_every_core(cores, need, |_| {
                     let t = tenant.to_string();
-                    Box::new(move |st| st.index.quota_candidates(&t, over))
+                    Box::new(move |st| st.quota_candidates(&t, over))
                 })
                 .await;
                 let mut picks = select_victims(&parts, over);

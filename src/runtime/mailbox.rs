@@ -220,14 +220,14 @@ where
     let mut cap_slices = 0;
     loop {
         let wait_for = if cap_slices < MAX_CAP_SLICES_BEFORE_INGEST {
-            need
+            need.clone()
         } else {
             CapNeed::Nothing
         };
         let attempt = call(owner, move |st| {
             if st.clear_slice_if_pending() {
                 Err((f, 0))
-            } else if st.cap_slice_before(wait_for) {
+            } else if st.cap_slice_before(&wait_for) {
                 Err((f, 1))
             } else {
                 Ok(f(st))

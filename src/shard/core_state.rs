@@ -32,6 +32,10 @@ pub enum IngestRefused {
     /// The message would create a keyspace (a new adapter of its scope) beyond the bound per
     /// `(tenant, model)` or per core; nothing of the message was applied.
     KeyspacesFull,
+    /// The message's replica does not serve in its scope `(tenant, model, hash scheme)` yet
+    /// and the scope already has the maximum number of serving replicas; nothing of the
+    /// message was applied.
+    ScopeReplicasFull,
     /// Some prefix key of the message already had the maximum number of holders, so this
     /// replica was not added to it; the rest of the message was applied.
     KeyHoldersFull,
@@ -46,7 +50,7 @@ impl IngestRefused {
     pub fn is_whole(self) -> bool {
         matches!(
             self,
-            Self::StringTableFull | Self::IdTooLong | Self::KeyspacesFull
+            Self::StringTableFull | Self::IdTooLong | Self::KeyspacesFull | Self::ScopeReplicasFull
         )
     }
 
@@ -56,6 +60,7 @@ impl IngestRefused {
             Self::StringTableFull => "STRING_TABLE_FULL",
             Self::IdTooLong => "ID_TOO_LONG",
             Self::KeyspacesFull => "KEYSPACES_FULL",
+            Self::ScopeReplicasFull => "SCOPE_REPLICAS_FULL",
             Self::KeyHoldersFull => "KEY_HOLDERS_FULL",
             Self::StatsRowsFull => "STATS_ROWS_FULL",
         }
@@ -67,6 +72,7 @@ impl IngestRefused {
             Self::StringTableFull => "string_table_full",
             Self::IdTooLong => "id_too_long",
             Self::KeyspacesFull => "keyspaces_full",
+            Self::ScopeReplicasFull => "scope_replicas_full",
             Self::KeyHoldersFull => "key_holders_full",
             Self::StatsRowsFull => "stats_rows_full",
         }
@@ -91,15 +97,23 @@ impl IngestRefused {
     }
 }
 
-/// The global-cap victims an operation may take on a core ([`CoreState::cap_slice_before`]).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// The global-cap (and tenant quota) victims an operation may take on a core
+/// ([`CoreState::cap_slice_before`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub enum CapNeed {
     /// None (events, GetCacheState, evictions of victims already chosen).
     Nothing,
-    /// An ingest of this many entries: victims on this core when it evicts by itself (one core).
-    Ingest { new_entries: usize },
+    /// An ingest of this many entries for `tenant`: cap and quota victims on this core when it
+    /// evicts by itself (one core).
+    Ingest {
+        new_entries: usize,
+        tenant: Arc<str>,
+    },
     /// This many candidates for a cross-core selection (`CoreState::cap_candidates`).
     Candidates(usize),
+    /// This many of `tenant`'s quota candidates for a cross-core selection
+    /// (`Index::quota_candidates`).
+    QuotaCandidates { tenant: Arc<str>, k: usize },
     /// The evictions an ingest left owed on this core (`CoreState::cap_enforce_slice`).
     Owed,
 }
@@ -212,6 +226,7 @@ impl CoreState {
             .index
             .ingest_part(update, range, unix_now_ns(), &*self.policy);
         metrics::record_cap_builds_sync(self.index.take_cap_sync_builds());
+        metrics::record_quota_builds_sync(self.index.take_quota_sync_builds());
         metrics::record_clears_sync(self.index.take_clear_sync_finishes());
         self.nudge_cap_prebuild();
         if out.rejected_string_table_full {
@@ -232,6 +247,11 @@ impl CoreState {
             metrics::record_limit_hit("index_keyspaces");
             metrics::record_ingest_refused(IngestRefused::KeyspacesFull.metric_label());
             return Err(IngestRefused::KeyspacesFull);
+        }
+        if out.rejected_scope_replicas_full {
+            metrics::record_limit_hit("index_scope_replicas");
+            metrics::record_ingest_refused(IngestRefused::ScopeReplicasFull.metric_label());
+            return Err(IngestRefused::ScopeReplicasFull);
         }
         metrics::record_ingest(out.upserts);
         if out.timestamp_clamped {
@@ -278,6 +298,15 @@ impl CoreState {
         metrics::record_cap_builds_sync(self.index.take_cap_sync_builds());
         metrics::record_clears_sync(self.index.take_clear_sync_finishes());
         self.nudge_cap_prebuild();
+        c
+    }
+
+    /// This core's `k` first quota candidates of `tenant` (§7.1), for a cross-core victim
+    /// selection (readied in slices first: `CapNeed::QuotaCandidates`).
+    pub fn quota_candidates(&mut self, tenant: &str, k: usize) -> Vec<QuotaVictim> {
+        let c = self.index.quota_candidates(tenant, k);
+        metrics::record_quota_builds_sync(self.index.take_quota_sync_builds());
+        metrics::record_clears_sync(self.index.take_clear_sync_finishes());
         c
     }
 
@@ -362,10 +391,16 @@ impl CoreState {
     /// the algorithms) instead, so the operation does not build them in one O(entries) step
     /// while lookups wait. Returns whether it ran one; the caller retries the operation after a
     /// pause (`mailbox::call_after_maintenance`).
-    pub fn cap_slice_before(&mut self, need: CapNeed) -> bool {
-        let victims = match need {
-            CapNeed::Nothing => 0,
-            CapNeed::Ingest { new_entries } => self.index.cap_victims_for_ingest(new_entries),
+    /// The same for the tenant quota: an ingest (or a cross-core quota candidate request) whose
+    /// tenant's quota heap is not ready first runs slices of its build, instead of one scan of
+    /// every key of the core inside the ingest.
+    pub fn cap_slice_before(&mut self, need: &CapNeed) -> bool {
+        if self.quota_slice_before(need) {
+            return true;
+        }
+        let victims = match *need {
+            CapNeed::Nothing | CapNeed::QuotaCandidates { .. } => 0,
+            CapNeed::Ingest { new_entries, .. } => self.index.cap_victims_for_ingest(new_entries),
             CapNeed::Candidates(k) => k,
             CapNeed::Owed => self.index.cap_victims_owed(),
         };
@@ -375,6 +410,33 @@ impl CoreState {
         self.index
             .cap_victims_step(victims, &*self.policy, cap_build_budget());
         metrics::record_cap_slice_on_demand();
+        true
+    }
+
+    /// [`Self::cap_slice_before`] for the tenant quota: one slice of readying the quota victims
+    /// `need` takes on this core, when they are not ready. Returns whether it ran one.
+    fn quota_slice_before(&mut self, need: &CapNeed) -> bool {
+        let (tenant, victims) = match need {
+            CapNeed::Ingest {
+                new_entries,
+                tenant,
+            } => match self.quota_for(tenant) {
+                Some(budget) => (
+                    tenant,
+                    self.index
+                        .quota_victims_for_ingest(tenant, budget, *new_entries),
+                ),
+                None => return false,
+            },
+            CapNeed::QuotaCandidates { tenant, k } => (tenant, *k),
+            _ => return false,
+        };
+        if !self.index.quota_victims_pending(tenant, victims) {
+            return false;
+        }
+        self.index
+            .quota_victims_step(tenant, victims, cap_build_budget());
+        metrics::record_quota_slice_on_demand();
         true
     }
 
@@ -568,6 +630,14 @@ mod tests {
         }
     }
 
+    /// The need of an ingest of `new_entries` entries of tenant `t`.
+    fn ingest(new_entries: usize) -> CapNeed {
+        CapNeed::Ingest {
+            new_entries,
+            tenant: "t".into(),
+        }
+    }
+
     /// After a policy change (or with a heap too small for the message), an ingest that would
     /// evict at the cap first runs the cap build in slices (each bounded, the core free between
     /// two) instead of building its victims in one go: no build on the ingest.
@@ -585,12 +655,9 @@ mod tests {
         }
         st.build_cap_candidates_at_start();
         st.set_policy(Arc::new(PolicyStore::empty()));
-        assert!(
-            !st.cap_slice_before(CapNeed::Ingest { new_entries: 0 }),
-            "nothing new: no wait"
-        );
+        assert!(!st.cap_slice_before(&ingest(0)), "nothing new: no wait");
         let mut slices = 0;
-        while st.cap_slice_before(CapNeed::Ingest { new_entries: 16 }) {
+        while st.cap_slice_before(&ingest(16)) {
             slices += 1;
             assert!(slices < 10_000, "the slices make progress");
         }
@@ -600,11 +667,8 @@ mod tests {
         assert_eq!(st.index.take_cap_sync_builds(), 0, "no build on the ingest");
         assert_eq!(st.index.entry_count(), 40_000);
         // A message that evicts more than the live heap holds: a bigger build, in slices.
-        assert!(
-            st.cap_slice_before(CapNeed::Ingest { new_entries: 8_000 }),
-            "the heap holds fewer"
-        );
-        while st.cap_slice_before(CapNeed::Ingest { new_entries: 8_000 }) {}
+        assert!(st.cap_slice_before(&ingest(8_000)), "the heap holds fewer");
+        while st.cap_slice_before(&ingest(8_000)) {}
         st.ingest(&update(50_000..58_000)).unwrap();
         // The ingest evicted one step's worth; the rest in steps, as `evict::Pending` runs them.
         assert!(st.index.entry_count() > 40_000);
@@ -612,7 +676,7 @@ mod tests {
         loop {
             steps += 1;
             assert!(steps < 10_000, "the steps make progress");
-            if st.cap_slice_before(CapNeed::Owed) {
+            if st.cap_slice_before(&CapNeed::Owed) {
                 continue;
             }
             if st.cap_enforce_slice() {
@@ -621,10 +685,40 @@ mod tests {
         }
         assert_eq!(st.index.take_cap_sync_builds(), 0, "no build on the ingest");
         assert_eq!(st.index.entry_count(), 40_000);
-        assert!(
-            !st.cap_slice_before(CapNeed::Ingest { new_entries: 0 }),
-            "nothing new: no wait"
+        assert!(!st.cap_slice_before(&ingest(0)), "nothing new: no wait");
+    }
+
+    /// A tenant at its quota on a core of many keys (most of another tenant): its ingest first
+    /// runs the quota heap build in slices (each bounded), not one scan of every key of the
+    /// core inside the ingest.
+    #[test]
+    fn an_ingest_at_the_quota_waits_for_its_victims_in_slices() {
+        let mut st = CoreState::new(0, IndexConfig::default());
+        let body = br#"{"version":7,"tenants":[{"tenantID":"t","maxIndexEntries":1000}]}"#;
+        let policy = inferencecache_index::policy::parse_policy_body(body).expect("policy");
+        st.set_policy(Arc::new(policy));
+        for part in 0..10 {
+            let mut u = update(part * 4_000..(part + 1) * 4_000);
+            u.tenant_id = "other".into();
+            st.ingest(&u).unwrap();
+        }
+        st.ingest(&update(0..1_000)).unwrap();
+        assert!(!st.cap_slice_before(&ingest(0)), "at the quota: no wait");
+        let mut slices = 0;
+        while st.cap_slice_before(&ingest(16)) {
+            slices += 1;
+            assert!(slices < 10_000, "the slices make progress");
+        }
+        // 41,000 key records, at most CAP_BUILD_SLICE_MAX_ENTRIES a slice.
+        assert!(slices >= 3, "{slices} slices");
+        st.ingest(&update(50_000..50_016)).unwrap();
+        assert_eq!(
+            st.index.take_quota_sync_builds(),
+            0,
+            "no build on the ingest"
         );
+        assert_eq!(st.index.entry_count(), 41_000);
+        assert!(!st.cap_slice_before(&ingest(16)), "the heap is ready");
     }
 
     /// An idle core sleeps until an ingest brings the index near the cap, and that ingest

@@ -533,6 +533,62 @@ async fn a_key_keeps_at_most_its_holder_bound(shards: usize) {
 }
 shards_1_and_2!(a_key_keeps_at_most_its_holder_bound);
 
+/// A scope `(tenant, model, hash scheme)` keeps at most `--index-max-replicas-per-scope`
+/// serving replicas. A message of one more is not applied and the stream's Ack says
+/// `accepted: false`, `SCOPE_REPLICAS_FULL` (counted, and in `inferencecache_limit_hits_total`);
+/// everything acknowledged before is still answered, the serving replicas still refresh, and
+/// another scheme takes the refused replica.
+async fn a_scope_keeps_at_most_its_replica_bound(shards: usize) {
+    let srv = Server::start(shards, &["--index-max-replicas-per-scope", "8"]);
+    let mut c = srv.client().await;
+    let update = |r: usize, scheme: &str| {
+        legacy_update(
+            &format!("r{r:02}"),
+            "t",
+            "m",
+            scheme,
+            format!("own-{r}").as_bytes(),
+            128,
+        )
+    };
+    let acked: Vec<_> = (0..8).map(|r| update(r, "vllm")).collect();
+    assert!(report(&mut c, acked).await.accepted);
+    let ack = report(&mut c, vec![update(8, "vllm")]).await;
+    assert!(!ack.accepted);
+    assert_eq!(ack.reason_code, "SCOPE_REPLICAS_FULL");
+    for r in 0..8 {
+        let q = exact_lookup("t", "m", "vllm", format!("own-{r}").as_bytes(), 128);
+        let got = lookup(&mut c, q).await;
+        let ids: Vec<_> = got
+            .replica_scores
+            .iter()
+            .map(|s| s.replica_id.clone())
+            .collect();
+        assert_eq!(ids, [format!("r{r:02}")], "acknowledged entries are kept");
+    }
+    // A miss (answered by affinity among the serving replicas, if at all): r08 is not one.
+    let got = lookup(&mut c, exact_lookup("t", "m", "vllm", b"own-8", 128)).await;
+    assert!(
+        got.replica_scores.iter().all(|s| s.replica_id != "r08"),
+        "the refused message was not applied: {got:?}"
+    );
+    let refresh = legacy_update("r03", "t", "m", "vllm", b"more", 256);
+    assert!(report(&mut c, vec![refresh]).await.accepted);
+    assert!(report(&mut c, vec![update(8, "sglang")]).await.accepted);
+    let text = metrics_text(&srv);
+    let refused = metric_value(
+        &text,
+        "inferencecache_ingest_refused_total{reason=\"scope_replicas_full\"}",
+    );
+    assert_eq!(refused, Some(1.0));
+    let hits = metric_value(
+        &text,
+        "inferencecache_limit_hits_total{limit=\"index_scope_replicas\"}",
+    );
+    assert_eq!(hits, Some(1.0));
+}
+shards_1_and_2!(a_scope_keeps_at_most_its_replica_bound);
+
 /// A LookupRoute answer carries at most 1,024 replica scores, the top-ranked
 /// ones in the final order (score descending, replica id ascending), even for a key held by
 /// more replicas (here 1,100, allowed by raising the holder bound).

@@ -226,6 +226,74 @@ fn holders_per_key_are_bounded() {
     assert_eq!((out.upserts, out.holders_refused), (2, 1));
 }
 
+/// A scope keeps at most `max_replicas_per_scope` serving replicas: an update of one more is
+/// refused whole (nothing of it stored), the serving ones still refresh and add keys, another
+/// scope takes the replica, and once a replica's last entry in the scope leaves, room is back.
+/// A snapshot record of one more replica is not restored either.
+#[test]
+fn serving_replicas_per_scope_are_bounded() {
+    let mut ix = index_cfg(|c| c.max_replicas_per_scope = 3);
+    for (i, r) in ["r1", "r2", "r3"].into_iter().enumerate() {
+        let out = ix.ingest(&upd_r(r, vec![legacy(&[i as u8], 16)]), T0, &NR);
+        assert!(!out.rejected_scope_replicas_full, "{r}");
+    }
+    let out = ix.ingest(
+        &upd_r("r4", vec![legacy(b"new", 16), legacy(&[0], 16)]),
+        T0,
+        &NR,
+    );
+    assert!(out.rejected_scope_replicas_full);
+    assert_eq!(out.upserts, 0);
+    assert_eq!(ix.entry_count(), 3);
+    let (_, rows) = route(&mut ix, &q_exact(&[0]), T0, &NR);
+    assert_eq!(names(&rows), ["r1"]);
+    // Serving replicas refresh and add keys.
+    let out = ix.ingest(
+        &upd_r("r2", vec![legacy(&[0], 16), legacy(b"k", 16)]),
+        T0,
+        &NR,
+    );
+    assert!(!out.rejected_scope_replicas_full);
+    assert_eq!(ix.entry_count(), 5);
+    // Another scope (hash scheme) of the same model takes the replica.
+    let out = ix.ingest(
+        &upd("t", "m", "sglang", "r4", vec![legacy(b"new", 16)]),
+        T0,
+        &NR,
+    );
+    assert!(!out.rejected_scope_replicas_full);
+    // r3's only entry leaves: it stops serving, and r4 fits.
+    let e = event(cache_event::Type::PrefixEvicted, "t", "m", "r3", &[2]);
+    ix.apply_event(&e, T0, &NR);
+    let out = ix.ingest(&upd_r("r4", vec![legacy(b"new", 16)]), T0, &NR);
+    assert!(!out.rejected_scope_replicas_full);
+    let (_, rows) = route(&mut ix, &q_exact(b"new"), T0, &NR);
+    assert_eq!(names(&rows), ["r4"]);
+    // Restore: a fourth replica's record is refused, a serving one's restored.
+    let mut cache = inferencecache_index::index::RestoreCache::default();
+    let rec = |replica| inferencecache_index::index::PersistEntry {
+        tenant: "t",
+        model: "m",
+        scheme: "vllm",
+        adapter: "",
+        hash: b"restored",
+        replica,
+        tokens: 16,
+        last_seen: T0,
+        tier: 0,
+        access: 0,
+    };
+    use inferencecache_index::index::RestoreOutcome;
+    assert_eq!(
+        ix.restore_entry(&rec("r5"), T0, &NR, &mut cache),
+        RestoreOutcome::Refused
+    );
+    assert_eq!(
+        ix.restore_entry(&rec("r1"), T0, &NR, &mut cache),
+        RestoreOutcome::Restored
+    );
+}
+
 /// A hot key with thousands of holders: every holder is found, refreshed and removed, and
 /// lookups rank them as for a small key.
 #[test]

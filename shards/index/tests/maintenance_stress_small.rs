@@ -19,6 +19,7 @@ fn every_maintenance_task_runs_in_bounded_slices() {
         "restore_slice",
         "clear_slice",
         "snapshot_part_slice",
+        "quota_build",
     ] {
         let (_, _, slices) = report.tasks.get(task).copied().unwrap_or_default();
         assert!(slices > 1, "{task} ran in {slices} slice(s): {report:?}");

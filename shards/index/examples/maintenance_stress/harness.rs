@@ -64,10 +64,15 @@ impl Scale {
 }
 
 /// Tenants `old-*` expire after 30 minutes (their entries are stamped 40 minutes ago); LFU for
-/// `lfu-*`; the policy "churns" by flipping the algorithm of `flip-*` between passes.
+/// `lfu-*`; the policy "churns" by flipping the algorithm of `flip-*` between passes. Tenant
+/// [`QUOTA_TENANT`] has a quota of `quota` keys (none while 0).
 pub struct Rules {
     pub flipped: bool,
+    pub quota: u64,
 }
+
+/// The tenant of the `quota` shape.
+pub const QUOTA_TENANT: &str = "quota";
 
 impl TenantRules for Rules {
     fn ttl_ns(&self, _: &str) -> i64 {
@@ -80,8 +85,8 @@ impl TenantRules for Rules {
             Eviction::Lru
         }
     }
-    fn quota(&self, _: &str) -> Option<u64> {
-        None
+    fn quota(&self, tenant: &str) -> Option<u64> {
+        (tenant == QUOTA_TENANT && self.quota > 0).then_some(self.quota)
     }
 }
 
@@ -94,6 +99,9 @@ pub struct Report {
     /// Every slice over [`SLOW_SLICE`] of thread CPU, with what the kernel says the thread did
     /// in it (the diagnosis of the rare slow slice).
     pub slow: Vec<SlowSlice>,
+    /// Steps measured for comparison, not slices of maintenance (not asserted on): `what`,
+    /// thread CPU.
+    pub notes: Vec<(String, Duration)>,
     shape: &'static str,
 }
 
@@ -503,16 +511,21 @@ fn snapshot_part(ix: &Index, report: &mut Report) {
 /// Builds one shape and runs its maintenance tasks.
 type Shape = fn(&Scale, &mut Rules, &mut Report);
 
-/// Builds each shape whose name `only` accepts (`plain`, `keyspaces`, `names`, `held`), runs
+/// Builds each shape whose name `only` accepts (`plain`, `keyspaces`, `names`, `held`,
+/// `quota`), runs
 /// every maintenance task on it, and returns the report. `log` is told what runs.
 pub fn run(scale: Scale, only: impl Fn(&str) -> bool, mut log: impl FnMut(&str)) -> Report {
     let mut report = Report::default();
-    let mut rules = Rules { flipped: false };
-    let shapes: [(&'static str, Shape); 4] = [
+    let mut rules = Rules {
+        flipped: false,
+        quota: 0,
+    };
+    let shapes: [(&'static str, Shape); 5] = [
         ("plain", run_plain),
         ("keyspaces", run_keyspaces),
         ("names", run_names),
         ("held", run_held),
+        ("quota", run_quota),
     ];
     for (name, shape) in shapes.into_iter().filter(|(n, _)| only(n)) {
         log(name);
@@ -580,4 +593,52 @@ fn run_held(scale: &Scale, rules: &mut Rules, report: &mut Report) {
     cap_build(&mut ix, report);
     snapshot(&ix, report);
     sweep(&mut ix, rules, report, |_, _, _, _| {});
+}
+
+/// `entries` keys of one holder: a tenant at its quota with a tenth of them, other tenants the
+/// rest. The tenant's next ingest first readies its quota victims in slices
+/// (`quota_build`, what the server runs before that ingest), then evicts from the ready heap
+/// (`quota_ingest`, the ingest's own step: 16 new keys, 16 victims).
+fn run_quota(scale: &Scale, rules: &mut Rules, report: &mut Report) {
+    const PER: usize = 4096;
+    let mut ix = index(scale);
+    let quota = scale.entries / 10;
+    fill(&mut ix, rules, scale.entries.div_ceil(PER), |i| {
+        let tenant = if i * PER < quota {
+            QUOTA_TENANT.to_string()
+        } else {
+            format!("t{}", i % 8)
+        };
+        let prefixes = (0..PER).map(|j| prefix((i * PER + j) as u64, "")).collect();
+        let ts = NOW - (i as i64) * SEC;
+        update(&tenant, &format!("m{}", i % 8), "r", prefixes, ts)
+    });
+    // The quota in force from now: the tenant's keys.
+    rules.quota = (quota.div_ceil(PER) * PER) as u64;
+    let fresh = |i: usize| prefix((scale.entries + i) as u64, "");
+    // For comparison: an ingest whose victims were not readied builds the heap in one go (what
+    // every such ingest did before the quota build was sliced). Then the heaps are dropped.
+    let u = update(QUOTA_TENANT, "m0", "r", (16..32).map(fresh).collect(), NOW);
+    let c = thread_cpu();
+    let out = ix.ingest(&u, NOW, rules);
+    let one_go = thread_cpu() - c;
+    assert_eq!(out.quota_evicted_keys, 16);
+    assert_eq!(ix.take_quota_sync_builds(), 1);
+    report.notes.push((
+        "quota: ingest building its quota heap in one go".into(),
+        one_go,
+    ));
+    ix.set_min_candidates(1024);
+    let need = ix.quota_victims_for_ingest(QUOTA_TENANT, rules.quota, 16);
+    assert!(need > 0, "the tenant is at its quota");
+    while ix.quota_victims_pending(QUOTA_TENANT, need) {
+        timed(report, "quota_build", || {
+            ix.quota_victims_step(QUOTA_TENANT, need, budget())
+        });
+    }
+    let u = update(QUOTA_TENANT, "m0", "r", (0..16).map(fresh).collect(), NOW);
+    let out = timed(report, "quota_ingest", || ix.ingest(&u, NOW, rules));
+    assert_eq!(out.quota_evicted_keys, 16);
+    assert_eq!(ix.take_quota_sync_builds(), 0, "no build on the ingest");
+    rules.quota = 0;
 }

@@ -45,7 +45,7 @@
 //!
 //! [`IndexConfig::cross_core_eviction`]: super::IndexConfig::cross_core_eviction
 
-use super::store::KeyId;
+use super::store::{Holder, KeyId, MoreHolders};
 use super::{Catalog, EvictionCounts, Index, RemovalReason, SweepOutcome};
 use crate::rules::{Eviction, TenantRules};
 use std::cmp::Ordering;
@@ -259,11 +259,87 @@ pub(crate) struct QuotaRetired {
     tables: Vec<hashbrown::HashMap<u32, QuotaState>>,
     /// The snapshots of the heap being released (taken from the end).
     current: Vec<QuotaCand>,
+    /// Snapshot lists of single heaps or builds, released after `current`.
+    lists: Vec<Vec<QuotaCand>>,
 }
 
 impl QuotaRetired {
     pub(crate) fn is_empty(&self) -> bool {
-        self.tables.is_empty() && self.current.is_empty()
+        self.tables.is_empty() && self.current.is_empty() && self.lists.is_empty()
+    }
+
+    /// Queues one heap's (or build's) snapshots for their release.
+    fn push(&mut self, v: Vec<QuotaCand>) {
+        if !v.is_empty() {
+            self.lists.push(v);
+        }
+    }
+}
+
+/// A tenant's quota candidate selection built in slices ([`Index::quota_victims_step`]) before
+/// the ingest (or cross-core candidate request) that needs it, instead of in one O(keys of the
+/// core) scan inside it ([`Index::quota_build`]). The same phases as a cap build ([`CapBuild`]):
+/// a scan of slab positions `0..cursor` downwards, a mutation of a key of the tenant at or above
+/// the cursor offering its new snapshot; then `sel` reordered into a min-heap in place, a
+/// mutation meanwhile adding its snapshot to `late` when `<=` the threshold. When complete,
+/// every key of the tenant whose current snapshot is `<=` the threshold is in the heap under it:
+/// the candidate-heap invariant, so the victims are those of the one-go build.
+pub(crate) struct QuotaBuild {
+    tenant: u32,
+    /// The `k` smallest snapshots offered so far, as a max-heap.
+    sel: Heap<QuotaCand>,
+    k: usize,
+    /// Some offered snapshot was not kept: the selection has a threshold.
+    dropped: bool,
+    /// Scan phase: positions `0..cursor` are not visited yet.
+    cursor: u32,
+    /// Reorder phase: `Some(threshold)` (`None` inside: everything offered was kept).
+    threshold: Option<Option<QuotaCand>>,
+    /// Reorder phase: the subtrees of `sel` rooted at `heapify..` are min-heaps already.
+    heapify: usize,
+    /// Reorder phase: snapshots offered since the scan ended.
+    late: Vec<QuotaCand>,
+}
+
+impl QuotaBuild {
+    /// Offers a snapshot (see [`CapBuild::offer`]); kept snapshots hold a blob reference.
+    fn offer(&mut self, cat: &mut Catalog, c: QuotaCand) {
+        if let Some(t) = self.threshold {
+            if let Some(t) = &t
+                && quota_cmp(cat, &c, t) == Ordering::Greater
+            {
+                return;
+            }
+            self.late.push(c);
+            retain_blob(cat, c.key);
+            return;
+        }
+        let out = {
+            let cat = &*cat;
+            let greater = |a: &QuotaCand, b: &QuotaCand| quota_cmp(cat, a, b) == Ordering::Greater;
+            if self.sel.len() < self.k {
+                self.sel.push(c, &greater);
+                None
+            } else {
+                self.dropped = true;
+                if !greater(self.sel.peek().expect("non-empty"), &c) {
+                    return;
+                }
+                Some(self.sel.replace_top(c, &greater))
+            }
+        };
+        retain_blob(cat, c.key);
+        if let Some(o) = out {
+            release_blob(cat, o.key);
+        }
+    }
+
+    /// Every snapshot this build holds a blob reference for.
+    fn into_snapshots(mut self) -> Vec<QuotaCand> {
+        let mut v = std::mem::take(&mut self.sel.v);
+        v.append(&mut self.late);
+        v.extend(self.threshold.flatten());
+        v
     }
 }
 
@@ -290,7 +366,9 @@ pub(crate) struct QuotaState {
 ///   appended, so every key present throughout is visited at least once (a record moved down
 ///   past the cursor may be visited twice: a duplicate snapshot, harmless). A mutation of an
 ///   entry at or above the cursor (visited, or new) offers its new snapshot; one below it is
-///   left to the scan, which reads the entry's key when it gets there.
+///   left to the scan, which reads the entry's key when it gets there. A key of many holders
+///   (a wide set) may be visited over several slices ([`Index::cap_scan_key`]): it is then at
+///   the cursor, so its mutations are offered meanwhile.
 /// * Reorder phase (`threshold` set): `sel` is turned into a min-heap in place (bottom-up, a few
 ///   subtrees per slice), then `late` is pushed into it; a mutation adds its snapshot to `late`
 ///   when it is `<=` the threshold.
@@ -310,6 +388,10 @@ pub(crate) struct CapBuild {
     dropped: bool,
     /// Scan phase: positions `0..cursor` are not visited yet.
     cursor: u32,
+    /// Scan phase: `Some(n)` when the key at `cursor` is visited in part (see
+    /// [`Index::cap_scan_key`]): its wide set's holders `0..n` and its inline holder are still to
+    /// be offered. Mutations of that key are offered (its position is `>= cursor`).
+    partial: Option<u32>,
     /// Per-keyspace policy bits of the current slice ([`KS_UNKNOWN`] until looked up).
     bits: Vec<u8>,
     /// Reorder phase: `Some(threshold)` (`None` inside: everything offered was kept).
@@ -320,6 +402,14 @@ pub(crate) struct CapBuild {
     /// min-heap.
     late: Vec<CapCand>,
 }
+
+/// A sliced cap build offers a wide key's holders this many at a time and checks its budget
+/// (reading the clock) between two such chunks: one key's 1,024 holders were 1–1.5 ms of heap
+/// work at the `held` shape of `maintenance_stress` (10M entries), more than a slice. An offer
+/// late in a build (a walk down a selection of `entries / 16` snapshots, ties falling through
+/// to the names) costs microseconds: chunks of 32 still overran the 250 µs budget to ≈ 0.5 ms
+/// of thread CPU, chunks of 8 to ≈ 0.3–0.4 ms (perf/runs/2026-12-06-h30i.md).
+pub(crate) const CAP_SCAN_HOLDER_CHUNK: usize = 8;
 
 /// A spare selection buffer is reused for a build that needs at most this many times less.
 const SPARE_SLACK: usize = 2;
@@ -375,6 +465,20 @@ fn release_blob(cat: &mut Catalog, key: KeyId) {
     }
 }
 
+/// Offers one holder of `key` to a build (`lfu`: its tenant's algorithm is LFU).
+#[inline]
+fn cap_offer_holder(b: &mut CapBuild, cat: &mut Catalog, key: KeyId, lfu: bool, h: &Holder) {
+    let c = CapCand {
+        eff: if lfu { h.access } else { 0 },
+        last_seen: h.last_seen(),
+        key,
+        replica: h.replica(),
+    };
+    if !b.rejects_at_once(&c) {
+        b.offer(cat, c);
+    }
+}
+
 impl CapBuild {
     /// A build of `k` candidates over the key record slots `0..slots`. The selection becomes the next
     /// live heap, which mutations may grow to `2 k + min_candidates` before it is dropped: that
@@ -401,6 +505,7 @@ impl CapBuild {
             k,
             dropped: false,
             cursor: slots,
+            partial: None,
             bits: Vec::new(),
             threshold: None,
             heapify: 0,
@@ -675,14 +780,9 @@ impl Index {
         ));
     }
 
-    /// Offers the holders of the key at slab position `pos` to a cap build. Returns how many.
-    /// A free slot offers nothing but counts as one unit of work, so that a slice over a slab
-    /// of mostly free slots stays bounded too.
-    fn cap_offer_position(&mut self, b: &mut CapBuild, pos: u32) -> usize {
-        let Some(key) = self.store.live_key_at(pos) else {
-            return 1;
-        };
-        let ks = key.keyspace() as usize;
+    /// Whether a build offers the holders of keyspace `ks` and, if so, whether its tenant is
+    /// LFU (looked up once per keyspace and slice, in [`CapBuild::bits`]).
+    fn cap_build_lfu(&self, b: &mut CapBuild, ks: usize) -> Option<bool> {
         if b.bits[ks] == KS_UNKNOWN {
             let p = &self.cat.keyspaces[ks];
             b.bits[ks] = if p.keys == 0 {
@@ -699,24 +799,79 @@ impl Index {
             };
         }
         let bits = b.bits[ks];
-        if bits & KS_SKIP != 0 {
+        (bits & KS_SKIP == 0).then_some(bits & KS_LFU != 0)
+    }
+
+    /// Offers the holders of the key at slab position `pos` to a cap build. Returns how many.
+    /// A free slot offers nothing but counts as one unit of work, so that a slice over a slab
+    /// of mostly free slots stays bounded too.
+    fn cap_offer_position(&mut self, b: &mut CapBuild, pos: u32) -> usize {
+        let Some(key) = self.store.live_key_at(pos) else {
+            return 1;
+        };
+        let Some(lfu) = self.cap_build_lfu(b, key.keyspace() as usize) else {
             return 0;
-        }
-        let lfu = bits & KS_LFU != 0;
+        };
         let mut offered = 0;
         for (_, h) in self.store.holders(pos) {
             offered += 1;
-            let c = CapCand {
-                eff: if lfu { h.access } else { 0 },
-                last_seen: h.last_seen(),
-                key,
-                replica: h.replica(),
-            };
-            if !b.rejects_at_once(&c) {
-                b.offer(&mut self.cat, c);
-            }
+            cap_offer_holder(b, &mut self.cat, key, lfu, h);
         }
         offered
+    }
+
+    /// Offers the key at slab position `pos` (the scan's `cursor`) to a sliced build: all its
+    /// holders when they are few; a wide set's from its last holder down, then the inline one,
+    /// [`CAP_SCAN_HOLDER_CHUNK`] at a time, stopping between two chunks once `meter` says the
+    /// slice is spent (`b.partial` then says where to resume; returns false).
+    ///
+    /// Why a key visited in part loses none of its holders: mutations of it are offered (its
+    /// position is the cursor); a holder added to a wide set goes to its end (visited part);
+    /// a removal moves the set's last holder into the hole (`swap_remove`) or into the inline
+    /// slot, so an unvisited holder only ever moves to a place still to be visited, while a
+    /// visited one may move there and be offered twice (a duplicate snapshot of the same
+    /// current key: harmless, as for a record the scan meets twice). A key that is no longer
+    /// wide when the scan resumes (its set emptied, or its slot freed and reused) is offered
+    /// whole again, duplicates included.
+    fn cap_scan_key(
+        &mut self,
+        b: &mut CapBuild,
+        pos: u32,
+        work: &mut usize,
+        meter: &mut BudgetMeter,
+    ) -> bool {
+        let resume = b.partial.take();
+        let Some(key) = self.store.live_key_at(pos) else {
+            *work += 1;
+            return true;
+        };
+        let Some(lfu) = self.cap_build_lfu(b, key.keyspace() as usize) else {
+            return true;
+        };
+        let (first, more) = self.store.holder_parts(pos);
+        let MoreHolders::Wide(set) = more else {
+            let offered = self.cap_offer_position(b, pos);
+            meter.charge_entries(offered);
+            *work += offered;
+            return true;
+        };
+        let mut next = resume.map_or(set.len(), |n| (n as usize).min(set.len()));
+        while next > 0 {
+            // Never before the slice's first chunk: each slice makes progress.
+            if *work > 0 && meter.spent_each(*work) {
+                b.partial = Some(next as u32);
+                return false;
+            }
+            let from = next.saturating_sub(CAP_SCAN_HOLDER_CHUNK);
+            for h in set[from..next].iter().rev() {
+                cap_offer_holder(b, &mut self.cat, key, lfu, h);
+            }
+            *work += next - from;
+            next = from;
+        }
+        cap_offer_holder(b, &mut self.cat, key, lfu, first);
+        *work += 1;
+        true
     }
 
     /// Runs the build in progress within `budget` (storage entries visited plus candidate
@@ -728,7 +883,10 @@ impl Index {
         let mut meter = budget.meter();
         if b.threshold.is_none() {
             // Scan phase. Records never move, but the slab may have given back trailing free
-            // slots: clamp the cursor to it.
+            // slots: clamp the cursor to it (a key visited in part there is gone).
+            if b.cursor >= self.store.slots() {
+                b.partial = None;
+            }
             b.cursor = b.cursor.min(self.store.slots());
             b.bits.clear();
             b.bits.resize(self.cat.keyspaces.len(), KS_UNKNOWN);
@@ -745,16 +903,18 @@ impl Index {
                 }
                 b.cursor = 0;
             }
-            while b.cursor > 0 {
+            if b.partial.is_some() {
+                let pos = b.cursor;
+                cut = !self.cap_scan_key(&mut b, pos, &mut work, &mut meter);
+            }
+            while !cut && b.cursor > 0 {
                 if meter.spent(work) {
                     cut = true;
                     break;
                 }
                 let pos = b.cursor - 1;
                 b.cursor = pos;
-                let offered = self.cap_offer_position(&mut b, pos);
-                meter.charge_entries(offered);
-                work += offered;
+                cut = !self.cap_scan_key(&mut b, pos, &mut work, &mut meter);
             }
             if cut {
                 self.cap.next = Some(b);
@@ -1265,10 +1425,13 @@ impl Index {
 
     /// Mutation hook: keeps a tenant's quota-heap invariant after a key's newest time changed.
     pub(crate) fn quota_touch(&mut self, key: KeyId) {
-        if self.quotas.is_empty() {
+        if self.quotas.is_empty() && self.quota_next.is_none() {
             return;
         }
         let tenant = self.cat.tenant_of(key);
+        if self.quota_next.as_ref().is_some_and(|b| b.tenant == tenant) {
+            self.quota_touch_build(key);
+        }
         let Some(q) = self.quotas.get(&tenant) else {
             return;
         };
@@ -1291,6 +1454,39 @@ impl Index {
         }
     }
 
+    /// [`Index::quota_touch`] for the tenant's build in progress: offers the key's new
+    /// snapshot unless the scan is still to visit it.
+    fn quota_touch_build(&mut self, key: KeyId) {
+        let Some(pos) = self.store.find(key) else {
+            return;
+        };
+        let Some(newest) = self.key_newest(pos) else {
+            return;
+        };
+        let b = self.quota_next.as_mut().expect("quota build");
+        if b.threshold.is_some() || pos >= b.cursor {
+            b.offer(&mut self.cat, QuotaCand { newest, key });
+        }
+    }
+
+    /// The newest holder time of the key at slab position `pos`.
+    fn key_newest(&self, pos: u32) -> Option<i64> {
+        self.store.holders(pos).map(|(_, h)| h.last_seen()).max()
+    }
+
+    /// Drops every tenant's quota heap and any build in progress, their blob references given
+    /// back at once (a policy knob of tests, the end of a restore: not on a serving core).
+    pub(crate) fn quota_clear_all(&mut self) {
+        for t in self.quotas.keys().copied().collect::<Vec<_>>() {
+            self.quota_clear(t);
+        }
+        if let Some(b) = self.quota_next.take() {
+            for c in b.into_snapshots() {
+                self.release_key(c.key);
+            }
+        }
+    }
+
     pub(crate) fn quota_clear(&mut self, tenant: u32) {
         if let Some(mut q) = self.quotas.remove(&tenant) {
             let mut keys: Vec<KeyId> = q.heap.drain().map(|c| c.key).collect();
@@ -1309,6 +1505,9 @@ impl Index {
             let table = std::mem::take(&mut self.quotas);
             self.quota_retired.tables.push(table);
         }
+        if let Some(b) = self.quota_next.take() {
+            self.quota_retired.push(b.into_snapshots());
+        }
     }
 
     /// Gives back the blob references of up to `max` retired quota snapshots (a heap at a time,
@@ -1325,6 +1524,11 @@ impl Index {
                     release_blob(&mut self.cat, c.key);
                 }
                 work += n;
+                continue;
+            }
+            if let Some(v) = r.lists.pop() {
+                r.current = v;
+                work += 1;
                 continue;
             }
             let Some(table) = r.tables.last_mut() else {
@@ -1347,7 +1551,22 @@ impl Index {
         work
     }
 
-    fn quota_build(&mut self, tenant: u32, need: usize) {
+    /// Builds the tenant's quota heap now, on the path that needs a victim (counted in
+    /// [`Index::take_quota_sync_builds`]): finishes the tenant's build in progress when it
+    /// keeps enough candidates, else scans every key of the core once. Returns whether the
+    /// build was a whole one (not the end of one in progress, whose candidates may all have
+    /// gone stale since they were offered).
+    fn quota_build(&mut self, tenant: u32, need: usize) -> bool {
+        self.quota_sync_builds += 1;
+        if self
+            .quota_next
+            .as_ref()
+            .is_some_and(|b| b.tenant == tenant && b.k >= need)
+        {
+            let (_, done) = self.quota_build_run(SweepBudget::UNBOUNDED);
+            debug_assert!(done);
+            return false;
+        }
         self.quota_clear(tenant);
         let local = self.cat.tenants[&tenant].prefixes as usize;
         let k = need.max(self.min_candidates).max(local / SCAN_AMORTISATION);
@@ -1397,6 +1616,7 @@ impl Index {
                 built: k,
             },
         );
+        true
     }
 
     fn quota_pop(&mut self, tenant: u32, need: usize) -> Option<KeyId> {
@@ -1412,8 +1632,8 @@ impl Index {
                 if rebuilt || q.threshold.is_none() {
                     return None;
                 }
-                self.quota_build(tenant, need);
-                rebuilt = true;
+                // A whole build holds `need` live candidates (or every key): one is enough.
+                rebuilt = self.quota_build(tenant, need);
                 continue;
             };
             let current = self.quota_cand(c.key);
@@ -1429,6 +1649,167 @@ impl Index {
     fn global_tenant_keys(&self, tenant: u32) -> u64 {
         let rec = &self.cat.tenants[&tenant];
         self.directory().tenant_keys_exact(rec.fp)
+    }
+
+    /// How many quota victims of `tenant` this core's ingest of `new_entries` entries may take
+    /// in the ingest itself (at most its key count after the ingest less `budget`, which a
+    /// lowered quota makes more than the ingest's own keys):
+    /// none with [`IndexConfig::cross_core_eviction`] (a cross-core selection asks each core
+    /// for candidates after it, [`Index::quota_candidates`]) or for a tenant this core does not
+    /// know (it has no keys to evict).
+    ///
+    /// [`IndexConfig::cross_core_eviction`]: super::IndexConfig::cross_core_eviction
+    pub fn quota_victims_for_ingest(&self, tenant: &str, budget: u64, new_entries: usize) -> usize {
+        if self.cfg.cross_core_eviction {
+            return 0;
+        }
+        let Some(t) = self.cat.strings.get(tenant) else {
+            return 0;
+        };
+        if !self.cat.tenants.contains_key(&t) {
+            return 0;
+        }
+        let after = self
+            .global_tenant_keys(t)
+            .saturating_add(new_entries as u64);
+        usize::try_from(after.saturating_sub(budget)).unwrap_or(usize::MAX)
+    }
+
+    /// Whether taking `need` quota victims (or candidates) of `tenant` on this core would build
+    /// its candidate heap in one O(keys) scan because it is not ready: the tenant has keys here
+    /// and no heap, or a heap with a threshold holding fewer than `need` snapshots.
+    /// [`Index::quota_victims_step`] does that work in slices instead; each makes progress
+    /// while this holds.
+    pub fn quota_victims_pending(&self, tenant: &str, need: usize) -> bool {
+        if need == 0 || self.clear_pending() {
+            return false;
+        }
+        let Some(t) = self.cat.strings.get(tenant) else {
+            return false;
+        };
+        if self.cat.tenants.get(&t).is_none_or(|r| r.prefixes == 0) {
+            return false;
+        }
+        match self.quotas.get(&t) {
+            None => true,
+            Some(q) => q.threshold.is_some() && q.heap.len() < need,
+        }
+    }
+
+    /// One slice of readying `need` quota victims of `tenant` (see
+    /// [`Index::quota_victims_pending`]): a build of at least that many candidates, installed
+    /// as the tenant's heap when complete. A build in progress for another tenant runs first
+    /// (its ingest waits too), so two tenants' ingests cannot keep restarting each other's.
+    /// Returns the work done. Changes nothing observable.
+    pub fn quota_victims_step(&mut self, tenant: &str, need: usize, budget: SweepBudget) -> usize {
+        if self.quota_next.is_none() {
+            let Some(t) = self.cat.strings.get(tenant) else {
+                return 0;
+            };
+            let Some(rec) = self.cat.tenants.get(&t) else {
+                return 0;
+            };
+            let local = rec.prefixes as usize;
+            let k = need.max(self.min_candidates).max(local / SCAN_AMORTISATION);
+            // Room for the whole selection now (address space; pages are touched as used), so
+            // no slice copies it to grow it.
+            let room = k.min(local.saturating_add(self.min_candidates));
+            self.quota_next = Some(QuotaBuild {
+                tenant: t,
+                sel: Heap {
+                    v: Vec::with_capacity(room),
+                },
+                k,
+                dropped: false,
+                cursor: self.store.slots(),
+                threshold: None,
+                heapify: 0,
+                late: Vec::new(),
+            });
+        }
+        self.quota_build_run(budget).0
+    }
+
+    /// Runs the quota build in progress within `budget` (keys visited plus reorder steps);
+    /// installs it as its tenant's heap when complete (a heap it replaces is released in the
+    /// cap build's slices). Returns the work done and whether it completed.
+    fn quota_build_run(&mut self, budget: SweepBudget) -> (usize, bool) {
+        let mut b = self.quota_next.take().expect("quota build in progress");
+        let mut work = 0usize;
+        let mut meter = budget.meter();
+        if b.threshold.is_none() {
+            b.cursor = b.cursor.min(self.store.slots());
+            while b.cursor > 0 {
+                if meter.spent(work) {
+                    self.quota_next = Some(b);
+                    return (work, false);
+                }
+                b.cursor -= 1;
+                work += 1;
+                let pos = b.cursor;
+                let Some(key) = self.store.live_key_at(pos) else {
+                    continue;
+                };
+                if self.cat.tenant_of(key) != b.tenant {
+                    continue;
+                }
+                let (mut newest, mut holders) = (i64::MIN, 0);
+                for (_, h) in self.store.holders(pos) {
+                    newest = newest.max(h.last_seen());
+                    holders += 1;
+                }
+                meter.charge_entries(holders);
+                b.offer(&mut self.cat, QuotaCand { newest, key });
+            }
+            let threshold = if b.dropped {
+                b.sel.peek().copied()
+            } else {
+                None
+            };
+            if let Some(t) = &threshold {
+                retain_blob(&mut self.cat, t.key);
+            }
+            b.threshold = Some(threshold);
+            b.heapify = b.sel.len() / 2;
+        }
+        {
+            let cat = &self.cat;
+            let less = |a: &QuotaCand, b: &QuotaCand| quota_cmp(cat, a, b) == Ordering::Less;
+            while b.heapify > 0 || !b.late.is_empty() {
+                if meter.spent_each(work) {
+                    self.quota_next = Some(b);
+                    return (work, false);
+                }
+                if b.heapify > 0 {
+                    b.heapify -= 1;
+                    b.sel.sift_down(b.heapify, &less);
+                } else {
+                    let c = b.late.pop().expect("non-empty");
+                    b.sel.push(c, &less);
+                }
+                work += 1;
+            }
+        }
+        if let Some(mut old) = self.quotas.remove(&b.tenant) {
+            let mut v = std::mem::take(&mut old.heap.v);
+            v.extend(old.threshold.take());
+            self.quota_retired.push(v);
+        }
+        self.quotas.insert(
+            b.tenant,
+            QuotaState {
+                heap: std::mem::take(&mut b.sel),
+                threshold: b.threshold.flatten(),
+                built: b.k,
+            },
+        );
+        (work, true)
+    }
+
+    /// Quota candidate builds run (or finished) in one go on the path that needed a victim
+    /// since the last call: each an O(keys) step on one ingest or candidate request.
+    pub fn take_quota_sync_builds(&mut self) -> u64 {
+        std::mem::take(&mut self.quota_sync_builds)
     }
 
     /// Tenant quota (§7.1): while the tenant's key count exceeds `budget`, evict its oldest keys

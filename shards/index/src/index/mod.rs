@@ -80,6 +80,14 @@ pub const DEFAULT_MAX_STRING_BYTES: usize = 256 << 20;
 /// is refused (the rest of the update is applied, the stream's Ack says `KEY_HOLDERS_FULL`).
 pub const DEFAULT_MAX_HOLDERS_PER_KEY: usize = 1024;
 
+/// Default bound on the replicas serving in one scope `(tenant, model, hash scheme)` (holding
+/// at least one of its prefix keys): an update of a replica not serving there yet that would be
+/// one more is refused whole (`SCOPE_REPLICAS_FULL`). A scope keeps its serving replicas in a
+/// table and a name-sorted list (the affinity candidates): a new one is inserted into the list
+/// (a memmove of the list), one that stops serving is taken out of it, and the reclaim pass
+/// marks all of them in one step; the bound keeps each of those within a maintenance slice.
+pub const DEFAULT_MAX_REPLICAS_PER_SCOPE: usize = 16_384;
+
 /// Default bound on the stats rows (replicas) of one `(tenant, model)`; a further replica's
 /// stats are refused (`STATS_ROWS_FULL`).
 pub const DEFAULT_MAX_STATS_ROWS_PER_MODEL: usize = 1024;
@@ -134,6 +142,8 @@ pub struct IndexConfig {
     pub max_string_bytes: usize,
     /// Replicas that may hold one prefix key (at least 1).
     pub max_holders_per_key: usize,
+    /// Replicas that may serve in one scope `(tenant, model, hash scheme)` (at least 1).
+    pub max_replicas_per_scope: usize,
     /// Stats rows of one `(tenant, model)`.
     pub max_stats_rows_per_model: usize,
     /// Stats rows of this core.
@@ -180,6 +190,7 @@ impl Default for IndexConfig {
             max_strings: MAX_STRINGS,
             max_string_bytes: DEFAULT_MAX_STRING_BYTES,
             max_holders_per_key: DEFAULT_MAX_HOLDERS_PER_KEY,
+            max_replicas_per_scope: DEFAULT_MAX_REPLICAS_PER_SCOPE,
             max_stats_rows_per_model: DEFAULT_MAX_STATS_ROWS_PER_MODEL,
             max_stats_rows: DEFAULT_MAX_STATS_ROWS,
             max_keyspaces_per_model: DEFAULT_MAX_KEYSPACES_PER_MODEL,
@@ -234,6 +245,10 @@ pub struct IngestOutcome {
     /// [`IndexConfig::max_keyspaces_per_model`] or [`IndexConfig::max_keyspaces`]; nothing of
     /// it was applied.
     pub rejected_keyspaces_full: bool,
+    /// The update (or, for a later part of one applied in parts, that part) was refused because
+    /// its replica does not serve in its scope yet and the scope already has
+    /// [`IndexConfig::max_replicas_per_scope`] serving replicas; nothing of it was applied.
+    pub rejected_scope_replicas_full: bool,
     /// Upserts not applied because their key already had the maximum number of holders (the
     /// rest of the update was applied).
     pub holders_refused: u64,
@@ -609,6 +624,10 @@ pub struct Index {
     quotas: HashMap<u32, QuotaState>,
     /// Quota heaps dropped by the reclaim pass, released in the cap build's slices.
     quota_retired: eviction::QuotaRetired,
+    /// A tenant's quota candidate build in slices ([`Index::quota_victims_step`]).
+    quota_next: Option<eviction::QuotaBuild>,
+    /// [`Index::take_quota_sync_builds`].
+    quota_sync_builds: u64,
     scratch: lookup::Scratch,
     last: lookup::LastLookup,
     min_candidates: usize,
@@ -667,6 +686,7 @@ impl Index {
             config.default_ttl_ns = DEFAULT_TTL_NS;
         }
         config.max_holders_per_key = config.max_holders_per_key.max(1);
+        config.max_replicas_per_scope = config.max_replicas_per_scope.max(1);
         config.max_keyspaces = config.max_keyspaces.min(KEYSPACE_LIMIT as usize);
         let dir = config.directory.clone();
         let cat = Catalog {
@@ -684,6 +704,8 @@ impl Index {
             cap: CapState::default(),
             quotas: HashMap::new(),
             quota_retired: eviction::QuotaRetired::default(),
+            quota_next: None,
+            quota_sync_builds: 0,
             scratch: lookup::Scratch::default(),
             last: lookup::LastLookup::default(),
             min_candidates: eviction::MIN_CANDIDATES,
@@ -755,9 +777,7 @@ impl Index {
     #[doc(hidden)]
     pub fn set_min_candidates(&mut self, k: usize) {
         self.cap_clear();
-        for t in self.quotas.keys().copied().collect::<Vec<_>>() {
-            self.quota_clear(t);
-        }
+        self.quota_clear_all();
         self.min_candidates = k.max(1);
     }
 
@@ -1399,6 +1419,26 @@ impl Index {
         fit(new.len())
     }
 
+    /// Whether `u`'s replica may store entries in `u`'s scope: it serves there already, or the
+    /// scope has fewer than [`IndexConfig::max_replicas_per_scope`] serving replicas (a new
+    /// scope has none). O(1). Nothing frees room here but the replicas' own entries leaving
+    /// (a replica stops serving with its last entry in the scope), so no reclaim runs for it.
+    fn replicas_fit(&self, u: &CacheStateUpdate) -> bool {
+        let Some(scope) = self
+            .cat
+            .find_scope(&u.tenant_id, &u.model_id, &u.hash_scheme)
+        else {
+            return true;
+        };
+        let serving = &self.cat.scopes[scope as usize].serving;
+        serving.len() < self.cfg.max_replicas_per_scope
+            || self
+                .cat
+                .strings
+                .get(&u.replica_id)
+                .is_some_and(|r| serving.contains_key(&r))
+    }
+
     /// An ingest found a table (names or keyspaces) full: continues the reclaim pass in
     /// progress, or begins one (at most once per [`RECLAIM_ON_FULL_INTERVAL_NS`], and only when
     /// a removal may have left something to free), for at most [`RECLAIM_ON_FULL_BUDGET`]. A
@@ -1480,6 +1520,10 @@ impl Index {
                 out.rejected_keyspaces_full = strings && !keyspaces;
                 return out;
             }
+        }
+        if applies(part) && !self.replicas_fit(u) {
+            out.rejected_scope_replicas_full = true;
+            return out;
         }
         let prefixes = applies(part);
         let (ts, clamped) = self.producer_ts(u.timestamp_us, now);

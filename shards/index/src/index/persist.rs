@@ -81,7 +81,8 @@ pub enum RestoreOutcome {
     Restored,
     /// Older than its tenant's TTL at `now`: the sweep would remove it, so it is not restored.
     Expired,
-    /// Not restored: a bound of this index (names, holders per key, stats rows) or an invalid
+    /// Not restored: a bound of this index (names, holders per key, replicas per scope, stats
+    /// rows) or an invalid
     /// field (unknown tier).
     Refused,
 }
@@ -245,6 +246,10 @@ impl Index {
                 id
             }
         };
+        let serving = &self.cat.scopes[self.cat.keyspaces[ks as usize].scope as usize].serving;
+        if serving.len() >= self.cfg.max_replicas_per_scope && !serving.contains_key(&replica) {
+            return RestoreOutcome::Refused;
+        }
         let mut run = super::store::RunCursor::new();
         let applied = self.upsert(&mut run, ks, e.hash, replica, e.tokens, e.tier, e.last_seen);
         self.store.end_run(run);
@@ -332,9 +337,7 @@ impl Index {
         self.flush();
         self.restore_runs_to(NIL);
         self.cap_clear();
-        for t in self.quotas.keys().copied().collect::<Vec<_>>() {
-            self.quota_clear(t);
-        }
+        self.quota_clear_all();
         self.reset_last();
     }
 }
