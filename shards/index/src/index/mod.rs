@@ -1185,9 +1185,18 @@ impl Index {
     fn on_entry_removed(&mut self, key: KeyId, replica: u32, key_gone: bool) {
         let scope_id = self.cat.keyspaces[key.keyspace() as usize].scope;
         let tenant = self.cat.scopes[scope_id as usize].tenant;
-        self.count_entries_removed(tenant, 1);
+        // One tenant record lookup for both counts (this runs once per removed entry).
+        let t = self.cat.tenants.get_mut(&tenant).expect("tenant record");
+        debug_assert!(t.entries >= 1);
+        t.entries -= 1;
+        let (reserved, fp) = (t.reserved, t.fp);
         if key_gone {
-            self.on_key_gone(key);
+            debug_assert!(t.prefixes > 0);
+            t.prefixes -= 1;
+        }
+        self.count_core_entries_removed(reserved, 1);
+        if key_gone {
+            self.count_key_gone(key, tenant, fp, reserved);
         }
         let scope = &mut self.cat.scopes[scope_id as usize];
         let c = scope.serving.get_mut(&replica).expect("serving count");
@@ -1202,8 +1211,14 @@ impl Index {
         let t = self.cat.tenants.get_mut(&tenant).expect("tenant record");
         debug_assert!(t.entries >= n);
         t.entries -= n;
+        let reserved = t.reserved;
+        self.count_core_entries_removed(reserved, n);
+    }
+
+    /// `n` storage entries of a tenant (`reserved` or not) are gone: this core's counts.
+    fn count_core_entries_removed(&mut self, reserved: bool, n: u64) {
         self.pending.total -= n as i64;
-        if t.reserved {
+        if reserved {
             self.reserved_entries -= n;
         } else {
             self.pending.non_reserved -= n as i64;
@@ -1213,6 +1228,19 @@ impl Index {
     /// The last holder of `key` was removed: the key counts of its keyspace, model scope and
     /// tenant, the entries gauge, its blob.
     fn on_key_gone(&mut self, key: KeyId) {
+        let scope_id = self.cat.keyspaces[key.keyspace() as usize].scope;
+        let tenant = self.cat.scopes[scope_id as usize].tenant;
+        let t = self.cat.tenants.get_mut(&tenant).expect("tenant record");
+        debug_assert!(t.prefixes > 0);
+        t.prefixes -= 1;
+        let (reserved, fp) = (t.reserved, t.fp);
+        self.count_key_gone(key, tenant, fp, reserved);
+    }
+
+    /// The key counts [`Index::on_key_gone`] keeps besides the tenant record's (which the
+    /// caller has counted): keyspace, model scope, the directory's tenant count, the entries
+    /// gauge, the key's blob.
+    fn count_key_gone(&mut self, key: KeyId, tenant: u32, fp: TenantFp, reserved: bool) {
         let ks = &mut self.cat.keyspaces[key.keyspace() as usize];
         let scope_id = ks.scope;
         ks.keys -= 1;
@@ -1220,11 +1248,7 @@ impl Index {
             self.reclaimable += 1;
         }
         let scope = &self.cat.scopes[scope_id as usize];
-        let (tenant, model, mscope) = (scope.tenant, scope.model, scope.mscope);
-        let t = self.cat.tenants.get_mut(&tenant).expect("tenant record");
-        debug_assert!(t.prefixes > 0);
-        t.prefixes -= 1;
-        let (reserved, fp) = (t.reserved, t.fp);
+        let (model, mscope) = (scope.model, scope.mscope);
         let m = &mut self.cat.models[mscope as usize];
         debug_assert!(m.prefixes > 0);
         m.prefixes -= 1;
