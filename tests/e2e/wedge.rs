@@ -364,3 +364,66 @@ async fn a_large_message_that_does_not_fit_is_refused_whole(shards: usize) {
     assert_eq!(state.summary.map_or(0, |s| s.total_prefixes), 0);
 }
 shards_1_and_2!(a_large_message_that_does_not_fit_is_refused_whole);
+
+/// Sum over the cores of the per-core counter `name` (`_total` in the exposition).
+fn per_core_total(srv: &Server, name: &str, shards: usize) -> f64 {
+    let text = metrics_text(srv);
+    (0..shards)
+        .filter_map(|core| metric_value(&text, &format!("{name}_total{{core=\"{core}\"}}")))
+        .sum()
+}
+
+/// A ReportCacheState or PublishEvent message over `OFFCORE_DECODE_MIN_BYTES` (64 KiB) is
+/// decoded on the decode pool while its core serves other requests, and applied as before; a
+/// smaller one is decoded on the core. Before, tonic decoded every message in the poll that
+/// received it: a 4 MiB message of 250,000 prefixes held the core for tens of ms.
+async fn large_messages_are_decoded_off_the_core(shards: usize) {
+    const DECODES: &str = "inferencecache_core_offcore_decodes";
+    let srv = Server::start(shards, &[]);
+    let mut c = srv.client().await;
+    let small = legacy_update("r0", "t", "m", "vllm", b"small", 16);
+    assert!(report(&mut c, vec![small]).await.accepted);
+    let event = |prefix_hash: Vec<u8>| pb::CacheEvent {
+        r#type: pb::cache_event::Type::PrefixAdded as i32,
+        replica_id: "r0".into(),
+        model_id: "m".into(),
+        tenant_id: "t".into(),
+        prefix_hash,
+        timestamp_us: now_us(),
+        ..Default::default()
+    };
+    let ack = c
+        .publish_event(event(b"e".to_vec()))
+        .await
+        .expect("small event");
+    assert!(ack.into_inner().accepted);
+    assert_eq!(
+        per_core_total(&srv, DECODES, shards),
+        0.0,
+        "small: on the core"
+    );
+
+    let large = many_prefixes_update("t", 10_000);
+    assert!(prost::Message::encoded_len(&large) > 64 * 1024);
+    assert!(report(&mut c, vec![large]).await.accepted);
+    let ack = c
+        .publish_event(event(vec![7; 100_000]))
+        .await
+        .expect("large event");
+    assert!(ack.into_inner().accepted);
+    assert_eq!(
+        per_core_total(&srv, DECODES, shards),
+        2.0,
+        "large: on the pool"
+    );
+    let state = c
+        .get_cache_state(pb::GetCacheStateRequest {
+            model_id: "m".into(),
+            tenant_id: "t".into(),
+        })
+        .await
+        .expect("GetCacheState")
+        .into_inner();
+    assert_eq!(state.summary.expect("summary").total_prefixes, 10_001);
+}
+shards_1_and_2!(large_messages_are_decoded_off_the_core);
