@@ -283,6 +283,16 @@ pub const CAP_BUILD_SLICE_BUDGET: Duration = Duration::from_micros(250);
 /// this many, 20 µs apart, the core serving requests between two (`ingest::apply_update`). A
 /// 4 MiB message of 250,000 legacy prefixes took its core 125 ms in one step before.
 pub const INGEST_PART_BLOCKS: usize = 4_096;
+/// Blocks each name or keyspace a part of a ReportCacheState message creates counts as, toward
+/// its [`INGEST_PART_BLOCKS`]: a part of new adapters (a keyspace and often a name each) ends
+/// after 241–455 of them, ≈ 0.13 ms of core time, where 4,096 took ≈ 1.1 ms in one part
+/// (perf/runs/2026-12-06-h30d.md). Deterministic, unlike [`INGEST_PART_BUDGET`].
+pub const INGEST_PART_BLOCKS_PER_CREATED: usize = 8;
+/// Core time one part of a ReportCacheState message may take: the part ends after the entry
+/// that finds it spent (the clock is read every 32 entries; a part applies at least one), and
+/// the rest follows in later parts. Whatever the shape: 4,096 new keys in one adapter took
+/// ≈ 0.8–0.9 ms in one part (perf/runs/2026-12-06-h30d.md).
+pub const INGEST_PART_BUDGET: Duration = Duration::from_micros(250);
 /// Global-cap evictions one step runs at most when an ingest took the index over the cap (one
 /// core; also bounded by [`CAP_BUILD_SLICE_BUDGET`] of time): the ingest's own step evicts this
 /// many, the rest run in later slices the ingest waits for before it is acknowledged

@@ -314,8 +314,9 @@ fn many_prefixes_update(tenant: &str, n: usize) -> pb::CacheStateUpdate {
     }
 }
 
-/// A large message is applied in parts of `INGEST_PART_BLOCKS` (4,096) blocks, the core serving
-/// requests between two: 10,000 prefixes are three parts, all acknowledged and stored. Before,
+/// A large message is applied in parts of `INGEST_PART_BLOCKS` (4,096) blocks (or fewer, when a
+/// part's `INGEST_PART_BUDGET` runs out first), the core serving requests between two: 10,000
+/// prefixes are at least three parts, all acknowledged and stored. Before,
 /// one 4 MiB message of 250,000 prefixes held its core 125 ms in one step (release build).
 async fn a_large_message_is_applied_in_parts(shards: usize) {
     let srv = Server::start(shards, &[]);
@@ -331,7 +332,8 @@ async fn a_large_message_is_applied_in_parts(shards: usize) {
             )
         })
         .sum();
-    assert_eq!(parts, 3.0, "4,096 + 4,096 + 1,808");
+    // 4,096 + 4,096 + 1,808 blocks, or more parts when one ran out of its 250 µs.
+    assert!(parts >= 3.0, "{parts} parts");
     let state = c
         .get_cache_state(pb::GetCacheStateRequest {
             model_id: "m".into(),
