@@ -429,3 +429,80 @@ async fn large_messages_are_decoded_off_the_core(shards: usize) {
     assert_eq!(state.summary.expect("summary").total_prefixes, 10_001);
 }
 shards_1_and_2!(large_messages_are_decoded_off_the_core);
+
+/// Measurement, not a check (its numbers: perf/runs/2026-12-06-h30d.md): a well-behaved client
+/// does a LookupRoute every 0.5 ms while another sends one ReportCacheState message of 250,000
+/// legacy prefixes (≈ 3.5 MB); prints the lookups' latencies meanwhile (p50, p99, max) and when
+/// the Ack came. Each client runs on a thread and runtime of its own, so encoding the large
+/// message does not delay the lookups. `INFERENCECACHE_TEST_SERVER_BIN` picks the build;
+/// `cargo test --release -p inference-cache --test e2e -- --ignored one_large_message_beside_lookups --nocapture`.
+fn one_large_message_beside_lookups(shards: usize) {
+    let srv = Server::start(shards, &[]);
+    let url = srv.grpc_url();
+    let runtime = || {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime")
+    };
+    let connect = |url: String| async move {
+        let channel = tonic::transport::Channel::from_shared(url)
+            .expect("url")
+            .connect()
+            .await;
+        pb::inference_cache_client::InferenceCacheClient::new(channel.expect("connect"))
+    };
+    let (tenant, prefix) = ("good", b"good");
+    runtime().block_on(async {
+        let mut c = connect(url.clone()).await;
+        let good = legacy_update("r1", tenant, "m", "vllm", prefix, 16);
+        assert!(report(&mut c, vec![good]).await.accepted);
+    });
+    let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let lookups = {
+        let (url, done) = (url.clone(), done.clone());
+        std::thread::spawn(move || {
+            let rt = runtime();
+            let mut c = rt.block_on(connect(url));
+            let mut took = Vec::new();
+            let until = Instant::now() + Duration::from_secs(60);
+            while !done.load(std::sync::atomic::Ordering::Acquire) && Instant::now() < until {
+                let t = Instant::now();
+                let req = exact_lookup(tenant, "m", "vllm", prefix, 16);
+                rt.block_on(c.lookup_route(req)).expect("LookupRoute");
+                took.push(t.elapsed());
+                std::thread::sleep(Duration::from_micros(500));
+            }
+            took
+        })
+    };
+    std::thread::sleep(Duration::from_millis(200));
+    let large = many_prefixes_update("t", 250_000);
+    let acked = runtime().block_on(async {
+        let mut c = connect(url).await;
+        let t = Instant::now();
+        let ack = report(&mut c, vec![large]).await;
+        assert!(ack.accepted, "{ack:?}");
+        t.elapsed()
+    });
+    std::thread::sleep(Duration::from_millis(50));
+    done.store(true, std::sync::atomic::Ordering::Release);
+    let mut took = lookups.join().expect("lookup thread");
+    took.sort();
+    let at = |q: f64| took[((took.len() - 1) as f64 * q) as usize];
+    println!(
+        "shards {shards}: ack after {acked:?}; {} lookups: p50 {:?}, p99 {:?}, max {:?}",
+        took.len(),
+        at(0.5),
+        at(0.99),
+        took.last().expect("lookups")
+    );
+}
+
+mod one_large_message_beside_lookups {
+    #[test]
+    #[ignore = "a measurement: run on a release build (see the function's docs)"]
+    fn shards_1() {
+        super::one_large_message_beside_lookups(1)
+    }
+}
