@@ -224,21 +224,21 @@ impl CoreState {
             blocks_per_created: INGEST_PART_BLOCKS_PER_CREATED,
             deadline: Some(Instant::now() + INGEST_PART_BUDGET),
         };
-        let out = self.index.ingest_part_within(
+        let (out, applied_to) = self.index.ingest_part_within(
             update,
             range.clone(),
             budget,
             unix_now_ns(),
             &*self.policy,
         );
-        let whole = range.start == 0 && out.applied_to >= update.prefixes.len();
-        if out.applied_to >= update.prefixes.len() {
+        let whole = range.start == 0 && applied_to >= update.prefixes.len();
+        if applied_to >= update.prefixes.len() {
             self.ingested += 1;
         }
         if !whole {
             metrics::record_ingest_part();
         }
-        (self.record_ingest_outcome(update, out), out.applied_to)
+        (self.record_ingest_outcome(update, out), applied_to)
     }
 
     /// Counts one part's outcome; `Err` when it was refused whole or applied only in part.

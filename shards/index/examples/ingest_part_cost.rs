@@ -99,10 +99,10 @@ fn parts(ix: &mut Index, u: &CacheStateUpdate, budget: impl Fn() -> PartBudget) 
     let (mut start, mut times) = (0, Vec::new());
     while start < u.prefixes.len() {
         let before = thread_cpu();
-        let out = ix.ingest_part_within(u, start..u.prefixes.len(), budget(), NOW, &Lru);
+        let (out, end) = ix.ingest_part_within(u, start..u.prefixes.len(), budget(), NOW, &Lru);
         times.push(thread_cpu() - before);
         assert!(!out.rejected_keyspaces_full && !out.rejected_string_table_full);
-        start = out.applied_to;
+        start = end;
     }
     times
 }

@@ -257,15 +257,15 @@ fn a_part_ends_early_by_what_it_creates() {
             let u = update(seed);
             let (mut start, mut n) = (0, 0);
             while start < ADAPTERS {
-                let out = ix.ingest_part_within(&u, start..ADAPTERS, budget, now, &rules);
-                assert!(out.applied_to > start, "every part makes progress");
+                let (out, end) = ix.ingest_part_within(&u, start..ADAPTERS, budget, now, &rules);
+                assert!(end > start, "every part makes progress");
                 // Each new adapter costs its block and two creations: 17 blocks.
                 let creating = budget != PartBudget::UNBOUNDED && seed == 0;
                 assert!(
-                    !creating || out.applied_to - start <= 4_096 / 17 + 1,
-                    "{out:?}"
+                    !creating || end - start <= 4_096 / 17 + 1,
+                    "{out:?} to {end}"
                 );
-                (start, n) = (out.applied_to, n + 1);
+                (start, n) = (end, n + 1);
             }
             parts.push(n);
         }
@@ -301,9 +301,9 @@ fn a_part_ends_at_its_deadline() {
             deadline: Some(std::time::Instant::now()),
             ..PartBudget::UNBOUNDED
         };
-        let out = ix.ingest_part_within(&u, start..1_000, budget, now, &rules);
-        assert_eq!(out.applied_to, (start + PART_CLOCK_EVERY).min(1_000));
-        (start, parts) = (out.applied_to, parts + 1);
+        let (_, end) = ix.ingest_part_within(&u, start..1_000, budget, now, &rules);
+        assert_eq!(end, (start + PART_CLOCK_EVERY).min(1_000));
+        (start, parts) = (end, parts + 1);
     }
     assert_eq!(parts, 1_000usize.div_ceil(PART_CLOCK_EVERY));
     assert_eq!(sorted_entries(&ix), sorted_entries(&whole));

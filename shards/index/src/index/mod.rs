@@ -245,9 +245,6 @@ pub struct IngestOutcome {
     /// With [`IndexConfig::cross_core_eviction`]: the tenant's quota, which the caller must
     /// enforce across cores (`None`: no quota, or nothing of the tenant was stored).
     pub deferred_quota: Option<u64>,
-    /// [`Index::ingest_part_within`]: the end of the prefixes the part applied (the range's end
-    /// unless the part's budget ran out first; the caller applies the rest in a later part).
-    pub applied_to: usize,
 }
 
 /// What one part of an update may do in one step ([`Index::ingest_part_within`]): about
@@ -1494,12 +1491,14 @@ impl Index {
         rules: &dyn TenantRules,
     ) -> IngestOutcome {
         self.ingest_part_within(u, range, PartBudget::UNBOUNDED, now, rules)
+            .0
     }
 
     /// [`Index::ingest_part`] within `budget`: the part ends once it applied the budget's
-    /// blocks, counting what it created (names, keyspaces), even before `range.end`;
-    /// `applied_to` says where, and the caller applies the rest (from there) in a later part.
-    /// Only a part that reaches the update's end is its last.
+    /// blocks, counting what it created (names, keyspaces), or its deadline passed, even before
+    /// `range.end`. Returns the outcome and where the part ended (`range.end`, or the end of the
+    /// entries it applied); the caller applies the rest (from there) in a later part. Only a part
+    /// that reaches the update's end is its last.
     pub fn ingest_part_within(
         &mut self,
         u: &CacheStateUpdate,
@@ -1507,7 +1506,7 @@ impl Index {
         budget: PartBudget,
         now: i64,
         rules: &dyn TenantRules,
-    ) -> IngestOutcome {
+    ) -> (IngestOutcome, usize) {
         self.finish_clear();
         let mut out = IngestOutcome::default();
         let len = u.prefixes.len();
@@ -1534,8 +1533,7 @@ impl Index {
                 out.rejected_string_table_full = !strings;
                 out.rejected_keyspaces_full = strings && !keyspaces;
                 // Refused: done with its range.
-                out.applied_to = range.end.min(len);
-                return out;
+                return (out, range.end.min(len));
             }
         }
         let prefixes = applies(part);
@@ -1548,8 +1546,8 @@ impl Index {
             part.len()
         };
         let part = &part[..applied];
-        out.applied_to = range.start.min(len) + applied;
-        let last = last && out.applied_to >= len;
+        let applied_to = range.start.min(len) + applied;
+        let last = last && applied_to >= len;
         if !u.hash_scheme.is_empty() {
             out.malformed_dropped = part.iter().filter(|p| !Self::prefix_applies(p)).count() as u64;
         }
@@ -1557,7 +1555,7 @@ impl Index {
             self.finish_ingest(u, ts, now, rules, &mut out);
         }
         self.flush();
-        out
+        (out, applied_to)
     }
 
     /// What an update does after all its prefixes: its stats, then the tenant quota and the
