@@ -29,46 +29,69 @@ pub async fn apply_update(
         return Ok(Err(why));
     }
     let core = owner(&update.tenant_id, &update.model_id);
-    let parts = parts(&update);
-    let (last, first_parts) = parts.split_last().expect("at least one part");
-    // A large update: its parts but the last, in steps (sweeps held off until its evictions
-    // are done, as for one step).
-    let _hold = (!first_parts.is_empty()).then(evict::SweepHold::new);
+    let len = update.prefixes.len();
+    // A large update is applied in parts, one step each, sweeps held off until its evictions
+    // are done (as for one step). The owner may end a part early (the names and keyspaces it
+    // creates count too): the next part starts where it ended.
+    let mut hold = None;
+    let (mut start, mut partial) = (0, None);
     let mut update = update;
-    let mut partial = None;
-    for range in first_parts {
-        let range = range.clone();
-        let (applied, back) = mailbox::call_after_maintenance(core, CapNeed::Nothing, move |st| {
-            (st.ingest_part(&update, range), update)
-        })
-        .await
-        .map_err(|_| OwnerUnavailable)?;
+    loop {
+        let end = part_end(&update, start);
+        if end >= len {
+            break;
+        }
+        hold.get_or_insert_with(evict::SweepHold::new);
+        let ((applied, applied_to), back) =
+            mailbox::call_after_maintenance(core, CapNeed::Nothing, move |st| {
+                (st.ingest_part(&update, start..end), update)
+            })
+            .await
+            .map_err(|_| OwnerUnavailable)?;
         update = back;
         match applied {
             Err(why) if why.is_whole() => return Ok(Err(why)),
             Err(why) => partial = partial.or(Some(why)),
             Ok(()) => {}
         }
+        start = applied_to;
         mailbox::pause(SWEEP_SLICE_PAUSE).await;
     }
-    // The update travels back with the answer, so the change feed can publish it without a
-    // copy; so do the entries its cap or quota evicted on the owner (published after it).
-    // After a pending ALL_CLEARED on the owner (the ingest needs the store after it), and after
-    // the slices of any cap victims it may need that are not ready.
+    // The last part. The update travels back with the answer, so the change feed can publish
+    // it without a copy; so do the entries its cap or quota evicted on the owner (published
+    // after it). After a pending ALL_CLEARED on the owner (the ingest needs the store after
+    // it), and after the slices of any cap victims it may need that are not ready.
     let need = CapNeed::Ingest {
-        new_entries: update.prefixes.len(),
+        new_entries: len,
         tenant: update.tenant_id.as_str().into(),
     };
-    let last = last.clone();
-    let (applied, update, removals, evictions) =
-        mailbox::call_after_maintenance(core, need, move |st| {
-            let applied = st.ingest_part(&update, last);
-            let quota = st.quota_for(&update.tenant_id);
-            let evictions = evict::pending(st, &update.tenant_id, quota);
-            (applied, update, events::take_removals(), evictions)
-        })
-        .await
-        .map_err(|_| OwnerUnavailable)?;
+    let (applied, update, removals, evictions) = loop {
+        let (applied, applied_to, update_back, finished) =
+            mailbox::call_after_maintenance(core, need.clone(), move |st| {
+                let (applied, applied_to) = st.ingest_part(&update, start..len);
+                let finished = (applied_to >= len).then(|| {
+                    let quota = st.quota_for(&update.tenant_id);
+                    let evictions = evict::pending(st, &update.tenant_id, quota);
+                    (events::take_removals(), evictions)
+                });
+                (applied, applied_to, update, finished)
+            })
+            .await
+            .map_err(|_| OwnerUnavailable)?;
+        update = update_back;
+        if let Some((removals, evictions)) = finished {
+            break (applied, update, removals, evictions);
+        }
+        // It created more than one step should: the rest in further parts.
+        match applied {
+            Err(why) if why.is_whole() => return Ok(Err(why)),
+            Err(why) => partial = partial.or(Some(why)),
+            Ok(()) => {}
+        }
+        hold.get_or_insert_with(evict::SweepHold::new);
+        start = applied_to;
+        mailbox::pause(SWEEP_SLICE_PAUSE).await;
+    };
     // The evictions that follow (in steps, or across cores) hand back the removals each step
     // held, kept with the ingest's own up to one burst in all.
     let mut removals = removals;
@@ -87,20 +110,18 @@ pub async fn apply_update(
     Ok(applied)
 }
 
-/// The ranges of `update.prefixes` applied one step each: about [`INGEST_PART_BLOCKS`] blocks
-/// per part (a legacy prefix counts one, a chain entry its blocks; one entry is never split).
-fn parts(update: &pb::CacheStateUpdate) -> Vec<std::ops::Range<usize>> {
-    let mut parts = Vec::new();
-    let (mut start, mut blocks) = (0, 0);
-    for (i, p) in update.prefixes.iter().enumerate() {
+/// The end of the part of `update.prefixes` that starts at `start`: about [`INGEST_PART_BLOCKS`]
+/// blocks (a legacy prefix counts one, a chain entry its blocks; one entry is never split). The
+/// owner may end it earlier (`CoreState::ingest_part`).
+fn part_end(update: &pb::CacheStateUpdate, start: usize) -> usize {
+    let mut blocks = 0;
+    for (i, p) in update.prefixes.iter().enumerate().skip(start) {
         blocks += p.block_hashes.len().max(1);
-        if blocks >= INGEST_PART_BLOCKS && i + 1 < update.prefixes.len() {
-            parts.push(start..i + 1);
-            (start, blocks) = (i + 1, 0);
+        if blocks >= INGEST_PART_BLOCKS {
+            return i + 1;
         }
     }
-    parts.push(start..update.prefixes.len());
-    parts
+    update.prefixes.len()
 }
 
 /// Applies `event` on its owner core and publishes it to the change feed.

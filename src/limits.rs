@@ -132,6 +132,19 @@ pub const LISTEN_BACKLOG: i32 = 1024;
 pub const MAX_CONCURRENT_STREAMS: u32 = 1024;
 /// gRPC's 4 MiB default receive limit, as in the reference (grpc-go defaults).
 pub const MAX_MESSAGE_BYTES: usize = 4 * 1024 * 1024;
+/// Bytes above which a ReportCacheState or PublishEvent message is decoded on the decode pool
+/// instead of on the serving core, which awaits it (`runtime::decode_pool`): decoding a 4 MiB
+/// message of 250,000 prefixes took the core tens of ms in one poll. A message this size decodes
+/// in well under a slice, so the common small message keeps its inline decode.
+pub const OFFCORE_DECODE_MIN_BYTES: usize = 64 * 1024;
+/// Threads of the decode pool (placed like the tokenizer's: on CPUs no serving core is pinned
+/// to, else unpinned at a lower priority).
+pub const DECODE_WORKERS: usize = 2;
+/// Large messages admitted to the decode pool at once (queued or being decoded), all cores
+/// together: one more fails its call at once with UNAVAILABLE ("decode pool saturated") and
+/// `inferencecache_limit_hits_total{limit="offcore_decodes"}`, instead of queueing. Each holds its
+/// message (at most `MAX_MESSAGE_BYTES`) and its decoded form until the worker is done.
+pub const MAX_OFFCORE_DECODES: usize = 8;
 /// Entries each of a core's inline LookupRoute decode buffers keeps between requests (block
 /// hashes, token counts, token ids); a longer request's extra capacity is released after it.
 pub const INLINE_DECODE_KEEP_ENTRIES: usize = 4096;
@@ -276,6 +289,16 @@ pub const CAP_BUILD_SLICE_BUDGET: Duration = Duration::from_micros(250);
 /// this many, 20 µs apart, the core serving requests between two (`ingest::apply_update`). A
 /// 4 MiB message of 250,000 legacy prefixes took its core 125 ms in one step before.
 pub const INGEST_PART_BLOCKS: usize = 4_096;
+/// Blocks each name or keyspace a part of a ReportCacheState message creates counts as, toward
+/// its [`INGEST_PART_BLOCKS`]: a part of new adapters (a keyspace and often a name each) ends
+/// after 241–455 of them, ≈ 0.13 ms of core time, where 4,096 took ≈ 1.1 ms in one part
+/// (perf/runs/2026-12-06-h30d.md). Deterministic, unlike [`INGEST_PART_BUDGET`].
+pub const INGEST_PART_BLOCKS_PER_CREATED: usize = 8;
+/// Core time one part of a ReportCacheState message may take: the part ends after the entry
+/// that finds it spent (the clock is read every 32 entries; a part applies at least one), and
+/// the rest follows in later parts. Whatever the shape: 4,096 new keys in one adapter took
+/// ≈ 0.8–0.9 ms in one part (perf/runs/2026-12-06-h30d.md).
+pub const INGEST_PART_BUDGET: Duration = Duration::from_micros(250);
 /// Global-cap evictions one step runs at most when an ingest took the index over the cap (one
 /// core; also bounded by [`CAP_BUILD_SLICE_BUDGET`] of time): the ingest's own step evicts this
 /// many, the rest run in later slices the ingest waits for before it is acknowledged
@@ -550,6 +573,10 @@ const _: () = assert!(
     "a rendered prompt fits the answer"
 );
 const _: () = assert!(DEFAULT_TOKENIZER_WORKERS <= MAX_TOKENIZER_WORKERS);
+const _: () = assert!(
+    OFFCORE_DECODE_MIN_BYTES < MAX_MESSAGE_BYTES && DECODE_WORKERS <= MAX_OFFCORE_DECODES,
+    "large messages can reach the decode pool, and every worker can have a job"
+);
 const _: () = assert!(AUTH_NEGATIVE_CACHE_TTL.as_secs() <= AUTH_CACHE_TTL.as_secs());
 const _: () = assert!(
     GATHER_TIMEOUT.as_secs() < HTTP_SHUTDOWN_BUDGET.as_secs(),

@@ -141,6 +141,8 @@ struct Server {
 fn start(cli: &Cli) -> Result<Server, StartupError> {
     let settings = validate(cli)?;
     load_tokenizers(cli, settings.shards);
+    // Its threads start before the cores take their CPUs (and not on a serving core later).
+    runtime::decode_pool::start(settings.shards);
     let controller_auth = auth::setup(&auth_flags(cli))
         .map_err(|e| StartupError::fatal("controller_auth_setup", e))?;
     if settings.grpc_tls {

@@ -17,6 +17,7 @@ use crate::lookup::LookupConfig;
 use crate::runtime::admin_thread::InAdminRuntime;
 
 use super::body::RequestBody;
+use super::ingest_rpc;
 use super::service::CacheService;
 use super::status::oversize_as_resource_exhausted;
 
@@ -116,7 +117,14 @@ pub(super) fn dispatch(req: Request<RequestBody>) -> ResponseFuture {
         let mut s = s.borrow_mut();
         let s = s.as_mut().expect("grpc services installed on this core");
         match target {
-            Dispatch::Cache => cache_call(s.cache.call(req)),
+            Dispatch::Cache => match req.uri().path() {
+                // Their messages can be MiBs: decoded off the core when large.
+                ingest_rpc::REPORT_CACHE_STATE_PATH => {
+                    cache_call(ingest_rpc::report_cache_state(req))
+                }
+                ingest_rpc::PUBLISH_EVENT_PATH => cache_call(ingest_rpc::publish_event(req)),
+                _ => cache_call(s.cache.call(req)),
+            },
             Dispatch::Health => health_call(s.health.call(req)),
             Dispatch::ReflectionV1 => (s.reflect_v1)(req),
             Dispatch::ReflectionV1Alpha => (s.reflect_v1alpha)(req),

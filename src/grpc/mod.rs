@@ -6,6 +6,7 @@ mod body;
 mod connection;
 pub mod deadline;
 mod dispatch;
+mod ingest_rpc;
 mod lookup_wire;
 mod respond;
 pub mod service;

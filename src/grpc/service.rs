@@ -63,10 +63,10 @@ fn ack_of(refused: Option<&'static str>) -> Response<pb::Ack> {
 /// call with its status (what was published before it stays published).
 async fn report_through_log(
     caller: &producer::Caller,
-    stream: &mut Streaming<pb::CacheStateUpdate>,
+    updates: &mut impl Updates,
 ) -> Result<Response<pb::Ack>, Status> {
     let mut refused: Option<&'static str> = None;
-    while let Some(update) = stream.message().await.map_err(receive_status)? {
+    while let Some(update) = updates.next().await? {
         if let Err(why) = caller.admit_for_log(&update.tenant_id, &update.replica_id) {
             refused.get_or_insert(why.reason_code());
             continue;
@@ -111,6 +111,68 @@ async fn publish_through_log(
     )
     .await?;
     caller.note_published(&event.tenant_id, &event.replica_id);
+    Ok(ack())
+}
+
+/// The messages of one ReportCacheState stream, however they are decoded: by tonic (this
+/// service's own method) or on the decode pool when large (`super::ingest_rpc`, which serves the
+/// path).
+pub(super) trait Updates: Send {
+    /// The next message; `None` at the end of the stream.
+    fn next(
+        &mut self,
+    ) -> impl std::future::Future<Output = Result<Option<pb::CacheStateUpdate>, Status>> + Send;
+}
+
+impl Updates for Streaming<pb::CacheStateUpdate> {
+    async fn next(&mut self) -> Result<Option<pb::CacheStateUpdate>, Status> {
+        self.message().await.map_err(receive_status)
+    }
+}
+
+/// ReportCacheState of an admitted `caller`, its messages from `updates`.
+pub(super) async fn report_cache_state(
+    caller: &producer::Caller,
+    updates: &mut impl Updates,
+) -> Result<Response<pb::Ack>, Status> {
+    if writer::enabled() {
+        return report_through_log(caller, updates).await;
+    }
+    let mut refused: Option<&'static str> = None;
+    // Each message is applied as soon as it is received (docs/BEHAVIOUR.md §4.1); the await on
+    // the owner's reply bounds this stream to one message in flight, so a slow owner slows
+    // the producer through HTTP/2 flow control instead of growing a queue. A refused message
+    // does not stop the stream, but the Ack then says so: nothing unapplied is acknowledged.
+    while let Some(update) = updates.next().await? {
+        // Producer checks first: nothing of a refused message reaches the index or a feed.
+        if let Err(why) = caller.admit(&update.tenant_id, &update.replica_id) {
+            refused.get_or_insert(why.reason_code());
+            continue;
+        }
+        let applied = ingest::apply_update(update).await.map_err(|_| {
+            Status::unavailable("owner core unavailable (stalled or shutting down)")
+        })?;
+        if let Err(why) = applied {
+            refused.get_or_insert(why.reason_code());
+        }
+    }
+    Ok(ack_of(refused))
+}
+
+/// PublishEvent of `caller`, its event decoded.
+pub(super) async fn publish_event(
+    caller: &producer::Caller,
+    event: pb::CacheEvent,
+) -> Result<Response<pb::Ack>, Status> {
+    if writer::enabled() {
+        return publish_through_log(caller, event).await;
+    }
+    caller
+        .admit(&event.tenant_id, &event.replica_id)
+        .map_err(|why| why.status())?;
+    // An event that cannot be delivered (shutdown) is still acknowledged: PublishEvent never
+    // returns another error in the contract.
+    let _ = ingest::apply_event(event).await;
     Ok(ack())
 }
 
@@ -178,29 +240,7 @@ impl InferenceCache for CacheService {
         request: Request<Streaming<pb::CacheStateUpdate>>,
     ) -> Result<Response<pb::Ack>, Status> {
         let caller = producer::caller(&request).await?;
-        let mut stream = request.into_inner();
-        if writer::enabled() {
-            return report_through_log(&caller, &mut stream).await;
-        }
-        let mut refused: Option<&'static str> = None;
-        // Each message is applied as soon as it is received (docs/BEHAVIOUR.md §4.1); the await on
-        // the owner's reply bounds this stream to one message in flight, so a slow owner slows
-        // the producer through HTTP/2 flow control instead of growing a queue. A refused message
-        // does not stop the stream, but the Ack then says so: nothing unapplied is acknowledged.
-        while let Some(update) = stream.message().await.map_err(receive_status)? {
-            // Producer checks first: nothing of a refused message reaches the index or a feed.
-            if let Err(why) = caller.admit(&update.tenant_id, &update.replica_id) {
-                refused.get_or_insert(why.reason_code());
-                continue;
-            }
-            let applied = ingest::apply_update(update).await.map_err(|_| {
-                Status::unavailable("owner core unavailable (stalled or shutting down)")
-            })?;
-            if let Err(why) = applied {
-                refused.get_or_insert(why.reason_code());
-            }
-        }
-        Ok(ack_of(refused))
+        report_cache_state(&caller, &mut request.into_inner()).await
     }
 
     async fn publish_event(
@@ -210,17 +250,7 @@ impl InferenceCache for CacheService {
         // A refused producer is answered with the refusal's status (docs/BEHAVIOUR.md §4.3),
         // before anything of the event is applied or published.
         let caller = producer::caller(&request).await?;
-        let event = request.into_inner();
-        if writer::enabled() {
-            return publish_through_log(&caller, event).await;
-        }
-        caller
-            .admit(&event.tenant_id, &event.replica_id)
-            .map_err(|why| why.status())?;
-        // An event that cannot be delivered (shutdown) is still acknowledged: PublishEvent never
-        // returns another error in the contract.
-        let _ = ingest::apply_event(event).await;
-        Ok(ack())
+        publish_event(&caller, request.into_inner()).await
     }
 
     type StreamCacheEventsStream = BoxStream<pb::CacheEvent>;

@@ -477,7 +477,7 @@ fn core_requests(cores: &[CoreView]) -> Family<'_> {
 type PerCore = (&'static str, &'static str, MetricType, fn(&CoreView) -> i64);
 
 /// The per-core families of one whole number per core.
-const PER_CORE: [PerCore; 19] = [
+const PER_CORE: [PerCore; 20] = [
     (
         "inferencecache_core_hopped_ops",
         "Operations a core executed on behalf of other threads (hop arrivals).",
@@ -579,6 +579,12 @@ const PER_CORE: [PerCore; 19] = [
         "Parts of large ReportCacheState messages a core applied one step each (about INGEST_PART_BLOCKS blocks per part), serving requests between two.",
         MetricType::Counter,
         |c| c.metrics.ingest_parts as i64,
+    ),
+    (
+        "inferencecache_core_offcore_decodes",
+        "ReportCacheState and PublishEvent messages over OFFCORE_DECODE_MIN_BYTES a core had decoded on the decode pool instead of in one poll of its own.",
+        MetricType::Counter,
+        |c| c.metrics.offcore_decodes as i64,
     ),
     (
         "inferencecache_core_clear_slices",

@@ -219,6 +219,9 @@ pub struct CoreMetrics {
     pub cap_candidate_retries: u64,
     /// Parts of large ReportCacheState messages applied one step each (`INGEST_PART_BLOCKS`).
     pub ingest_parts: u64,
+    /// ReportCacheState and PublishEvent messages over `OFFCORE_DECODE_MIN_BYTES` a core had
+    /// decoded on the decode pool instead of decoding them itself.
+    pub offcore_decodes: u64,
     /// Longest slice of the last completed build ahead of need (seconds; the largest over
     /// cores once merged).
     pub cap_build_last_max_slice: f64,
@@ -344,6 +347,7 @@ impl CoreMetrics {
         self.cap_enforce_slices += other.cap_enforce_slices;
         self.cap_candidate_retries += other.cap_candidate_retries;
         self.ingest_parts += other.ingest_parts;
+        self.offcore_decodes += other.offcore_decodes;
         self.cap_build_last_max_slice = self
             .cap_build_last_max_slice
             .max(other.cap_build_last_max_slice);
@@ -536,6 +540,11 @@ pub fn record_cap_enforce_slice() {
 /// One part of a large ReportCacheState message was applied (`CoreState::ingest_part`).
 pub fn record_ingest_part() {
     with_store(|m| m.ingest_parts += 1);
+}
+
+/// A large message was handed to the decode pool (`grpc::ingest_rpc`).
+pub fn record_offcore_decode() {
+    with_store(|m| m.offcore_decodes += 1);
 }
 
 /// A cross-core cap round is asked again (`evict::cap_candidates_everywhere`).

@@ -7,6 +7,7 @@
 
 mod accept;
 pub mod admin_thread;
+pub mod decode_pool;
 pub mod evict;
 pub mod health;
 pub mod io;

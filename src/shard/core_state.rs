@@ -7,7 +7,7 @@ use std::task::{Context, Poll, Waker};
 use std::time::Instant;
 
 use inferencecache_index::index::{
-    CapBuildStep, CapSlice, CapVictim, EvictionCounts, Index, IndexConfig, QuotaVictim,
+    CapBuildStep, CapSlice, CapVictim, EvictionCounts, Index, IndexConfig, PartBudget, QuotaVictim,
     RemovalSink, SweepBudget,
 };
 use inferencecache_index::policy::PolicyStore;
@@ -15,7 +15,8 @@ use inferencecache_proto::v1alpha1 as pb;
 
 use crate::limits::{
     CAP_BUILD_SLICE_BUDGET, CAP_BUILD_SLICE_MAX_ENTRIES, CAP_ENFORCE_SLICE_MAX_EVICTIONS,
-    MAX_ID_BYTES, SWEEP_SLICE_BUDGET, SWEEP_SLICE_MAX_ENTRIES,
+    INGEST_PART_BLOCKS, INGEST_PART_BLOCKS_PER_CREATED, INGEST_PART_BUDGET, MAX_ID_BYTES,
+    SWEEP_SLICE_BUDGET, SWEEP_SLICE_MAX_ENTRIES,
 };
 use crate::metrics;
 use crate::sys::clock::unix_now_ns;
@@ -201,30 +202,65 @@ impl CoreState {
     }
 
     #[cfg(test)]
-    /// Applies one ReportCacheState message; `Err` when it was refused whole (nothing of it
-    /// was applied) or applied only in part (a full key, a full stats table), so the stream's
-    /// Ack must not claim it.
+    /// Applies one ReportCacheState message (in as many parts as its budget needs); `Err` when
+    /// it was refused whole (nothing of it was applied) or applied only in part (a full key, a
+    /// full stats table), so the stream's Ack must not claim it.
     pub fn ingest(&mut self, update: &pb::CacheStateUpdate) -> Result<(), IngestRefused> {
-        self.ingest_part(update, 0..update.prefixes.len())
+        let (mut start, mut partial) = (0, None);
+        loop {
+            let (applied, end) = self.ingest_part(update, start..update.prefixes.len());
+            match applied {
+                Err(why) if why.is_whole() => return Err(why),
+                Err(why) => partial = partial.or(Some(why)),
+                Ok(()) => {}
+            }
+            if end >= update.prefixes.len() {
+                return partial.map_or(Ok(()), Err);
+            }
+            start = end;
+        }
     }
 
-    /// One part of [`Self::ingest`]: the prefixes `update.prefixes[range]` (the index's
-    /// `ingest_part`: the first part checks the whole update's fit, the last stores its stats
-    /// and enforces quota and cap). `ingest::apply_update` applies a large update in parts.
+    /// One part of [`Self::ingest`]: the prefixes `update.prefixes[range]`, or fewer when they
+    /// would take the core longer than one step should (the index's `ingest_part_within`:
+    /// [`INGEST_PART_BLOCKS`] with each name or keyspace created counting
+    /// [`INGEST_PART_BLOCKS_PER_CREATED`], and at most [`INGEST_PART_BUDGET`]; the first part
+    /// checks the whole update's fit, the last stores its stats and enforces quota and cap). Returns the outcome and the end of
+    /// what it applied: the caller applies the rest from there. `ingest::apply_update` applies
+    /// a large update in parts.
     pub fn ingest_part(
         &mut self,
         update: &pb::CacheStateUpdate,
         range: std::ops::Range<usize>,
-    ) -> Result<(), IngestRefused> {
-        if range.end >= update.prefixes.len() {
+    ) -> (Result<(), IngestRefused>, usize) {
+        let budget = PartBudget {
+            blocks: INGEST_PART_BLOCKS,
+            blocks_per_created: INGEST_PART_BLOCKS_PER_CREATED,
+            deadline: Some(Instant::now() + INGEST_PART_BUDGET),
+        };
+        let (out, applied_to) = self.index.ingest_part_within(
+            update,
+            range.clone(),
+            budget,
+            unix_now_ns(),
+            &*self.policy,
+        );
+        let whole = range.start == 0 && applied_to >= update.prefixes.len();
+        if applied_to >= update.prefixes.len() {
             self.ingested += 1;
         }
-        if range.len() < update.prefixes.len() {
+        if !whole {
             metrics::record_ingest_part();
         }
-        let out = self
-            .index
-            .ingest_part(update, range, unix_now_ns(), &*self.policy);
+        (self.record_ingest_outcome(update, out), applied_to)
+    }
+
+    /// Counts one part's outcome; `Err` when it was refused whole or applied only in part.
+    fn record_ingest_outcome(
+        &mut self,
+        update: &pb::CacheStateUpdate,
+        out: inferencecache_index::index::IngestOutcome,
+    ) -> Result<(), IngestRefused> {
         metrics::record_cap_builds_sync(self.index.take_cap_sync_builds());
         metrics::record_quota_builds_sync(self.index.take_quota_sync_builds());
         metrics::record_clears_sync(self.index.take_clear_sync_finishes());

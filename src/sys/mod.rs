@@ -7,3 +7,4 @@ pub mod cpus;
 pub mod http_auth;
 pub mod memory;
 pub mod test_hooks;
+pub mod worker_threads;

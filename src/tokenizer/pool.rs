@@ -21,10 +21,7 @@ use super::TokenizeError;
 use super::load::Model;
 
 use crate::limits::{DEFAULT_TOKENIZER_WORKERS, MAX_TOKENIZER_WORKERS};
-
-/// Niceness of workers that share CPUs with the serving cores: under contention the kernel
-/// favours the lookup hot path over tokenization (which fails open on its deadline anyway).
-const SHARED_CPU_NICE: libc::c_int = 5;
+use crate::sys::worker_threads::{Permit, place_current_thread};
 
 /// **Test-only hook, not a configuration option.** When this environment variable names a file
 /// path, every tokenizer worker holds each job it takes until that file exists, so end-to-end
@@ -83,63 +80,10 @@ impl PoolConfig {
     /// `shards` executors to (the runtime takes the allowed CPUs in order). When every allowed CPU
     /// serves, the workers stay unpinned and deprioritised instead.
     pub fn sparing_serving_cores(shards: usize) -> Self {
-        // The same list, in the same order, as the runtime pins its executors to.
-        let cpus = crate::sys::cpus::allowed_cpus();
-        let spare: Vec<usize> = cpus.into_iter().skip(shards).collect();
         Self {
             workers: DEFAULT_TOKENIZER_WORKERS,
-            cpus: (!spare.is_empty()).then_some(spare),
+            cpus: crate::sys::worker_threads::spare_cpus(shards),
         }
-    }
-}
-
-/// Best-effort placement of the calling worker thread; failures only cost isolation.
-fn place_current_thread(cpus: Option<&[usize]>) {
-    match cpus {
-        Some(cpus) => {
-            // SAFETY: plain libc calls on a zeroed cpu_set_t owned by this frame; pid 0 = the
-            // calling thread.
-            unsafe {
-                let mut set: libc::cpu_set_t = std::mem::zeroed();
-                for &c in cpus.iter().filter(|&&c| c < libc::CPU_SETSIZE as usize) {
-                    libc::CPU_SET(c, &mut set);
-                }
-                let _ = libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
-            }
-        }
-        None => {
-            // SAFETY: on Linux PRIO_PROCESS with a thread id sets that thread's nice value.
-            unsafe {
-                let tid = libc::gettid() as libc::id_t;
-                let _ = libc::setpriority(libc::PRIO_PROCESS, tid, SHARED_CPU_NICE);
-            }
-        }
-    }
-}
-
-/// One admitted concurrency slot; released when dropped (i.e. when its job is finished or
-/// discarded).
-struct Permit {
-    in_flight: Arc<AtomicUsize>,
-}
-
-impl Permit {
-    /// Non-blocking acquire: fails at once when all slots are taken.
-    fn try_acquire(in_flight: &Arc<AtomicUsize>, limit: usize) -> Option<Self> {
-        in_flight
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
-                (n < limit).then_some(n + 1)
-            })
-            .ok()
-            .map(|_| Self {
-                in_flight: in_flight.clone(),
-            })
-    }
-}
-
-impl Drop for Permit {
-    fn drop(&mut self) {
-        self.in_flight.fetch_sub(1, Ordering::AcqRel);
     }
 }
 

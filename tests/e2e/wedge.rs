@@ -314,8 +314,9 @@ fn many_prefixes_update(tenant: &str, n: usize) -> pb::CacheStateUpdate {
     }
 }
 
-/// A large message is applied in parts of `INGEST_PART_BLOCKS` (4,096) blocks, the core serving
-/// requests between two: 10,000 prefixes are three parts, all acknowledged and stored. Before,
+/// A large message is applied in parts of `INGEST_PART_BLOCKS` (4,096) blocks (or fewer, when a
+/// part's `INGEST_PART_BUDGET` runs out first), the core serving requests between two: 10,000
+/// prefixes are at least three parts, all acknowledged and stored. Before,
 /// one 4 MiB message of 250,000 prefixes held its core 125 ms in one step (release build).
 async fn a_large_message_is_applied_in_parts(shards: usize) {
     let srv = Server::start(shards, &[]);
@@ -331,7 +332,8 @@ async fn a_large_message_is_applied_in_parts(shards: usize) {
             )
         })
         .sum();
-    assert_eq!(parts, 3.0, "4,096 + 4,096 + 1,808");
+    // 4,096 + 4,096 + 1,808 blocks, or more parts when one ran out of its 250 µs.
+    assert!(parts >= 3.0, "{parts} parts");
     let state = c
         .get_cache_state(pb::GetCacheStateRequest {
             model_id: "m".into(),
@@ -364,3 +366,143 @@ async fn a_large_message_that_does_not_fit_is_refused_whole(shards: usize) {
     assert_eq!(state.summary.map_or(0, |s| s.total_prefixes), 0);
 }
 shards_1_and_2!(a_large_message_that_does_not_fit_is_refused_whole);
+
+/// Sum over the cores of the per-core counter `name` (`_total` in the exposition).
+fn per_core_total(srv: &Server, name: &str, shards: usize) -> f64 {
+    let text = metrics_text(srv);
+    (0..shards)
+        .filter_map(|core| metric_value(&text, &format!("{name}_total{{core=\"{core}\"}}")))
+        .sum()
+}
+
+/// A ReportCacheState or PublishEvent message over `OFFCORE_DECODE_MIN_BYTES` (64 KiB) is
+/// decoded on the decode pool while its core serves other requests, and applied as before; a
+/// smaller one is decoded on the core. Before, tonic decoded every message in the poll that
+/// received it: a 4 MiB message of 250,000 prefixes held the core for tens of ms.
+async fn large_messages_are_decoded_off_the_core(shards: usize) {
+    const DECODES: &str = "inferencecache_core_offcore_decodes";
+    let srv = Server::start(shards, &[]);
+    let mut c = srv.client().await;
+    let small = legacy_update("r0", "t", "m", "vllm", b"small", 16);
+    assert!(report(&mut c, vec![small]).await.accepted);
+    let event = |prefix_hash: Vec<u8>| pb::CacheEvent {
+        r#type: pb::cache_event::Type::PrefixAdded as i32,
+        replica_id: "r0".into(),
+        model_id: "m".into(),
+        tenant_id: "t".into(),
+        prefix_hash,
+        timestamp_us: now_us(),
+        ..Default::default()
+    };
+    let ack = c
+        .publish_event(event(b"e".to_vec()))
+        .await
+        .expect("small event");
+    assert!(ack.into_inner().accepted);
+    assert_eq!(
+        per_core_total(&srv, DECODES, shards),
+        0.0,
+        "small: on the core"
+    );
+
+    let large = many_prefixes_update("t", 10_000);
+    assert!(prost::Message::encoded_len(&large) > 64 * 1024);
+    assert!(report(&mut c, vec![large]).await.accepted);
+    let ack = c
+        .publish_event(event(vec![7; 100_000]))
+        .await
+        .expect("large event");
+    assert!(ack.into_inner().accepted);
+    assert_eq!(
+        per_core_total(&srv, DECODES, shards),
+        2.0,
+        "large: on the pool"
+    );
+    let state = c
+        .get_cache_state(pb::GetCacheStateRequest {
+            model_id: "m".into(),
+            tenant_id: "t".into(),
+        })
+        .await
+        .expect("GetCacheState")
+        .into_inner();
+    assert_eq!(state.summary.expect("summary").total_prefixes, 10_001);
+}
+shards_1_and_2!(large_messages_are_decoded_off_the_core);
+
+/// Measurement, not a check (its numbers: perf/runs/2026-12-06-h30d.md): a well-behaved client
+/// does a LookupRoute every 0.5 ms while another sends one ReportCacheState message of 250,000
+/// legacy prefixes (≈ 3.5 MB); prints the lookups' latencies meanwhile (p50, p99, max) and when
+/// the Ack came. Each client runs on a thread and runtime of its own, so encoding the large
+/// message does not delay the lookups. `INFERENCECACHE_TEST_SERVER_BIN` picks the build;
+/// `cargo test --release -p inference-cache --test e2e -- --ignored one_large_message_beside_lookups --nocapture`.
+fn one_large_message_beside_lookups(shards: usize) {
+    let srv = Server::start(shards, &[]);
+    let url = srv.grpc_url();
+    let runtime = || {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime")
+    };
+    let connect = |url: String| async move {
+        let channel = tonic::transport::Channel::from_shared(url)
+            .expect("url")
+            .connect()
+            .await;
+        pb::inference_cache_client::InferenceCacheClient::new(channel.expect("connect"))
+    };
+    let (tenant, prefix) = ("good", b"good");
+    runtime().block_on(async {
+        let mut c = connect(url.clone()).await;
+        let good = legacy_update("r1", tenant, "m", "vllm", prefix, 16);
+        assert!(report(&mut c, vec![good]).await.accepted);
+    });
+    let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let lookups = {
+        let (url, done) = (url.clone(), done.clone());
+        std::thread::spawn(move || {
+            let rt = runtime();
+            let mut c = rt.block_on(connect(url));
+            let mut took = Vec::new();
+            let until = Instant::now() + Duration::from_secs(60);
+            while !done.load(std::sync::atomic::Ordering::Acquire) && Instant::now() < until {
+                let t = Instant::now();
+                let req = exact_lookup(tenant, "m", "vllm", prefix, 16);
+                rt.block_on(c.lookup_route(req)).expect("LookupRoute");
+                took.push(t.elapsed());
+                std::thread::sleep(Duration::from_micros(500));
+            }
+            took
+        })
+    };
+    std::thread::sleep(Duration::from_millis(200));
+    let large = many_prefixes_update("t", 250_000);
+    let acked = runtime().block_on(async {
+        let mut c = connect(url).await;
+        let t = Instant::now();
+        let ack = report(&mut c, vec![large]).await;
+        assert!(ack.accepted, "{ack:?}");
+        t.elapsed()
+    });
+    std::thread::sleep(Duration::from_millis(50));
+    done.store(true, std::sync::atomic::Ordering::Release);
+    let mut took = lookups.join().expect("lookup thread");
+    took.sort();
+    let at = |q: f64| took[((took.len() - 1) as f64 * q) as usize];
+    println!(
+        "shards {shards}: ack after {acked:?}; {} lookups: p50 {:?}, p99 {:?}, max {:?}",
+        took.len(),
+        at(0.5),
+        at(0.99),
+        took.last().expect("lookups")
+    );
+}
+
+mod one_large_message_beside_lookups {
+    #[test]
+    #[ignore = "a measurement: run on a release build (see the function's docs)"]
+    fn shards_1() {
+        super::one_large_message_beside_lookups(1)
+    }
+}

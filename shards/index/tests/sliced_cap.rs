@@ -11,7 +11,9 @@ mod index_support;
 use std::time::Duration;
 
 use index_support::*;
-use inferencecache_index::index::{CapSlice, EvictionCounts, Index, SweepBudget};
+use inferencecache_index::index::{
+    CapSlice, EvictionCounts, Index, PART_CLOCK_EVERY, PartBudget, SweepBudget,
+};
 use inferencecache_proto::v1alpha1::cache_event::Type;
 
 /// What one run produced: removal reports in order, the final state, the most evictions one
@@ -218,4 +220,91 @@ fn an_update_in_parts_matches_the_whole_update() {
         assert_eq!(runs[1], runs[0], "seed {seed}: parts of 7");
         assert_eq!(runs[2], runs[0], "seed {seed}: parts of 1");
     }
+}
+
+/// A part ends early by what it creates (`Index::ingest_part_within`, the server's
+/// `INGEST_PART_BLOCKS` with each name or keyspace counting `INGEST_PART_BLOCKS_PER_CREATED`):
+/// 1,000 new adapters (a name and a keyspace each) in parts of 4,096 blocks, 8 per creation,
+/// end after at most 241 adapters each, where the block count alone would apply them in one
+/// step; applied from where each part ended, the update leaves the same entries and evicts the
+/// same ones in the same order as applied whole. Re-reporting the same adapters creates
+/// nothing and takes one part.
+#[test]
+fn a_part_ends_early_by_what_it_creates() {
+    const ADAPTERS: usize = 1_000;
+    let budget = PartBudget {
+        blocks: 4_096,
+        blocks_per_created: 8,
+        deadline: None,
+    };
+    let rules = Rules::lfu("t1");
+    let now = T0 + 10 * SEC;
+    let update = |seed: u64| {
+        let prefixes = (0..ADAPTERS)
+            .map(|i| legacy_adapter(&(i as u64 + seed).to_be_bytes(), 16, &format!("a{i}")))
+            .collect();
+        at(
+            upd("t1", "m", "vllm", "r1", prefixes),
+            T0 + seed as i64 * SEC,
+        )
+    };
+    let mut runs = Vec::new();
+    for budget in [PartBudget::UNBOUNDED, budget] {
+        let mut ix = index_with(HOUR, 1_500);
+        let rows = record_removals(&mut ix);
+        let mut parts = Vec::new();
+        for seed in [0, 1, 2_000] {
+            let u = update(seed);
+            let (mut start, mut n) = (0, 0);
+            while start < ADAPTERS {
+                let (out, end) = ix.ingest_part_within(&u, start..ADAPTERS, budget, now, &rules);
+                assert!(end > start, "every part makes progress");
+                // Each new adapter costs its block and two creations: 17 blocks.
+                let creating = budget != PartBudget::UNBOUNDED && seed == 0;
+                assert!(
+                    !creating || end - start <= 4_096 / 17 + 1,
+                    "{out:?} to {end}"
+                );
+                (start, n) = (end, n + 1);
+            }
+            parts.push(n);
+        }
+        let removals = rows.lock().unwrap().clone();
+        runs.push((parts, removals, sorted_entries(&ix)));
+    }
+    assert_eq!(runs[0].0, [1, 1, 1]);
+    // New adapters: 5 parts (the first also creates the update's names and scope); the same
+    // adapters again: one; new keys for them: one.
+    assert_eq!(runs[1].0, [5, 1, 1]);
+    assert!(!runs[0].1.is_empty(), "the cap evicts");
+    assert_eq!(runs[1].1, runs[0].1, "same evictions in the same order");
+    assert_eq!(runs[1].2, runs[0].2, "same entries");
+}
+
+/// A part also ends once its deadline passed (the clock read every `PART_CLOCK_EVERY` entries),
+/// whatever the blocks: with the deadline already reached, 1,000 new keys go in parts of 32,
+/// and leave the same entries as one ingest.
+#[test]
+fn a_part_ends_at_its_deadline() {
+    let rules = Rules::lfu("t1");
+    let now = T0 + 10 * SEC;
+    let prefixes = (0..1_000u64)
+        .map(|i| legacy(&i.to_be_bytes(), 16))
+        .collect();
+    let u = at(upd("t1", "m", "vllm", "r1", prefixes), T0);
+    let mut whole = index_with(HOUR, 0);
+    whole.ingest(&u, now, &rules);
+    let mut ix = index_with(HOUR, 0);
+    let (mut start, mut parts) = (0, 0);
+    while start < 1_000 {
+        let budget = PartBudget {
+            deadline: Some(std::time::Instant::now()),
+            ..PartBudget::UNBOUNDED
+        };
+        let (_, end) = ix.ingest_part_within(&u, start..1_000, budget, now, &rules);
+        assert_eq!(end, (start + PART_CLOCK_EVERY).min(1_000));
+        (start, parts) = (end, parts + 1);
+    }
+    assert_eq!(parts, 1_000usize.div_ceil(PART_CLOCK_EVERY));
+    assert_eq!(sorted_entries(&ix), sorted_entries(&whole));
 }

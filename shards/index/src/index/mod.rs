@@ -262,6 +262,43 @@ pub struct IngestOutcome {
     pub deferred_quota: Option<u64>,
 }
 
+/// What one part of an update may do in one step ([`Index::ingest_part_within`]): about
+/// `blocks` blocks (a legacy prefix counts one, a chain entry its blocks; one entry is never
+/// split), each name or keyspace the part creates counting `blocks_per_created` more, and no
+/// more entries once `deadline` passed. A part always applies at least one entry.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PartBudget {
+    /// Blocks one part applies at most (about: it ends after the entry that reaches it).
+    pub blocks: usize,
+    /// Blocks each name or keyspace the part creates counts as.
+    pub blocks_per_created: usize,
+    /// When the part ends whatever it applied (the clock is read every
+    /// [`PART_CLOCK_EVERY`] entries).
+    pub deadline: Option<std::time::Instant>,
+}
+
+/// Entries a part applies between two reads of the clock ([`PartBudget::deadline`]).
+pub const PART_CLOCK_EVERY: usize = 32;
+
+impl PartBudget {
+    /// No bound: the whole range in one part.
+    pub const UNBOUNDED: Self = Self {
+        blocks: usize::MAX,
+        blocks_per_created: 0,
+        deadline: None,
+    };
+
+    /// Whether a part that applied `blocks` blocks, created `created` names and keyspaces and
+    /// went through `entries` entries is done.
+    fn spent(&self, blocks: usize, created: usize, entries: usize) -> bool {
+        let cost = blocks.saturating_add(created.saturating_mul(self.blocks_per_created));
+        cost >= self.blocks
+            || self.deadline.is_some_and(|d| {
+                entries.is_multiple_of(PART_CLOCK_EVERY) && std::time::Instant::now() >= d
+            })
+    }
+}
+
 /// What one sweep did.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct SweepOutcome {
@@ -1517,6 +1554,23 @@ impl Index {
         now: i64,
         rules: &dyn TenantRules,
     ) -> IngestOutcome {
+        self.ingest_part_within(u, range, PartBudget::UNBOUNDED, now, rules)
+            .0
+    }
+
+    /// [`Index::ingest_part`] within `budget`: the part ends once it applied the budget's
+    /// blocks, counting what it created (names, keyspaces), or its deadline passed, even before
+    /// `range.end`. Returns the outcome and where the part ended (`range.end`, or the end of the
+    /// entries it applied); the caller applies the rest (from there) in a later part. Only a part
+    /// that reaches the update's end is its last.
+    pub fn ingest_part_within(
+        &mut self,
+        u: &CacheStateUpdate,
+        range: std::ops::Range<usize>,
+        budget: PartBudget,
+        now: i64,
+        rules: &dyn TenantRules,
+    ) -> (IngestOutcome, usize) {
         self.finish_clear();
         let mut out = IngestOutcome::default();
         let len = u.prefixes.len();
@@ -1542,28 +1596,34 @@ impl Index {
             if !strings || !keyspaces {
                 out.rejected_string_table_full = !strings;
                 out.rejected_keyspaces_full = strings && !keyspaces;
-                return out;
+                // Refused: done with its range.
+                return (out, range.end.min(len));
             }
         }
         if applies(part) && !self.replicas_fit(u) {
             out.rejected_scope_replicas_full = true;
-            return out;
+            return (out, range.end.min(len));
         }
         let prefixes = applies(part);
         let (ts, clamped) = self.producer_ts(u.timestamp_us, now);
         out.timestamp_clamped = clamped;
         self.resolve_update_tenant(&u.tenant_id, rules);
+        let applied = if prefixes {
+            self.ingest_prefixes(u, part, ts, budget, &mut out)
+        } else {
+            part.len()
+        };
+        let part = &part[..applied];
+        let applied_to = range.start.min(len) + applied;
+        let last = last && applied_to >= len;
         if !u.hash_scheme.is_empty() {
             out.malformed_dropped = part.iter().filter(|p| !Self::prefix_applies(p)).count() as u64;
-        }
-        if prefixes {
-            self.ingest_prefixes(u, part, ts, &mut out);
         }
         if last {
             self.finish_ingest(u, ts, now, rules, &mut out);
         }
         self.flush();
-        out
+        (out, applied_to)
     }
 
     /// What an update does after all its prefixes: its stats, then the tenant quota and the
@@ -1602,31 +1662,54 @@ impl Index {
         }
     }
 
-    /// Upserts every applied prefix of `u` (chain blocks and legacy keys) at time `ts`, each in
-    /// the keyspace of its own adapter or else the update's. The caller checked that at least
-    /// one prefix applies.
+    /// Upserts the applied prefixes of `part` (chain blocks and legacy keys) at time `ts`, each
+    /// in the keyspace of its own adapter or else the update's, until `budget` is spent; returns
+    /// how many entries of `part` it went through (all of them unless the budget ran out). The
+    /// caller checked that at least one prefix applies.
     fn ingest_prefixes(
         &mut self,
         u: &CacheStateUpdate,
         part: &[PrefixEntry],
         ts: i64,
+        budget: PartBudget,
         out: &mut IngestOutcome,
-    ) {
+    ) -> usize {
+        // Counted only when creations cost something (not in a whole `ingest`).
+        let counting = budget.blocks_per_created > 0;
+        let created_count = |ix: &Self| if counting { ix.created_count() } else { 0 };
+        let created_before = created_count(self);
         let tenant = self.cat.strings.intern(&u.tenant_id);
         let model = self.cat.strings.intern(&u.model_id);
         let scheme = self.cat.strings.intern(&u.hash_scheme);
         let replica = self.cat.strings.intern(&u.replica_id);
         let scope = self.ensure_scope(tenant, model, scheme);
-        for p in part.iter().filter(|p| Self::prefix_applies(p)) {
+        let mut created = created_count(self) - created_before;
+        let mut blocks = 0usize;
+        for (i, p) in part.iter().enumerate() {
+            if !Self::prefix_applies(p) {
+                continue;
+            }
             let adapter = if p.adapter_id.is_empty() {
                 &u.adapter_id
             } else {
                 &p.adapter_id
             };
+            let before = created_count(self);
             let adapter = self.cat.strings.intern(adapter);
             let ks = self.ensure_keyspace(scope, adapter);
+            created += created_count(self) - before;
             self.ingest_prefix(ks, p, replica, ts, out);
+            blocks += p.block_hashes.len().max(1);
+            if i + 1 < part.len() && budget.spent(blocks, created, i + 1) {
+                return i + 1;
+            }
         }
+        part.len()
+    }
+
+    /// Names and keyspaces this core holds: what an ingest created is the difference.
+    fn created_count(&self) -> usize {
+        self.cat.strings.count() + self.cat.keyspace_ids.len()
     }
 
     /// Upserts one applied `PrefixEntry`: its chain blocks with cumulative token counts, then
