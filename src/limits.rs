@@ -103,6 +103,10 @@ pub const DEFAULT_MAX_SHARDS: usize = 8;
 pub const IO_MEMORY_BYTES: usize = 512 * 1024;
 /// How long start-up waits for every executor to report that it runs.
 pub const EXECUTOR_START_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long start-up waits for an executor's report before it wakes the process's eventfds
+/// (an executor parked before its first task: `sys::eventfd_kick`), then again at each such
+/// interval. A core reports within milliseconds of its thread starting.
+pub const EXECUTOR_START_KICK: Duration = Duration::from_millis(250);
 
 /// How often each core stamps its heartbeat.
 pub const CORE_HEARTBEAT_INTERVAL: Duration = Duration::from_millis(250);

@@ -27,8 +27,8 @@ use glommio::net::{TcpListener, TcpStream};
 use glommio::{LocalExecutorBuilder, Placement};
 
 use crate::limits::{
-    CAP_PREBUILD_POLL, CORE_PREEMPT_TIMER, EXECUTOR_START_TIMEOUT, GLOMMIO_SPIN_UNDER_WATCH,
-    IO_MEMORY_BYTES, LISTEN_BACKLOG, MAX_SHARDS, SWEEP_SLICE_PAUSE,
+    CAP_PREBUILD_POLL, CORE_PREEMPT_TIMER, EXECUTOR_START_KICK, EXECUTOR_START_TIMEOUT,
+    GLOMMIO_SPIN_UNDER_WATCH, IO_MEMORY_BYTES, LISTEN_BACKLOG, MAX_SHARDS, SWEEP_SLICE_PAUSE,
 };
 use crate::metrics::Maintenance;
 use crate::shard::{self, CoreState};
@@ -235,15 +235,34 @@ fn glommio_listener(listener: std::net::TcpListener) -> TcpListener {
 }
 
 /// Collects every core's report; the first failure stops the others.
+/// A core that has not reported after [`EXECUTOR_START_KICK`] may have parked before running its
+/// first task (see `sys::eventfd_kick`): every eventfd of the process is woken, again at each
+/// such interval, until every core reported or [`EXECUTOR_START_TIMEOUT`] passed.
 fn wait_ready(ready: &std::sync::mpsc::Receiver<Ready>, shards: usize) -> Result<(), StartError> {
-    for _ in 0..shards {
-        match ready.recv_timeout(EXECUTOR_START_TIMEOUT) {
-            Ok((_, Ok(()))) => {}
+    use std::sync::mpsc::RecvTimeoutError;
+    let deadline = Instant::now() + EXECUTOR_START_TIMEOUT;
+    let mut reported = 0;
+    while reported < shards {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            request_shutdown();
+            return Err(StartError::NotStarted);
+        }
+        match ready.recv_timeout(left.min(EXECUTOR_START_KICK)) {
+            Ok((_, Ok(()))) => reported += 1,
             Ok((_, Err(e))) => {
                 request_shutdown();
                 return Err(e);
             }
-            Err(_) => {
+            Err(RecvTimeoutError::Timeout) => {
+                let kicked = crate::sys::eventfd_kick::kick_all();
+                tracing::warn!(
+                    waiting_for = shards - reported,
+                    kicked,
+                    "executor_start_kick"
+                );
+            }
+            Err(RecvTimeoutError::Disconnected) => {
                 request_shutdown();
                 return Err(StartError::NotStarted);
             }

@@ -4,6 +4,7 @@
 pub mod civil;
 pub mod clock;
 pub mod cpus;
+pub mod eventfd_kick;
 pub mod http_auth;
 pub mod memory;
 pub mod test_hooks;
