@@ -161,6 +161,85 @@ pub(crate) struct QuotaCand {
     key: KeyId,
 }
 
+/// A snapshot a build selects from: its key (blob references are taken for kept ones) and
+/// its order among the build's candidates.
+trait Candidate: Copy {
+    fn key(&self) -> KeyId;
+    /// The build's total order (§7.1 for quota snapshots, §7.2 for cap snapshots).
+    fn order(cat: &Catalog, a: &Self, b: &Self) -> Ordering;
+    /// Whether `self` sorts after `top` on its numbers alone, before the full (string)
+    /// comparison: a cheap rejection for a full selection.
+    fn after_on_numbers(&self, _top: &Self) -> bool {
+        false
+    }
+}
+
+impl Candidate for CapCand {
+    fn key(&self) -> KeyId {
+        self.key
+    }
+    fn order(cat: &Catalog, a: &Self, b: &Self) -> Ordering {
+        cap_cmp(cat, a, b)
+    }
+    fn after_on_numbers(&self, top: &Self) -> bool {
+        (self.eff, self.last_seen) > (top.eff, top.last_seen)
+    }
+}
+
+impl Candidate for QuotaCand {
+    fn key(&self) -> KeyId {
+        self.key
+    }
+    fn order(cat: &Catalog, a: &Self, b: &Self) -> Ordering {
+        quota_cmp(cat, a, b)
+    }
+}
+
+/// The selection state a build offers snapshots into ([`CapBuild`], [`QuotaBuild`]): during
+/// the scan the `k` smallest offered are kept (a max-heap); once the scan ended (`threshold`
+/// set), a snapshot `<=` the threshold joins `late`. Kept snapshots hold a blob reference.
+struct Selection<'a, C> {
+    sel: &'a mut Heap<C>,
+    k: usize,
+    dropped: &'a mut bool,
+    threshold: Option<Option<C>>,
+    late: &'a mut Vec<C>,
+}
+
+impl<C: Candidate> Selection<'_, C> {
+    fn offer(self, cat: &mut Catalog, c: C) {
+        if let Some(t) = self.threshold {
+            if let Some(t) = &t
+                && C::order(cat, &c, t) == Ordering::Greater
+            {
+                return;
+            }
+            self.late.push(c);
+            retain_blob(cat, c.key());
+            return;
+        }
+        let out = {
+            let cat = &*cat;
+            let greater = |a: &C, b: &C| C::order(cat, a, b) == Ordering::Greater;
+            if self.sel.len() < self.k {
+                self.sel.push(c, &greater);
+                None
+            } else {
+                *self.dropped = true;
+                let top = *self.sel.peek().expect("non-empty");
+                if c.after_on_numbers(&top) || !greater(&top, &c) {
+                    return;
+                }
+                Some(self.sel.replace_top(c, &greater))
+            }
+        };
+        retain_blob(cat, c.key());
+        if let Some(o) = out {
+            release_blob(cat, o.key());
+        }
+    }
+}
+
 /// Compares two keys' `(model, scheme, adapter, hash bytes)`, optionally tenant first.
 fn key_cmp(cat: &Catalog, a: KeyId, b: KeyId, with_tenant: bool) -> Ordering {
     if a.ks != b.ks {
@@ -304,34 +383,14 @@ pub(crate) struct QuotaBuild {
 impl QuotaBuild {
     /// Offers a snapshot (see [`CapBuild::offer`]); kept snapshots hold a blob reference.
     fn offer(&mut self, cat: &mut Catalog, c: QuotaCand) {
-        if let Some(t) = self.threshold {
-            if let Some(t) = &t
-                && quota_cmp(cat, &c, t) == Ordering::Greater
-            {
-                return;
-            }
-            self.late.push(c);
-            retain_blob(cat, c.key);
-            return;
-        }
-        let out = {
-            let cat = &*cat;
-            let greater = |a: &QuotaCand, b: &QuotaCand| quota_cmp(cat, a, b) == Ordering::Greater;
-            if self.sel.len() < self.k {
-                self.sel.push(c, &greater);
-                None
-            } else {
-                self.dropped = true;
-                if !greater(self.sel.peek().expect("non-empty"), &c) {
-                    return;
-                }
-                Some(self.sel.replace_top(c, &greater))
-            }
+        let sel = Selection {
+            sel: &mut self.sel,
+            k: self.k,
+            dropped: &mut self.dropped,
+            threshold: self.threshold,
+            late: &mut self.late,
         };
-        retain_blob(cat, c.key);
-        if let Some(o) = out {
-            release_blob(cat, o.key);
-        }
+        sel.offer(cat, c);
     }
 
     /// Every snapshot this build holds a blob reference for.
@@ -531,36 +590,14 @@ impl CapBuild {
     }
 
     fn offer(&mut self, cat: &mut Catalog, c: CapCand) {
-        if let Some(t) = self.threshold {
-            if let Some(t) = &t
-                && cap_cmp(cat, &c, t) == Ordering::Greater
-            {
-                return;
-            }
-            self.late.push(c);
-            retain_blob(cat, c.key);
-            return;
-        }
-        let out = {
-            let cat = &*cat;
-            let greater = |a: &CapCand, b: &CapCand| cap_cmp(cat, a, b) == Ordering::Greater;
-            if self.sel.len() < self.k {
-                self.sel.push(c, &greater);
-                None
-            } else {
-                self.dropped = true;
-                let top = *self.sel.peek().expect("non-empty");
-                // Cheap numeric pre-check before the full (string) comparison.
-                if (c.eff, c.last_seen) > (top.eff, top.last_seen) || !greater(&top, &c) {
-                    return;
-                }
-                Some(self.sel.replace_top(c, &greater))
-            }
+        let sel = Selection {
+            sel: &mut self.sel,
+            k: self.k,
+            dropped: &mut self.dropped,
+            threshold: self.threshold,
+            late: &mut self.late,
         };
-        retain_blob(cat, c.key);
-        if let Some(o) = out {
-            release_blob(cat, o.key);
-        }
+        sel.offer(cat, c);
     }
 
     /// Gives back every blob reference this build holds.
