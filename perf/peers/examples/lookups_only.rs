@@ -58,10 +58,11 @@ fn main() {
                     m.sort();
                     m.dedup();
                     eprintln!(
-                        "k={} d={} blocks={} ns={ns:.0}",
+                        "k={} d={} blocks={} matched={} ns={ns:.0}",
                         out.len(),
                         m.len(),
-                        l.blocks.len()
+                        l.blocks.len(),
+                        m.last().copied().unwrap_or(0)
                     );
                 }
                 if out != l.truth {

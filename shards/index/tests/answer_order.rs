@@ -271,3 +271,58 @@ fn equal_runs_stored_at_different_times_score_by_their_own_freshness() {
         assert_eq!(got, reference, "{groups} groups, {ages} ages, pressure");
     }
 }
+
+/// [`depth_case`] with enough holders for the answer to be built straight from the runs (16 or
+/// more): `per` replicas at each of the three depths, looked up with per-block counts `counts`.
+/// Returns the answer and the rows computed from §8.3/§9.5/§9.6 directly (fresh entries).
+fn many_depth_case(per: usize, counts: [i32; 3]) -> (Vec<Row>, Vec<Row>) {
+    let mut ix = index();
+    let mut expect = Vec::new();
+    for i in scrambled(3 * per) {
+        let name = format!("d-{i:03}");
+        let depth = i % 3 + 1;
+        ix.ingest(
+            &upd_r(&name, vec![chain_entry(&BLOCKS[..depth], 16)]),
+            T0,
+            &NR,
+        );
+        let matched = counts[..depth]
+            .iter()
+            .fold(0i32, |a, c| a.wrapping_add(*c));
+        if matched > 0 {
+            expect.push((name, matched));
+        }
+    }
+    let total = 3 * per;
+    let mut reference: Vec<Row> = expect
+        .iter()
+        .map(|(name, matched)| {
+            let right = expect.iter().filter(|e| e.1 >= *matched).count();
+            let dp = distinguishing_power(right as i64, total as i64) as f32;
+            (name.clone(), *matched as f32 * dp, *matched, 1.0, 1)
+        })
+        .collect();
+    reference.sort_by(|a, b| b.1.partial_cmp(&a.1).unwrap().then_with(|| a.0.cmp(&b.0)));
+    let hashes: Vec<Vec<u8>> = BLOCKS[..3].iter().map(|h| h.to_vec()).collect();
+    let q = LookupQuery {
+        tenant: "t",
+        model: "m",
+        hash_scheme: "vllm",
+        block_hashes: (&hashes).into(),
+        block_token_counts: &counts,
+        ..Default::default()
+    };
+    (route(&mut ix, &q, T0, &NR).1, reference)
+}
+
+#[test]
+fn many_holders_group_by_equal_matched_tokens_not_blocks() {
+    // 18 holders: the answer is built from the runs unless matched tokens do not grow with the
+    // block (a zero count, wrapping sums); either way the groups are equal matched tokens.
+    let m = i32::MAX;
+    for counts in [[16, 16, 16], [16, 0, 16], [0, 16, 16], [m, m, m], [16, -16, 32]] {
+        let (got, reference) = many_depth_case(6, counts);
+        assert_eq!(got, reference, "counts {counts:?}");
+        assert_answer_order(&got);
+    }
+}

@@ -11,6 +11,8 @@ use crate::rules::{Eviction, TenantRules};
 use sha2::{Digest, Sha256};
 use std::cmp::Ordering;
 
+mod answer;
+
 /// Lookup strategy (§8.1). `None` maps to the `NO_HINT` reason code.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum Strategy {
@@ -27,6 +29,17 @@ pub enum Strategy {
     UnknownModel,
     /// No replica serves `(tenant, model, scheme)` (`UNKNOWN_HASH_SCHEME`).
     UnknownHashScheme,
+}
+
+impl Score {
+    /// A value to size an answer with before its scores are written in place.
+    const PLACEHOLDER: Score = Score {
+        replica: 0,
+        score: 0.0,
+        matched_tokens: 0,
+        estimated_cache_hit_prob: 0.0,
+        tier: 0,
+    };
 }
 
 impl Strategy {
@@ -247,6 +260,13 @@ struct Run {
     tier: Tier,
     last_block: u32,
     scored: bool,
+    /// [`Index::answer_from_runs`]: the entry's freshness, the run's group (by last block) and
+    /// the rank of its final score among the answer's distinct values; `score` before, then
+    /// after, distinguishing power.
+    fresh: f32,
+    score: f32,
+    group: u8,
+    value: u8,
 }
 
 /// A replica's run in the current lookup: `runs[run]`, valid when `epoch` is the lookup's.
@@ -374,6 +394,10 @@ impl Scratch {
             tier: h.tier(),
             last_block: 0,
             scored: false,
+            fresh: 0.0,
+            score: 0.0,
+            group: 0,
+            value: 0,
         });
         if step.lfu {
             self.run_hits.push((
@@ -802,6 +826,18 @@ impl Index {
         debug_assert!(ttl > 0, "resolved TTLs are positive");
         let lfu = rules.eviction(q.tenant) == Eviction::Lfu;
         self.walk_chain(q, ks, now, ttl, lfu);
+        let inputs = answer::AnswerInputs {
+            scope,
+            mscope,
+            total,
+            ttft_ms: q.ttft_ms,
+            now,
+            ttl,
+        };
+        if self.answer_from_runs(&inputs) {
+            self.keep_scored_run_hits();
+            return;
+        }
         let mut scores = std::mem::take(&mut self.last.scores);
         self.score_runs(&mut scores, mscope, q.ttft_ms, now, ttl);
         self.keep_scored_run_hits();

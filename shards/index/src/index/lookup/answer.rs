@@ -1,0 +1,253 @@
+//! A chain lookup's answer built straight from its runs (docs/BEHAVIOUR.md §8.3, §9): scores,
+//! depth-aware distinguishing power and the answer's order in three passes over the runs, each
+//! score written once, in its final place.
+//!
+//! Why: with many replicas holding a shared prefix, a lookup's cost is per holder, not per block
+//! (the Mooncake trace's median lookup: ~40 holders of a 32-block system prompt). The general path
+//! ([`Index::score_runs`], then `depth_power_by_block`, then `order_by_walk`) writes every score
+//! three times and walks its arrays four times. This path takes the usual shape only: the
+//! scored runs end at no more than [`FEW_GROUPS`] blocks, the request's counts make matched tokens
+//! grow with the block (so a group is a block), the final scores take at most [`FEW_SCORES`]
+//! values and the scope is small enough for the name walk. Anything else returns `false` with
+//! nothing written, and the general path answers; both give the same answer, which the index
+//! tests check against the reference model.
+
+use super::{
+    FEW_GROUPS, MIN_WALK_SCORES, Score, WALK_STEPS_PER_COMPARE, descending, distinguishing_power,
+    freshness, ranking,
+};
+use crate::index::Index;
+
+/// Most distinct final scores this path places without sorting: each distinct value gets its
+/// stretch of the answer and the name walk fills the stretches, so ties come out by name.
+const FEW_SCORES: usize = 8;
+
+/// What a chain answer needs besides the runs.
+pub(super) struct AnswerInputs {
+    /// The scope every run's replica serves in (its name order is the tie-break).
+    pub scope: u32,
+    /// The model scope (stats rows for pressure).
+    pub mscope: u32,
+    /// Serving replicas in the scope (`total` of §9.4).
+    pub total: usize,
+    pub ttft_ms: i32,
+    pub now: i64,
+    pub ttl: i64,
+}
+
+/// The groups of scored runs by their last block (at most [`FEW_GROUPS`]).
+#[derive(Default)]
+struct Groups {
+    blocks: [u32; FEW_GROUPS],
+    /// The matched tokens of the group's runs (equal: the sum of the request's counts up to
+    /// its block).
+    matched: [i32; FEW_GROUPS],
+    sizes: [i64; FEW_GROUPS],
+    len: usize,
+}
+
+impl Groups {
+    /// The group of runs ending at `block`, added if new; `None` when there would be too many.
+    #[inline]
+    fn of(&mut self, block: u32, matched: i32) -> Option<u8> {
+        if let Some(g) = self.blocks[..self.len].iter().position(|&b| b == block) {
+            // Runs reaching one block matched the same tokens; were it not so, the general
+            // path groups them by tokens.
+            if self.matched[g] != matched {
+                return None;
+            }
+            self.sizes[g] += 1;
+            return Some(g as u8);
+        }
+        if self.len == FEW_GROUPS {
+            return None;
+        }
+        self.blocks[self.len] = block;
+        self.matched[self.len] = matched;
+        self.sizes[self.len] = 1;
+        self.len += 1;
+        Some((self.len - 1) as u8)
+    }
+
+    /// §9.5: a group's factor is the distinguishing power of the runs matching at least as
+    /// much, that is of the groups ending at or after its block (as `depth_power_few_blocks`).
+    fn factors(&self, total: usize) -> [f32; FEW_GROUPS] {
+        let mut factors = [1.0f32; FEW_GROUPS];
+        for (g, factor) in factors[..self.len].iter_mut().enumerate() {
+            let right: i64 = (0..self.len)
+                .filter(|&h| self.blocks[h] >= self.blocks[g])
+                .map(|h| self.sizes[h])
+                .sum();
+            *factor = distinguishing_power(right, total as i64) as f32;
+        }
+        factors
+    }
+
+    /// Whether a group ending at a later block always matched more tokens. §9.5 groups scores
+    /// by equal matched tokens and counts, for each, the scores matching at least as much;
+    /// [`Groups::factors`] groups by block and counts the runs ending at or after it. The two
+    /// agree exactly when matched tokens grow strictly with the block (not so when the request
+    /// has blocks of zero or negative tokens, or its sums wrap around).
+    fn matched_grow_with_block(&self) -> bool {
+        let n = self.len;
+        (0..n).all(|g| {
+            (0..n).all(|h| self.blocks[g] >= self.blocks[h] || self.matched[g] < self.matched[h])
+        })
+    }
+}
+
+impl Index {
+    /// Builds the chain answer from `self.scratch.runs` into `self.last.scores` when the lookup
+    /// has the usual shape (see the module doc), marking the scored runs. Returns false, with
+    /// `self.last.scores` untouched, otherwise.
+    pub(super) fn answer_from_runs(&mut self, a: &AnswerInputs) -> bool {
+        // Fewer runs than this are ordered by comparing names (see `order_by_walk`).
+        if self.scratch.runs.len() < MIN_WALK_SCORES {
+            return false;
+        }
+        let Some((groups, scored)) = self.score_runs_grouped(a) else {
+            return false;
+        };
+        if scored == 0 {
+            return true;
+        }
+        if a.total > 1 && !groups.matched_grow_with_block() {
+            return false;
+        }
+        let Some(stretches) = self.final_scores(&groups, a.total) else {
+            return false;
+        };
+        self.place_by_name(a.scope, scored, &stretches)
+    }
+
+    /// Pass 1: each run's score before distinguishing power, its freshness and its group;
+    /// marks the scored runs (positive matched sum, fresh oldest entry) as
+    /// [`Index::score_runs`] does. Returns the groups and the number of scored runs, or `None`
+    /// when the runs end at more than [`FEW_GROUPS`] blocks.
+    fn score_runs_grouped(&mut self, a: &AnswerInputs) -> Option<(Groups, usize)> {
+        let coeff = self.cfg.ranker.slo_coeff(a.ttft_ms);
+        let no_stats = self.cat.models[a.mscope as usize].stats.is_empty();
+        let mut groups = Groups::default();
+        let mut scored = 0;
+        for i in 0..self.scratch.runs.len() {
+            let run = self.scratch.runs[i];
+            if run.matched <= 0 {
+                continue;
+            }
+            let fresh = freshness(a.now, run.oldest, a.ttl);
+            if fresh <= 0.0 {
+                continue;
+            }
+            let group = groups.of(run.last_block, run.matched)?;
+            let pressure = if no_stats {
+                0.0
+            } else {
+                self.prefix_pressure(a.mscope, run.replica, a.now, a.ttl)
+            };
+            let run = &mut self.scratch.runs[i];
+            run.scored = true;
+            run.fresh = fresh;
+            run.group = group;
+            run.score =
+                self.cfg
+                    .ranker
+                    .prefix_score(i64::from(run.matched), fresh, pressure, coeff);
+            scored += 1;
+        }
+        Some((groups, scored))
+    }
+
+    /// Pass 2: the final score of each scored run (its group's factor applied, as
+    /// `depth_power_by_block` does when `total > 1`) and its rank among the distinct final
+    /// values. Returns where each value's stretch of the answer starts, or `None` for a NaN or
+    /// more than [`FEW_SCORES`] distinct values.
+    fn final_scores(&mut self, groups: &Groups, total: usize) -> Option<[u32; FEW_SCORES]> {
+        let factors = if total > 1 {
+            groups.factors(total)
+        } else {
+            [1.0; FEW_GROUPS]
+        };
+        let mut values = [0u32; FEW_SCORES];
+        let mut counts = [0u32; FEW_SCORES];
+        let mut distinct = 0;
+        for run in self.scratch.runs.iter_mut().filter(|r| r.scored) {
+            let score = run.score * factors[run.group as usize];
+            if score.is_nan() {
+                return None;
+            }
+            run.score = score;
+            let key = descending(score);
+            let v = match values[..distinct].iter().position(|&x| x == key) {
+                Some(v) => v,
+                None if distinct == FEW_SCORES => return None,
+                None => {
+                    values[distinct] = key;
+                    distinct += 1;
+                    distinct - 1
+                }
+            };
+            counts[v] += 1;
+            run.value = v as u8;
+        }
+        // A value's stretch starts after the scores of the larger values.
+        let mut starts = [0u32; FEW_SCORES];
+        for v in 0..distinct {
+            starts[v] = (0..distinct)
+                .filter(|&w| values[w] < values[v])
+                .map(|w| counts[w])
+                .sum();
+        }
+        Some(starts)
+    }
+
+    /// Pass 3: writes each scored run's score into its place: its value's stretch, in the
+    /// order of the scope's replicas by name (`ScopeRec::sorted`; the run of a replica is found
+    /// through the slots the walk set). Returns false, writing nothing, when the walk would
+    /// cost more than a sort (as `order_by_walk` decides) or does not find every scored run.
+    fn place_by_name(&mut self, scope: u32, scored: usize, starts: &[u32; FEW_SCORES]) -> bool {
+        let by_name = &self.cat.scopes[scope as usize].sorted;
+        let log2 = (usize::BITS - scored.leading_zeros()) as usize;
+        if scored < MIN_WALK_SCORES || by_name.len() > scored * log2 * WALK_STEPS_PER_COMPARE {
+            return false;
+        }
+        let sc = &mut self.scratch;
+        let mut next = *starts;
+        let mut out = std::mem::take(&mut self.last.scores);
+        out.clear();
+        out.resize(scored, Score::PLACEHOLDER);
+        let mut placed = 0;
+        for &r in by_name {
+            let Some(slot) = sc.slots.get(r as usize) else {
+                continue;
+            };
+            if slot.epoch != sc.epoch {
+                continue;
+            }
+            let run = &sc.runs[slot.run as usize];
+            if !run.scored {
+                continue;
+            }
+            let at = &mut next[run.value as usize];
+            out[*at as usize] = Score {
+                replica: run.replica,
+                score: run.score,
+                matched_tokens: run.matched,
+                estimated_cache_hit_prob: run.fresh,
+                tier: ranking::tier_to_wire(run.tier),
+            };
+            *at += 1;
+            placed += 1;
+        }
+        if placed != scored {
+            debug_assert!(
+                false,
+                "a scored replica missing from its scope's name order"
+            );
+            out.clear();
+            self.last.scores = out;
+            return false;
+        }
+        self.last.scores = out;
+        true
+    }
+}
