@@ -286,9 +286,7 @@ fn many_depth_case(per: usize, counts: [i32; 3]) -> (Vec<Row>, Vec<Row>) {
             T0,
             &NR,
         );
-        let matched = counts[..depth]
-            .iter()
-            .fold(0i32, |a, c| a.wrapping_add(*c));
+        let matched = counts[..depth].iter().fold(0i32, |a, c| a.wrapping_add(*c));
         if matched > 0 {
             expect.push((name, matched));
         }
@@ -320,7 +318,13 @@ fn many_holders_group_by_equal_matched_tokens_not_blocks() {
     // 18 holders: the answer is built from the runs unless matched tokens do not grow with the
     // block (a zero count, wrapping sums); either way the groups are equal matched tokens.
     let m = i32::MAX;
-    for counts in [[16, 16, 16], [16, 0, 16], [0, 16, 16], [m, m, m], [16, -16, 32]] {
+    for counts in [
+        [16, 16, 16],
+        [16, 0, 16],
+        [0, 16, 16],
+        [m, m, m],
+        [16, -16, 32],
+    ] {
         let (got, reference) = many_depth_case(6, counts);
         assert_eq!(got, reference, "counts {counts:?}");
         assert_answer_order(&got);
