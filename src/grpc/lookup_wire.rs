@@ -13,7 +13,7 @@
 //! general path, which decodes with prost and answers exactly as before. The differential test
 //! below holds every view it returns against prost's decode of the same bytes.
 
-use inferencecache_index::index::BlockHashes;
+use inferencecache_index::index::{BlockHashes, StridedHashes};
 use inferencecache_index::resolve::LookupRouteView;
 use inferencecache_proto::v1alpha1::Slo;
 
@@ -87,6 +87,12 @@ pub fn decode<'a>(
             _ => skip(msg, &mut at, wire)?,
         }
     }
+    if let Some(hashes) = strided(msg, &scratch.ranges) {
+        view.block_hashes = BlockHashes::Strided(hashes);
+        view.block_token_counts = &scratch.counts;
+        view.token_ids = &scratch.token_ids;
+        return Some(view);
+    }
     let scratch: &'a DecodeScratch = fill_hashes(msg, scratch);
     view.block_hashes = if scratch.fixed.len() == scratch.ranges.len() {
         BlockHashes::Fixed(&scratch.fixed)
@@ -97,6 +103,26 @@ pub fn decode<'a>(
     view.block_token_counts = &scratch.counts;
     view.token_ids = &scratch.token_ids;
     Some(view)
+}
+
+/// The bytes from one 8-byte `block_hashes` entry to the next when the field's entries follow
+/// one another: a 1-byte key (field 7, length-delimited), a 1-byte length (8), the hash.
+const PACKED_HASH_STRIDE: usize = 10;
+
+/// The block hashes borrowed where they lie in `msg`, when each is 8 bytes and they follow one
+/// another (as every encoder writes a repeated field): the index reads each hash where the walk
+/// needs it, nothing is copied per block. `None` otherwise (the caller copies or borrows them
+/// one by one).
+fn strided<'a>(msg: &'a [u8], ranges: &[(usize, usize)]) -> Option<StridedHashes<'a>> {
+    let &(first, _) = ranges.first()?;
+    let contiguous = ranges
+        .iter()
+        .enumerate()
+        .all(|(i, &(s, e))| e - s == 8 && s == first + i * PACKED_HASH_STRIDE);
+    if !contiguous {
+        return None;
+    }
+    StridedHashes::new(&msg[first..], PACKED_HASH_STRIDE, ranges.len())
 }
 
 /// Copies the block hashes into `scratch.fixed` when every one is 8 bytes; leaves it short
@@ -343,7 +369,7 @@ mod tests {
     }
 
     #[test]
-    fn eight_byte_hashes_are_copied_and_others_borrowed() {
+    fn eight_byte_hashes_are_borrowed_in_place_or_copied_and_others_borrowed() {
         let eight = LookupRouteRequest {
             block_hashes: vec![vec![1u8; 8].into(), vec![2u8; 8].into()],
             ..Default::default()
@@ -353,7 +379,15 @@ mod tests {
         let (mut scratch, mut slices) = (DecodeScratch::default(), Vec::new());
         let msg = eight.encode_to_vec();
         let view = decode(&msg, &mut scratch, &mut slices).unwrap();
+        assert!(matches!(view.block_hashes, BlockHashes::Strided(h) if h.len() == 2));
+        assert_eq!(view.block_hashes.get(1), [2u8; 8]);
+        // Not one after another (a count between them): copied.
+        let mut apart = eight.encode_to_vec();
+        apart.splice(10..10, [0x40, 0x10]);
+        let (mut scratch, mut slices) = (DecodeScratch::default(), Vec::new());
+        let view = decode(&apart, &mut scratch, &mut slices).unwrap();
         assert!(matches!(view.block_hashes, BlockHashes::Fixed(h) if h.len() == 2));
+        assert_eq!(view.block_hashes.get(1), [2u8; 8]);
         let (mut scratch, mut slices) = (DecodeScratch::default(), Vec::new());
         let msg = mixed.encode_to_vec();
         let view = decode(&msg, &mut scratch, &mut slices).unwrap();

@@ -6,7 +6,7 @@
 use std::ops::Range;
 
 use bytes::Bytes;
-use inferencecache_index::index::BlockHashes;
+use inferencecache_index::index::{BlockHashes, StridedHashes};
 use inferencecache_index::resolve::LookupRouteView;
 use inferencecache_proto::v1alpha1 as pb;
 
@@ -88,6 +88,12 @@ pub struct ReceivedRequest {
 enum ReceivedHashes {
     Fixed(Vec<[u8; 8]>),
     Slices(Vec<Bytes>),
+    /// 8-byte hashes where they lie in the message, `stride` apart.
+    Strided {
+        at: Range<usize>,
+        stride: usize,
+        len: usize,
+    },
 }
 
 impl ReceivedRequest {
@@ -96,6 +102,11 @@ impl ReceivedRequest {
         let at = |field: &[u8]| range_in(&msg, field);
         let block_hashes = match view.block_hashes {
             BlockHashes::Fixed(hashes) => ReceivedHashes::Fixed(hashes.to_vec()),
+            BlockHashes::Strided(hashes) => ReceivedHashes::Strided {
+                at: range_in(&msg, hashes.bytes()),
+                stride: hashes.stride(),
+                len: hashes.len(),
+            },
             other => ReceivedHashes::Slices(
                 (0..other.len())
                     .map(|i| msg.slice(range_in(&msg, other.get(i))))
@@ -129,6 +140,10 @@ impl ReceivedRequest {
             block_hashes: match &self.block_hashes {
                 ReceivedHashes::Fixed(h) => BlockHashes::Fixed(h),
                 ReceivedHashes::Slices(h) => BlockHashes::Bytes(h),
+                ReceivedHashes::Strided { at, stride, len } => BlockHashes::Strided(
+                    StridedHashes::new(&self.msg[at.clone()], *stride, *len)
+                        .expect("the strided run of a valid view of this message"),
+                ),
             },
             block_token_counts: &self.block_token_counts,
             token_ids: &[],

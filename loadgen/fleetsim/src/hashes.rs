@@ -13,7 +13,10 @@ pub const CONTENT_HASH_SEED: u64 = 1337;
 pub const TRACE_BLOCK_TOKENS: u32 = 512;
 
 /// One engine block: its content hash (queries) and its chain hash (stores and removals).
+/// `repr(C)`, two words and no padding, so an index that reads hashes at a stride can borrow a
+/// request's blocks as they are (the peers benchmark's adapter of ours does).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[repr(C)]
 pub struct Block {
     /// XXH3-64 (seed 1337) of the block's tokens; depends on the tokens only.
     pub content: u64,

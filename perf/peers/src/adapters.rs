@@ -14,7 +14,7 @@ use dynamo_kv_router::protocols::{
     KvCacheStoredBlockData, LocalBlockHash, OverlapScores, RouterEvent, WorkerWithDpRank,
 };
 use fleetsim::{Adapter, Block};
-use inferencecache_index::index::{BlockHashes, Index, IndexConfig, LookupQuery};
+use inferencecache_index::index::{BlockHashes, Index, IndexConfig, LookupQuery, StridedHashes};
 use inferencecache_index::rules::NoRules;
 use inferencecache_proto::v1alpha1 as pb;
 use kv_index::{ChainBlockMap, ChainIndex, ContentHash, SequenceHash, StoredBlock};
@@ -42,7 +42,6 @@ pub struct Ours {
     index: Index,
     tokens_per_block: i32,
     names: Vec<String>,
-    hashes: Vec<[u8; 8]>,
     counts: Vec<i32>,
     /// The messages handed to the index, reused (as a decoder's buffers would be) so that the
     /// measured time is the index's, not this adapter's allocations.
@@ -69,7 +68,6 @@ impl Ours {
             index: Index::new(config),
             tokens_per_block: tokens_per_block as i32,
             names: (0..workers).map(|w| format!("w{w}")).collect(),
-            hashes: Vec::new(),
             counts: Vec::new(),
             update: pb::CacheStateUpdate {
                 model_id: MODEL.into(),
@@ -96,10 +94,30 @@ impl Ours {
         e.replica_id.push_str(&self.names[worker as usize]);
         e.prefix_hash.clear();
         if let Some(h) = hash {
-            e.prefix_hash.extend_from_slice(&h.to_be_bytes());
+            e.prefix_hash.extend_from_slice(&h.to_le_bytes());
         }
         self.index.apply_event(e, NOW_NS, &NoRules);
     }
+}
+
+/// The chain hashes of `blocks` as the index's strided input, borrowed, not copied: each
+/// block's `chain` word in memory order (little-endian), which is the byte string this adapter
+/// stores and removes it under (hashes are opaque bytes to the index). The server hands the
+/// index a received message's hashes the same way.
+fn chain_hashes(blocks: &[Block]) -> StridedHashes<'_> {
+    const STRIDE: usize = std::mem::size_of::<Block>();
+    const CHAIN_AT: usize = std::mem::offset_of!(Block, chain);
+    const _: () = assert!(
+        STRIDE == 16 && CHAIN_AT == 8,
+        "Block is repr(C): content, chain"
+    );
+    // SAFETY: `Block` is `repr(C)` of two u64 (asserted above): no padding, every byte
+    // initialised, so its slice's memory is a valid `[u8]` for the slice's lifetime.
+    let bytes = unsafe {
+        std::slice::from_raw_parts(blocks.as_ptr().cast::<u8>(), std::mem::size_of_val(blocks))
+    };
+    let chain = bytes.get(CHAIN_AT..).unwrap_or_default();
+    StridedHashes::new(chain, STRIDE, blocks.len()).expect("whole blocks")
 }
 
 impl Adapter for Ours {
@@ -121,7 +139,7 @@ impl Adapter for Ours {
         }
         for (h, b) in p.block_hashes.iter_mut().zip(blocks) {
             h.clear();
-            h.extend_from_slice(&b.chain.to_be_bytes());
+            h.extend_from_slice(&b.chain.to_le_bytes());
         }
         p.block_token_counts.clear();
         p.block_token_counts
@@ -141,9 +159,6 @@ impl Adapter for Ours {
 
     fn lookup(&mut self, blocks: &[Block], out: &mut Vec<(u32, u32)>) {
         out.clear();
-        self.hashes.clear();
-        self.hashes
-            .extend(blocks.iter().map(|b| b.chain.to_be_bytes()));
         self.counts.resize(blocks.len(), self.tokens_per_block);
         let query = LookupQuery {
             tenant: TENANT,
@@ -152,7 +167,7 @@ impl Adapter for Ours {
             adapter: "",
             prefix_hash: &[],
             token_count: 0,
-            block_hashes: BlockHashes::Fixed(&self.hashes),
+            block_hashes: BlockHashes::Strided(chain_hashes(blocks)),
             block_token_counts: &self.counts[..blocks.len()],
             ttft_ms: 0,
             tbt_ms: 0,

@@ -130,6 +130,96 @@ pub enum BlockHashes<'a> {
     Fixed(&'a [[u8; 8]]),
     /// Borrowed slices (hashes of other lengths decoded straight from the wire).
     Slices(&'a [&'a [u8]]),
+    /// 8-byte hashes at a fixed stride in one borrowed buffer (a received message's repeated
+    /// field, or a caller's array of records), read where the walk needs them: nothing is
+    /// copied per block, so a lookup reads only the blocks it matches.
+    Strided(StridedHashes<'a>),
+}
+
+/// `len` 8-byte hashes in `bytes`, hash `i` at `i * stride` (see [`BlockHashes::Strided`]).
+#[derive(Clone, Copy, Debug)]
+pub struct StridedHashes<'a> {
+    bytes: &'a [u8],
+    stride: usize,
+    len: usize,
+}
+
+impl<'a> StridedHashes<'a> {
+    /// Hash length of a strided run.
+    pub const HASH_BYTES: usize = 8;
+
+    /// `len` hashes of 8 bytes, hash `i` at `bytes[i * stride..]`; `None` when `stride` is under
+    /// 8 or `bytes` is too short to hold them all.
+    pub fn new(bytes: &'a [u8], stride: usize, len: usize) -> Option<Self> {
+        let need = match len {
+            0 => 0,
+            n => (n - 1).checked_mul(stride)?.checked_add(Self::HASH_BYTES)?,
+        };
+        (stride >= Self::HASH_BYTES && bytes.len() >= need).then_some(StridedHashes {
+            bytes,
+            stride,
+            len,
+        })
+    }
+
+    /// Number of hashes.
+    #[inline]
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether there are none.
+    #[inline]
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The buffer the hashes are read from (hash 0 at its start).
+    pub fn bytes(&self) -> &'a [u8] {
+        self.bytes
+    }
+
+    /// Bytes from one hash to the next.
+    pub fn stride(&self) -> usize {
+        self.stride
+    }
+
+    /// Hash `i` (`i < len`).
+    #[inline]
+    pub fn get(&self, i: usize) -> &'a [u8] {
+        debug_assert!(i < self.len);
+        let at = i * self.stride;
+        &self.bytes[at..at + Self::HASH_BYTES]
+    }
+}
+
+/// The request's hashes as one representation of [`BlockHashes`], for a walk compiled per
+/// representation.
+trait HashRun: Copy {
+    fn len(&self) -> usize;
+    fn at(&self, i: usize) -> &[u8];
+}
+
+impl<H: AsRef<[u8]>> HashRun for &[H] {
+    #[inline(always)]
+    fn len(&self) -> usize {
+        <[H]>::len(self)
+    }
+    #[inline(always)]
+    fn at(&self, i: usize) -> &[u8] {
+        self[i].as_ref()
+    }
+}
+
+impl HashRun for StridedHashes<'_> {
+    #[inline(always)]
+    fn len(&self) -> usize {
+        self.len
+    }
+    #[inline(always)]
+    fn at(&self, i: usize) -> &[u8] {
+        self.get(i)
+    }
 }
 
 /// Equal when they hold the same hashes in the same order, however each side holds them.
@@ -156,6 +246,7 @@ impl<'a> BlockHashes<'a> {
             Self::Bytes(h) => h.len(),
             Self::Fixed(h) => h.len(),
             Self::Slices(h) => h.len(),
+            Self::Strided(h) => h.len(),
         }
     }
 
@@ -173,6 +264,7 @@ impl<'a> BlockHashes<'a> {
             Self::Bytes(h) => &h[i],
             Self::Fixed(h) => &h[i],
             Self::Slices(h) => h[i],
+            Self::Strided(h) => h.get(i),
         }
     }
 }
@@ -864,6 +956,7 @@ impl Index {
             BlockHashes::Bytes(h) => self.walk_blocks(h, counts, ks, now, ttl, lfu),
             BlockHashes::Fixed(h) => self.walk_blocks(h, counts, ks, now, ttl, lfu),
             BlockHashes::Slices(h) => self.walk_blocks(h, counts, ks, now, ttl, lfu),
+            BlockHashes::Strided(h) => self.walk_blocks(h, counts, ks, now, ttl, lfu),
         }
     }
 
@@ -880,9 +973,9 @@ impl Index {
     /// breaks, and where a holder of the previous block stops or changes tier. LFU tenants
     /// visit every block's holders: each (block, holder) is an LFU hit.
     #[inline(never)]
-    fn walk_blocks<H: AsRef<[u8]>>(
+    fn walk_blocks<H: HashRun>(
         &mut self,
-        hashes: &[H],
+        hashes: H,
         counts: &[i32],
         ks: u32,
         now: i64,
@@ -910,7 +1003,7 @@ impl Index {
         let mut walk = Walk::default();
         while start < n {
             if start > 0 && !lfu {
-                let key = |j: usize| self.cat.key_for(ks, hashes[start + j].as_ref());
+                let key = |j: usize| self.cat.key_for(ks, hashes.at(start + j));
                 let m = self.store.run_matches(prev, n - start, key);
                 if m > 0 {
                     let sum = counts[start..start + m]
@@ -926,10 +1019,10 @@ impl Index {
             let end = (start + BATCH).min(n);
             let mut resolved = start;
             let mut ended = false;
-            for (slot, hash) in batch.iter_mut().zip(&hashes[start..end]) {
+            for (slot, i) in batch.iter_mut().zip(start..end) {
                 let Some(pos) = self
                     .cat
-                    .key_for(ks, hash.as_ref())
+                    .key_for(ks, hashes.at(i))
                     .and_then(|k| self.store.find_after(prev, k).map(|p| (k, p)))
                 else {
                     // The walk ends at this block: the rest of the batch is never read.

@@ -42,7 +42,7 @@ pub use aggregate::{
 pub use eviction::{
     CapBuildStep, CapSlice, CapVictim, QuotaVictim, SweepBudget, SweepStep, select_victims,
 };
-pub use lookup::{BlockHashes, LfuHit, LookupQuery, LookupView, Score, Strategy};
+pub use lookup::{BlockHashes, LfuHit, LookupQuery, LookupView, Score, Strategy, StridedHashes};
 pub use persist::{PersistEntry, PersistStats, RestoreCache, RestoreOutcome};
 pub use ranking::RankerConfig;
 pub use removal::{RemovalReason, RemovalSink, Removed};
