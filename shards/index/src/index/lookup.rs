@@ -198,6 +198,8 @@ impl<'a> StridedHashes<'a> {
 trait HashRun: Copy {
     fn len(&self) -> usize;
     fn at(&self, i: usize) -> &[u8];
+    /// The hashes from `start` on (`start <= len`).
+    fn after(self, start: usize) -> Self;
 }
 
 impl<H: AsRef<[u8]>> HashRun for &[H] {
@@ -209,6 +211,10 @@ impl<H: AsRef<[u8]>> HashRun for &[H] {
     fn at(&self, i: usize) -> &[u8] {
         self[i].as_ref()
     }
+    #[inline(always)]
+    fn after(self, start: usize) -> Self {
+        &self[start..]
+    }
 }
 
 impl HashRun for StridedHashes<'_> {
@@ -219,6 +225,15 @@ impl HashRun for StridedHashes<'_> {
     #[inline(always)]
     fn at(&self, i: usize) -> &[u8] {
         self.get(i)
+    }
+    #[inline(always)]
+    fn after(self, start: usize) -> Self {
+        let skip = (start * self.stride).min(self.bytes.len());
+        StridedHashes {
+            bytes: &self.bytes[skip..],
+            stride: self.stride,
+            len: self.len - start,
+        }
     }
 }
 
@@ -1003,8 +1018,9 @@ impl Index {
         let mut walk = Walk::default();
         while start < n {
             if start > 0 && !lfu {
-                let key = |j: usize| self.cat.key_for(ks, hashes.at(start + j));
-                let m = self.store.run_matches(prev, n - start, key);
+                let rest = hashes.after(start);
+                let key = |j: usize| self.cat.key_for(ks, rest.at(j));
+                let m = self.store.run_matches(prev, rest.len(), key);
                 if m > 0 {
                     let sum = counts[start..start + m]
                         .iter()
