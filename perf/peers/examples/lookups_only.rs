@@ -8,7 +8,8 @@
 //!
 //! For callgrind: `--toggle-collect='*Index*lookup_route*'`. `DIST=1` prints each timed
 //! lookup's answer size, number of distinct matched lengths and fastest repetition's time to stderr. `MIN_BLOCKS=n`
-//! skips the lookups of fewer than n blocks (to profile the long chains alone).
+//! skips the lookups of fewer than n blocks (to profile the long chains alone). `WORKERS=n`
+//! and `EXPAND=e` change the fleet (speed: workers / 64, as run.sh's default).
 #[allow(dead_code)]
 #[path = "../src/adapters.rs"]
 mod adapters;
@@ -23,14 +24,17 @@ fn main() {
     let min_blocks: usize = std::env::var("MIN_BLOCKS").map_or(0, |s| s.parse().unwrap());
     let mut trace = parse_trace(&text).unwrap();
     trace.truncate(limit);
+    let env =
+        |name: &str, default: u32| std::env::var(name).map_or(default, |s| s.parse().unwrap());
+    let (workers, expand) = (env("WORKERS", 64), env("EXPAND", 32));
     let config = SimConfig {
-        workers: 64,
+        workers,
         worker_blocks: fleetsim::sim::DEFAULT_WORKER_BLOCKS,
-        expand: 32,
-        speed: 1,
+        expand,
+        speed: (workers / 64).max(1),
     };
     let sim = simulate(&trace, config).unwrap();
-    let mut index = adapters::Ours::new(64, 16);
+    let mut index = adapters::Ours::new(workers, 512 / expand);
     let mut out = Vec::new();
     let mut times = Vec::new();
     let mut mismatches = 0;
