@@ -62,6 +62,7 @@ pub fn decode<'a>(
     slices: &'a mut Vec<&'a [u8]>,
 ) -> Option<LookupRouteView<'a>> {
     scratch.ranges.clear();
+    let mut in_place = InPlace::default();
     scratch.counts.clear();
     scratch.token_ids.clear();
     let mut view = LookupRouteView::default();
@@ -77,7 +78,7 @@ pub fn decode<'a>(
             (6, LEN) => view.slo = Some(slo(bytes(msg, &mut at)?, view.slo.unwrap_or_default())?),
             (7, LEN) => {
                 let hash = bytes(msg, &mut at)?;
-                scratch.ranges.push((at - hash.len(), at));
+                in_place.note(at - hash.len(), at, &mut scratch.ranges);
             }
             (8, _) => repeated(msg, &mut at, wire, |v| scratch.counts.push(v as i32))?,
             (9, _) => repeated(msg, &mut at, wire, |v| scratch.token_ids.push(v as u32))?,
@@ -87,7 +88,7 @@ pub fn decode<'a>(
             _ => skip(msg, &mut at, wire)?,
         }
     }
-    if let Some(hashes) = strided(msg, &scratch.ranges) {
+    if let Some(hashes) = in_place.hashes(msg) {
         view.block_hashes = BlockHashes::Strided(hashes);
         view.block_token_counts = &scratch.counts;
         view.token_ids = &scratch.token_ids;
@@ -109,20 +110,46 @@ pub fn decode<'a>(
 /// one another: a 1-byte key (field 7, length-delimited), a 1-byte length (8), the hash.
 const PACKED_HASH_STRIDE: usize = 10;
 
-/// The block hashes borrowed where they lie in `msg`, when each is 8 bytes and they follow one
-/// another (as every encoder writes a repeated field): the index reads each hash where the walk
-/// needs it, nothing is copied per block. `None` otherwise (the caller copies or borrows them
-/// one by one).
-fn strided<'a>(msg: &'a [u8], ranges: &[(usize, usize)]) -> Option<StridedHashes<'a>> {
-    let &(first, _) = ranges.first()?;
-    let contiguous = ranges
-        .iter()
-        .enumerate()
-        .all(|(i, &(s, e))| e - s == 8 && s == first + i * PACKED_HASH_STRIDE);
-    if !contiguous {
-        return None;
+/// The `block_hashes` seen so far while they all lie in place: 8 bytes each, one after
+/// another ([`PACKED_HASH_STRIDE`] apart, as every encoder writes a repeated field). Then the
+/// index reads each hash where the walk needs it and nothing is kept per block, not even its
+/// offsets; the first entry that breaks the pattern writes the offsets of those before it and
+/// the decoder goes on with offsets (the hashes are then copied or borrowed one by one).
+#[derive(Default)]
+struct InPlace {
+    first: usize,
+    count: usize,
+    broken: bool,
+}
+
+impl InPlace {
+    /// Notes the hash at `msg[start..end]`, or its offsets in `ranges` once the pattern broke.
+    #[inline]
+    fn note(&mut self, start: usize, end: usize, ranges: &mut Vec<(usize, usize)>) {
+        if !self.broken {
+            if self.count == 0 && end - start == 8 {
+                self.first = start;
+            }
+            if end - start == 8 && start == self.first + self.count * PACKED_HASH_STRIDE {
+                self.count += 1;
+                return;
+            }
+            self.broken = true;
+            ranges.extend((0..self.count).map(|i| {
+                let s = self.first + i * PACKED_HASH_STRIDE;
+                (s, s + 8)
+            }));
+        }
+        ranges.push((start, end));
     }
-    StridedHashes::new(&msg[first..], PACKED_HASH_STRIDE, ranges.len())
+
+    /// The hashes where they lie, when there are some and the pattern held.
+    fn hashes<'a>(&self, msg: &'a [u8]) -> Option<StridedHashes<'a>> {
+        if self.broken || self.count == 0 {
+            return None;
+        }
+        StridedHashes::new(&msg[self.first..], PACKED_HASH_STRIDE, self.count)
+    }
 }
 
 /// Copies the block hashes into `scratch.fixed` when every one is 8 bytes; leaves it short
@@ -392,6 +419,10 @@ mod tests {
         let msg = mixed.encode_to_vec();
         let view = decode(&msg, &mut scratch, &mut slices).unwrap();
         assert!(matches!(view.block_hashes, BlockHashes::Slices(h) if h.len() == 3));
+        // The two in place before the 5-byte one keep their offsets.
+        assert_eq!(view.block_hashes.get(0), [1u8; 8]);
+        assert_eq!(view.block_hashes.get(1), [2u8; 8]);
+        assert_eq!(view.block_hashes.get(2), [3u8; 5]);
     }
 
     #[test]
