@@ -681,32 +681,15 @@ impl Scratch {
     /// a histogram over every block of the request. Same factors, applied the same way.
     /// Returns false, changing nothing, when there are more groups.
     fn depth_power_few_blocks(&mut self, scores: &mut [Score], total: usize) -> bool {
-        let mut blocks = [0u32; FEW_GROUPS];
-        let mut sizes = [0i64; FEW_GROUPS];
-        let mut groups = 0;
-        for &b in &self.score_blocks {
-            match blocks[..groups].iter().position(|&x| x == b) {
-                Some(g) => sizes[g] += 1,
-                None if groups == FEW_GROUPS => return false,
-                None => {
-                    blocks[groups] = b;
-                    sizes[groups] = 1;
-                    groups += 1;
-                }
+        let mut groups = answer::Groups::default();
+        for (s, &b) in scores.iter().zip(&self.score_blocks) {
+            if groups.of(b, s.matched_tokens).is_none() {
+                return false;
             }
         }
-        // A group's `right`: the scores whose run ends at or after its block.
-        let mut factors = [1.0f32; FEW_GROUPS];
-        for (g, factor) in factors[..groups].iter_mut().enumerate() {
-            let right: i64 = (0..groups)
-                .filter(|&h| blocks[h] >= blocks[g])
-                .map(|h| sizes[h])
-                .sum();
-            *factor = distinguishing_power(right, total as i64) as f32;
-        }
+        let factors = groups.factors(total);
         for (s, &b) in scores.iter_mut().zip(&self.score_blocks) {
-            let g = blocks[..groups].iter().position(|&x| x == b).unwrap_or(0);
-            s.score *= factors[g];
+            s.score *= factors[groups.find(b).unwrap_or(0)];
         }
         true
     }

@@ -37,7 +37,7 @@ pub(super) struct AnswerInputs {
 
 /// The groups of scored runs by their last block (at most [`FEW_GROUPS`]).
 #[derive(Default)]
-struct Groups {
+pub(super) struct Groups {
     blocks: [u32; FEW_GROUPS],
     /// The matched tokens of the group's runs (equal: the sum of the request's counts up to
     /// its block).
@@ -49,8 +49,8 @@ struct Groups {
 impl Groups {
     /// The group of runs ending at `block`, added if new; `None` when there would be too many.
     #[inline]
-    fn of(&mut self, block: u32, matched: i32) -> Option<u8> {
-        if let Some(g) = self.blocks[..self.len].iter().position(|&b| b == block) {
+    pub(super) fn of(&mut self, block: u32, matched: i32) -> Option<u8> {
+        if let Some(g) = self.find(block) {
             // Runs reaching one block matched the same tokens; were it not so, the general
             // path groups them by tokens.
             if self.matched[g] != matched {
@@ -71,7 +71,7 @@ impl Groups {
 
     /// §9.5: a group's factor is the distinguishing power of the runs matching at least as
     /// much, that is of the groups ending at or after its block (as `depth_power_few_blocks`).
-    fn factors(&self, total: usize) -> [f32; FEW_GROUPS] {
+    pub(super) fn factors(&self, total: usize) -> [f32; FEW_GROUPS] {
         let mut factors = [1.0f32; FEW_GROUPS];
         for (g, factor) in factors[..self.len].iter_mut().enumerate() {
             let right: i64 = (0..self.len)
@@ -81,6 +81,12 @@ impl Groups {
             *factor = distinguishing_power(right, total as i64) as f32;
         }
         factors
+    }
+
+    /// The group of runs ending at `block`, if there is one.
+    #[inline]
+    pub(super) fn find(&self, block: u32) -> Option<usize> {
+        self.blocks[..self.len].iter().position(|&b| b == block)
     }
 
     /// Whether a group ending at a later block always matched more tokens. §9.5 groups scores
