@@ -1148,6 +1148,18 @@ impl Index {
             }
             for (i, (h, c)) in hashes.iter().zip(counts).enumerate() {
                 cum = cum.wrapping_add(*c);
+                if batched && placed[i].1 {
+                    // Created by the first pass with this entry as its only holder (95% of the
+                    // blocks of a fleet's chains): what `upsert_at` does for a new key, without
+                    // its holder search.
+                    let pos = placed[i].0;
+                    self.store.note_upsert(run, pos, replica, true, true);
+                    created.keys += 1;
+                    created.entries += 1;
+                    self.touch_created(pos, replica);
+                    out.upserts += 1;
+                    continue;
+                }
                 let entry = EntryUpsert {
                     replica,
                     tokens: cum,
@@ -1163,6 +1175,15 @@ impl Index {
             }
         }
         self.on_created(ks, replica, created);
+    }
+
+    /// The eviction bookkeeping of a key just created at `pos` for `replica`, as
+    /// [`Index::upsert_at`] does it (two inlined tests without a cap or quota heap).
+    #[inline(always)]
+    fn touch_created(&mut self, pos: u32, replica: u32) {
+        let key = self.store.key_at(pos);
+        self.cap_touch(key, replica, Some(pos));
+        self.quota_touch(key);
     }
 
     /// Counts what upserts in keyspace `ks` for `replica` created.

@@ -740,19 +740,29 @@ impl Store {
         // has its run bit set, so keeping it is clearing it.
         self.run_cleared.0 = NIL;
         let follows = cursor.pos.wrapping_add(1) == pos && applied;
-        if follows && !created {
+        if follows {
+            // Created right after its predecessor (the common case of a new chain: inlined
+            // too): continues it if the predecessor's only holder is this chain's (created by
+            // it, or held by no other replica).
+            if created
+                && cursor.pos != NIL
+                && (cursor.created || self.keys.rec(cursor.pos).next == NIL)
+            {
+                *self.keys.ks_mut(pos) |= RUN_FLAG;
+                *self.keys.ks_mut(cursor.pos) |= NEXT_RUN_FLAG;
+            }
             cursor.pos = pos;
-            cursor.created = false;
+            cursor.created = created;
             #[cfg(debug_assertions)]
             {
                 cursor.moves = self.moves;
             }
         } else {
-            self.note_upsert_cold(cursor, pos, replica, created, applied, follows);
+            self.note_upsert_cold(cursor, pos, replica, created, applied);
         }
     }
 
-    /// [`Store::note_upsert`] when the record does not keep its run bit as it is.
+    /// [`Store::note_upsert`] when the upsert does not follow the cursor's.
     #[inline(never)]
     fn note_upsert_cold(
         &mut self,
@@ -761,20 +771,10 @@ impl Store {
         replica: u32,
         created: bool,
         applied: bool,
-        follows: bool,
     ) {
-        if follows {
-            // Created right after its predecessor: continues it if the predecessor's only holder
-            // is this chain's (created by it, or held by no other replica).
-            if cursor.pos != NIL && (cursor.created || self.keys.rec(cursor.pos).next == NIL) {
-                *self.keys.ks_mut(pos) |= RUN_FLAG;
-                *self.keys.ks_mut(cursor.pos) |= NEXT_RUN_FLAG;
-            }
-        } else {
-            self.end_run(*cursor);
-            if applied {
-                self.rejoin_run(pos, replica);
-            }
+        self.end_run(*cursor);
+        if applied {
+            self.rejoin_run(pos, replica);
         }
         *cursor = if applied {
             RunCursor {
