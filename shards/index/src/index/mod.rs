@@ -444,6 +444,28 @@ struct EventMemo {
     targets: EvictTargets,
 }
 
+/// Whether two byte strings are equal: `==`, with names of at most 16 bytes (tenants, models,
+/// replicas) compared inline in two overlapping loads each instead of a call to `memcmp` (three
+/// of them per `PREFIX_EVICTED` event were ~50 instructions of its ~900).
+#[inline(always)]
+fn same_bytes(a: &[u8], b: &[u8]) -> bool {
+    let n = a.len();
+    if n != b.len() {
+        return false;
+    }
+    let u64_at = |s: &[u8], i: usize| u64::from_le_bytes(s[i..i + 8].try_into().expect("8 bytes"));
+    let u32_at = |s: &[u8], i: usize| u32::from_le_bytes(s[i..i + 4].try_into().expect("4 bytes"));
+    match n {
+        0 => true,
+        // First, middle and last byte: every byte of 1 to 3.
+        1..=3 => a[0] == b[0] && a[n / 2] == b[n / 2] && a[n - 1] == b[n - 1],
+        // First and last four (or eight) bytes, overlapping: every byte.
+        4..=7 => u32_at(a, 0) == u32_at(b, 0) && u32_at(a, n - 4) == u32_at(b, n - 4),
+        8..=16 => u64_at(a, 0) == u64_at(b, 0) && u64_at(a, n - 8) == u64_at(b, n - 8),
+        _ => a == b,
+    }
+}
+
 /// The keyspaces of a model scope a `PREFIX_EVICTED` event's hash may be removed from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum EvictTargets {
@@ -563,17 +585,18 @@ impl Catalog {
             return None;
         }
         let names = &self.strings;
+        let same = |id: u32, s: &str| same_bytes(names.name(id).as_bytes(), s.as_bytes());
         let same_adapter = if m.adapter == DEAD {
             e.adapter_id.is_empty()
         } else {
-            names.name(m.adapter) == e.adapter_id
+            same(m.adapter, &e.adapter_id)
         };
         // The replica first: consecutive events of one model most often differ in it.
-        (names.name(m.replica) == e.replica_id
+        (same(m.replica, &e.replica_id)
             && same_adapter
-            && names.name(m.model) == e.model_id
-            && names.name(m.tenant) == e.tenant_id)
-            .then_some(*m)
+            && same(m.model, &e.model_id)
+            && same(m.tenant, &e.tenant_id))
+        .then_some(*m)
     }
 
     /// The keyspaces of model scope `mscope` matching `adapter` ([`DEAD`]: any).
@@ -2043,4 +2066,27 @@ pub struct EntryDump {
     pub tier: i32,
     /// LFU counter.
     pub access_count: u64,
+}
+
+#[cfg(test)]
+mod same_bytes_tests {
+    use super::same_bytes;
+
+    /// Equal exactly when `==` says so, at every length around the inline comparisons' edges,
+    /// with the one differing byte anywhere.
+    #[test]
+    fn agrees_with_eq_at_every_length_and_position() {
+        for n in 0..40usize {
+            let a: Vec<u8> = (0..n as u8).map(|i| i.wrapping_mul(37) ^ 0x5a).collect();
+            assert!(same_bytes(&a, &a.clone()));
+            for at in 0..n {
+                let mut b = a.clone();
+                b[at] ^= 1;
+                assert!(!same_bytes(&a, &b), "length {n}, differs at {at}");
+            }
+            let mut longer = a.clone();
+            longer.push(0);
+            assert!(!same_bytes(&a, &longer));
+        }
+    }
 }
