@@ -1262,11 +1262,22 @@ impl Index {
         }
     }
 
-    /// The entry `(key, replica)` was removed, and with it the key when `key_gone`.
+    /// The entry `(key, replica)` was removed, and with it the key when `key_gone`. Resolves
+    /// the keyspace's scope and model scope once for every count (this runs once per removed
+    /// entry: a `PREFIX_EVICTED` event's whole work besides the store).
+    #[inline]
     fn on_entry_removed(&mut self, key: KeyId, replica: u32, key_gone: bool) {
-        let scope_id = self.cat.keyspaces[key.keyspace() as usize].scope;
-        let tenant = self.cat.scopes[scope_id as usize].tenant;
-        // One tenant record lookup for both counts (this runs once per removed entry).
+        let ks = &mut self.cat.keyspaces[key.keyspace() as usize];
+        let scope_id = ks.scope;
+        if key_gone {
+            ks.keys -= 1;
+            if ks.keys == 0 {
+                self.reclaimable += 1;
+            }
+        }
+        let scope = &self.cat.scopes[scope_id as usize];
+        let (tenant, model, mscope) = (scope.tenant, scope.model, scope.mscope);
+        // One tenant record lookup for both counts.
         let t = self.cat.tenants.get_mut(&tenant).expect("tenant record");
         debug_assert!(t.entries >= 1);
         t.entries -= 1;
@@ -1277,7 +1288,16 @@ impl Index {
         }
         self.count_core_entries_removed(reserved, 1);
         if key_gone {
-            self.count_key_gone(key, tenant, fp, reserved);
+            let m = &mut self.cat.models[mscope as usize];
+            debug_assert!(m.prefixes > 0);
+            m.prefixes -= 1;
+            self.pending_tenant(tenant, fp, -1);
+            if !reserved {
+                self.gauge.add(model, -1);
+            }
+            if key.is_blob() {
+                self.cat.blobs.release(key.h as u32);
+            }
         }
         let scope = &mut self.cat.scopes[scope_id as usize];
         let c = scope.serving.get_mut(&replica).expect("serving count");
@@ -1320,7 +1340,7 @@ impl Index {
 
     /// The key counts [`Index::on_key_gone`] keeps besides the tenant record's (which the
     /// caller has counted): keyspace, model scope, the directory's tenant count, the entries
-    /// gauge, the key's blob.
+    /// gauge, the key's blob ([`Index::on_entry_removed`] counts the same inline).
     fn count_key_gone(&mut self, key: KeyId, tenant: u32, fp: TenantFp, reserved: bool) {
         let ks = &mut self.cat.keyspaces[key.keyspace() as usize];
         let scope_id = ks.scope;
