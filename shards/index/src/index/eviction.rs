@@ -755,6 +755,16 @@ impl Index {
         }
     }
 
+    /// Whether a cap or quota heap or build follows the entries' changes: without one,
+    /// [`Index::cap_touch`] and [`Index::quota_touch`] do nothing.
+    #[inline(always)]
+    pub(crate) fn evictions_tracked(&self) -> bool {
+        self.cap.active
+            || self.cap.next.is_some()
+            || !self.quotas.is_empty()
+            || self.quota_next.is_some()
+    }
+
     /// Mutation hook: keeps the cap-heap invariant (and a build's) after an entry's sort key
     /// changed.
     #[inline]

@@ -1204,9 +1204,12 @@ impl Index {
     /// [`Index::upsert_at`] does it (two inlined tests without a cap or quota heap).
     #[inline(always)]
     fn touch_created(&mut self, pos: u32, replica: u32) {
-        let key = self.store.key_at(pos);
-        self.cap_touch(key, replica, Some(pos));
-        self.quota_touch(key);
+        // The key is read only for a heap or build to keep (not per block otherwise).
+        if self.evictions_tracked() {
+            let key = self.store.key_at(pos);
+            self.cap_touch(key, replica, Some(pos));
+            self.quota_touch(key);
+        }
     }
 
     /// Counts what upserts in keyspace `ks` for `replica` created.
