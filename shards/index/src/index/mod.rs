@@ -435,8 +435,15 @@ pub(crate) struct Catalog {
 #[derive(Clone, Copy, Debug)]
 struct EventMemo {
     epoch: u64,
-    tenant: u32,
-    model: u32,
+    /// The event's tenant, model, replica and adapter (empty for none), as compared.
+    names: [MemoName; 4],
+    evict: EvictPlan,
+}
+
+/// What a `PREFIX_EVICTED` event removes its hash from: the replica's entries in the keyspaces
+/// of a model scope (small: copied out of the memo per event).
+#[derive(Clone, Copy, Debug)]
+struct EvictPlan {
     replica: u32,
     /// [`DEAD`]: the event named no adapter (every keyspace of the model scope).
     adapter: u32,
@@ -444,25 +451,59 @@ struct EventMemo {
     targets: EvictTargets,
 }
 
-/// Whether two byte strings are equal: `==`, with names of at most 16 bytes (tenants, models,
-/// replicas) compared inline in two overlapping loads each instead of a call to `memcmp` (three
-/// of them per `PREFIX_EVICTED` event were ~50 instructions of its ~900).
-#[inline(always)]
-fn same_bytes(a: &[u8], b: &[u8]) -> bool {
-    let n = a.len();
-    if n != b.len() {
-        return false;
+/// A name of at most 16 bytes as its length and two words that determine its bytes: the first
+/// and last 8 (or 4) bytes, overlapping; of 1 to 3 bytes, the first, middle and last byte. Two
+/// such names are equal exactly when their signatures are. The event memo keeps its names'
+/// signatures, so a `PREFIX_EVICTED` event's names are compared without reading the string
+/// table or calling `memcmp` (~60 instructions of an event's ~900 did both).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct NameSig {
+    len: usize,
+    words: (u64, u64),
+}
+
+impl NameSig {
+    /// The signature of `s`, None when it is longer than 16 bytes.
+    #[inline(always)]
+    fn of(s: &str) -> Option<NameSig> {
+        let s = s.as_bytes();
+        let n = s.len();
+        let u64_at = |i: usize| u64::from_le_bytes(s[i..i + 8].try_into().expect("8 bytes"));
+        let u32_at = |i: usize| u32::from_le_bytes(s[i..i + 4].try_into().expect("4 bytes"));
+        let words = match n {
+            0 => (0, 0),
+            1..=3 => (
+                s[0] as u64 | (s[n / 2] as u64) << 8 | (s[n - 1] as u64) << 16,
+                0,
+            ),
+            4..=7 => (u32_at(0) as u64, u32_at(n - 4) as u64),
+            8..=16 => (u64_at(0), u64_at(n - 8)),
+            _ => return None,
+        };
+        Some(NameSig { len: n, words })
     }
-    let u64_at = |s: &[u8], i: usize| u64::from_le_bytes(s[i..i + 8].try_into().expect("8 bytes"));
-    let u32_at = |s: &[u8], i: usize| u32::from_le_bytes(s[i..i + 4].try_into().expect("4 bytes"));
-    match n {
-        0 => true,
-        // First, middle and last byte: every byte of 1 to 3.
-        1..=3 => a[0] == b[0] && a[n / 2] == b[n / 2] && a[n - 1] == b[n - 1],
-        // First and last four (or eight) bytes, overlapping: every byte.
-        4..=7 => u32_at(a, 0) == u32_at(b, 0) && u32_at(a, n - 4) == u32_at(b, n - 4),
-        8..=16 => u64_at(a, 0) == u64_at(b, 0) && u64_at(a, n - 8) == u64_at(b, n - 8),
-        _ => a == b,
+}
+
+/// How the event memo recognises one of its names: by signature, or (a name longer than 16
+/// bytes) by the string table's bytes of its id.
+#[derive(Clone, Copy, Debug)]
+enum MemoName {
+    Sig(NameSig),
+    Id(u32),
+}
+
+impl MemoName {
+    fn new(name: &str, id: u32) -> MemoName {
+        NameSig::of(name).map_or(MemoName::Id(id), MemoName::Sig)
+    }
+
+    /// Whether `s` is this name.
+    #[inline(always)]
+    fn is(&self, s: &str, names: &Strings) -> bool {
+        match self {
+            MemoName::Sig(sig) => NameSig::of(s) == Some(*sig),
+            MemoName::Id(id) => names.name(*id) == s,
+        }
     }
 }
 
@@ -579,24 +620,19 @@ impl Catalog {
 
     /// The memo of the last `PREFIX_EVICTED` event if `e` names the same tenant, model, replica
     /// and adapter, byte for byte, and nothing it resolved may have changed since.
-    fn event_memo_for(&self, e: &CacheEvent) -> Option<EventMemo> {
+    fn event_memo_for(&self, e: &CacheEvent) -> Option<EvictPlan> {
         let m = self.event_memo.as_ref()?;
         if m.epoch != self.epoch {
             return None;
         }
         let names = &self.strings;
-        let same = |id: u32, s: &str| same_bytes(names.name(id).as_bytes(), s.as_bytes());
-        let same_adapter = if m.adapter == DEAD {
-            e.adapter_id.is_empty()
-        } else {
-            same(m.adapter, &e.adapter_id)
-        };
+        let [tenant, model, replica, adapter] = &m.names;
         // The replica first: consecutive events of one model most often differ in it.
-        (same(m.replica, &e.replica_id)
-            && same_adapter
-            && same(m.model, &e.model_id)
-            && same(m.tenant, &e.tenant_id))
-        .then_some(*m)
+        (replica.is(&e.replica_id, names)
+            && adapter.is(&e.adapter_id, names)
+            && model.is(&e.model_id, names)
+            && tenant.is(&e.tenant_id, names))
+        .then_some(m.evict)
     }
 
     /// The keyspaces of model scope `mscope` matching `adapter` ([`DEAD`]: any).
@@ -1894,17 +1930,29 @@ impl Index {
                         None => return out,
                     }
                 };
-                let memo = EventMemo {
-                    epoch: self.cat.epoch,
-                    tenant: self.cat.models[mscope as usize].tenant,
-                    model: self.cat.models[mscope as usize].model,
+                let (tenant, model) = {
+                    let m = &self.cat.models[mscope as usize];
+                    (m.tenant, m.model)
+                };
+                let plan = EvictPlan {
                     replica,
                     adapter,
                     mscope,
                     targets: self.cat.evict_targets(mscope, adapter),
                 };
+                let memo = EventMemo {
+                    epoch: self.cat.epoch,
+                    evict: plan,
+                    names: [
+                        MemoName::new(&e.tenant_id, tenant),
+                        MemoName::new(&e.model_id, model),
+                        MemoName::new(&e.replica_id, replica),
+                        // The empty name (no adapter) always has a signature.
+                        MemoName::new(&e.adapter_id, adapter),
+                    ],
+                };
                 self.cat.event_memo = Some(memo);
-                out.entries_removed = self.evict(&memo, &e.prefix_hash);
+                out.entries_removed = self.evict(&plan, &e.prefix_hash);
             }
             Ok(cache_event::Type::ReplicaUpdated) => {
                 if let Some(row) = self.cat.models[mscope as usize].stats.get_mut(&replica) {
@@ -1931,7 +1979,7 @@ impl Index {
 
     /// Removes the memo's replica from the key `hash` in each keyspace the memo's event targets
     /// (`PREFIX_EVICTED`). Returns the entries removed.
-    fn evict(&mut self, memo: &EventMemo, hash: &[u8]) -> u64 {
+    fn evict(&mut self, memo: &EvictPlan, hash: &[u8]) -> u64 {
         let mut removed = 0;
         match memo.targets {
             EvictTargets::None => {}
@@ -2092,24 +2140,31 @@ pub struct EntryDump {
 }
 
 #[cfg(test)]
-mod same_bytes_tests {
-    use super::same_bytes;
+mod name_sig_tests {
+    use super::NameSig;
 
-    /// Equal exactly when `==` says so, at every length around the inline comparisons' edges,
-    /// with the one differing byte anywhere.
+    /// Two names have one signature exactly when they are equal, at every length around the
+    /// signature's cases, with the one differing byte anywhere; longer names have none.
     #[test]
-    fn agrees_with_eq_at_every_length_and_position() {
-        for n in 0..40usize {
-            let a: Vec<u8> = (0..n as u8).map(|i| i.wrapping_mul(37) ^ 0x5a).collect();
-            assert!(same_bytes(&a, &a.clone()));
+    fn equal_signatures_exactly_for_equal_names() {
+        for n in 0..=16usize {
+            let a: String = (0..n)
+                .map(|i| (b'a' + (i * 7 % 26) as u8) as char)
+                .collect();
+            assert_eq!(NameSig::of(&a), NameSig::of(&a.clone()));
             for at in 0..n {
-                let mut b = a.clone();
-                b[at] ^= 1;
-                assert!(!same_bytes(&a, &b), "length {n}, differs at {at}");
+                let mut b = a.clone().into_bytes();
+                b[at] = b'A';
+                let b = String::from_utf8(b).unwrap();
+                assert_ne!(
+                    NameSig::of(&a),
+                    NameSig::of(&b),
+                    "length {n}, differs at {at}"
+                );
             }
-            let mut longer = a.clone();
-            longer.push(0);
-            assert!(!same_bytes(&a, &longer));
+            let longer = format!("{a}a");
+            assert_ne!(NameSig::of(&a), NameSig::of(&longer));
         }
+        assert_eq!(NameSig::of(&"x".repeat(17)), None);
     }
 }
