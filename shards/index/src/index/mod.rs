@@ -501,7 +501,7 @@ impl MemoName {
     #[inline(always)]
     fn is(&self, s: &str, names: &Strings) -> bool {
         match self {
-            MemoName::Sig(sig) => NameSig::of(s) == Some(*sig),
+            MemoName::Sig(sig) => s.len() == sig.len && NameSig::of(s).is_some_and(|g| g == *sig),
             MemoName::Id(id) => names.name(*id) == s,
         }
     }
@@ -1046,11 +1046,14 @@ impl Index {
             .add_entries(self.pending.total, self.pending.non_reserved);
         self.pending.total = 0;
         self.pending.non_reserved = 0;
-        for (_, fp, d) in self.pending.tenants.drain(..) {
+        // Indexed, then cleared: a `Drain` per flush cost more than its one element (a flush
+        // follows every event).
+        for &(_, fp, d) in &self.pending.tenants {
             if d != 0 {
                 self.dir.add_tenant_keys(fp, d);
             }
         }
+        self.pending.tenants.clear();
     }
 
     // ---- primitives (§3.3) ------------------------------------------------------------------
