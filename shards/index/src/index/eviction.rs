@@ -1407,7 +1407,7 @@ impl Index {
                 let algo = self.cat.tenants[&self.cat.tenant_of(key)].algo;
                 self.report_removal(key, replica, RemovalReason::Cap, algo, now);
                 let removed = self.remove_entry(key, replica);
-                debug_assert!(removed.is_some());
+                debug_assert!(removed);
                 out.add(algo);
                 evicted += 1;
                 work += 1;
@@ -2391,7 +2391,7 @@ impl Index {
             }
             self.report_removal(key, replica, RemovalReason::Cap, algo, now);
             let removed = self.remove_entry(key, replica);
-            debug_assert!(removed.is_some());
+            debug_assert!(removed);
             out.add(algo);
         }
         self.flush();

@@ -1418,15 +1418,19 @@ impl Index {
         scope.sorted.remove(at);
     }
 
-    /// *Remove(key, replica)* of §3.3. Returns the removed holder.
-    fn remove_entry(&mut self, key: KeyId, replica: u32) -> Option<Holder> {
-        let pos = self.store.find_near(key)?;
-        let (holder, key_gone) = self.store.remove_holder(pos, replica)?;
+    /// *Remove(key, replica)* of §3.3. Returns whether there was such an entry.
+    fn remove_entry(&mut self, key: KeyId, replica: u32) -> bool {
+        let Some(pos) = self.store.find_near(key) else {
+            return false;
+        };
+        let Some((_, key_gone)) = self.store.remove_holder(pos, replica) else {
+            return false;
+        };
         self.on_entry_removed(key, replica, key_gone);
         if !key_gone {
             self.quota_touch(key);
         }
-        Some(holder)
+        true
     }
 
     /// Removes every holder of a key (quota victim), reporting each to the removal sink.
@@ -1444,7 +1448,7 @@ impl Index {
             let algo = self.cat.tenants[&self.cat.tenant_of(key)].algo;
             self.report_removal(key, replica, RemovalReason::Quota, algo, now);
             let removed = self.remove_entry(key, replica);
-            debug_assert!(removed.is_some());
+            debug_assert!(removed);
             n += 1;
         }
         n
@@ -1988,7 +1992,7 @@ impl Index {
             EvictTargets::None => {}
             EvictTargets::One(ks) => {
                 if let Some(k) = self.cat.key_for(ks, hash)
-                    && self.remove_entry(k, memo.replica).is_some()
+                    && self.remove_entry(k, memo.replica)
                 {
                     removed += 1;
                 }
@@ -2006,7 +2010,7 @@ impl Index {
                             continue;
                         }
                         if let Some(k) = self.cat.key_for(ks, hash)
-                            && self.remove_entry(k, memo.replica).is_some()
+                            && self.remove_entry(k, memo.replica)
                         {
                             removed += 1;
                         }

@@ -347,15 +347,18 @@ impl FreeSlots {
     }
 
     /// Makes the record at `pos` a free slot, the newest.
+    /// The record has no overflow holders (its `next` is [`NIL`], as a free record's stays).
+    /// One write of its key words and one update of the previous newest's (a removal frees a
+    /// slot after almost every event).
     fn push(&mut self, keys: &mut KeySlab, pos: u32) {
-        *keys.ks_mut(pos) = FREE_KS;
-        keys.rec_mut(pos).next = NIL;
-        keys.set_hash(pos, links(self.newest, NIL));
+        debug_assert_eq!(keys.rec(pos).next, NIL, "a freed record keeps no holders");
+        *keys.key.get_mut(pos) = KeyWords::new(links(self.newest, NIL), FREE_KS);
         if self.newest == NIL {
             self.oldest = pos;
         } else {
-            let older = keys.hash(self.newest) as u32;
-            keys.set_hash(self.newest, links(older, pos));
+            let newest = keys.key.get_mut(self.newest);
+            let older = newest.hash() as u32;
+            *newest = KeyWords::new(links(older, pos), newest.ks);
         }
         self.newest = pos;
         self.count += 1;
@@ -1168,6 +1171,7 @@ impl Store {
     /// Removes `replica`'s holder from the key at `pos`. Returns the removed holder and whether
     /// the key itself was removed (it had no other holder; its slot is then free, and no other
     /// record moves).
+    #[inline]
     pub fn remove_holder(&mut self, pos: u32, replica: u32) -> Option<(Holder, bool)> {
         let rec = self.keys.rec(pos);
         if rec.next == NIL && rec.first.replica() == replica {
