@@ -1190,6 +1190,9 @@ impl Index {
         let mut cum: i32 = 0;
         let mut placed = [(NIL, false); CHAIN_BATCH];
         let mut prev = NIL;
+        // Nothing a chain's upserts do starts a cap or quota heap or build (a touch without one
+        // returns at once), so a chain that begins without one has none to touch throughout.
+        let tracked = self.evictions_tracked();
         let counts = p.block_token_counts.chunks(CHAIN_BATCH);
         for (hashes, counts) in p.block_hashes.chunks(CHAIN_BATCH).zip(counts) {
             let batched = hashes.iter().all(|h| h.len() == 8);
@@ -1218,7 +1221,9 @@ impl Index {
                     self.store.note_upsert(run, pos, replica, true, true);
                     created.keys += 1;
                     created.entries += 1;
-                    self.touch_created(pos, replica);
+                    if tracked {
+                        self.touch_created(pos, replica);
+                    }
                     out.upserts += 1;
                     continue;
                 }
