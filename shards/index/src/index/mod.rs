@@ -1920,7 +1920,15 @@ impl Index {
         out.timestamp_clamped = clamped;
         let evicted = e.r#type == cache_event::Type::PrefixEvicted as i32;
         if evicted && let Some(memo) = self.cat.event_memo_for(e) {
-            out.entries_removed = self.evict(&memo, &e.prefix_hash);
+            out.entries_removed = match memo.targets {
+                // The common case (one keyspace), here rather than through `evict`'s call.
+                EvictTargets::One(ks) => self
+                    .cat
+                    .key_for(ks, &e.prefix_hash)
+                    .is_some_and(|k| self.remove_entry(k, memo.replica))
+                    as u64,
+                _ => self.evict(&memo, &e.prefix_hash),
+            };
             self.flush();
             return out;
         }

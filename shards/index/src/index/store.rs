@@ -350,6 +350,7 @@ impl FreeSlots {
     /// The record has no overflow holders (its `next` is [`NIL`], as a free record's stays).
     /// One write of its key words and one update of the previous newest's (a removal frees a
     /// slot after almost every event).
+    #[inline]
     fn push(&mut self, keys: &mut KeySlab, pos: u32) {
         debug_assert_eq!(keys.rec(pos).next, NIL, "a freed record keeps no holders");
         *keys.key.get_mut(pos) = KeyWords::new(links(self.newest, NIL), FREE_KS);
@@ -1171,7 +1172,7 @@ impl Store {
     /// Removes `replica`'s holder from the key at `pos`. Returns the removed holder and whether
     /// the key itself was removed (it had no other holder; its slot is then free, and no other
     /// record moves).
-    #[inline]
+    #[inline(always)]
     pub fn remove_holder(&mut self, pos: u32, replica: u32) -> Option<(Holder, bool)> {
         let rec = self.keys.rec(pos);
         if rec.next == NIL && rec.first.replica() == replica {
@@ -1194,6 +1195,13 @@ impl Store {
             self.remove_record_of(pos, key);
             return Some((removed, true));
         }
+        self.remove_holder_general(pos, replica)
+    }
+
+    /// [`Store::remove_holder`] when the key has other holders than `replica` (or `replica`
+    /// does not hold it): kept out of line so the common case inlines into the removal.
+    #[inline(never)]
+    fn remove_holder_general(&mut self, pos: u32, replica: u32) -> Option<(Holder, bool)> {
         let at = self.find_holder(pos, replica)?;
         self.entries -= 1;
         self.near = pos;
@@ -1310,7 +1318,7 @@ impl Store {
     }
 
     /// [`Store::remove_key_record`] of the record at `pos`, whose key is `k`.
-    #[inline]
+    #[inline(always)]
     fn remove_record_of(&mut self, pos: u32, k: KeyId) {
         debug_assert_eq!(self.key_at(pos), k);
         debug_assert!(self.keys.rec(pos).next == NIL);
