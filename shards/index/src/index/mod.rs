@@ -676,13 +676,27 @@ struct ModelGauge {
 }
 
 impl ModelGauge {
+    /// Inlined (a removal's key going is counted here after every event): one probe for a
+    /// model already counted, dirty or not (the server drains the dirty list after every
+    /// event); a model's first count takes the out-of-line insert.
+    #[inline(always)]
     fn add(&mut self, model: u32, delta: i64) {
-        let e = self.counts.entry(model).or_insert((0, false, false));
+        let Some(e) = self.counts.get_mut(&model) else {
+            self.add_new(model, delta);
+            return;
+        };
         e.0 = (e.0 as i64 + delta) as u64;
         if !e.1 {
             e.1 = true;
             self.dirty.push(model);
         }
+    }
+
+    /// [`ModelGauge::add`] for a model not counted yet.
+    #[inline(never)]
+    fn add_new(&mut self, model: u32, delta: i64) {
+        self.counts.insert(model, (delta as u64, true, false));
+        self.dirty.push(model);
     }
 }
 
