@@ -755,6 +755,16 @@ impl Index {
         }
     }
 
+    /// Whether a cap or quota heap or build follows the entries' changes: without one,
+    /// [`Index::cap_touch`] and [`Index::quota_touch`] do nothing.
+    #[inline(always)]
+    pub(crate) fn evictions_tracked(&self) -> bool {
+        self.cap.active
+            || self.cap.next.is_some()
+            || !self.quotas.is_empty()
+            || self.quota_next.is_some()
+    }
+
     /// Mutation hook: keeps the cap-heap invariant (and a build's) after an entry's sort key
     /// changed.
     #[inline]
@@ -1397,7 +1407,7 @@ impl Index {
                 let algo = self.cat.tenants[&self.cat.tenant_of(key)].algo;
                 self.report_removal(key, replica, RemovalReason::Cap, algo, now);
                 let removed = self.remove_entry(key, replica);
-                debug_assert!(removed.is_some());
+                debug_assert!(removed);
                 out.add(algo);
                 evicted += 1;
                 work += 1;
@@ -1461,10 +1471,19 @@ impl Index {
     }
 
     /// Mutation hook: keeps a tenant's quota-heap invariant after a key's newest time changed.
+    #[inline(always)]
     pub(crate) fn quota_touch(&mut self, key: KeyId) {
+        // Inlined into every upsert and removal: without a quota heap or a build, a touch is
+        // this test (a call per block was ~20 instructions of the event path).
         if self.quotas.is_empty() && self.quota_next.is_none() {
             return;
         }
+        self.quota_touch_tracked(key);
+    }
+
+    /// [`Index::quota_touch`] with a heap or a build to keep up to date.
+    #[inline(never)]
+    fn quota_touch_tracked(&mut self, key: KeyId) {
         let tenant = self.cat.tenant_of(key);
         if self.quota_next.as_ref().is_some_and(|b| b.tenant == tenant) {
             self.quota_touch_build(key);
@@ -2372,7 +2391,7 @@ impl Index {
             }
             self.report_removal(key, replica, RemovalReason::Cap, algo, now);
             let removed = self.remove_entry(key, replica);
-            debug_assert!(removed.is_some());
+            debug_assert!(removed);
             out.add(algo);
         }
         self.flush();

@@ -435,13 +435,76 @@ pub(crate) struct Catalog {
 #[derive(Clone, Copy, Debug)]
 struct EventMemo {
     epoch: u64,
-    tenant: u32,
-    model: u32,
+    /// The event's tenant, model, replica and adapter (empty for none), as compared.
+    names: [MemoName; 4],
+    evict: EvictPlan,
+}
+
+/// What a `PREFIX_EVICTED` event removes its hash from: the replica's entries in the keyspaces
+/// of a model scope (small: copied out of the memo per event).
+#[derive(Clone, Copy, Debug)]
+struct EvictPlan {
     replica: u32,
     /// [`DEAD`]: the event named no adapter (every keyspace of the model scope).
     adapter: u32,
     mscope: u32,
     targets: EvictTargets,
+}
+
+/// A name of at most 16 bytes as its length and two words that determine its bytes: the first
+/// and last 8 (or 4) bytes, overlapping; of 1 to 3 bytes, the first, middle and last byte. Two
+/// such names are equal exactly when their signatures are. The event memo keeps its names'
+/// signatures, so a `PREFIX_EVICTED` event's names are compared without reading the string
+/// table or calling `memcmp` (~60 instructions of an event's ~900 did both).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct NameSig {
+    len: usize,
+    words: (u64, u64),
+}
+
+impl NameSig {
+    /// The signature of `s`, None when it is longer than 16 bytes.
+    #[inline(always)]
+    fn of(s: &str) -> Option<NameSig> {
+        let s = s.as_bytes();
+        let n = s.len();
+        let u64_at = |i: usize| u64::from_le_bytes(s[i..i + 8].try_into().expect("8 bytes"));
+        let u32_at = |i: usize| u32::from_le_bytes(s[i..i + 4].try_into().expect("4 bytes"));
+        let words = match n {
+            0 => (0, 0),
+            1..=3 => (
+                s[0] as u64 | (s[n / 2] as u64) << 8 | (s[n - 1] as u64) << 16,
+                0,
+            ),
+            4..=7 => (u32_at(0) as u64, u32_at(n - 4) as u64),
+            8..=16 => (u64_at(0), u64_at(n - 8)),
+            _ => return None,
+        };
+        Some(NameSig { len: n, words })
+    }
+}
+
+/// How the event memo recognises one of its names: by signature, or (a name longer than 16
+/// bytes) by the string table's bytes of its id.
+#[derive(Clone, Copy, Debug)]
+enum MemoName {
+    Sig(NameSig),
+    Id(u32),
+}
+
+impl MemoName {
+    fn new(name: &str, id: u32) -> MemoName {
+        NameSig::of(name).map_or(MemoName::Id(id), MemoName::Sig)
+    }
+
+    /// Whether `s` is this name.
+    #[inline(always)]
+    fn is(&self, s: &str, names: &Strings) -> bool {
+        match self {
+            MemoName::Sig(sig) => s.len() == sig.len && NameSig::of(s).is_some_and(|g| g == *sig),
+            MemoName::Id(id) => names.name(*id) == s,
+        }
+    }
 }
 
 /// The keyspaces of a model scope a `PREFIX_EVICTED` event's hash may be removed from.
@@ -557,23 +620,19 @@ impl Catalog {
 
     /// The memo of the last `PREFIX_EVICTED` event if `e` names the same tenant, model, replica
     /// and adapter, byte for byte, and nothing it resolved may have changed since.
-    fn event_memo_for(&self, e: &CacheEvent) -> Option<EventMemo> {
+    fn event_memo_for(&self, e: &CacheEvent) -> Option<EvictPlan> {
         let m = self.event_memo.as_ref()?;
         if m.epoch != self.epoch {
             return None;
         }
         let names = &self.strings;
-        let same_adapter = if m.adapter == DEAD {
-            e.adapter_id.is_empty()
-        } else {
-            names.name(m.adapter) == e.adapter_id
-        };
+        let [tenant, model, replica, adapter] = &m.names;
         // The replica first: consecutive events of one model most often differ in it.
-        (names.name(m.replica) == e.replica_id
-            && same_adapter
-            && names.name(m.model) == e.model_id
-            && names.name(m.tenant) == e.tenant_id)
-            .then_some(*m)
+        (replica.is(&e.replica_id, names)
+            && adapter.is(&e.adapter_id, names)
+            && model.is(&e.model_id, names)
+            && tenant.is(&e.tenant_id, names))
+        .then_some(m.evict)
     }
 
     /// The keyspaces of model scope `mscope` matching `adapter` ([`DEAD`]: any).
@@ -617,13 +676,27 @@ struct ModelGauge {
 }
 
 impl ModelGauge {
+    /// Inlined (a removal's key going is counted here after every event): one probe for a
+    /// model already counted, dirty or not (the server drains the dirty list after every
+    /// event); a model's first count takes the out-of-line insert.
+    #[inline(always)]
     fn add(&mut self, model: u32, delta: i64) {
-        let e = self.counts.entry(model).or_insert((0, false, false));
+        let Some(e) = self.counts.get_mut(&model) else {
+            self.add_new(model, delta);
+            return;
+        };
         e.0 = (e.0 as i64 + delta) as u64;
         if !e.1 {
             e.1 = true;
             self.dirty.push(model);
         }
+    }
+
+    /// [`ModelGauge::add`] for a model not counted yet.
+    #[inline(never)]
+    fn add_new(&mut self, model: u32, delta: i64) {
+        self.counts.insert(model, (delta as u64, true, false));
+        self.dirty.push(model);
     }
 }
 
@@ -987,11 +1060,14 @@ impl Index {
             .add_entries(self.pending.total, self.pending.non_reserved);
         self.pending.total = 0;
         self.pending.non_reserved = 0;
-        for (_, fp, d) in self.pending.tenants.drain(..) {
+        // Indexed, then cleared: a `Drain` per flush cost more than its one element (a flush
+        // follows every event).
+        for &(_, fp, d) in &self.pending.tenants {
             if d != 0 {
                 self.dir.add_tenant_keys(fp, d);
             }
         }
+        self.pending.tenants.clear();
     }
 
     // ---- primitives (§3.3) ------------------------------------------------------------------
@@ -1128,6 +1204,9 @@ impl Index {
         let mut cum: i32 = 0;
         let mut placed = [(NIL, false); CHAIN_BATCH];
         let mut prev = NIL;
+        // Nothing a chain's upserts do starts a cap or quota heap or build (a touch without one
+        // returns at once), so a chain that begins without one has none to touch throughout.
+        let tracked = self.evictions_tracked();
         let counts = p.block_token_counts.chunks(CHAIN_BATCH);
         for (hashes, counts) in p.block_hashes.chunks(CHAIN_BATCH).zip(counts) {
             let batched = hashes.iter().all(|h| h.len() == 8);
@@ -1148,6 +1227,20 @@ impl Index {
             }
             for (i, (h, c)) in hashes.iter().zip(counts).enumerate() {
                 cum = cum.wrapping_add(*c);
+                if batched && placed[i].1 {
+                    // Created by the first pass with this entry as its only holder (95% of the
+                    // blocks of a fleet's chains): what `upsert_at` does for a new key, without
+                    // its holder search.
+                    let pos = placed[i].0;
+                    self.store.note_upsert(run, pos, replica, true, true);
+                    created.keys += 1;
+                    created.entries += 1;
+                    if tracked {
+                        self.touch_created(pos, replica);
+                    }
+                    out.upserts += 1;
+                    continue;
+                }
                 let entry = EntryUpsert {
                     replica,
                     tokens: cum,
@@ -1163,6 +1256,18 @@ impl Index {
             }
         }
         self.on_created(ks, replica, created);
+    }
+
+    /// The eviction bookkeeping of a key just created at `pos` for `replica`, as
+    /// [`Index::upsert_at`] does it (two inlined tests without a cap or quota heap).
+    #[inline(always)]
+    fn touch_created(&mut self, pos: u32, replica: u32) {
+        // The key is read only for a heap or build to keep (not per block otherwise).
+        if self.evictions_tracked() {
+            let key = self.store.key_at(pos);
+            self.cap_touch(key, replica, Some(pos));
+            self.quota_touch(key);
+        }
     }
 
     /// Counts what upserts in keyspace `ks` for `replica` created.
@@ -1218,11 +1323,22 @@ impl Index {
         }
     }
 
-    /// The entry `(key, replica)` was removed, and with it the key when `key_gone`.
+    /// The entry `(key, replica)` was removed, and with it the key when `key_gone`. Resolves
+    /// the keyspace's scope and model scope once for every count (this runs once per removed
+    /// entry: a `PREFIX_EVICTED` event's whole work besides the store).
+    #[inline]
     fn on_entry_removed(&mut self, key: KeyId, replica: u32, key_gone: bool) {
-        let scope_id = self.cat.keyspaces[key.keyspace() as usize].scope;
-        let tenant = self.cat.scopes[scope_id as usize].tenant;
-        // One tenant record lookup for both counts (this runs once per removed entry).
+        let ks = &mut self.cat.keyspaces[key.keyspace() as usize];
+        let scope_id = ks.scope;
+        if key_gone {
+            ks.keys -= 1;
+            if ks.keys == 0 {
+                self.reclaimable += 1;
+            }
+        }
+        let scope = &self.cat.scopes[scope_id as usize];
+        let (tenant, model, mscope) = (scope.tenant, scope.model, scope.mscope);
+        // One tenant record lookup for both counts.
         let t = self.cat.tenants.get_mut(&tenant).expect("tenant record");
         debug_assert!(t.entries >= 1);
         t.entries -= 1;
@@ -1233,7 +1349,16 @@ impl Index {
         }
         self.count_core_entries_removed(reserved, 1);
         if key_gone {
-            self.count_key_gone(key, tenant, fp, reserved);
+            let m = &mut self.cat.models[mscope as usize];
+            debug_assert!(m.prefixes > 0);
+            m.prefixes -= 1;
+            self.pending_tenant(tenant, fp, -1);
+            if !reserved {
+                self.gauge.add(model, -1);
+            }
+            if key.is_blob() {
+                self.cat.blobs.release(key.h as u32);
+            }
         }
         let scope = &mut self.cat.scopes[scope_id as usize];
         let c = scope.serving.get_mut(&replica).expect("serving count");
@@ -1276,7 +1401,7 @@ impl Index {
 
     /// The key counts [`Index::on_key_gone`] keeps besides the tenant record's (which the
     /// caller has counted): keyspace, model scope, the directory's tenant count, the entries
-    /// gauge, the key's blob.
+    /// gauge, the key's blob ([`Index::on_entry_removed`] counts the same inline).
     fn count_key_gone(&mut self, key: KeyId, tenant: u32, fp: TenantFp, reserved: bool) {
         let ks = &mut self.cat.keyspaces[key.keyspace() as usize];
         let scope_id = ks.scope;
@@ -1312,15 +1437,19 @@ impl Index {
         scope.sorted.remove(at);
     }
 
-    /// *Remove(key, replica)* of §3.3. Returns the removed holder.
-    fn remove_entry(&mut self, key: KeyId, replica: u32) -> Option<Holder> {
-        let pos = self.store.find_near(key)?;
-        let (holder, key_gone) = self.store.remove_holder(pos, replica)?;
+    /// *Remove(key, replica)* of §3.3. Returns whether there was such an entry.
+    fn remove_entry(&mut self, key: KeyId, replica: u32) -> bool {
+        let Some(pos) = self.store.find_near(key) else {
+            return false;
+        };
+        let Some((_, key_gone)) = self.store.remove_holder(pos, replica) else {
+            return false;
+        };
         self.on_entry_removed(key, replica, key_gone);
         if !key_gone {
             self.quota_touch(key);
         }
-        Some(holder)
+        true
     }
 
     /// Removes every holder of a key (quota victim), reporting each to the removal sink.
@@ -1338,7 +1467,7 @@ impl Index {
             let algo = self.cat.tenants[&self.cat.tenant_of(key)].algo;
             self.report_removal(key, replica, RemovalReason::Quota, algo, now);
             let removed = self.remove_entry(key, replica);
-            debug_assert!(removed.is_some());
+            debug_assert!(removed);
             n += 1;
         }
         n
@@ -1805,7 +1934,15 @@ impl Index {
         out.timestamp_clamped = clamped;
         let evicted = e.r#type == cache_event::Type::PrefixEvicted as i32;
         if evicted && let Some(memo) = self.cat.event_memo_for(e) {
-            out.entries_removed = self.evict(&memo, &e.prefix_hash);
+            out.entries_removed = match memo.targets {
+                // The common case (one keyspace), here rather than through `evict`'s call.
+                EvictTargets::One(ks) => self
+                    .cat
+                    .key_for(ks, &e.prefix_hash)
+                    .is_some_and(|k| self.remove_entry(k, memo.replica))
+                    as u64,
+                _ => self.evict(&memo, &e.prefix_hash),
+            };
             self.flush();
             return out;
         }
@@ -1827,17 +1964,29 @@ impl Index {
                         None => return out,
                     }
                 };
-                let memo = EventMemo {
-                    epoch: self.cat.epoch,
-                    tenant: self.cat.models[mscope as usize].tenant,
-                    model: self.cat.models[mscope as usize].model,
+                let (tenant, model) = {
+                    let m = &self.cat.models[mscope as usize];
+                    (m.tenant, m.model)
+                };
+                let plan = EvictPlan {
                     replica,
                     adapter,
                     mscope,
                     targets: self.cat.evict_targets(mscope, adapter),
                 };
+                let memo = EventMemo {
+                    epoch: self.cat.epoch,
+                    evict: plan,
+                    names: [
+                        MemoName::new(&e.tenant_id, tenant),
+                        MemoName::new(&e.model_id, model),
+                        MemoName::new(&e.replica_id, replica),
+                        // The empty name (no adapter) always has a signature.
+                        MemoName::new(&e.adapter_id, adapter),
+                    ],
+                };
                 self.cat.event_memo = Some(memo);
-                out.entries_removed = self.evict(&memo, &e.prefix_hash);
+                out.entries_removed = self.evict(&plan, &e.prefix_hash);
             }
             Ok(cache_event::Type::ReplicaUpdated) => {
                 if let Some(row) = self.cat.models[mscope as usize].stats.get_mut(&replica) {
@@ -1864,13 +2013,13 @@ impl Index {
 
     /// Removes the memo's replica from the key `hash` in each keyspace the memo's event targets
     /// (`PREFIX_EVICTED`). Returns the entries removed.
-    fn evict(&mut self, memo: &EventMemo, hash: &[u8]) -> u64 {
+    fn evict(&mut self, memo: &EvictPlan, hash: &[u8]) -> u64 {
         let mut removed = 0;
         match memo.targets {
             EvictTargets::None => {}
             EvictTargets::One(ks) => {
                 if let Some(k) = self.cat.key_for(ks, hash)
-                    && self.remove_entry(k, memo.replica).is_some()
+                    && self.remove_entry(k, memo.replica)
                 {
                     removed += 1;
                 }
@@ -1888,7 +2037,7 @@ impl Index {
                             continue;
                         }
                         if let Some(k) = self.cat.key_for(ks, hash)
-                            && self.remove_entry(k, memo.replica).is_some()
+                            && self.remove_entry(k, memo.replica)
                         {
                             removed += 1;
                         }
@@ -2022,4 +2171,34 @@ pub struct EntryDump {
     pub tier: i32,
     /// LFU counter.
     pub access_count: u64,
+}
+
+#[cfg(test)]
+mod name_sig_tests {
+    use super::NameSig;
+
+    /// Two names have one signature exactly when they are equal, at every length around the
+    /// signature's cases, with the one differing byte anywhere; longer names have none.
+    #[test]
+    fn equal_signatures_exactly_for_equal_names() {
+        for n in 0..=16usize {
+            let a: String = (0..n)
+                .map(|i| (b'a' + (i * 7 % 26) as u8) as char)
+                .collect();
+            assert_eq!(NameSig::of(&a), NameSig::of(&a.clone()));
+            for at in 0..n {
+                let mut b = a.clone().into_bytes();
+                b[at] = b'A';
+                let b = String::from_utf8(b).unwrap();
+                assert_ne!(
+                    NameSig::of(&a),
+                    NameSig::of(&b),
+                    "length {n}, differs at {at}"
+                );
+            }
+            let longer = format!("{a}a");
+            assert_ne!(NameSig::of(&a), NameSig::of(&longer));
+        }
+        assert_eq!(NameSig::of(&"x".repeat(17)), None);
+    }
 }

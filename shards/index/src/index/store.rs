@@ -347,15 +347,19 @@ impl FreeSlots {
     }
 
     /// Makes the record at `pos` a free slot, the newest.
+    /// The record has no overflow holders (its `next` is [`NIL`], as a free record's stays).
+    /// One write of its key words and one update of the previous newest's (a removal frees a
+    /// slot after almost every event).
+    #[inline]
     fn push(&mut self, keys: &mut KeySlab, pos: u32) {
-        *keys.ks_mut(pos) = FREE_KS;
-        keys.rec_mut(pos).next = NIL;
-        keys.set_hash(pos, links(self.newest, NIL));
+        debug_assert_eq!(keys.rec(pos).next, NIL, "a freed record keeps no holders");
+        *keys.key.get_mut(pos) = KeyWords::new(links(self.newest, NIL), FREE_KS);
         if self.newest == NIL {
             self.oldest = pos;
         } else {
-            let older = keys.hash(self.newest) as u32;
-            keys.set_hash(self.newest, links(older, pos));
+            let newest = keys.key.get_mut(self.newest);
+            let older = newest.hash() as u32;
+            *newest = KeyWords::new(links(older, pos), newest.ks);
         }
         self.newest = pos;
         self.count += 1;
@@ -707,6 +711,7 @@ impl Store {
     /// The successor of the record at `pos` no longer continues it (the record's holders
     /// changed, or it leaves its place): clears the successor's run bit, reading it only when
     /// the record's hint says it may be set.
+    #[inline]
     fn detach_next(&mut self, pos: u32) {
         let ks = self.keys.ks_mut(pos);
         if *ks & NEXT_RUN_FLAG != 0 {
@@ -740,19 +745,29 @@ impl Store {
         // has its run bit set, so keeping it is clearing it.
         self.run_cleared.0 = NIL;
         let follows = cursor.pos.wrapping_add(1) == pos && applied;
-        if follows && !created {
+        if follows {
+            // Created right after its predecessor (the common case of a new chain: inlined
+            // too): continues it if the predecessor's only holder is this chain's (created by
+            // it, or held by no other replica).
+            if created
+                && cursor.pos != NIL
+                && (cursor.created || self.keys.rec(cursor.pos).next == NIL)
+            {
+                *self.keys.ks_mut(pos) |= RUN_FLAG;
+                *self.keys.ks_mut(cursor.pos) |= NEXT_RUN_FLAG;
+            }
             cursor.pos = pos;
-            cursor.created = false;
+            cursor.created = created;
             #[cfg(debug_assertions)]
             {
                 cursor.moves = self.moves;
             }
         } else {
-            self.note_upsert_cold(cursor, pos, replica, created, applied, follows);
+            self.note_upsert_cold(cursor, pos, replica, created, applied);
         }
     }
 
-    /// [`Store::note_upsert`] when the record does not keep its run bit as it is.
+    /// [`Store::note_upsert`] when the upsert does not follow the cursor's.
     #[inline(never)]
     fn note_upsert_cold(
         &mut self,
@@ -761,20 +776,10 @@ impl Store {
         replica: u32,
         created: bool,
         applied: bool,
-        follows: bool,
     ) {
-        if follows {
-            // Created right after its predecessor: continues it if the predecessor's only holder
-            // is this chain's (created by it, or held by no other replica).
-            if cursor.pos != NIL && (cursor.created || self.keys.rec(cursor.pos).next == NIL) {
-                *self.keys.ks_mut(pos) |= RUN_FLAG;
-                *self.keys.ks_mut(cursor.pos) |= NEXT_RUN_FLAG;
-            }
-        } else {
-            self.end_run(*cursor);
-            if applied {
-                self.rejoin_run(pos, replica);
-            }
+        self.end_run(*cursor);
+        if applied {
+            self.rejoin_run(pos, replica);
         }
         *cursor = if applied {
             RunCursor {
@@ -1167,7 +1172,36 @@ impl Store {
     /// Removes `replica`'s holder from the key at `pos`. Returns the removed holder and whether
     /// the key itself was removed (it had no other holder; its slot is then free, and no other
     /// record moves).
+    #[inline(always)]
     pub fn remove_holder(&mut self, pos: u32, replica: u32) -> Option<(Holder, bool)> {
+        let rec = self.keys.rec(pos);
+        if rec.next == NIL && rec.first.replica() == replica {
+            // The replica is the key's only holder (95% of a fleet's removals): the record goes.
+            // What the general path below does for it, without its holder search and match.
+            let removed = rec.first;
+            self.entries -= 1;
+            self.near = pos;
+            self.run_cleared.0 = NIL;
+            // One read of the key words for the successor's hint and the table removal (the
+            // record's own hint goes with it: its slot is freed or given back).
+            let words = *self.keys.key.get(pos);
+            if words.ks & NEXT_RUN_FLAG != 0 {
+                self.clear_run(pos.wrapping_add(1));
+            }
+            let key = KeyId {
+                ks: words.ks & !RUN_BITS,
+                h: words.hash(),
+            };
+            self.remove_record_of(pos, key);
+            return Some((removed, true));
+        }
+        self.remove_holder_general(pos, replica)
+    }
+
+    /// [`Store::remove_holder`] when the key has other holders than `replica` (or `replica`
+    /// does not hold it): kept out of line so the common case inlines into the removal.
+    #[inline(never)]
+    fn remove_holder_general(&mut self, pos: u32, replica: u32) -> Option<(Holder, bool)> {
         let at = self.find_holder(pos, replica)?;
         self.entries -= 1;
         self.near = pos;
@@ -1280,7 +1314,13 @@ impl Store {
     /// Removes the key record at `pos` from the table and frees its slot; no other record
     /// moves. Trailing free slots are given back to the slab.
     fn remove_key_record(&mut self, pos: u32) {
-        let k = self.key_at(pos);
+        self.remove_record_of(pos, self.key_at(pos));
+    }
+
+    /// [`Store::remove_key_record`] of the record at `pos`, whose key is `k`.
+    #[inline(always)]
+    fn remove_record_of(&mut self, pos: u32, k: KeyId) {
+        debug_assert_eq!(self.key_at(pos), k);
         debug_assert!(self.keys.rec(pos).next == NIL);
         let h = Self::hash(&self.hasher, k);
         let found = self.table[Self::segment(h)].remove(h, pos);
