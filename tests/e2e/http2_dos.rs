@@ -133,14 +133,12 @@ where
     let unloaded = p99(unloaded);
     let rss_before = rss_bytes(srv.child.id());
     let port = srv.grpc_port;
-    // The attacker runs on a thread of its own at the lowest CPU priority, as if on another
+    // The attacker runs on a thread of its own at the idle scheduling policy, as if on another
     // machine: on this shared 2-core box an attacker at full priority would take the CPU from
     // the server and the good client directly, which is not what the test measures (the
-    // server's own cost of the attack's bytes).
+    // server's own cost of the attack's bytes); see `run_in_background`.
     let attack = std::thread::spawn(move || {
-        // SAFETY: setpriority(2) on the calling thread (who = 0: Linux nice values are
-        // per thread), no memory involved.
-        unsafe { libc::setpriority(libc::PRIO_PROCESS, 0, 19) };
+        run_in_background();
         tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
@@ -532,7 +530,7 @@ async fn pipelined_flood(shards: usize) {
     // Whatever the build: a core that served the flood until its socket ran dry or a 100 ms
     // preemption timer fired shows here (a release server at glommio's default timer, when the
     // attacker kept its socket full: 2.3 s and 157 ms at --shards 1, 176 ms at --shards 2; not
-    // on every run, as the attacker at nice 19 does not always keep up). The mechanism itself
+    // on every run, as the attacker, at a low priority, does not always keep up). The mechanism itself
     // is tested in src/runtime (`a_core_polls_io_while_a_task_stays_runnable`).
     // At --shards 1 only: with two cores half the flood's lookups hop to the other core, and
     // may queue in its mailbox ahead of the good client's hops, which this bound is not about

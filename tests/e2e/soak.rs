@@ -182,6 +182,7 @@ async fn hostile(
     let policy = {
         let (stop, pushes) = (stop.clone(), pushes.clone());
         std::thread::spawn(move || {
+            run_in_background();
             let mut flip = false;
             while !stop.load(Ordering::Relaxed) && pushes.load(Ordering::Relaxed) < 100_000 {
                 flip = !flip;
@@ -236,6 +237,33 @@ async fn hostile(
     n
 }
 
+/// [`hostile`] on a thread and runtime of its own at the idle scheduling policy, as if on
+/// another machine (`run_in_background`): in the well-behaved client's runtime, or at a nice
+/// value on its CPU, the hostile producer's message building delayed the well-behaved client
+/// itself, which is not what the soak measures.
+fn hostile_in_background(
+    url: String,
+    admin_port: u16,
+    mix: (u64, u64),
+    stop: Arc<AtomicBool>,
+) -> std::thread::JoinHandle<u64> {
+    std::thread::spawn(move || {
+        run_in_background();
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("the hostile producer's runtime")
+            .block_on(async move {
+                let channel = tonic::transport::Channel::from_shared(url)
+                    .expect("grpc url")
+                    .connect()
+                    .await
+                    .expect("connect");
+                hostile(Client::new(channel), admin_port, mix, stop).await
+            })
+    })
+}
+
 /// The most any core's heartbeat came late since start, per core.
 fn heartbeat_lags(srv: &Server) -> Vec<f64> {
     let text = metrics_text(srv);
@@ -288,12 +316,12 @@ async fn soak(shards: usize, s: Soak) {
         tenants.clone(),
         stop.clone(),
     ));
-    let bad = tokio::spawn(hostile(
-        srv.client().await,
+    let bad = hostile_in_background(
+        srv.grpc_url(),
         srv.admin_port,
         (s.seed, s.adapters_per_message),
         stop.clone(),
-    ));
+    );
     let until = Instant::now() + s.hostile;
     let mut max_rss = 0;
     while Instant::now() < until {
@@ -302,7 +330,10 @@ async fn soak(shards: usize, s: Soak) {
     }
     stop.store(true, Ordering::Relaxed);
     let mut loaded = good.await.expect("well-behaved client");
-    let sent = bad.await.expect("hostile client");
+    let sent = tokio::task::spawn_blocking(move || bad.join())
+        .await
+        .expect("joined the hostile client")
+        .expect("hostile client");
     let loaded_p99 = p99(&mut loaded);
     max_rss = max_rss.max(rss_bytes(srv.child.id()));
     let lags = heartbeat_lags(&srv);
