@@ -87,12 +87,15 @@ async fn timed_lookup(
 }
 
 /// Writes `bytes` unless the server stops taking them within [`STALL`]: returns whether it
-/// took them (false: back-pressure or a closed connection).
+/// took them (false: back-pressure or a closed connection). The attacker's writes only: each
+/// gives way to the measured client (`give_way`).
 async fn write_or_stall(c: &mut FrameConn, bytes: &[u8]) -> bool {
-    matches!(
+    let took = matches!(
         tokio::time::timeout(STALL, c.write(bytes)).await,
         Ok(Ok(()))
-    )
+    );
+    give_way();
+    took
 }
 
 /// What an attack reports: rounds it made.
@@ -516,9 +519,10 @@ async fn pipelined_flood(shards: usize) {
                     w.extend_from_slice(&data(id, &body, true));
                 }
                 rounds += 1;
-                match tokio::time::timeout(STALL, tx.write_all(&w)).await {
-                    Ok(Ok(())) => {}
-                    _ => break,
+                let took = tokio::time::timeout(STALL, tx.write_all(&w)).await;
+                give_way();
+                if !matches!(took, Ok(Ok(()))) {
+                    break;
                 }
             }
             drop(tx);

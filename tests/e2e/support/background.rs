@@ -17,3 +17,12 @@ pub fn run_in_background() {
     let rc = unsafe { libc::sched_setscheduler(0, libc::SCHED_IDLE, &param) };
     assert_eq!(rc, 0, "SCHED_IDLE: {}", std::io::Error::last_os_error());
 }
+
+/// Gives this CPU to any other runnable thread (`sched_yield`): a background thread calls it
+/// after each write. `SCHED_IDLE` alone did not get the measured client its CPU at once: in a
+/// traced run it still waited behind the attacker's running thread for 0.5–1.1 ms at 36 of its
+/// wake-ups (perf/runs/2026-12-06-quiet-client-p99.md); a yield after each write bounds that
+/// wait by one write.
+pub fn give_way() {
+    std::thread::yield_now();
+}
