@@ -18,8 +18,9 @@
 //! A turn handles at most [`HTTP2_FRAMES_PER_TURN`] frames, and frames for at most
 //! [`HTTP2_TURN_TIME`], before it yields; its next turn waits for the core's next reactor turn
 //! (its I/O polled), so a flooding connection delays its core's other connections by about one
-//! bounded turn. Floods of frames that move nothing forward, and the stream errors a peer provokes, are bounded per connection by
-//! [`FloodGuard`] (GOAWAY ENHANCE_YOUR_CALM past a bound). The tasks of the streams a read
+//! bounded turn. Floods of frames that move nothing forward, and the stream errors a peer
+//! provokes, are bounded per connection by [`FloodGuard`] (GOAWAY ENHANCE_YOUR_CALM past a
+//! bound). The tasks of the streams a read
 //! batch opens start at its end, so a stream reset in the batch that opened it (by the peer,
 //! or by this server over a later frame: "MadeYouReset") never starts one.
 //!
