@@ -182,6 +182,7 @@ async fn hostile(
     let policy = {
         let (stop, pushes) = (stop.clone(), pushes.clone());
         std::thread::spawn(move || {
+            run_in_background();
             let mut flip = false;
             while !stop.load(Ordering::Relaxed) && pushes.load(Ordering::Relaxed) < 100_000 {
                 flip = !flip;
@@ -220,20 +221,81 @@ async fn hostile(
             };
             c.publish_event(e).await.expect("PublishEvent");
         } else {
+            // Each message built gives way to the well-behaved client (`give_way`).
             let batch: Vec<_> = (0..4)
-                .map(|i| hostile_update(&mut rng, n * 4 + i, adapters))
+                .map(|i| {
+                    let update = hostile_update(&mut rng, n * 4 + i, adapters);
+                    give_way();
+                    update
+                })
                 .collect();
             // Refusals (KEYSPACES_FULL, KEY_HOLDERS_FULL, STATS_ROWS_FULL) are answers too.
             c.report_cache_state(tokio_stream::iter(batch))
                 .await
                 .expect("ReportCacheState");
         }
+        give_way();
         n += 1;
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     policy.join().expect("policy thread");
     assert!(pushes.load(Ordering::Relaxed) > 0, "no policy push");
     n
+}
+
+/// [`well_behaved`] on a thread and runtime of its own: one thread, so that its latencies are
+/// not its own runtime's threads waiting for each other on a CPU they share (measured: in the
+/// test's two-worker runtime under `taskset`, its wake-ups waited up to 4–7 ms behind the other
+/// worker; perf/runs/2026-12-06-quiet-client-p99.md).
+fn well_behaved_on_its_thread(
+    url: String,
+    tenants: Vec<String>,
+    stop: Arc<AtomicBool>,
+) -> std::thread::JoinHandle<Vec<Duration>> {
+    std::thread::spawn(move || {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("the well-behaved client's runtime")
+            .block_on(async move { well_behaved(connect(url).await, tenants, stop).await })
+    })
+}
+
+/// A client of the gRPC port at `url` (one HTTP/2 connection).
+async fn connect(url: String) -> Client {
+    let channel = tonic::transport::Channel::from_shared(url)
+        .expect("grpc url")
+        .connect()
+        .await
+        .expect("connect");
+    Client::new(channel)
+}
+
+/// Joins a client thread without blocking the test's runtime.
+async fn joined<T: Send + 'static>(thread: std::thread::JoinHandle<T>) -> std::thread::Result<T> {
+    tokio::task::spawn_blocking(move || thread.join())
+        .await
+        .expect("joined")
+}
+
+/// [`hostile`] on a thread and runtime of its own at the idle scheduling policy, as if on
+/// another machine (`run_in_background`): in the well-behaved client's runtime, or at a nice
+/// value on its CPU, the hostile producer's message building delayed the well-behaved client
+/// itself, which is not what the soak measures.
+fn hostile_in_background(
+    url: String,
+    admin_port: u16,
+    mix: (u64, u64),
+    stop: Arc<AtomicBool>,
+) -> std::thread::JoinHandle<u64> {
+    std::thread::spawn(move || {
+        run_in_background();
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("the hostile producer's runtime")
+            .block_on(async move { hostile(connect(url).await, admin_port, mix, stop).await })
+    })
 }
 
 /// The most any core's heartbeat came late since start, per core.
@@ -269,31 +331,23 @@ async fn soak(shards: usize, s: Soak) {
     }
     // Quiet run.
     let stop = Arc::new(AtomicBool::new(false));
-    let quiet = tokio::spawn(well_behaved(
-        srv.client().await,
-        tenants.clone(),
-        stop.clone(),
-    ));
+    let quiet = well_behaved_on_its_thread(srv.grpc_url(), tenants.clone(), stop.clone());
     tokio::time::sleep(s.quiet).await;
     stop.store(true, Ordering::Relaxed);
-    let mut quiet = quiet.await.expect("quiet client");
+    let mut quiet = joined(quiet).await.expect("quiet client");
     let quiet_p99 = p99(&mut quiet);
     // The heartbeat lag with the well-behaved client alone: what this machine's other
     // processes cost the core thread (the gauge is a maximum since start).
     let quiet_lags = heartbeat_lags(&srv);
     // Hostile run, the same client alongside.
     let stop = Arc::new(AtomicBool::new(false));
-    let good = tokio::spawn(well_behaved(
-        srv.client().await,
-        tenants.clone(),
-        stop.clone(),
-    ));
-    let bad = tokio::spawn(hostile(
-        srv.client().await,
+    let good = well_behaved_on_its_thread(srv.grpc_url(), tenants.clone(), stop.clone());
+    let bad = hostile_in_background(
+        srv.grpc_url(),
         srv.admin_port,
         (s.seed, s.adapters_per_message),
         stop.clone(),
-    ));
+    );
     let until = Instant::now() + s.hostile;
     let mut max_rss = 0;
     while Instant::now() < until {
@@ -301,8 +355,8 @@ async fn soak(shards: usize, s: Soak) {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     stop.store(true, Ordering::Relaxed);
-    let mut loaded = good.await.expect("well-behaved client");
-    let sent = bad.await.expect("hostile client");
+    let mut loaded = joined(good).await.expect("well-behaved client");
+    let sent = joined(bad).await.expect("hostile client");
     let loaded_p99 = p99(&mut loaded);
     max_rss = max_rss.max(rss_bytes(srv.child.id()));
     let lags = heartbeat_lags(&srv);

@@ -6,6 +6,7 @@
 //! `tiny_model` is imported explicitly by the prompt_text scenarios.
 #![allow(dead_code)]
 
+mod background;
 mod cores;
 mod fingerprint;
 pub mod frames;
@@ -19,6 +20,7 @@ pub mod tiny_model;
 mod tokenreview;
 mod wait;
 
+pub use background::*;
 pub use cores::*;
 pub use fingerprint::*;
 pub use grpc::*;
