@@ -4,6 +4,7 @@
 //!
 //!     cargo run --release --example events_only -- TRACE [REPETITIONS=5] [FIRST_REQUESTS]
 //!
+//! `WORKERS=n` and `EXPAND=e` change the fleet (speed: workers / 64, as run.sh's default).
 //! `FIRST_REQUESTS` replays only the trace's first requests (for callgrind:
 //! `--toggle-collect='inferencecache_index::index::Index::ingest'
 //! --toggle-collect='inferencecache_index::index::Index::apply_event'`).
@@ -19,11 +20,13 @@ fn main() {
     let limit: usize = a.get(3).map_or(usize::MAX, |s| s.parse().unwrap());
     let mut trace = parse_trace(&text).unwrap();
     trace.truncate(limit);
+    let env = |name: &str, default: u32| std::env::var(name).map_or(default, |s| s.parse().unwrap());
+    let (workers, expand) = (env("WORKERS", 64), env("EXPAND", 32));
     let config = SimConfig {
-        workers: 64,
+        workers,
         worker_blocks: fleetsim::sim::DEFAULT_WORKER_BLOCKS,
-        expand: 32,
-        speed: 1,
+        expand,
+        speed: (workers / 64).max(1),
     };
     let sim = simulate(&trace, config).unwrap();
     let (mut st, mut rm) = (0u64, 0u64);
@@ -36,7 +39,7 @@ fn main() {
     }
     let mut res = Vec::new();
     for _ in 0..reps {
-        let mut index = adapters::Ours::new(64, 16);
+        let mut index = adapters::Ours::new(workers, 512 / expand);
         let (mut ts, mut tr) = (0f64, 0f64);
         for e in &sim.events {
             let t = Instant::now();

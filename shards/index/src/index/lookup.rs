@@ -431,6 +431,30 @@ struct Walk {
     pending: i32,
 }
 
+/// How many of `rest` (the request's blocks after slab position `prev`'s) continue `prev`'s
+/// stored run, in keyspace `ks`: they extend the runs going without a visit.
+#[inline(always)]
+fn stored_run_matches<H: HashRun>(
+    store: &Store,
+    cat: &Catalog,
+    rest: H,
+    ks: u32,
+    prev: u32,
+) -> usize {
+    store.run_matches(prev, rest.len(), |j| cat.key_for(ks, rest.at(j)))
+}
+
+impl Walk {
+    /// The blocks from `start` on, with request counts `counts`, continued the stored run the
+    /// runs going are on: they reached them all.
+    #[inline(always)]
+    fn consume(&mut self, counts: &[i32], start: usize) {
+        let sum = counts.iter().fold(0i32, |a, c| a.wrapping_add(*c));
+        self.pending = self.pending.wrapping_add(sum);
+        self.reached = (start + counts.len() - 1) as u32;
+    }
+}
+
 /// What extending the runs by one block needs besides the holder.
 #[derive(Clone, Copy)]
 struct Step {
@@ -1001,16 +1025,10 @@ impl Index {
         let mut walk = Walk::default();
         while start < n {
             if start > 0 && !lfu {
-                let rest = hashes.after(start);
-                let key = |j: usize| self.cat.key_for(ks, rest.at(j));
-                let m = self.store.run_matches(prev, rest.len(), key);
+                let m = stored_run_matches(&self.store, &self.cat, hashes.after(start), ks, prev);
                 if m > 0 {
-                    let sum = counts[start..start + m]
-                        .iter()
-                        .fold(0i32, |a, c| a.wrapping_add(*c));
-                    walk.pending = walk.pending.wrapping_add(sum);
+                    walk.consume(&counts[start..start + m], start);
                     start += m;
-                    walk.reached = (start - 1) as u32;
                     prev += m as u32;
                     continue;
                 }
