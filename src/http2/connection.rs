@@ -16,11 +16,11 @@
 //! ([`HTTP2_RECENT_CLOSED_STREAMS`](crate::limits::HTTP2_RECENT_CLOSED_STREAMS)).
 //!
 //! A turn handles at most [`HTTP2_FRAMES_PER_TURN`] frames, and frames for at most
-//! [`HTTP2_TURN_TIME`], before it yields; its next turn waits for the core's next reactor turn
-//! (its I/O polled), so a flooding connection delays its core's other connections by about one
-//! bounded turn. Floods of frames that move nothing forward, and the stream errors a peer
-//! provokes, are bounded per connection by [`FloodGuard`] (GOAWAY ENHANCE_YOUR_CALM past a
-//! bound). The tasks of the streams a read
+//! [`HTTP2_TURN_TIME`], before it yields, and the core polls its I/O at least every
+//! [`CORE_PREEMPT_TIMER`](crate::limits::CORE_PREEMPT_TIMER) while tasks stay runnable, so a
+//! flooding connection delays its core's other connections by about one bounded turn. Floods of frames that
+//! move nothing forward, and the stream errors a peer provokes, are bounded per connection by
+//! [`FloodGuard`] (GOAWAY ENHANCE_YOUR_CALM past a bound). The tasks of the streams a read
 //! batch opens start at its end, so a stream reset in the batch that opened it (by the peer,
 //! or by this server over a later frame: "MadeYouReset") never starts one.
 //!
@@ -321,8 +321,6 @@ struct Connection<S, H: Service> {
     guard: FloodGuard,
     /// The one timer: the earliest of the instants below.
     timer: Option<Pin<Box<glommio::timer::Timer>>>,
-    /// What a busy turn's next turn waits on (`resume_after_reactor_turn`); made by the first.
-    resume: Option<glommio::timer::Timer>,
     timer_at: Option<Instant>,
     next_ping: Instant,
     ping_ack_by: Option<Instant>,
@@ -382,7 +380,6 @@ impl<S: AsyncRead + AsyncWrite + Unpin, H: Service> Connection<S, H> {
             turn_out_of_time: false,
             guard: FloodGuard::default(),
             timer: None,
-            resume: None,
             timer_at: None,
             next_ping: now + HTTP2_KEEPALIVE_INTERVAL,
             ping_ack_by: None,
@@ -433,9 +430,9 @@ impl<S: AsyncRead + AsyncWrite + Unpin, H: Service> Connection<S, H> {
                 };
             }
         }
-        // Busy: yield to the core's other tasks and to its I/O, but keep the timers (a drain
-        // under load).
-        self.resume_after_reactor_turn(cx);
+        // Busy: yield to the core's other tasks (its I/O is polled at least every
+        // `CORE_PREEMPT_TIMER`), but keep the timers (a drain under load).
+        cx.waker().wake_by_ref();
         match self.poll_timers(cx) {
             Ok(()) => Poll::Pending,
             Err(Closed) => Poll::Ready(()),
@@ -445,23 +442,6 @@ impl<S: AsyncRead + AsyncWrite + Unpin, H: Service> Connection<S, H> {
 
 /// The connection is over (closed by the peer, an I/O error, or a finished close).
 struct Closed;
-
-impl<S, H: Service> Connection<S, H> {
-    /// After a turn cut by its bounds: the next turn comes after the core's next reactor turn,
-    /// so whatever arrived on the core's other connections meanwhile is seen and queued first.
-    /// A self-wake would keep this task runnable, and glommio polls no I/O (nor fires the spin
-    /// watcher's timer) while a task is runnable until its preemption timer fires: a flooding
-    /// connection then took turn after turn for up to `CORE_PREEMPT_TIMER` (1 ms) before
-    /// another connection's request was even seen (perf/runs/2026-12-06-quiet-client-p99.md).
-    fn resume_after_reactor_turn(&mut self, cx: &mut Context<'_>) {
-        let turn = self
-            .resume
-            .get_or_insert_with(|| glommio::timer::Timer::new(crate::runtime::io::REACTOR_TURN));
-        if !crate::runtime::io::arm_reactor_turn(turn, cx) {
-            cx.waker().wake_by_ref();
-        }
-    }
-}
 
 impl<S, H: Service> Connection<S, H> {
     /// Whether this turn has handled frames for [`HTTP2_TURN_TIME`], `handled` frames into it;

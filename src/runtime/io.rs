@@ -4,7 +4,6 @@
 use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll};
-use std::time::Duration;
 
 /// Makes a core-local future `Send` so it can live inside tonic's `Send` handler futures.
 ///
@@ -59,23 +58,4 @@ pub fn sleep(d: std::time::Duration) -> impl Future<Output = ()> + Send {
     LocalOnly::new(async move {
         glommio::timer::sleep(d).await;
     })
-}
-
-/// How far ahead a reactor-turn timer is set ([`arm_reactor_turn`]): due by the core's next
-/// reactor turn.
-pub const REACTOR_TURN: Duration = Duration::from_micros(1);
-
-/// Arms `turn` so that it wakes the polling task at the core's next reactor turn, once glommio
-/// has polled the core's I/O and fired its timers: unlike a self-wake, which leaves the task
-/// runnable, and glommio polls no I/O while any task is runnable until its preemption timer
-/// fires (`CORE_PREEMPT_TIMER`). False if the timer was already due each time it was polled
-/// (the thread descheduled in between, a few times): the caller then yields some other way.
-pub fn arm_reactor_turn(turn: &mut glommio::timer::Timer, cx: &mut Context<'_>) -> bool {
-    for _ in 0..4 {
-        turn.reset(REACTOR_TURN);
-        if Pin::new(&mut *turn).poll(cx).is_pending() {
-            return true;
-        }
-    }
-    false
 }

@@ -304,7 +304,7 @@ pub fn install(budget: Option<Duration>) {
 /// reactor turn between slices; then hands them back and waits for the next activity.
 async fn watcher() {
     // One timer for all turns, registered once.
-    let mut turn = glommio::timer::Timer::new(super::io::REACTOR_TURN);
+    let mut turn = glommio::timer::Timer::new(REACTOR_TURN);
     loop {
         Spinning.await;
         let (woke, idle_for) = WATCH.with_borrow_mut(spin_slice);
@@ -320,21 +320,28 @@ async fn watcher() {
     }
 }
 
+/// The timer the watcher waits on between slices: expired by the next reactor turn.
+const REACTOR_TURN: Duration = Duration::from_micros(1);
+
 /// Peeks between two clock reads in a pass: a `recv` costs far more than a clock read, but a
 /// pass of a few peeks needs none.
 const PEEKS_PER_CLOCK_READ: usize = 4;
 
-/// Waits for the core's next reactor turn on `turn` (`io::arm_reactor_turn`); at once if the
-/// timer could not be armed.
+/// Waits on `turn` reset to [`REACTOR_TURN`], so the task yields to the reactor: a timer already
+/// due when first polled (the thread was descheduled in between) is reset and polled again, a
+/// few times at most.
 async fn reactor_turn(turn: &mut glommio::timer::Timer) {
     let mut armed = false;
     std::future::poll_fn(|cx| {
         if armed {
             return Pin::new(&mut *turn).poll(cx).map(drop);
         }
-        if super::io::arm_reactor_turn(turn, cx) {
-            armed = true;
-            return Poll::Pending;
+        for _ in 0..4 {
+            turn.reset(REACTOR_TURN);
+            if Pin::new(&mut *turn).poll(cx).is_pending() {
+                armed = true;
+                return Poll::Pending;
+            }
         }
         Poll::Ready(())
     })
