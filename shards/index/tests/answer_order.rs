@@ -142,6 +142,18 @@ fn negative_and_positive_zero_scores_tie_by_name() {
     assert!(rows[1].1 == 0.0 && rows[1].1.is_sign_positive());
 }
 
+/// A lookup of `hashes` (the first three of [`BLOCKS`]) with per-block counts `counts`.
+fn three_blocks<'a>(hashes: &'a Vec<Vec<u8>>, counts: &'a [i32; 3]) -> LookupQuery<'a> {
+    LookupQuery {
+        tenant: "t",
+        model: "m",
+        hash_scheme: "vllm",
+        block_hashes: hashes.into(),
+        block_token_counts: counts,
+        ..Default::default()
+    }
+}
+
 /// Replicas `x` (block 0 only), `y` (blocks 0..=1), `z` (blocks 0..=2) and `w` (another key),
 /// looked up with per-block request counts `counts`.
 fn depth_case(counts: [i32; 3]) -> Vec<Row> {
@@ -155,14 +167,7 @@ fn depth_case(counts: [i32; 3]) -> Vec<Row> {
     }
     ix.ingest(&upd_r("w", vec![legacy(b"other", 7)]), T0, &NR);
     let hashes: Vec<Vec<u8>> = BLOCKS[..3].iter().map(|h| h.to_vec()).collect();
-    let q = LookupQuery {
-        tenant: "t",
-        model: "m",
-        hash_scheme: "vllm",
-        block_hashes: (&hashes).into(),
-        block_token_counts: &counts,
-        ..Default::default()
-    };
+    let q = three_blocks(&hashes, &counts);
     route(&mut ix, &q, T0, &NR).1
 }
 
@@ -302,14 +307,7 @@ fn many_depth_case(per: usize, counts: [i32; 3]) -> (Vec<Row>, Vec<Row>) {
         .collect();
     reference.sort_by(|a, b| b.1.partial_cmp(&a.1).unwrap().then_with(|| a.0.cmp(&b.0)));
     let hashes: Vec<Vec<u8>> = BLOCKS[..3].iter().map(|h| h.to_vec()).collect();
-    let q = LookupQuery {
-        tenant: "t",
-        model: "m",
-        hash_scheme: "vllm",
-        block_hashes: (&hashes).into(),
-        block_token_counts: &counts,
-        ..Default::default()
-    };
+    let q = three_blocks(&hashes, &counts);
     (route(&mut ix, &q, T0, &NR).1, reference)
 }
 

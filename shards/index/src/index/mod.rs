@@ -1349,16 +1349,7 @@ impl Index {
         }
         self.count_core_entries_removed(reserved, 1);
         if key_gone {
-            let m = &mut self.cat.models[mscope as usize];
-            debug_assert!(m.prefixes > 0);
-            m.prefixes -= 1;
-            self.pending_tenant(tenant, fp, -1);
-            if !reserved {
-                self.gauge.add(model, -1);
-            }
-            if key.is_blob() {
-                self.cat.blobs.release(key.h as u32);
-            }
+            self.count_key_gone_above_keyspace(key, (model, mscope), tenant, fp, reserved);
         }
         let scope = &mut self.cat.scopes[scope_id as usize];
         let c = scope.serving.get_mut(&replica).expect("serving count");
@@ -1410,7 +1401,23 @@ impl Index {
             self.reclaimable += 1;
         }
         let scope = &self.cat.scopes[scope_id as usize];
-        let (model, mscope) = (scope.model, scope.mscope);
+        let models = (scope.model, scope.mscope);
+        self.count_key_gone_above_keyspace(key, models, tenant, fp, reserved);
+    }
+
+    /// The counts of a key gone above its keyspace's: its model scope's (`models`: the model's
+    /// string id and the model scope), the directory's tenant count, the entries gauge (not
+    /// for a reserved tenant), and its blob. Shared by [`Index::on_entry_removed`] and
+    /// [`Index::count_key_gone`].
+    #[inline(always)]
+    fn count_key_gone_above_keyspace(
+        &mut self,
+        key: KeyId,
+        (model, mscope): (u32, u32),
+        tenant: u32,
+        fp: TenantFp,
+        reserved: bool,
+    ) {
         let m = &mut self.cat.models[mscope as usize];
         debug_assert!(m.prefixes > 0);
         m.prefixes -= 1;
