@@ -512,6 +512,17 @@ pub struct CapBuildStep {
     pub in_progress: bool,
 }
 
+/// A finished scan's threshold: the selection's top when the scan dropped snapshots (a
+/// snapshot taken later is kept only if it does not sort after it), else none (every later snapshot
+/// is kept). The threshold snapshot holds its own blob reference.
+fn scan_threshold<C: Candidate>(cat: &mut Catalog, sel: &Heap<C>, dropped: bool) -> Option<C> {
+    let threshold = if dropped { sel.peek().copied() } else { None };
+    if let Some(t) = &threshold {
+        retain_blob(cat, t.key());
+    }
+    threshold
+}
+
 fn retain_blob(cat: &mut Catalog, key: KeyId) {
     if key.is_blob() {
         cat.blobs.retain(key.h as u32);
@@ -967,16 +978,7 @@ impl Index {
                 self.cap.next = Some(b);
                 return (work, false);
             }
-            let threshold = if b.dropped {
-                b.sel.peek().copied()
-            } else {
-                None
-            };
-            // The threshold snapshot holds its own blob reference.
-            if let Some(t) = &threshold {
-                retain_blob(&mut self.cat, t.key);
-            }
-            b.threshold = Some(threshold);
+            b.threshold = Some(scan_threshold(&mut self.cat, &b.sel, b.dropped));
             b.heapify = b.sel.len() / 2;
         }
         // Reorder phase: `sel` becomes a min-heap in place (bottom-up), then takes `late`.
@@ -1817,15 +1819,7 @@ impl Index {
                 meter.charge_entries(holders);
                 b.offer(&mut self.cat, QuotaCand { newest, key });
             }
-            let threshold = if b.dropped {
-                b.sel.peek().copied()
-            } else {
-                None
-            };
-            if let Some(t) = &threshold {
-                retain_blob(&mut self.cat, t.key);
-            }
-            b.threshold = Some(threshold);
+            b.threshold = Some(scan_threshold(&mut self.cat, &b.sel, b.dropped));
             b.heapify = b.sel.len() / 2;
         }
         {
