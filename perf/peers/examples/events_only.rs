@@ -20,7 +20,8 @@ fn main() {
     let limit: usize = a.get(3).map_or(usize::MAX, |s| s.parse().unwrap());
     let mut trace = parse_trace(&text).unwrap();
     trace.truncate(limit);
-    let env = |name: &str, default: u32| std::env::var(name).map_or(default, |s| s.parse().unwrap());
+    let env =
+        |name: &str, default: u32| std::env::var(name).map_or(default, |s| s.parse().unwrap());
     let (workers, expand) = (env("WORKERS", 64), env("EXPAND", 32));
     let config = SimConfig {
         workers,

@@ -9,7 +9,9 @@
 //! For callgrind: `--toggle-collect='*Index*lookup_route*'`. `DIST=1` prints each timed
 //! lookup's answer size, number of distinct matched lengths and fastest repetition's time to stderr. `MIN_BLOCKS=n`
 //! skips the lookups of fewer than n blocks (to profile the long chains alone). `WORKERS=n`
-//! and `EXPAND=e` change the fleet (speed: workers / 64, as run.sh's default).
+//! and `EXPAND=e` change the fleet (speed: workers / 64, as run.sh's default). `PEER=kv-index`
+//! times kv-index's index on the same lookups (to compare per-block costs); `FLUSH=1` evicts
+//! the caches before every lookup (perf/runs/2026-12-06-lookup-memory.md).
 #[allow(dead_code)]
 #[path = "../src/adapters.rs"]
 mod adapters;
@@ -34,7 +36,13 @@ fn main() {
         speed: (workers / 64).max(1),
     };
     let sim = simulate(&trace, config).unwrap();
-    let mut index = adapters::Ours::new(workers, 512 / expand);
+    // `PEER=kv-index` times kv-index's `ChainIndex` on the same lookups instead of ours.
+    let mut index: Box<dyn Adapter> = match std::env::var("PEER").as_deref() {
+        Ok("kv-index") => Box::new(adapters::KvIndexChain::new(workers).expect("kv-index")),
+        _ => Box::new(adapters::Ours::new(workers, 512 / expand)),
+    };
+    // `FLUSH=1`: every lookup starts with cold caches (a 64 MiB buffer written first).
+    let mut flush = std::env::var("FLUSH").is_ok().then(|| vec![1u64; 8 << 20]);
     let mut out = Vec::new();
     let mut times = Vec::new();
     let mut mismatches = 0;
@@ -45,6 +53,9 @@ fn main() {
                 let l = &sim.lookups[i as usize];
                 if l.blocks.len() > max_blocks || l.blocks.len() < min_blocks {
                     continue;
+                }
+                if let Some(buffer) = flush.as_mut() {
+                    evict_caches(buffer);
                 }
                 let t = Instant::now();
                 let mut fastest = f64::MAX;
@@ -83,4 +94,15 @@ fn main() {
         times[times.len() / 2],
         mean
     );
+}
+
+/// Writes the whole buffer (larger than the last-level cache), evicting what a lookup would
+/// otherwise find cached.
+fn evict_caches(buffer: &mut [u64]) {
+    let mut sum = 0u64;
+    for x in buffer.iter_mut() {
+        sum = sum.wrapping_add(*x);
+        *x = sum;
+    }
+    std::hint::black_box(sum);
 }
