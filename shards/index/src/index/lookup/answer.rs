@@ -83,6 +83,12 @@ impl Groups {
         factors
     }
 
+    /// One more run in group `g` (found by [`Groups::of`] for an equal run).
+    #[inline]
+    fn count_again(&mut self, g: u8) {
+        self.sizes[g as usize] += 1;
+    }
+
     /// The group of runs ending at `block`, if there is one.
     #[inline]
     pub(super) fn find(&self, block: u32) -> Option<usize> {
@@ -99,6 +105,25 @@ impl Groups {
         (0..n).all(|g| {
             (0..n).all(|h| self.blocks[g] >= self.blocks[h] || self.matched[g] < self.matched[h])
         })
+    }
+}
+
+/// What a run's score, freshness and group depend on when no stats row gives its replica a
+/// pressure: two runs with equal inputs score the same.
+#[derive(Clone, Copy, PartialEq, Eq)]
+struct RunInputs {
+    matched: i32,
+    oldest: i64,
+    last_block: u32,
+}
+
+impl RunInputs {
+    fn of(run: &super::Run) -> RunInputs {
+        RunInputs {
+            matched: run.matched,
+            oldest: run.oldest,
+            last_block: run.last_block,
+        }
     }
 }
 
@@ -135,29 +160,47 @@ impl Index {
         let no_stats = self.cat.models[a.mscope as usize].stats.is_empty();
         let mut groups = Groups::default();
         let mut scored = 0;
+        // The last scored run's inputs and results: the holders of a shared prefix are mostly
+        // equally fresh and end together, so without stats rows (no pressure per replica) the
+        // next run usually scores the same, computed once.
+        let mut last: Option<(RunInputs, f32, u8, f32)> = None;
         for i in 0..self.scratch.runs.len() {
             let run = self.scratch.runs[i];
             if run.matched <= 0 {
                 continue;
             }
-            let fresh = freshness(a.now, run.oldest, a.ttl);
-            if fresh <= 0.0 {
-                continue;
-            }
-            let group = groups.of(run.last_block, run.matched)?;
-            let pressure = if no_stats {
-                0.0
-            } else {
-                self.prefix_pressure(a.mscope, run.replica, a.now, a.ttl)
+            let inputs = RunInputs::of(&run);
+            let (fresh, group, score) = match last {
+                Some((l, fresh, group, score)) if no_stats && l == inputs => {
+                    groups.count_again(group);
+                    (fresh, group, score)
+                }
+                _ => {
+                    let fresh = freshness(a.now, run.oldest, a.ttl);
+                    if fresh <= 0.0 {
+                        continue;
+                    }
+                    let group = groups.of(run.last_block, run.matched)?;
+                    let pressure = if no_stats {
+                        0.0
+                    } else {
+                        self.prefix_pressure(a.mscope, run.replica, a.now, a.ttl)
+                    };
+                    let score = self.cfg.ranker.prefix_score(
+                        i64::from(run.matched),
+                        fresh,
+                        pressure,
+                        coeff,
+                    );
+                    (fresh, group, score)
+                }
             };
+            last = Some((inputs, fresh, group, score));
             let run = &mut self.scratch.runs[i];
             run.scored = true;
             run.fresh = fresh;
             run.group = group;
-            run.score =
-                self.cfg
-                    .ranker
-                    .prefix_score(i64::from(run.matched), fresh, pressure, coeff);
+            run.score = score;
             scored += 1;
         }
         Some((groups, scored))
@@ -176,22 +219,32 @@ impl Index {
         let mut values = [0u32; FEW_SCORES];
         let mut counts = [0u32; FEW_SCORES];
         let mut distinct = 0;
+        // The last run's score before and after its factor, and its value: most runs repeat it.
+        let mut last: Option<(u32, u8, f32, usize)> = None;
         for run in self.scratch.runs.iter_mut().filter(|r| r.scored) {
-            let score = run.score * factors[run.group as usize];
-            if score.is_nan() {
-                return None;
-            }
-            run.score = score;
-            let key = descending(score);
-            let v = match values[..distinct].iter().position(|&x| x == key) {
-                Some(v) => v,
-                None if distinct == FEW_SCORES => return None,
-                None => {
-                    values[distinct] = key;
-                    distinct += 1;
-                    distinct - 1
+            let before = run.score.to_bits();
+            let (score, v) = match last {
+                Some((b, g, score, v)) if b == before && g == run.group => (score, v),
+                _ => {
+                    let score = run.score * factors[run.group as usize];
+                    if score.is_nan() {
+                        return None;
+                    }
+                    let key = descending(score);
+                    let v = match values[..distinct].iter().position(|&x| x == key) {
+                        Some(v) => v,
+                        None if distinct == FEW_SCORES => return None,
+                        None => {
+                            values[distinct] = key;
+                            distinct += 1;
+                            distinct - 1
+                        }
+                    };
+                    last = Some((before, run.group, score, v));
+                    (score, v)
                 }
             };
+            run.score = score;
             counts[v] += 1;
             run.value = v as u8;
         }
