@@ -367,12 +367,9 @@ struct Run {
     tier: Tier,
     last_block: u32,
     scored: bool,
-    /// [`Index::answer_from_runs`]: the entry's freshness, the run's group (by last block) and
-    /// the rank of its final score among the answer's distinct values; `score` before, then
-    /// after, distinguishing power.
+    /// [`Index::answer_from_runs`]: the entry's freshness and the run's class (its score
+    /// before distinguishing power and its group, `answer::Classes`).
     fresh: f32,
-    score: f32,
-    group: u8,
     value: u8,
 }
 
@@ -526,8 +523,6 @@ impl Scratch {
             last_block: 0,
             scored: false,
             fresh: 0.0,
-            score: 0.0,
-            group: 0,
             value: 0,
         });
         if step.lfu {

@@ -108,6 +108,89 @@ impl Groups {
     }
 }
 
+/// Most classes of scored runs (distinct pairs of a score before distinguishing power and a
+/// group) this path takes; more go the general way.
+const FEW_CLASSES: usize = 16;
+
+/// The classes of scored runs: runs with the same score before distinguishing power and the
+/// same group get the same final score, so pass 2 works per class, not per run.
+#[derive(Default)]
+pub(super) struct Classes {
+    /// The class's score before its group's factor, then (after pass 2) its final score.
+    score: [f32; FEW_CLASSES],
+    group: [u8; FEW_CLASSES],
+    count: [u32; FEW_CLASSES],
+    /// The class's rank among the answer's distinct final scores (pass 2).
+    value: [u8; FEW_CLASSES],
+    len: usize,
+}
+
+impl Classes {
+    /// The class of a run scoring `score` in `group` (counted), added if new; `None` when there
+    /// would be too many. Scores are compared by their bits, as equal runs compute them.
+    fn of(&mut self, score: f32, group: u8) -> Option<u8> {
+        let bits = score.to_bits();
+        let found =
+            (0..self.len).find(|&c| self.score[c].to_bits() == bits && self.group[c] == group);
+        let c = match found {
+            Some(c) => c,
+            None if self.len == FEW_CLASSES => return None,
+            None => {
+                self.score[self.len] = score;
+                self.group[self.len] = group;
+                self.count[self.len] = 0;
+                self.len += 1;
+                self.len - 1
+            }
+        };
+        self.count[c] += 1;
+        Some(c as u8)
+    }
+
+    /// Pass 2: each class's final score (its group's factor applied, as `depth_power_by_block`
+    /// does when `total > 1`) and its rank among the distinct final values. Returns where each
+    /// value's stretch of the answer starts, or `None` for a NaN or more than [`FEW_SCORES`]
+    /// distinct values.
+    fn final_scores(&mut self, groups: &Groups, total: usize) -> Option<[u32; FEW_SCORES]> {
+        let factors = if total > 1 {
+            groups.factors(total)
+        } else {
+            [1.0; FEW_GROUPS]
+        };
+        let mut values = [0u32; FEW_SCORES];
+        let mut counts = [0u32; FEW_SCORES];
+        let mut distinct = 0;
+        for c in 0..self.len {
+            let score = self.score[c] * factors[self.group[c] as usize];
+            if score.is_nan() {
+                return None;
+            }
+            self.score[c] = score;
+            let key = descending(score);
+            let v = match values[..distinct].iter().position(|&x| x == key) {
+                Some(v) => v,
+                None if distinct == FEW_SCORES => return None,
+                None => {
+                    values[distinct] = key;
+                    distinct += 1;
+                    distinct - 1
+                }
+            };
+            counts[v] += self.count[c];
+            self.value[c] = v as u8;
+        }
+        // A value's stretch starts after the scores of the larger values.
+        let mut starts = [0u32; FEW_SCORES];
+        for v in 0..distinct {
+            starts[v] = (0..distinct)
+                .filter(|&w| values[w] < values[v])
+                .map(|w| counts[w])
+                .sum();
+        }
+        Some(starts)
+    }
+}
+
 /// What a run's score, freshness and group depend on when no stats row gives its replica a
 /// pressure: two runs with equal inputs score the same.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -136,7 +219,7 @@ impl Index {
         if self.scratch.runs.len() < MIN_WALK_SCORES {
             return false;
         }
-        let Some((groups, scored)) = self.score_runs_grouped(a) else {
+        let Some((groups, mut classes, scored)) = self.score_runs_grouped(a) else {
             return false;
         };
         if scored == 0 {
@@ -145,35 +228,38 @@ impl Index {
         if a.total > 1 && !groups.matched_grow_with_block() {
             return false;
         }
-        let Some(stretches) = self.final_scores(&groups, a.total) else {
+        let Some(stretches) = classes.final_scores(&groups, a.total) else {
             return false;
         };
-        self.place_by_name(a.scope, scored, &stretches)
+        self.place_by_name(a.scope, scored, &classes, &stretches)
     }
 
-    /// Pass 1: each run's score before distinguishing power, its freshness and its group;
-    /// marks the scored runs (positive matched sum, fresh oldest entry) as
-    /// [`Index::score_runs`] does. Returns the groups and the number of scored runs, or `None`
-    /// when the runs end at more than [`FEW_GROUPS`] blocks.
-    fn score_runs_grouped(&mut self, a: &AnswerInputs) -> Option<(Groups, usize)> {
+    /// Pass 1: each run's freshness and class (its score before distinguishing power and its
+    /// group, kept in the run's `value` until pass 3); marks the scored runs (positive matched
+    /// sum, fresh oldest entry) as [`Index::score_runs`] does. Returns the groups, the classes
+    /// and the number of scored runs, or `None` when the runs end at more than [`FEW_GROUPS`]
+    /// blocks or take more than [`FEW_CLASSES`] classes.
+    fn score_runs_grouped(&mut self, a: &AnswerInputs) -> Option<(Groups, Classes, usize)> {
         let coeff = self.cfg.ranker.slo_coeff(a.ttft_ms);
         let no_stats = self.cat.models[a.mscope as usize].stats.is_empty();
         let mut groups = Groups::default();
+        let mut classes = Classes::default();
         let mut scored = 0;
         // The last scored run's inputs and results: the holders of a shared prefix are mostly
         // equally fresh and end together, so without stats rows (no pressure per replica) the
         // next run usually scores the same, computed once.
-        let mut last: Option<(RunInputs, f32, u8, f32)> = None;
+        let mut last: Option<(RunInputs, f32, u8)> = None;
         for i in 0..self.scratch.runs.len() {
             let run = self.scratch.runs[i];
             if run.matched <= 0 {
                 continue;
             }
             let inputs = RunInputs::of(&run);
-            let (fresh, group, score) = match last {
-                Some((l, fresh, group, score)) if no_stats && l == inputs => {
-                    groups.count_again(group);
-                    (fresh, group, score)
+            let (fresh, class) = match last {
+                Some((l, fresh, class)) if no_stats && l == inputs => {
+                    groups.count_again(classes.group[class as usize]);
+                    classes.count[class as usize] += 1;
+                    (fresh, class)
                 }
                 _ => {
                     let fresh = freshness(a.now, run.oldest, a.ttl);
@@ -192,78 +278,30 @@ impl Index {
                         pressure,
                         coeff,
                     );
-                    (fresh, group, score)
+                    (fresh, classes.of(score, group)?)
                 }
             };
-            last = Some((inputs, fresh, group, score));
+            last = Some((inputs, fresh, class));
             let run = &mut self.scratch.runs[i];
             run.scored = true;
             run.fresh = fresh;
-            run.group = group;
-            run.score = score;
+            run.value = class;
             scored += 1;
         }
-        Some((groups, scored))
+        Some((groups, classes, scored))
     }
 
-    /// Pass 2: the final score of each scored run (its group's factor applied, as
-    /// `depth_power_by_block` does when `total > 1`) and its rank among the distinct final
-    /// values. Returns where each value's stretch of the answer starts, or `None` for a NaN or
-    /// more than [`FEW_SCORES`] distinct values.
-    fn final_scores(&mut self, groups: &Groups, total: usize) -> Option<[u32; FEW_SCORES]> {
-        let factors = if total > 1 {
-            groups.factors(total)
-        } else {
-            [1.0; FEW_GROUPS]
-        };
-        let mut values = [0u32; FEW_SCORES];
-        let mut counts = [0u32; FEW_SCORES];
-        let mut distinct = 0;
-        // The last run's score before and after its factor, and its value: most runs repeat it.
-        let mut last: Option<(u32, u8, f32, usize)> = None;
-        for run in self.scratch.runs.iter_mut().filter(|r| r.scored) {
-            let before = run.score.to_bits();
-            let (score, v) = match last {
-                Some((b, g, score, v)) if b == before && g == run.group => (score, v),
-                _ => {
-                    let score = run.score * factors[run.group as usize];
-                    if score.is_nan() {
-                        return None;
-                    }
-                    let key = descending(score);
-                    let v = match values[..distinct].iter().position(|&x| x == key) {
-                        Some(v) => v,
-                        None if distinct == FEW_SCORES => return None,
-                        None => {
-                            values[distinct] = key;
-                            distinct += 1;
-                            distinct - 1
-                        }
-                    };
-                    last = Some((before, run.group, score, v));
-                    (score, v)
-                }
-            };
-            run.score = score;
-            counts[v] += 1;
-            run.value = v as u8;
-        }
-        // A value's stretch starts after the scores of the larger values.
-        let mut starts = [0u32; FEW_SCORES];
-        for v in 0..distinct {
-            starts[v] = (0..distinct)
-                .filter(|&w| values[w] < values[v])
-                .map(|w| counts[w])
-                .sum();
-        }
-        Some(starts)
-    }
-
-    /// Pass 3: writes each scored run's score into its place: its value's stretch, in the
+    /// Pass 3: writes each scored run's final score (its class's) into its place: its value's stretch, in the
     /// order of the scope's replicas by name (`ScopeRec::sorted`; the run of a replica is found
     /// through the slots the walk set). Returns false, writing nothing, when the walk would
     /// cost more than a sort (as `order_by_walk` decides) or does not find every scored run.
-    fn place_by_name(&mut self, scope: u32, scored: usize, starts: &[u32; FEW_SCORES]) -> bool {
+    fn place_by_name(
+        &mut self,
+        scope: u32,
+        scored: usize,
+        classes: &Classes,
+        starts: &[u32; FEW_SCORES],
+    ) -> bool {
         let by_name = &self.cat.scopes[scope as usize].sorted;
         let log2 = (usize::BITS - scored.leading_zeros()) as usize;
         if scored < MIN_WALK_SCORES || by_name.len() > scored * log2 * WALK_STEPS_PER_COMPARE {
@@ -286,10 +324,11 @@ impl Index {
             if !run.scored {
                 continue;
             }
-            let at = &mut next[run.value as usize];
+            let class = run.value as usize;
+            let at = &mut next[classes.value[class] as usize];
             out[*at as usize] = Score {
                 replica: run.replica,
-                score: run.score,
+                score: classes.score[class],
                 matched_tokens: run.matched,
                 estimated_cache_hit_prob: run.fresh,
                 tier: ranking::tier_to_wire(run.tier),
