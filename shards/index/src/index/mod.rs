@@ -48,7 +48,7 @@ pub use ranking::RankerConfig;
 pub use removal::{RemovalReason, RemovalSink, Removed};
 
 use crate::PROBE_TENANT;
-use crate::directory::{Directory, TenantFp};
+use crate::directory::{Directory, TenantFp, TenantSlotHint};
 use crate::rules::{Eviction, TenantRules};
 use eviction::{CapState, QuotaState};
 use hashbrown::HashMap;
@@ -390,6 +390,9 @@ pub(crate) struct TenantRec {
     pub entries: u64,
     pub reserved: bool,
     pub fp: TenantFp,
+    /// The directory slot of the tenant's key count while `prefixes`, as last pushed, is above
+    /// zero (see [`Directory::add_tenant_keys_at`]); None until a push finds it.
+    pub dir_slot: Option<TenantSlotHint>,
     /// Eviction algorithm as last resolved; the cap candidate heap is keyed on it.
     pub algo: Eviction,
     /// Linked model scopes of this tenant on this core (the record goes with the last).
@@ -659,9 +662,37 @@ impl Catalog {
 struct Pending {
     total: i64,
     non_reserved: i64,
-    /// Tenant id, its directory fingerprint (kept here so the flush needs no record lookup),
-    /// key count delta.
-    tenants: Vec<(u32, TenantFp, i64)>,
+    tenants: Vec<PendingTenant>,
+}
+
+/// A tenant's key count delta not yet pushed to the directory, with what the flush needs to
+/// push it without a record lookup.
+#[derive(Clone, Copy)]
+struct PendingTenant {
+    tenant: u32,
+    delta: i64,
+    keys: TenantKeys,
+}
+
+/// What a change to a tenant's key count on this core tells the directory: its fingerprint,
+/// its directory slot hint, and its key count on this core after the change.
+#[derive(Clone, Copy)]
+struct TenantKeys {
+    fp: TenantFp,
+    dir_slot: Option<TenantSlotHint>,
+    after: u64,
+}
+
+impl TenantRec {
+    /// The tenant's [`TenantKeys`] as the record stands (after a change to `prefixes`).
+    #[inline(always)]
+    fn keys(&self) -> TenantKeys {
+        TenantKeys {
+            fp: self.fp,
+            dir_slot: self.dir_slot,
+            after: self.prefixes,
+        }
+    }
 }
 
 /// Per-model non-reserved key counts for the entries gauge.
@@ -941,6 +972,7 @@ impl Index {
                 entries: 0,
                 reserved: name == PROBE_TENANT,
                 fp: Directory::fingerprint(name),
+                dir_slot: None,
                 algo: self.new_tenant_algo,
                 models: 0,
             };
@@ -1045,12 +1077,17 @@ impl Index {
         id
     }
 
-    /// Adds `delta` to the tenant's pending key count (`fp`: its directory fingerprint).
-    fn pending_tenant(&mut self, tenant: u32, fp: TenantFp, delta: i64) {
-        if let Some(e) = self.pending.tenants.iter_mut().find(|(t, ..)| *t == tenant) {
-            e.2 += delta;
+    /// Adds `delta` to the tenant's pending key count (`keys`: as its record stands after it).
+    fn pending_tenant(&mut self, tenant: u32, keys: TenantKeys, delta: i64) {
+        if let Some(e) = self.pending.tenants.iter_mut().find(|e| e.tenant == tenant) {
+            e.delta += delta;
+            e.keys = keys;
         } else {
-            self.pending.tenants.push((tenant, fp, delta));
+            self.pending.tenants.push(PendingTenant {
+                tenant,
+                delta,
+                keys,
+            });
         }
     }
 
@@ -1062,12 +1099,47 @@ impl Index {
         self.pending.non_reserved = 0;
         // Indexed, then cleared: a `Drain` per flush cost more than its one element (a flush
         // follows every event).
-        for &(_, fp, d) in &self.pending.tenants {
-            if d != 0 {
-                self.dir.add_tenant_keys(fp, d);
+        for i in 0..self.pending.tenants.len() {
+            let PendingTenant {
+                tenant,
+                delta,
+                keys,
+            } = self.pending.tenants[i];
+            if delta != 0 {
+                self.push_tenant_keys(tenant, delta, keys);
             }
         }
         self.pending.tenants.clear();
+    }
+
+    /// Pushes a tenant's key count delta to the directory. Every change of a tenant's key count
+    /// on this core is pushed by a flush, so the directory's count includes this core's part as
+    /// last pushed; while that part stays above zero, the tenant's slot cannot be retired, and
+    /// the slot found by a push is kept in its record (`dir_slot`) for the next ones, which
+    /// then add to it directly (a removal event's push: one atomic add instead of the slot's
+    /// search). A push that leaves this core's part at zero forgets the slot.
+    #[inline(always)]
+    fn push_tenant_keys(&mut self, tenant: u32, delta: i64, keys: TenantKeys) {
+        if keys.after > 0
+            && let Some(hint) = keys.dir_slot
+        {
+            self.dir.add_tenant_keys_at(hint, delta);
+            return;
+        }
+        self.push_tenant_keys_cold(tenant, delta, keys);
+    }
+
+    /// [`Index::push_tenant_keys`] through the slot's search: this core's first keys of the
+    /// tenant since its part was zero, or its last ones going.
+    #[inline(never)]
+    fn push_tenant_keys_cold(&mut self, tenant: u32, delta: i64, keys: TenantKeys) {
+        let found = self.dir.add_tenant_keys_found(keys.fp, delta);
+        let hint = if keys.after > 0 { found } else { None };
+        if hint != keys.dir_slot
+            && let Some(t) = self.cat.tenants.get_mut(&tenant)
+        {
+            t.dir_slot = hint;
+        }
     }
 
     // ---- primitives (§3.3) ------------------------------------------------------------------
@@ -1288,9 +1360,9 @@ impl Index {
         let (tenant, model, mscope) = (scope.tenant, scope.model, scope.mscope);
         let t = self.cat.tenants.get_mut(&tenant).expect("tenant record");
         t.prefixes += n;
-        let (reserved, fp) = (t.reserved, t.fp);
+        let (reserved, keys) = (t.reserved, t.keys());
         self.cat.models[mscope as usize].prefixes += n;
-        self.pending_tenant(tenant, fp, n as i64);
+        self.pending_tenant(tenant, keys, n as i64);
         if !reserved {
             self.gauge.add(model, n as i64);
         }
@@ -1342,14 +1414,14 @@ impl Index {
         let t = self.cat.tenants.get_mut(&tenant).expect("tenant record");
         debug_assert!(t.entries >= 1);
         t.entries -= 1;
-        let (reserved, fp) = (t.reserved, t.fp);
         if key_gone {
             debug_assert!(t.prefixes > 0);
             t.prefixes -= 1;
         }
+        let (reserved, keys) = (t.reserved, t.keys());
         self.count_core_entries_removed(reserved, 1);
         if key_gone {
-            self.count_key_gone_above_keyspace(key, (model, mscope), tenant, fp, reserved);
+            self.count_key_gone_above_keyspace(key, (model, mscope), tenant, keys, reserved);
         }
         let scope = &mut self.cat.scopes[scope_id as usize];
         let c = scope.serving.get_mut(&replica).expect("serving count");
@@ -1386,14 +1458,14 @@ impl Index {
         let t = self.cat.tenants.get_mut(&tenant).expect("tenant record");
         debug_assert!(t.prefixes > 0);
         t.prefixes -= 1;
-        let (reserved, fp) = (t.reserved, t.fp);
-        self.count_key_gone(key, tenant, fp, reserved);
+        let (reserved, keys) = (t.reserved, t.keys());
+        self.count_key_gone(key, tenant, keys, reserved);
     }
 
     /// The key counts [`Index::on_key_gone`] keeps besides the tenant record's (which the
     /// caller has counted): keyspace, model scope, the directory's tenant count, the entries
     /// gauge, the key's blob ([`Index::on_entry_removed`] counts the same inline).
-    fn count_key_gone(&mut self, key: KeyId, tenant: u32, fp: TenantFp, reserved: bool) {
+    fn count_key_gone(&mut self, key: KeyId, tenant: u32, keys: TenantKeys, reserved: bool) {
         let ks = &mut self.cat.keyspaces[key.keyspace() as usize];
         let scope_id = ks.scope;
         ks.keys -= 1;
@@ -1402,7 +1474,7 @@ impl Index {
         }
         let scope = &self.cat.scopes[scope_id as usize];
         let models = (scope.model, scope.mscope);
-        self.count_key_gone_above_keyspace(key, models, tenant, fp, reserved);
+        self.count_key_gone_above_keyspace(key, models, tenant, keys, reserved);
     }
 
     /// The counts of a key gone above its keyspace's: its model scope's (`models`: the model's
@@ -1415,13 +1487,13 @@ impl Index {
         key: KeyId,
         (model, mscope): (u32, u32),
         tenant: u32,
-        fp: TenantFp,
+        keys: TenantKeys,
         reserved: bool,
     ) {
         let m = &mut self.cat.models[mscope as usize];
         debug_assert!(m.prefixes > 0);
         m.prefixes -= 1;
-        self.pending_tenant(tenant, fp, -1);
+        self.pending_tenant(tenant, keys, -1);
         if !reserved {
             self.gauge.add(model, -1);
         }
