@@ -1284,6 +1284,7 @@ impl Index {
             let batched = hashes.iter().all(|h| h.len() == 8);
             if batched {
                 let mut c = cum;
+                let mut fresh = 0;
                 for ((at, h), n) in placed.iter_mut().zip(hashes).zip(counts) {
                     c = c.wrapping_add(*n);
                     let key = self.cat.key_for_inline(ks, h).expect("8-byte hash");
@@ -1294,7 +1295,19 @@ impl Index {
                                 .find_or_insert(key, Holder::new(replica, tier, c, ts), prev)
                         }
                     };
+                    fresh += at.1 as usize;
                     prev = at.0;
+                }
+                if fresh == hashes.len() {
+                    // Every key of the batch was created with this entry as its only holder
+                    // (most batches of a fleet's chains): what the loop below does for each,
+                    // its counts once for the batch.
+                    cum = c;
+                    self.note_created(run, &placed[..fresh], replica, tracked);
+                    created.keys += fresh as u64;
+                    created.entries += fresh as u64;
+                    out.upserts += fresh as u64;
+                    continue;
                 }
             }
             for (i, (h, c)) in hashes.iter().zip(counts).enumerate() {
@@ -1328,6 +1341,25 @@ impl Index {
             }
         }
         self.on_created(ks, replica, created);
+    }
+
+    /// The second pass of [`Index::upsert_chain`] for a batch whose keys the first pass all
+    /// created at `placed` (in chain order) with `replica`'s entry as their only holder: each
+    /// upsert noted in the run cursor, and its eviction bookkeeping when `tracked`.
+    #[inline]
+    fn note_created(
+        &mut self,
+        run: &mut RunCursor,
+        placed: &[(u32, bool)],
+        replica: u32,
+        tracked: bool,
+    ) {
+        for &(pos, _) in placed {
+            self.store.note_upsert(run, pos, replica, true, true);
+            if tracked {
+                self.touch_created(pos, replica);
+            }
+        }
     }
 
     /// The eviction bookkeeping of a key just created at `pos` for `replica`, as
