@@ -662,7 +662,10 @@ impl Catalog {
 struct Pending {
     total: i64,
     non_reserved: i64,
-    tenants: Vec<PendingTenant>,
+    /// The first tenant whose key count changed.
+    tenant: Option<PendingTenant>,
+    /// Any others.
+    more: Vec<PendingTenant>,
 }
 
 /// A tenant's key count delta not yet pushed to the directory, with what the flush needs to
@@ -1078,12 +1081,34 @@ impl Index {
     }
 
     /// Adds `delta` to the tenant's pending key count (`keys`: as its record stands after it).
+    /// The first tenant of an operation (most often its only one) is kept inline.
+    #[inline(always)]
     fn pending_tenant(&mut self, tenant: u32, keys: TenantKeys, delta: i64) {
-        if let Some(e) = self.pending.tenants.iter_mut().find(|e| e.tenant == tenant) {
+        let first = &mut self.pending.tenant;
+        match first {
+            Some(e) if e.tenant == tenant => {
+                e.delta += delta;
+                e.keys = keys;
+            }
+            None => {
+                *first = Some(PendingTenant {
+                    tenant,
+                    delta,
+                    keys,
+                })
+            }
+            Some(_) => self.pending_more_tenant(tenant, keys, delta),
+        }
+    }
+
+    /// [`Index::pending_tenant`] for a tenant other than the operation's first.
+    #[inline(never)]
+    fn pending_more_tenant(&mut self, tenant: u32, keys: TenantKeys, delta: i64) {
+        if let Some(e) = self.pending.more.iter_mut().find(|e| e.tenant == tenant) {
             e.delta += delta;
             e.keys = keys;
         } else {
-            self.pending.tenants.push(PendingTenant {
+            self.pending.more.push(PendingTenant {
                 tenant,
                 delta,
                 keys,
@@ -1097,19 +1122,35 @@ impl Index {
             .add_entries(self.pending.total, self.pending.non_reserved);
         self.pending.total = 0;
         self.pending.non_reserved = 0;
-        // Indexed, then cleared: a `Drain` per flush cost more than its one element (a flush
-        // follows every event).
-        for i in 0..self.pending.tenants.len() {
+        if let Some(PendingTenant {
+            tenant,
+            delta,
+            keys,
+        }) = self.pending.tenant.take()
+            && delta != 0
+        {
+            self.push_tenant_keys(tenant, delta, keys);
+        }
+        if !self.pending.more.is_empty() {
+            self.flush_more_tenants();
+        }
+    }
+
+    /// [`Index::flush`] of the tenants after an operation's first.
+    #[inline(never)]
+    fn flush_more_tenants(&mut self) {
+        // Indexed, then cleared: no `Drain` to keep across the pushes.
+        for i in 0..self.pending.more.len() {
             let PendingTenant {
                 tenant,
                 delta,
                 keys,
-            } = self.pending.tenants[i];
+            } = self.pending.more[i];
             if delta != 0 {
                 self.push_tenant_keys(tenant, delta, keys);
             }
         }
-        self.pending.tenants.clear();
+        self.pending.more.clear();
     }
 
     /// Pushes a tenant's key count delta to the directory. Every change of a tenant's key count
