@@ -33,6 +33,7 @@ mod postable;
 pub mod ranking;
 mod reclaim;
 mod removal;
+mod slotmap;
 mod store;
 
 pub use aggregate::{
@@ -56,6 +57,7 @@ use inferencecache_proto::v1alpha1::{
     CacheEvent, CacheStateUpdate, PrefixEntry, ReplicaStats, cache_event,
 };
 use intern::{Blobs, Strings};
+use slotmap::{NO_SLOT, SlotMap};
 use std::cell::Cell;
 use std::sync::Arc;
 use store::{BLOB_FLAG, Holder, HolderUpsert, KEYSPACE_LIMIT, KeyId, NIL, RunCursor, Store};
@@ -342,8 +344,9 @@ pub(crate) struct ScopeRec {
     pub model: u32,
     pub scheme: u32,
     pub mscope: u32,
-    /// replica → number of prefix keys it holds in the scope (`serving_by_scope`).
-    pub serving: HashMap<u32, u32>,
+    /// replica → number of prefix keys it holds in the scope (`serving_by_scope`); by slot
+    /// from the event memo.
+    pub serving: SlotMap<u32>,
     /// The serving replicas sorted by name (affinity candidates), kept in lock-step.
     pub sorted: Vec<u32>,
     /// Keyspace ids `(scope, adapter)` of this scope.
@@ -411,7 +414,8 @@ pub(crate) struct Catalog {
     pub keyspace_ids: HashMap<(u32, u32), u32>,
     pub models: Vec<ModelRec>,
     pub model_ids: HashMap<(u32, u32), u32>,
-    pub tenants: HashMap<u32, TenantRec>,
+    /// By tenant string id; by slot from the event memo.
+    pub tenants: SlotMap<TenantRec>,
     /// Linked keyspaces on this core (bounded by [`IndexConfig::max_keyspaces`]).
     pub live_keyspaces: usize,
     /// Freed record ids, reused by the next creation.
@@ -452,6 +456,27 @@ struct EvictPlan {
     adapter: u32,
     mscope: u32,
     targets: EvictTargets,
+    /// Where a removal from the one target keyspace counts, when there is one.
+    counts: CountSlots,
+}
+
+/// The slots of the records a removed entry of one keyspace and replica is counted in: its
+/// tenant's record, the replica's serving count in the scope, the model's gauge count (each
+/// [`NO_SLOT`] when unknown). Hints: each is checked against its id, and a stale one falls back
+/// to the lookup by id.
+#[derive(Clone, Copy, Debug)]
+struct CountSlots {
+    tenant: u32,
+    serving: u32,
+    gauge: u32,
+}
+
+impl CountSlots {
+    const NONE: CountSlots = CountSlots {
+        tenant: NO_SLOT,
+        serving: NO_SLOT,
+        gauge: NO_SLOT,
+    };
 }
 
 /// A name of at most 16 bytes as its length and two words that determine its bytes: the first
@@ -701,8 +726,8 @@ impl TenantRec {
 /// Per-model non-reserved key counts for the entries gauge.
 #[derive(Default)]
 struct ModelGauge {
-    /// model string id → (count, dirty, queued in `zeros`).
-    counts: HashMap<u32, (u64, bool, bool)>,
+    /// model string id → (count, dirty, queued in `zeros`); by slot from the event memo.
+    counts: SlotMap<(u64, bool, bool)>,
     dirty: Vec<u32>,
     /// Models whose 0 was published: the reclaim pass drops their entries (if still 0 and
     /// published), so their names may be freed.
@@ -715,7 +740,13 @@ impl ModelGauge {
     /// event); a model's first count takes the out-of-line insert.
     #[inline(always)]
     fn add(&mut self, model: u32, delta: i64) {
-        let Some(e) = self.counts.get_mut(&model) else {
+        self.add_at(NO_SLOT, model, delta);
+    }
+
+    /// [`ModelGauge::add`] with the model's count found at `slot` when it is there.
+    #[inline(always)]
+    fn add_at(&mut self, slot: u32, model: u32, delta: i64) {
+        let Some(e) = self.counts.get_mut_hinted(slot, model) else {
             self.add_new(model, delta);
             return;
         };
@@ -1028,7 +1059,7 @@ impl Index {
             model,
             scheme,
             mscope,
-            serving: HashMap::new(),
+            serving: SlotMap::default(),
             sorted: Vec::new(),
             keyspaces: Vec::new(),
             slot: self.cat.models[mscope as usize].scopes.len() as u32,
@@ -1455,7 +1486,7 @@ impl Index {
         }
         let strings = &self.cat.strings;
         let scope = &mut self.cat.scopes[scope_id as usize];
-        let c = scope.serving.entry(replica).or_insert(0);
+        let c = scope.serving.get_or_insert_with(replica, || 0);
         let was = *c;
         *c = was + u32::try_from(n).expect("entries of one upsert call");
         if was == 0 {
@@ -1470,9 +1501,11 @@ impl Index {
 
     /// The entry `(key, replica)` was removed, and with it the key when `key_gone`. Resolves
     /// the keyspace's scope and model scope once for every count (this runs once per removed
-    /// entry: a `PREFIX_EVICTED` event's whole work besides the store).
-    #[inline]
-    fn on_entry_removed(&mut self, key: KeyId, replica: u32, key_gone: bool) {
+    /// entry: a `PREFIX_EVICTED` event's whole work besides the store), and finds the records it
+    /// counts in at `slots` where they are there (the event memo's: no hashed lookup per event;
+    /// [`CountSlots::NONE`] otherwise).
+    #[inline(always)]
+    fn on_entry_removed_at(&mut self, key: KeyId, replica: u32, key_gone: bool, slots: CountSlots) {
         let ks = &mut self.cat.keyspaces[key.keyspace() as usize];
         let scope_id = ks.scope;
         if key_gone {
@@ -1484,7 +1517,9 @@ impl Index {
         let scope = &self.cat.scopes[scope_id as usize];
         let (tenant, model, mscope) = (scope.tenant, scope.model, scope.mscope);
         // One tenant record lookup for both counts.
-        let t = self.cat.tenants.get_mut(&tenant).expect("tenant record");
+        let t = (self.cat.tenants)
+            .get_mut_hinted(slots.tenant, tenant)
+            .expect("tenant record");
         debug_assert!(t.entries >= 1);
         t.entries -= 1;
         if key_gone {
@@ -1494,10 +1529,13 @@ impl Index {
         let (reserved, keys) = (t.reserved, t.keys());
         self.count_core_entries_removed(reserved, 1);
         if key_gone {
-            self.count_key_gone_above_keyspace(key, (model, mscope), tenant, keys, reserved);
+            let models = (model, mscope);
+            self.count_key_gone_at(key, models, tenant, keys, reserved, slots.gauge);
         }
         let scope = &mut self.cat.scopes[scope_id as usize];
-        let c = scope.serving.get_mut(&replica).expect("serving count");
+        let c = (scope.serving)
+            .get_mut_hinted(slots.serving, replica)
+            .expect("serving count");
         *c -= 1;
         if *c == 0 {
             self.stop_serving(scope_id, replica);
@@ -1537,7 +1575,7 @@ impl Index {
 
     /// The key counts [`Index::on_key_gone`] keeps besides the tenant record's (which the
     /// caller has counted): keyspace, model scope, the directory's tenant count, the entries
-    /// gauge, the key's blob ([`Index::on_entry_removed`] counts the same inline).
+    /// gauge, the key's blob ([`Index::on_entry_removed_at`] counts the same inline).
     fn count_key_gone(&mut self, key: KeyId, tenant: u32, keys: TenantKeys, reserved: bool) {
         let ks = &mut self.cat.keyspaces[key.keyspace() as usize];
         let scope_id = ks.scope;
@@ -1552,7 +1590,7 @@ impl Index {
 
     /// The counts of a key gone above its keyspace's: its model scope's (`models`: the model's
     /// string id and the model scope), the directory's tenant count, the entries gauge (not
-    /// for a reserved tenant), and its blob. Shared by [`Index::on_entry_removed`] and
+    /// for a reserved tenant), and its blob. Shared by [`Index::on_entry_removed_at`] and
     /// [`Index::count_key_gone`].
     #[inline(always)]
     fn count_key_gone_above_keyspace(
@@ -1563,12 +1601,27 @@ impl Index {
         keys: TenantKeys,
         reserved: bool,
     ) {
+        self.count_key_gone_at(key, (model, mscope), tenant, keys, reserved, NO_SLOT);
+    }
+
+    /// [`Index::count_key_gone_above_keyspace`] with the model's gauge count found at
+    /// `gauge_slot` when it is there.
+    #[inline(always)]
+    fn count_key_gone_at(
+        &mut self,
+        key: KeyId,
+        (model, mscope): (u32, u32),
+        tenant: u32,
+        keys: TenantKeys,
+        reserved: bool,
+        gauge_slot: u32,
+    ) {
         let m = &mut self.cat.models[mscope as usize];
         debug_assert!(m.prefixes > 0);
         m.prefixes -= 1;
         self.pending_tenant(tenant, keys, -1);
         if !reserved {
-            self.gauge.add(model, -1);
+            self.gauge.add_at(gauge_slot, model, -1);
         }
         if key.is_blob() {
             self.cat.blobs.release(key.h as u32);
@@ -1591,13 +1644,19 @@ impl Index {
 
     /// *Remove(key, replica)* of §3.3. Returns whether there was such an entry.
     fn remove_entry(&mut self, key: KeyId, replica: u32) -> bool {
+        self.remove_entry_at(key, replica, CountSlots::NONE)
+    }
+
+    /// [`Index::remove_entry`] counted through `slots` (see [`Index::on_entry_removed_at`]).
+    #[inline(always)]
+    fn remove_entry_at(&mut self, key: KeyId, replica: u32, slots: CountSlots) -> bool {
         let Some(pos) = self.store.find_near(key) else {
             return false;
         };
         let Some((_, key_gone)) = self.store.remove_holder(pos, replica) else {
             return false;
         };
-        self.on_entry_removed(key, replica, key_gone);
+        self.on_entry_removed_at(key, replica, key_gone, slots);
         if !key_gone {
             self.quota_touch(key);
         }
@@ -2091,7 +2150,7 @@ impl Index {
                 EvictTargets::One(ks) => self
                     .cat
                     .key_for(ks, &e.prefix_hash)
-                    .is_some_and(|k| self.remove_entry(k, memo.replica))
+                    .is_some_and(|k| self.remove_entry_at(k, memo.replica, memo.counts))
                     as u64,
                 _ => self.evict(&memo, &e.prefix_hash),
             };
@@ -2120,11 +2179,13 @@ impl Index {
                     let m = &self.cat.models[mscope as usize];
                     (m.tenant, m.model)
                 };
+                let targets = self.cat.evict_targets(mscope, adapter);
                 let plan = EvictPlan {
                     replica,
                     adapter,
                     mscope,
-                    targets: self.cat.evict_targets(mscope, adapter),
+                    targets,
+                    counts: self.count_slots(targets, replica),
                 };
                 let memo = EventMemo {
                     epoch: self.cat.epoch,
@@ -2161,6 +2222,20 @@ impl Index {
         }
         self.flush();
         out
+    }
+
+    /// Where removals of `replica`'s entries from the one keyspace of `targets` count (see
+    /// [`CountSlots`]).
+    fn count_slots(&self, targets: EvictTargets, replica: u32) -> CountSlots {
+        let EvictTargets::One(ks) = targets else {
+            return CountSlots::NONE;
+        };
+        let scope = &self.cat.scopes[self.cat.keyspaces[ks as usize].scope as usize];
+        CountSlots {
+            tenant: self.cat.tenants.slot(&scope.tenant),
+            serving: scope.serving.slot(&replica),
+            gauge: self.gauge.counts.slot(&scope.model),
+        }
     }
 
     /// Removes the memo's replica from the key `hash` in each keyspace the memo's event targets

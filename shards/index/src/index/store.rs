@@ -644,7 +644,7 @@ impl Store {
     /// next key removed is usually at `p - 1`: one comparison against a record in cache instead of a table probe (two or
     /// three cache misses on a large index). The key is compared whole, so the answer is
     /// exactly [`Store::find`]'s.
-    #[inline]
+    #[inline(always)]
     pub fn find_near(&self, k: KeyId) -> Option<u32> {
         let n = self.near;
         for c in [n.wrapping_sub(1), n.wrapping_add(1)] {
@@ -697,6 +697,7 @@ impl Store {
     }
 
     /// Clears the run bit of the record at `pos`, if there is one.
+    #[inline(always)]
     fn clear_run(&mut self, pos: u32) {
         if (pos as usize) < self.keys.len() {
             *self.keys.ks_mut(pos) &= !RUN_FLAG;
