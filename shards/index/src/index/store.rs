@@ -296,6 +296,20 @@ impl KeySlab {
     fn ks_mut(&mut self, pos: u32) -> &mut u32 {
         &mut self.key.get_mut(pos).ks
     }
+    /// Sets `here` in the `ks` word at `pos` and `before` in the one at `pos - 1` (`pos > 0`):
+    /// one chunk access when both are in one chunk (a run's two records, mostly).
+    #[inline(always)]
+    fn or_ks_pair(&mut self, pos: u32, here: u32, before: u32) {
+        let i = pos as usize & (CHUNK - 1);
+        if i > 0 {
+            let chunk = &mut self.key.chunks[(pos >> CHUNK_SHIFT) as usize][i - 1..=i];
+            chunk[1].ks |= here;
+            chunk[0].ks |= before;
+        } else {
+            *self.ks_mut(pos) |= here;
+            *self.ks_mut(pos - 1) |= before;
+        }
+    }
     #[inline(always)]
     fn rec(&self, pos: u32) -> &KeyRec {
         self.rec.get(pos)
@@ -754,8 +768,7 @@ impl Store {
                 && cursor.pos != NIL
                 && (cursor.created || self.keys.rec(cursor.pos).next == NIL)
             {
-                *self.keys.ks_mut(pos) |= RUN_FLAG;
-                *self.keys.ks_mut(cursor.pos) |= NEXT_RUN_FLAG;
+                self.keys.or_ks_pair(pos, RUN_FLAG, NEXT_RUN_FLAG);
             }
             cursor.pos = pos;
             cursor.created = created;
