@@ -1149,6 +1149,12 @@ impl Index {
 
     /// Pushes pending counter deltas to the directory.
     fn flush(&mut self) {
+        self.flush_inline();
+    }
+
+    /// [`Index::flush`], inlined into the event memo's removal (a flush per event).
+    #[inline(always)]
+    fn flush_inline(&mut self) {
         self.dir
             .add_entries(self.pending.total, self.pending.non_reserved);
         self.pending.total = 0;
@@ -1435,11 +1441,13 @@ impl Index {
         replica: u32,
         tracked: bool,
     ) {
+        if !tracked {
+            self.store.note_created(run, placed, replica);
+            return;
+        }
         for &(pos, _) in placed {
             self.store.note_upsert(run, pos, replica, true, true);
-            if tracked {
-                self.touch_created(pos, replica);
-            }
+            self.touch_created(pos, replica);
         }
     }
 
@@ -2163,7 +2171,7 @@ impl Index {
                     as u64,
                 _ => self.evict(&memo, &e.prefix_hash),
             };
-            self.flush();
+            self.flush_inline();
             return out;
         }
         let Some(mscope) = self.cat.find_model(&e.tenant_id, &e.model_id) else {

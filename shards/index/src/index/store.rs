@@ -781,6 +781,35 @@ impl Store {
         }
     }
 
+    /// [`Store::note_upsert`] of each of a chain's upserts that created the records at
+    /// `placed` (in chain order) with the chain's holder as their only holder: the same notes,
+    /// the forgotten clear ([`Store::run_cleared`]) once for all.
+    #[inline]
+    pub fn note_created(&mut self, cursor: &mut RunCursor, placed: &[(u32, bool)], replica: u32) {
+        self.run_cleared.0 = NIL;
+        for &(pos, created) in placed {
+            debug_assert!(created);
+            #[cfg(debug_assertions)]
+            debug_assert!(
+                cursor.pos == NIL || cursor.moves == self.moves,
+                "a record moved"
+            );
+            if cursor.pos.wrapping_add(1) != pos {
+                self.note_upsert_cold(cursor, pos, replica, true, true);
+                continue;
+            }
+            if cursor.pos != NIL && (cursor.created || self.keys.rec(cursor.pos).next == NIL) {
+                self.keys.or_ks_pair(pos, RUN_FLAG, NEXT_RUN_FLAG);
+            }
+            cursor.pos = pos;
+            cursor.created = true;
+            #[cfg(debug_assertions)]
+            {
+                cursor.moves = self.moves;
+            }
+        }
+    }
+
     /// [`Store::note_upsert`] when the upsert does not follow the cursor's.
     #[inline(never)]
     fn note_upsert_cold(
