@@ -1363,25 +1363,16 @@ impl Index {
             if batched {
                 let mut c = cum;
                 let mut fresh = 0;
-                let mut prev_fresh = false;
                 for ((at, h), n) in placed.iter_mut().zip(hashes).zip(counts) {
                     c = c.wrapping_add(*n);
                     let key = self.cat.key_for_inline(ks, h).expect("8-byte hash");
-                    // After a created key, its slab neighbour is seldom the next block's key (a
-                    // chain stored before keeps its blocks together): the table finds it then.
-                    let next = if prev_fresh {
-                        None
-                    } else {
-                        self.store.next_is(prev, key)
-                    };
-                    *at = match next {
+                    *at = match self.store.next_is(prev, key) {
                         Some(pos) => (pos, false),
                         None => {
                             self.store
                                 .find_or_insert(key, Holder::new(replica, tier, c, ts), prev)
                         }
                     };
-                    prev_fresh = at.1;
                     fresh += at.1 as usize;
                     prev = at.0;
                 }
