@@ -57,6 +57,12 @@ fn word(st: u64, g: u64, c: u64) -> u64 {
     st << STATE_SHIFT | (g & GEN_MASK) << GEN_SHIFT | c
 }
 
+/// The table slot of a tenant's count, as [`Directory::add_tenant_keys_found`] returned it: a
+/// core keeps it while its own part of the count stays above zero (see
+/// [`Directory::add_tenant_keys_at`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TenantSlotHint(u32);
+
 /// A tenant's identity in the directory: XXH3-128 of its name. Cores compute it once per tenant.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct TenantFp {
@@ -215,9 +221,17 @@ impl Directory {
 
     /// Applies a core's delta to a tenant's key count.
     pub fn add_tenant_keys(&self, fp: TenantFp, delta: i64) {
-        if delta == 0 {
-            return;
+        if delta != 0 {
+            self.add_tenant_keys_found(fp, delta);
         }
+    }
+
+    /// [`Directory::add_tenant_keys`] (`delta != 0`), returning the table slot that holds the
+    /// tenant's count afterwards (None: retired, or counted in the overflow map). A core whose
+    /// own count of the tenant's keys stays above zero may keep that slot as a
+    /// [`TenantSlotHint`] for its next deltas.
+    pub fn add_tenant_keys_found(&self, fp: TenantFp, delta: i64) -> Option<TenantSlotHint> {
+        debug_assert_ne!(delta, 0);
         // Fast path: the slot exists and the count stays positive.
         if let Some((i, mut w)) = self.find(fp) {
             let s = &self.slots[i];
@@ -231,7 +245,7 @@ impl Directory {
                     .word
                     .compare_exchange_weak(w, nw, Ordering::AcqRel, Ordering::Acquire)
                 {
-                    Ok(_) => return,
+                    Ok(_) => return Some(TenantSlotHint(i as u32)),
                     Err(actual) => {
                         if state(actual) != LIVE || generation(actual) != generation(w) {
                             break; // retired meanwhile
@@ -241,10 +255,29 @@ impl Directory {
                 }
             }
         }
-        self.add_slow(fp, delta);
+        self.add_slow(fp, delta)
     }
 
-    fn add_slow(&self, fp: TenantFp, delta: i64) {
+    /// Applies a core's delta to a tenant's key count through the slot `hint` named, without
+    /// finding the slot (the seqlock read of its fingerprint and the compare-and-swap loop of
+    /// [`Directory::add_tenant_keys`]: most of a removal event's directory work).
+    ///
+    /// The caller guarantees, as the owner of `hint`: the hint was returned by
+    /// [`Directory::add_tenant_keys_found`] for this tenant, and this core's own count of the
+    /// tenant's keys, as pushed here, has stayed above zero ever since and stays so with
+    /// `delta` (`own_after > 0`). Then the slot cannot have been retired (a count reaches zero
+    /// only when every core's part does), so it is still this tenant's, and the count stays
+    /// positive: one atomic add on the slot word changes only its count bits.
+    pub fn add_tenant_keys_at(&self, hint: TenantSlotHint, delta: i64) {
+        let s = &self.slots[hint.0 as usize];
+        let before = s.word.fetch_add(delta as u64, Ordering::AcqRel);
+        debug_assert!(
+            state(before) == LIVE && count(before) as i64 + delta > 0,
+            "a tenant slot hint used without this core's keys keeping the slot live"
+        );
+    }
+
+    fn add_slow(&self, fp: TenantFp, delta: i64) -> Option<TenantSlotHint> {
         let mut overflow = self.slow.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(c) = overflow.get_mut(&fp) {
             // An overflow tenant stays there until it drains, so its count never splits.
@@ -256,7 +289,7 @@ impl Directory {
             } else {
                 *c = n as u64;
             }
-            return;
+            return None;
         }
         if let Some((i, mut w)) = self.find(fp) {
             let s = &self.slots[i];
@@ -272,14 +305,14 @@ impl Directory {
                     .word
                     .compare_exchange(w, nw, Ordering::AcqRel, Ordering::Acquire)
                 {
-                    Ok(_) => return,
+                    Ok(_) => return (c > 0).then_some(TenantSlotHint(i as u32)),
                     Err(actual) => w = actual, // only lock-free count changes can race here
                 }
             }
         }
         if delta < 0 {
             debug_assert!(delta >= 0, "decrement of an absent tenant");
-            return;
+            return None;
         }
         // Claim the first tombstone or empty slot of the probe chain. Absence was just checked
         // under the lock, and claims only happen under the lock, so no duplicate can appear.
@@ -294,13 +327,14 @@ impl Directory {
                     word(LIVE, generation(w) + 1, delta as u64),
                     Ordering::Release,
                 );
-                return;
+                return Some(TenantSlotHint(i as u32));
             }
             i = (i + 1) & self.mask;
         }
         // The table is full: count the tenant exactly in the overflow map.
         overflow.insert(fp, delta as u64);
         self.overflow_live.store(overflow.len(), Ordering::Release);
+        None
     }
 
     /// Number of live tenant slots (tests and debugging; O(capacity)).

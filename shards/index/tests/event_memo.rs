@@ -148,3 +148,32 @@ fn an_event_naming_another_replica_adapter_model_or_tenant_is_resolved_afresh() 
         ]
     );
 }
+
+/// The memo keeps the slot of its replica's serving count (and of its tenant's record and its
+/// model's gauge count) and checks it against the replica before each use: here the replica
+/// stops serving (its slot is freed), another replica's count takes that slot, the first serves
+/// again elsewhere, and its next eviction through the memo must count against its own count,
+/// not the other replica's (whose last key would then find no serving count).
+#[test]
+fn a_memo_slot_taken_by_another_replica_is_not_counted_against() {
+    let rules = Rules::default();
+    let mut ix = Index::default();
+    let store = |ix: &mut Index, r: &str, h: &[u8]| {
+        ix.ingest(&upd("t", "m", "vllm", r, vec![legacy(h, 16)]), T0, &rules);
+    };
+    let removed = |ix: &mut Index, r, h: &[u8]| {
+        ix.apply_event(&evicted("t", "m", r, "", h), T0, &rules)
+            .entries_removed
+    };
+    store(&mut ix, "ra", b"k1");
+    store(&mut ix, "ra", b"k2");
+    assert_eq!(removed(&mut ix, "ra", b"k1"), 1);
+    assert_eq!(removed(&mut ix, "ra", b"k2"), 1); // ra serves nothing: its slot is free
+    store(&mut ix, "rb", b"k3"); // rb's count takes ra's slot
+    store(&mut ix, "ra", b"k4"); // ra's count in another slot
+    assert_eq!(removed(&mut ix, "ra", b"k4"), 1);
+    assert_eq!(held(&ix), vec![entry("t", "m", "", b"k3", "rb")]);
+    assert_eq!(removed(&mut ix, "rb", b"k3"), 1);
+    assert_eq!(held(&ix), vec![]);
+    ix.check_catalog();
+}

@@ -240,6 +240,58 @@ fn concurrent_cores_keep_directory_exact() {
     }
 }
 
+/// A core pushes a tenant's key count changes to the directory slot it found last while its own
+/// part of the count stays above zero (the slot cannot be retired then), and searches again once
+/// its part went to zero: here core 0's part of `a` goes to zero while core 1 keeps the slot
+/// live, then core 1's goes too, the slot is retired and taken by another tenant (eight tenants
+/// fill the eight slots), and core 0's next key of `a` must not land in that tenant's slot.
+#[test]
+fn a_core_forgets_a_tenant_slot_once_its_keys_are_gone() {
+    let dir = Arc::new(Directory::new(8));
+    let mut ix: Vec<Index> = (0..2)
+        .map(|core_id| {
+            Index::new(IndexConfig {
+                directory: dir.clone(),
+                core_id,
+                ..IndexConfig::default()
+            })
+        })
+        .collect();
+    let store = |ix: &mut Index, t: &str, h: &[u8]| {
+        ix.ingest(&upd(t, "m", "vllm", "r", vec![legacy(h, 16)]), T0, &NoRules);
+    };
+    let evict = |ix: &mut Index, t: &str, h: &[u8]| {
+        let e = event(Type::PrefixEvicted, t, "m", "r", h);
+        assert_eq!(ix.apply_event(&e, T0, &NoRules).entries_removed, 1);
+    };
+    let keys = |t: &str| dir.tenant_keys_exact(Directory::fingerprint(t));
+    store(&mut ix[0], "a", b"k0");
+    store(&mut ix[0], "a", b"k1");
+    store(&mut ix[1], "a", b"k2");
+    assert_eq!(keys("a"), 3);
+    evict(&mut ix[0], "a", b"k1");
+    evict(&mut ix[0], "a", b"k0");
+    assert_eq!(keys("a"), 1);
+    evict(&mut ix[1], "a", b"k2");
+    assert_eq!(keys("a"), 0);
+    let others: Vec<String> = (0..8).map(|i| format!("other{i}")).collect();
+    for t in &others {
+        store(&mut ix[1], t, b"x");
+    }
+    assert_eq!(dir.live_tenants(), 8);
+    store(&mut ix[0], "a", b"k3");
+    store(&mut ix[0], "a", b"k4");
+    assert_eq!(keys("a"), 2);
+    for t in &others {
+        assert_eq!(keys(t), 1, "{t}");
+    }
+    evict(&mut ix[0], "a", b"k3");
+    assert_eq!(keys("a"), 1);
+    for t in &others {
+        assert_eq!(keys(t), 1, "{t}");
+    }
+}
+
 /// With `cross_core_eviction`, a caller that gathers every core's first candidates, picks the
 /// globally first ones ([`select_victims`]) and has each core evict its share reproduces one
 /// index exactly: same entries left, after every ingest, for the tenant quota (§7.1) and the

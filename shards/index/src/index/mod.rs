@@ -33,6 +33,7 @@ mod postable;
 pub mod ranking;
 mod reclaim;
 mod removal;
+mod slotmap;
 mod store;
 
 pub use aggregate::{
@@ -48,7 +49,7 @@ pub use ranking::RankerConfig;
 pub use removal::{RemovalReason, RemovalSink, Removed};
 
 use crate::PROBE_TENANT;
-use crate::directory::{Directory, TenantFp};
+use crate::directory::{Directory, TenantFp, TenantSlotHint};
 use crate::rules::{Eviction, TenantRules};
 use eviction::{CapState, QuotaState};
 use hashbrown::HashMap;
@@ -56,6 +57,7 @@ use inferencecache_proto::v1alpha1::{
     CacheEvent, CacheStateUpdate, PrefixEntry, ReplicaStats, cache_event,
 };
 use intern::{Blobs, Strings};
+use slotmap::{NO_SLOT, SlotMap};
 use std::cell::Cell;
 use std::sync::Arc;
 use store::{BLOB_FLAG, Holder, HolderUpsert, KEYSPACE_LIMIT, KeyId, NIL, RunCursor, Store};
@@ -342,8 +344,9 @@ pub(crate) struct ScopeRec {
     pub model: u32,
     pub scheme: u32,
     pub mscope: u32,
-    /// replica → number of prefix keys it holds in the scope (`serving_by_scope`).
-    pub serving: HashMap<u32, u32>,
+    /// replica → number of prefix keys it holds in the scope (`serving_by_scope`); by slot
+    /// from the event memo.
+    pub serving: SlotMap<u32>,
     /// The serving replicas sorted by name (affinity candidates), kept in lock-step.
     pub sorted: Vec<u32>,
     /// Keyspace ids `(scope, adapter)` of this scope.
@@ -390,6 +393,9 @@ pub(crate) struct TenantRec {
     pub entries: u64,
     pub reserved: bool,
     pub fp: TenantFp,
+    /// The directory slot of the tenant's key count while `prefixes`, as last pushed, is above
+    /// zero (see [`Directory::add_tenant_keys_at`]); None until a push finds it.
+    pub dir_slot: Option<TenantSlotHint>,
     /// Eviction algorithm as last resolved; the cap candidate heap is keyed on it.
     pub algo: Eviction,
     /// Linked model scopes of this tenant on this core (the record goes with the last).
@@ -408,7 +414,8 @@ pub(crate) struct Catalog {
     pub keyspace_ids: HashMap<(u32, u32), u32>,
     pub models: Vec<ModelRec>,
     pub model_ids: HashMap<(u32, u32), u32>,
-    pub tenants: HashMap<u32, TenantRec>,
+    /// By tenant string id; by slot from the event memo.
+    pub tenants: SlotMap<TenantRec>,
     /// Linked keyspaces on this core (bounded by [`IndexConfig::max_keyspaces`]).
     pub live_keyspaces: usize,
     /// Freed record ids, reused by the next creation.
@@ -449,6 +456,27 @@ struct EvictPlan {
     adapter: u32,
     mscope: u32,
     targets: EvictTargets,
+    /// Where a removal from the one target keyspace counts, when there is one.
+    counts: CountSlots,
+}
+
+/// The slots of the records a removed entry of one keyspace and replica is counted in: its
+/// tenant's record, the replica's serving count in the scope, the model's gauge count (each
+/// [`NO_SLOT`] when unknown). Hints: each is checked against its id, and a stale one falls back
+/// to the lookup by id.
+#[derive(Clone, Copy, Debug)]
+struct CountSlots {
+    tenant: u32,
+    serving: u32,
+    gauge: u32,
+}
+
+impl CountSlots {
+    const NONE: CountSlots = CountSlots {
+        tenant: NO_SLOT,
+        serving: NO_SLOT,
+        gauge: NO_SLOT,
+    };
 }
 
 /// A name of at most 16 bytes as its length and two words that determine its bytes: the first
@@ -659,16 +687,47 @@ impl Catalog {
 struct Pending {
     total: i64,
     non_reserved: i64,
-    /// Tenant id, its directory fingerprint (kept here so the flush needs no record lookup),
-    /// key count delta.
-    tenants: Vec<(u32, TenantFp, i64)>,
+    /// The first tenant whose key count changed.
+    tenant: Option<PendingTenant>,
+    /// Any others.
+    more: Vec<PendingTenant>,
+}
+
+/// A tenant's key count delta not yet pushed to the directory, with what the flush needs to
+/// push it without a record lookup.
+#[derive(Clone, Copy)]
+struct PendingTenant {
+    tenant: u32,
+    delta: i64,
+    keys: TenantKeys,
+}
+
+/// What a change to a tenant's key count on this core tells the directory: its fingerprint,
+/// its directory slot hint, and its key count on this core after the change.
+#[derive(Clone, Copy)]
+struct TenantKeys {
+    fp: TenantFp,
+    dir_slot: Option<TenantSlotHint>,
+    after: u64,
+}
+
+impl TenantRec {
+    /// The tenant's [`TenantKeys`] as the record stands (after a change to `prefixes`).
+    #[inline(always)]
+    fn keys(&self) -> TenantKeys {
+        TenantKeys {
+            fp: self.fp,
+            dir_slot: self.dir_slot,
+            after: self.prefixes,
+        }
+    }
 }
 
 /// Per-model non-reserved key counts for the entries gauge.
 #[derive(Default)]
 struct ModelGauge {
-    /// model string id → (count, dirty, queued in `zeros`).
-    counts: HashMap<u32, (u64, bool, bool)>,
+    /// model string id → (count, dirty, queued in `zeros`); by slot from the event memo.
+    counts: SlotMap<(u64, bool, bool)>,
     dirty: Vec<u32>,
     /// Models whose 0 was published: the reclaim pass drops their entries (if still 0 and
     /// published), so their names may be freed.
@@ -681,7 +740,13 @@ impl ModelGauge {
     /// event); a model's first count takes the out-of-line insert.
     #[inline(always)]
     fn add(&mut self, model: u32, delta: i64) {
-        let Some(e) = self.counts.get_mut(&model) else {
+        self.add_at(NO_SLOT, model, delta);
+    }
+
+    /// [`ModelGauge::add`] with the model's count found at `slot` when it is there.
+    #[inline(always)]
+    fn add_at(&mut self, slot: u32, model: u32, delta: i64) {
+        let Some(e) = self.counts.get_mut_hinted(slot, model) else {
             self.add_new(model, delta);
             return;
         };
@@ -941,6 +1006,7 @@ impl Index {
                 entries: 0,
                 reserved: name == PROBE_TENANT,
                 fp: Directory::fingerprint(name),
+                dir_slot: None,
                 algo: self.new_tenant_algo,
                 models: 0,
             };
@@ -993,7 +1059,7 @@ impl Index {
             model,
             scheme,
             mscope,
-            serving: HashMap::new(),
+            serving: SlotMap::default(),
             sorted: Vec::new(),
             keyspaces: Vec::new(),
             slot: self.cat.models[mscope as usize].scopes.len() as u32,
@@ -1045,29 +1111,113 @@ impl Index {
         id
     }
 
-    /// Adds `delta` to the tenant's pending key count (`fp`: its directory fingerprint).
-    fn pending_tenant(&mut self, tenant: u32, fp: TenantFp, delta: i64) {
-        if let Some(e) = self.pending.tenants.iter_mut().find(|(t, ..)| *t == tenant) {
-            e.2 += delta;
+    /// Adds `delta` to the tenant's pending key count (`keys`: as its record stands after it).
+    /// The first tenant of an operation (most often its only one) is kept inline.
+    #[inline(always)]
+    fn pending_tenant(&mut self, tenant: u32, keys: TenantKeys, delta: i64) {
+        let first = &mut self.pending.tenant;
+        match first {
+            Some(e) if e.tenant == tenant => {
+                e.delta += delta;
+                e.keys = keys;
+            }
+            None => {
+                *first = Some(PendingTenant {
+                    tenant,
+                    delta,
+                    keys,
+                })
+            }
+            Some(_) => self.pending_more_tenant(tenant, keys, delta),
+        }
+    }
+
+    /// [`Index::pending_tenant`] for a tenant other than the operation's first.
+    #[inline(never)]
+    fn pending_more_tenant(&mut self, tenant: u32, keys: TenantKeys, delta: i64) {
+        if let Some(e) = self.pending.more.iter_mut().find(|e| e.tenant == tenant) {
+            e.delta += delta;
+            e.keys = keys;
         } else {
-            self.pending.tenants.push((tenant, fp, delta));
+            self.pending.more.push(PendingTenant {
+                tenant,
+                delta,
+                keys,
+            });
         }
     }
 
     /// Pushes pending counter deltas to the directory.
     fn flush(&mut self) {
+        self.flush_inline();
+    }
+
+    /// [`Index::flush`], inlined into the event memo's removal (a flush per event).
+    #[inline(always)]
+    fn flush_inline(&mut self) {
         self.dir
             .add_entries(self.pending.total, self.pending.non_reserved);
         self.pending.total = 0;
         self.pending.non_reserved = 0;
-        // Indexed, then cleared: a `Drain` per flush cost more than its one element (a flush
-        // follows every event).
-        for &(_, fp, d) in &self.pending.tenants {
-            if d != 0 {
-                self.dir.add_tenant_keys(fp, d);
+        if let Some(PendingTenant {
+            tenant,
+            delta,
+            keys,
+        }) = self.pending.tenant.take()
+            && delta != 0
+        {
+            self.push_tenant_keys(tenant, delta, keys);
+        }
+        if !self.pending.more.is_empty() {
+            self.flush_more_tenants();
+        }
+    }
+
+    /// [`Index::flush`] of the tenants after an operation's first.
+    #[inline(never)]
+    fn flush_more_tenants(&mut self) {
+        // Indexed, then cleared: no `Drain` to keep across the pushes.
+        for i in 0..self.pending.more.len() {
+            let PendingTenant {
+                tenant,
+                delta,
+                keys,
+            } = self.pending.more[i];
+            if delta != 0 {
+                self.push_tenant_keys(tenant, delta, keys);
             }
         }
-        self.pending.tenants.clear();
+        self.pending.more.clear();
+    }
+
+    /// Pushes a tenant's key count delta to the directory. Every change of a tenant's key count
+    /// on this core is pushed by a flush, so the directory's count includes this core's part as
+    /// last pushed; while that part stays above zero, the tenant's slot cannot be retired, and
+    /// the slot found by a push is kept in its record (`dir_slot`) for the next ones, which
+    /// then add to it directly (a removal event's push: one atomic add instead of the slot's
+    /// search). A push that leaves this core's part at zero forgets the slot.
+    #[inline(always)]
+    fn push_tenant_keys(&mut self, tenant: u32, delta: i64, keys: TenantKeys) {
+        if keys.after > 0
+            && let Some(hint) = keys.dir_slot
+        {
+            self.dir.add_tenant_keys_at(hint, delta);
+            return;
+        }
+        self.push_tenant_keys_cold(tenant, delta, keys);
+    }
+
+    /// [`Index::push_tenant_keys`] through the slot's search: this core's first keys of the
+    /// tenant since its part was zero, or its last ones going.
+    #[inline(never)]
+    fn push_tenant_keys_cold(&mut self, tenant: u32, delta: i64, keys: TenantKeys) {
+        let found = self.dir.add_tenant_keys_found(keys.fp, delta);
+        let hint = if keys.after > 0 { found } else { None };
+        if hint != keys.dir_slot
+            && let Some(t) = self.cat.tenants.get_mut(&tenant)
+        {
+            t.dir_slot = hint;
+        }
     }
 
     // ---- primitives (§3.3) ------------------------------------------------------------------
@@ -1212,6 +1362,7 @@ impl Index {
             let batched = hashes.iter().all(|h| h.len() == 8);
             if batched {
                 let mut c = cum;
+                let mut fresh = 0;
                 for ((at, h), n) in placed.iter_mut().zip(hashes).zip(counts) {
                     c = c.wrapping_add(*n);
                     let key = self.cat.key_for_inline(ks, h).expect("8-byte hash");
@@ -1222,7 +1373,19 @@ impl Index {
                                 .find_or_insert(key, Holder::new(replica, tier, c, ts), prev)
                         }
                     };
+                    fresh += at.1 as usize;
                     prev = at.0;
+                }
+                if fresh == hashes.len() {
+                    // Every key of the batch was created with this entry as its only holder
+                    // (most batches of a fleet's chains): what the loop below does for each,
+                    // its counts once for the batch.
+                    cum = c;
+                    self.note_created(run, &placed[..fresh], replica, tracked);
+                    created.keys += fresh as u64;
+                    created.entries += fresh as u64;
+                    out.upserts += fresh as u64;
+                    continue;
                 }
             }
             for (i, (h, c)) in hashes.iter().zip(counts).enumerate() {
@@ -1258,6 +1421,27 @@ impl Index {
         self.on_created(ks, replica, created);
     }
 
+    /// The second pass of [`Index::upsert_chain`] for a batch whose keys the first pass all
+    /// created at `placed` (in chain order) with `replica`'s entry as their only holder: each
+    /// upsert noted in the run cursor, and its eviction bookkeeping when `tracked`.
+    #[inline]
+    fn note_created(
+        &mut self,
+        run: &mut RunCursor,
+        placed: &[(u32, bool)],
+        replica: u32,
+        tracked: bool,
+    ) {
+        if !tracked {
+            self.store.note_created(run, placed, replica);
+            return;
+        }
+        for &(pos, _) in placed {
+            self.store.note_upsert(run, pos, replica, true, true);
+            self.touch_created(pos, replica);
+        }
+    }
+
     /// The eviction bookkeeping of a key just created at `pos` for `replica`, as
     /// [`Index::upsert_at`] does it (two inlined tests without a cap or quota heap).
     #[inline(always)]
@@ -1288,9 +1472,9 @@ impl Index {
         let (tenant, model, mscope) = (scope.tenant, scope.model, scope.mscope);
         let t = self.cat.tenants.get_mut(&tenant).expect("tenant record");
         t.prefixes += n;
-        let (reserved, fp) = (t.reserved, t.fp);
+        let (reserved, keys) = (t.reserved, t.keys());
         self.cat.models[mscope as usize].prefixes += n;
-        self.pending_tenant(tenant, fp, n as i64);
+        self.pending_tenant(tenant, keys, n as i64);
         if !reserved {
             self.gauge.add(model, n as i64);
         }
@@ -1310,7 +1494,7 @@ impl Index {
         }
         let strings = &self.cat.strings;
         let scope = &mut self.cat.scopes[scope_id as usize];
-        let c = scope.serving.entry(replica).or_insert(0);
+        let c = scope.serving.get_or_insert_with(replica, || 0);
         let was = *c;
         *c = was + u32::try_from(n).expect("entries of one upsert call");
         if was == 0 {
@@ -1325,9 +1509,11 @@ impl Index {
 
     /// The entry `(key, replica)` was removed, and with it the key when `key_gone`. Resolves
     /// the keyspace's scope and model scope once for every count (this runs once per removed
-    /// entry: a `PREFIX_EVICTED` event's whole work besides the store).
-    #[inline]
-    fn on_entry_removed(&mut self, key: KeyId, replica: u32, key_gone: bool) {
+    /// entry: a `PREFIX_EVICTED` event's whole work besides the store), and finds the records it
+    /// counts in at `slots` where they are there (the event memo's: no hashed lookup per event;
+    /// [`CountSlots::NONE`] otherwise).
+    #[inline(always)]
+    fn on_entry_removed_at(&mut self, key: KeyId, replica: u32, key_gone: bool, slots: CountSlots) {
         let ks = &mut self.cat.keyspaces[key.keyspace() as usize];
         let scope_id = ks.scope;
         if key_gone {
@@ -1339,20 +1525,25 @@ impl Index {
         let scope = &self.cat.scopes[scope_id as usize];
         let (tenant, model, mscope) = (scope.tenant, scope.model, scope.mscope);
         // One tenant record lookup for both counts.
-        let t = self.cat.tenants.get_mut(&tenant).expect("tenant record");
+        let t = (self.cat.tenants)
+            .get_mut_hinted(slots.tenant, tenant)
+            .expect("tenant record");
         debug_assert!(t.entries >= 1);
         t.entries -= 1;
-        let (reserved, fp) = (t.reserved, t.fp);
         if key_gone {
             debug_assert!(t.prefixes > 0);
             t.prefixes -= 1;
         }
+        let (reserved, keys) = (t.reserved, t.keys());
         self.count_core_entries_removed(reserved, 1);
         if key_gone {
-            self.count_key_gone_above_keyspace(key, (model, mscope), tenant, fp, reserved);
+            let models = (model, mscope);
+            self.count_key_gone_at(key, models, tenant, keys, reserved, slots.gauge);
         }
         let scope = &mut self.cat.scopes[scope_id as usize];
-        let c = scope.serving.get_mut(&replica).expect("serving count");
+        let c = (scope.serving)
+            .get_mut_hinted(slots.serving, replica)
+            .expect("serving count");
         *c -= 1;
         if *c == 0 {
             self.stop_serving(scope_id, replica);
@@ -1386,14 +1577,14 @@ impl Index {
         let t = self.cat.tenants.get_mut(&tenant).expect("tenant record");
         debug_assert!(t.prefixes > 0);
         t.prefixes -= 1;
-        let (reserved, fp) = (t.reserved, t.fp);
-        self.count_key_gone(key, tenant, fp, reserved);
+        let (reserved, keys) = (t.reserved, t.keys());
+        self.count_key_gone(key, tenant, keys, reserved);
     }
 
     /// The key counts [`Index::on_key_gone`] keeps besides the tenant record's (which the
     /// caller has counted): keyspace, model scope, the directory's tenant count, the entries
-    /// gauge, the key's blob ([`Index::on_entry_removed`] counts the same inline).
-    fn count_key_gone(&mut self, key: KeyId, tenant: u32, fp: TenantFp, reserved: bool) {
+    /// gauge, the key's blob ([`Index::on_entry_removed_at`] counts the same inline).
+    fn count_key_gone(&mut self, key: KeyId, tenant: u32, keys: TenantKeys, reserved: bool) {
         let ks = &mut self.cat.keyspaces[key.keyspace() as usize];
         let scope_id = ks.scope;
         ks.keys -= 1;
@@ -1402,12 +1593,12 @@ impl Index {
         }
         let scope = &self.cat.scopes[scope_id as usize];
         let models = (scope.model, scope.mscope);
-        self.count_key_gone_above_keyspace(key, models, tenant, fp, reserved);
+        self.count_key_gone_above_keyspace(key, models, tenant, keys, reserved);
     }
 
     /// The counts of a key gone above its keyspace's: its model scope's (`models`: the model's
     /// string id and the model scope), the directory's tenant count, the entries gauge (not
-    /// for a reserved tenant), and its blob. Shared by [`Index::on_entry_removed`] and
+    /// for a reserved tenant), and its blob. Shared by [`Index::on_entry_removed_at`] and
     /// [`Index::count_key_gone`].
     #[inline(always)]
     fn count_key_gone_above_keyspace(
@@ -1415,15 +1606,30 @@ impl Index {
         key: KeyId,
         (model, mscope): (u32, u32),
         tenant: u32,
-        fp: TenantFp,
+        keys: TenantKeys,
         reserved: bool,
+    ) {
+        self.count_key_gone_at(key, (model, mscope), tenant, keys, reserved, NO_SLOT);
+    }
+
+    /// [`Index::count_key_gone_above_keyspace`] with the model's gauge count found at
+    /// `gauge_slot` when it is there.
+    #[inline(always)]
+    fn count_key_gone_at(
+        &mut self,
+        key: KeyId,
+        (model, mscope): (u32, u32),
+        tenant: u32,
+        keys: TenantKeys,
+        reserved: bool,
+        gauge_slot: u32,
     ) {
         let m = &mut self.cat.models[mscope as usize];
         debug_assert!(m.prefixes > 0);
         m.prefixes -= 1;
-        self.pending_tenant(tenant, fp, -1);
+        self.pending_tenant(tenant, keys, -1);
         if !reserved {
-            self.gauge.add(model, -1);
+            self.gauge.add_at(gauge_slot, model, -1);
         }
         if key.is_blob() {
             self.cat.blobs.release(key.h as u32);
@@ -1446,13 +1652,19 @@ impl Index {
 
     /// *Remove(key, replica)* of §3.3. Returns whether there was such an entry.
     fn remove_entry(&mut self, key: KeyId, replica: u32) -> bool {
+        self.remove_entry_at(key, replica, CountSlots::NONE)
+    }
+
+    /// [`Index::remove_entry`] counted through `slots` (see [`Index::on_entry_removed_at`]).
+    #[inline(always)]
+    fn remove_entry_at(&mut self, key: KeyId, replica: u32, slots: CountSlots) -> bool {
         let Some(pos) = self.store.find_near(key) else {
             return false;
         };
         let Some((_, key_gone)) = self.store.remove_holder(pos, replica) else {
             return false;
         };
-        self.on_entry_removed(key, replica, key_gone);
+        self.on_entry_removed_at(key, replica, key_gone, slots);
         if !key_gone {
             self.quota_touch(key);
         }
@@ -1946,11 +2158,11 @@ impl Index {
                 EvictTargets::One(ks) => self
                     .cat
                     .key_for(ks, &e.prefix_hash)
-                    .is_some_and(|k| self.remove_entry(k, memo.replica))
+                    .is_some_and(|k| self.remove_entry_at(k, memo.replica, memo.counts))
                     as u64,
                 _ => self.evict(&memo, &e.prefix_hash),
             };
-            self.flush();
+            self.flush_inline();
             return out;
         }
         let Some(mscope) = self.cat.find_model(&e.tenant_id, &e.model_id) else {
@@ -1975,11 +2187,13 @@ impl Index {
                     let m = &self.cat.models[mscope as usize];
                     (m.tenant, m.model)
                 };
+                let targets = self.cat.evict_targets(mscope, adapter);
                 let plan = EvictPlan {
                     replica,
                     adapter,
                     mscope,
-                    targets: self.cat.evict_targets(mscope, adapter),
+                    targets,
+                    counts: self.count_slots(targets, replica),
                 };
                 let memo = EventMemo {
                     epoch: self.cat.epoch,
@@ -2016,6 +2230,20 @@ impl Index {
         }
         self.flush();
         out
+    }
+
+    /// Where removals of `replica`'s entries from the one keyspace of `targets` count (see
+    /// [`CountSlots`]).
+    fn count_slots(&self, targets: EvictTargets, replica: u32) -> CountSlots {
+        let EvictTargets::One(ks) = targets else {
+            return CountSlots::NONE;
+        };
+        let scope = &self.cat.scopes[self.cat.keyspaces[ks as usize].scope as usize];
+        CountSlots {
+            tenant: self.cat.tenants.slot(&scope.tenant),
+            serving: scope.serving.slot(&replica),
+            gauge: self.gauge.counts.slot(&scope.model),
+        }
     }
 
     /// Removes the memo's replica from the key `hash` in each keyspace the memo's event targets

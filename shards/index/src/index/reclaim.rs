@@ -260,7 +260,7 @@ impl Index {
         let r = &mut cat.scopes[s as usize];
         let (key, mscope, slot) = ((r.tenant, r.model, r.scheme), r.mscope, r.slot as usize);
         r.slot = DEAD;
-        r.serving = HashMap::new();
+        r.serving = Default::default();
         r.sorted = Vec::new();
         r.keyspaces = Vec::new();
         cat.scope_ids.remove(&key);

@@ -296,6 +296,20 @@ impl KeySlab {
     fn ks_mut(&mut self, pos: u32) -> &mut u32 {
         &mut self.key.get_mut(pos).ks
     }
+    /// Sets `here` in the `ks` word at `pos` and `before` in the one at `pos - 1` (`pos > 0`):
+    /// one chunk access when both are in one chunk (a run's two records, mostly).
+    #[inline(always)]
+    fn or_ks_pair(&mut self, pos: u32, here: u32, before: u32) {
+        let i = pos as usize & (CHUNK - 1);
+        if i > 0 {
+            let chunk = &mut self.key.chunks[(pos >> CHUNK_SHIFT) as usize][i - 1..=i];
+            chunk[1].ks |= here;
+            chunk[0].ks |= before;
+        } else {
+            *self.ks_mut(pos) |= here;
+            *self.ks_mut(pos - 1) |= before;
+        }
+    }
     #[inline(always)]
     fn rec(&self, pos: u32) -> &KeyRec {
         self.rec.get(pos)
@@ -644,7 +658,7 @@ impl Store {
     /// next key removed is usually at `p - 1`: one comparison against a record in cache instead of a table probe (two or
     /// three cache misses on a large index). The key is compared whole, so the answer is
     /// exactly [`Store::find`]'s.
-    #[inline]
+    #[inline(always)]
     pub fn find_near(&self, k: KeyId) -> Option<u32> {
         let n = self.near;
         for c in [n.wrapping_sub(1), n.wrapping_add(1)] {
@@ -697,6 +711,7 @@ impl Store {
     }
 
     /// Clears the run bit of the record at `pos`, if there is one.
+    #[inline(always)]
     fn clear_run(&mut self, pos: u32) {
         if (pos as usize) < self.keys.len() {
             *self.keys.ks_mut(pos) &= !RUN_FLAG;
@@ -753,8 +768,7 @@ impl Store {
                 && cursor.pos != NIL
                 && (cursor.created || self.keys.rec(cursor.pos).next == NIL)
             {
-                *self.keys.ks_mut(pos) |= RUN_FLAG;
-                *self.keys.ks_mut(cursor.pos) |= NEXT_RUN_FLAG;
+                self.keys.or_ks_pair(pos, RUN_FLAG, NEXT_RUN_FLAG);
             }
             cursor.pos = pos;
             cursor.created = created;
@@ -764,6 +778,35 @@ impl Store {
             }
         } else {
             self.note_upsert_cold(cursor, pos, replica, created, applied);
+        }
+    }
+
+    /// [`Store::note_upsert`] of each of a chain's upserts that created the records at
+    /// `placed` (in chain order) with the chain's holder as their only holder: the same notes,
+    /// the forgotten clear ([`Store::run_cleared`]) once for all.
+    #[inline]
+    pub fn note_created(&mut self, cursor: &mut RunCursor, placed: &[(u32, bool)], replica: u32) {
+        self.run_cleared.0 = NIL;
+        for &(pos, created) in placed {
+            debug_assert!(created);
+            #[cfg(debug_assertions)]
+            debug_assert!(
+                cursor.pos == NIL || cursor.moves == self.moves,
+                "a record moved"
+            );
+            if cursor.pos.wrapping_add(1) != pos {
+                self.note_upsert_cold(cursor, pos, replica, true, true);
+                continue;
+            }
+            if cursor.pos != NIL && (cursor.created || self.keys.rec(cursor.pos).next == NIL) {
+                self.keys.or_ks_pair(pos, RUN_FLAG, NEXT_RUN_FLAG);
+            }
+            cursor.pos = pos;
+            cursor.created = true;
+            #[cfg(debug_assertions)]
+            {
+                cursor.moves = self.moves;
+            }
         }
     }
 
