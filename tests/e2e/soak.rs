@@ -66,18 +66,36 @@ const GOOD_TOKENS: i32 = 64;
 const CAP: &str = "20000";
 
 /// Where the hostile producer runs beside the well-behaved client (both share the test's CPUs).
+/// It stands for another machine: it must take neither the measured client's CPU time nor the
+/// server's.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Producer {
-    /// The well-behaved client at `SCHED_FIFO` (`run_ahead_of_normal_threads`), the producer at
-    /// the normal policy and full speed: the client preempts it at once when woken, so the
-    /// attack keeps its volume and the client's latency is the server's.
+    /// The well-behaved client at `SCHED_FIFO` (`run_ahead_of_normal_threads`) and the test on
+    /// CPUs the server does not run on (`taskset`): the producer at the normal policy and full
+    /// speed. The client preempts it at once when woken, so the attack keeps its volume and the
+    /// client's latency is the server's.
     Normal,
-    /// Without a real-time policy (an unprivileged CI runner): the producer at `SCHED_IDLE`,
-    /// yielding after each message it builds. It then sends only what the CPUs leave it.
+    /// Otherwise (no real-time policy, or CPUs shared with the server): the producer at
+    /// `SCHED_IDLE`, yielding after each message it builds, so it sends only what the CPUs
+    /// leave. At full speed on the server's CPUs it took them from the server's cores
+    /// (`--shards 2` unpinned: heartbeat lag 0.18–0.20 s, p99 68 ms;
+    /// perf/runs/2026-12-06-hostile-volume.md).
     Background,
 }
 
 impl Producer {
+    /// [`Producer::Normal`] only if the well-behaved client got its real-time policy and no CPU
+    /// of this test is one the server (`server_pid`) may run on.
+    fn choose(client_is_real_time: bool, server_pid: u32) -> Self {
+        let server = allowed_cpus_of(server_pid);
+        let shared = allowed_cpus_of(0).iter().any(|c| server.contains(c));
+        if client_is_real_time && !shared {
+            Self::Normal
+        } else {
+            Self::Background
+        }
+    }
+
     /// Puts the calling producer thread where this arrangement wants it.
     fn enter(self) {
         match self {
@@ -277,27 +295,23 @@ async fn hostile(
 /// not its own runtime's threads waiting for each other on a CPU they share (measured: in the
 /// test's two-worker runtime under `taskset`, its wake-ups waited up to 4–7 ms behind the other
 /// worker; perf/runs/2026-12-06-quiet-client-p99.md). The thread runs at `SCHED_FIFO` if the
-/// process may ([`Producer::Normal`]), else at the normal policy ([`Producer::Background`]).
+/// process may (returned: whether it does), else at the normal policy.
 fn well_behaved_on_its_thread(
     url: String,
     tenants: Vec<String>,
     stop: Arc<AtomicBool>,
-) -> (std::thread::JoinHandle<Vec<Duration>>, Producer) {
+) -> (std::thread::JoinHandle<Vec<Duration>>, bool) {
     let (granted, policy) = std::sync::mpsc::channel();
     let thread = std::thread::spawn(move || {
-        let _ = granted.send(if run_ahead_of_normal_threads() {
-            Producer::Normal
-        } else {
-            Producer::Background
-        });
+        let _ = granted.send(run_ahead_of_normal_threads());
         tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
             .expect("the well-behaved client's runtime")
             .block_on(async move { well_behaved(connect(url).await, tenants, stop).await })
     });
-    let producer = policy.recv().expect("the well-behaved client's policy");
-    (thread, producer)
+    let real_time = policy.recv().expect("the well-behaved client's policy");
+    (thread, real_time)
 }
 
 /// A client of the gRPC port at `url` (one HTTP/2 connection).
@@ -385,8 +399,9 @@ async fn soak(shards: usize, s: Soak) {
     let quiet_lags = heartbeat_lags(&srv);
     // Hostile run, the same client alongside.
     let stop = Arc::new(AtomicBool::new(false));
-    let (good, producer) =
+    let (good, real_time) =
         well_behaved_on_its_thread(srv.grpc_url(), tenants.clone(), stop.clone());
+    let producer = Producer::choose(real_time, srv.child.id());
     let bad = hostile_on_its_thread(
         srv.grpc_url(),
         srv.admin_port,

@@ -51,3 +51,25 @@ pub fn run_at_normal_priority() {
     };
     assert_eq!(rc, 0, "SCHED_OTHER: {}", std::io::Error::last_os_error());
 }
+
+/// The CPUs thread or process `pid` may run on (0: the calling thread).
+pub fn allowed_cpus_of(pid: u32) -> Vec<usize> {
+    // SAFETY: sched_getaffinity(2) fills the zeroed cpu_set_t owned by this frame.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        let rc = libc::sched_getaffinity(
+            pid as libc::pid_t,
+            std::mem::size_of::<libc::cpu_set_t>(),
+            &mut set,
+        );
+        assert_eq!(
+            rc,
+            0,
+            "sched_getaffinity: {}",
+            std::io::Error::last_os_error()
+        );
+        (0..libc::CPU_SETSIZE as usize)
+            .filter(|&c| libc::CPU_ISSET(c, &set))
+            .collect()
+    }
+}
