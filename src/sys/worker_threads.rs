@@ -20,14 +20,8 @@ pub fn spare_cpus(shards: usize) -> Option<Vec<usize>> {
 }
 
 /// Best-effort placement of the calling worker thread: pinned to `cpus`, or (`None`) left
-/// unpinned at a lower priority and at `SCHED_BATCH`, since it then shares CPUs with the serving
-/// cores. Failures only cost isolation.
-///
-/// Why `SCHED_BATCH`: a lower nice value alone did not keep a woken worker from preempting the
-/// serving core on its CPU at once (EEVDF lets a woken thread with lag run first whatever its
-/// weight): in the adversarial soak the decode workers switched the core thread out 222 times in
-/// 5 s, ≈ 0.4 ms each (perf/runs/2026-12-06-hostile-volume.md). A batch thread never preempts on
-/// wake-up; it still gets its fair share at the scheduler tick, so it is not starved.
+/// unpinned at a lower priority, since it then shares CPUs with the serving cores. Failures only
+/// cost isolation.
 pub fn place_current_thread(cpus: Option<&[usize]>) {
     match cpus {
         Some(cpus) => {
@@ -42,12 +36,8 @@ pub fn place_current_thread(cpus: Option<&[usize]>) {
             }
         }
         None => {
-            let batch = libc::sched_param { sched_priority: 0 };
-            // SAFETY: sched_setscheduler(2) on the calling thread (pid 0) with a valid parameter
-            // (it resets the nice value, set after it); on Linux PRIO_PROCESS with a thread id
-            // sets that thread's nice value.
+            // SAFETY: on Linux PRIO_PROCESS with a thread id sets that thread's nice value.
             unsafe {
-                let _ = libc::sched_setscheduler(0, libc::SCHED_BATCH, &batch);
                 let tid = libc::gettid() as libc::id_t;
                 let _ = libc::setpriority(libc::PRIO_PROCESS, tid, SHARED_CPU_NICE);
             }
@@ -79,22 +69,5 @@ impl Permit {
 impl Drop for Permit {
     fn drop(&mut self) {
         self.in_flight.fetch_sub(1, Ordering::AcqRel);
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::place_current_thread;
-
-    #[test]
-    fn a_worker_sharing_the_cores_cpus_never_preempts_on_wake_up() {
-        let policy = std::thread::spawn(|| {
-            place_current_thread(None);
-            // SAFETY: sched_getscheduler(2) on the calling thread.
-            unsafe { libc::sched_getscheduler(0) }
-        })
-        .join()
-        .expect("joined");
-        assert_eq!(policy, libc::SCHED_BATCH);
     }
 }
