@@ -46,6 +46,12 @@ struct Pool {
     shutdown: AtomicBool,
     /// Worker handles to unpark after a push (set once the workers are spawned).
     workers: OnceLock<Vec<Thread>>,
+    /// Per worker: parked or about to park (set before its last look at the queue).
+    idle: [AtomicBool; DECODE_WORKERS],
+    /// The worker a push unparks when none is idle (round robin).
+    next_worker: AtomicUsize,
+    /// Times a worker came back from `park` (one relaxed add per wake-up; tests read it).
+    wakeups: AtomicUsize,
 }
 
 static POOL: OnceLock<Arc<Pool>> = OnceLock::new();
@@ -84,6 +90,9 @@ impl Pool {
             in_flight: Arc::new(AtomicUsize::new(0)),
             shutdown: AtomicBool::new(false),
             workers: OnceLock::new(),
+            idle: std::array::from_fn(|_| AtomicBool::new(false)),
+            next_worker: AtomicUsize::new(0),
+            wakeups: AtomicUsize::new(0),
         });
         let mut handles = Vec::with_capacity(DECODE_WORKERS);
         for i in 0..DECODE_WORKERS {
@@ -93,7 +102,7 @@ impl Pool {
                 .name(format!("{WORKER_THREAD_PREFIX}{i}"))
                 .spawn(move || {
                     place_current_thread(cpus.as_deref());
-                    worker.work();
+                    worker.work(i);
                 });
             match spawned {
                 Ok(h) => handles.push(h.thread().clone()),
@@ -122,25 +131,54 @@ impl Pool {
                 _permit: permit,
             })
             .map_err(|_| Refused::Full)?;
-        self.wake_workers();
+        self.wake_one_worker();
         Ok(())
     }
 
-    /// Wakes every worker; `unpark` before `park` makes that `park` return at once, so a job
-    /// pushed between a worker's empty check and its park is never missed.
+    /// Wakes one worker: an idle one if any, else the next in turn (it is busy, and its
+    /// `unpark` makes its next `park` return at once, so it takes the job then). A worker marks
+    /// itself idle before its last look at the queue, so a job pushed before that look is
+    /// taken by it, and one pushed after it finds the worker idle here. Waking every worker
+    /// made each job wake them all, and on a CPU shared with a serving core each wake-up could
+    /// switch the core out (perf/runs/2026-12-06-hostile-volume.md).
+    fn wake_one_worker(&self) {
+        let workers = self.workers.get().map(Vec::as_slice).unwrap_or_default();
+        if workers.is_empty() {
+            return;
+        }
+        let idle = (0..workers.len()).find(|&i| self.idle[i].swap(false, Ordering::SeqCst));
+        let i = idle
+            .unwrap_or_else(|| self.next_worker.fetch_add(1, Ordering::Relaxed) % workers.len());
+        workers[i].unpark();
+    }
+
+    /// Wakes every worker (shutdown); `unpark` before `park` makes that `park` return at once,
+    /// so a worker between its shutdown check and its park still sees it.
+    #[cfg(test)]
     fn wake_workers(&self) {
         for w in self.workers.get().into_iter().flatten() {
             w.unpark();
         }
     }
 
-    fn work(&self) {
+    fn work(&self, index: usize) {
         while !self.shutdown.load(Ordering::Acquire) {
-            match self.jobs.pop() {
+            if let Some(job) = self.jobs.pop() {
                 // prost reports a malformed message as an error; a panic here is a bug, and the
                 // server's panic hook aborts on it as on a core.
-                Some(job) => (job.work)(),
-                None => std::thread::park(),
+                (job.work)();
+                continue;
+            }
+            self.idle[index].store(true, Ordering::SeqCst);
+            match self.jobs.pop() {
+                Some(job) => {
+                    self.idle[index].store(false, Ordering::SeqCst);
+                    (job.work)();
+                }
+                None => {
+                    std::thread::park();
+                    self.wakeups.fetch_add(1, Ordering::Relaxed);
+                }
             }
         }
     }
@@ -167,6 +205,40 @@ mod tests {
             .blocking_recv()
             .expect("answered");
         assert!(bad.is_err(), "a malformed message is a decode error");
+    }
+
+    /// Waits (bounded) until every worker of `pool` is parked or about to park.
+    fn all_idle(pool: &Pool) -> bool {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while std::time::Instant::now() < deadline {
+            if pool.idle.iter().all(|i| i.load(Ordering::SeqCst)) {
+                std::thread::sleep(std::time::Duration::from_millis(20));
+                return true;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        false
+    }
+
+    #[test]
+    fn a_job_wakes_one_worker() {
+        let pool = Pool::start(None);
+        assert!(all_idle(&pool), "the workers park");
+        let before = pool.wakeups.load(Ordering::SeqCst);
+        let (done, finished) = std::sync::mpsc::channel();
+        pool.submit(Box::new(move || done.send(()).unwrap()))
+            .expect("admitted");
+        finished
+            .recv_timeout(std::time::Duration::from_secs(10))
+            .expect("the job ran");
+        assert!(all_idle(&pool), "the workers park again");
+        assert_eq!(
+            pool.wakeups.load(Ordering::SeqCst) - before,
+            1,
+            "one job, one worker woken"
+        );
+        pool.shutdown.store(true, Ordering::Release);
+        pool.wake_workers();
     }
 
     #[test]

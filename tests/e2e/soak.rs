@@ -65,6 +65,53 @@ const GOOD_TOKENS: i32 = 64;
 /// The global cap: the hostile producer keeps the index at it, so the cap evicts throughout.
 const CAP: &str = "20000";
 
+/// Where the hostile producer runs beside the well-behaved client (both share the test's CPUs).
+/// It stands for another machine: it must take neither the measured client's CPU time nor the
+/// server's.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Producer {
+    /// The well-behaved client at `SCHED_FIFO` (`run_ahead_of_normal_threads`) and the test on
+    /// CPUs the server does not run on (`taskset`): the producer at the normal policy and full
+    /// speed. The client preempts it at once when woken, so the attack keeps its volume and the
+    /// client's latency is the server's.
+    Normal,
+    /// Otherwise (no real-time policy, or CPUs shared with the server): the producer at
+    /// `SCHED_IDLE`, yielding after each message it builds, so it sends only what the CPUs
+    /// leave. At full speed on the server's CPUs it took them from the server's cores
+    /// (`--shards 2` unpinned: heartbeat lag 0.18–0.20 s, p99 68 ms;
+    /// perf/runs/2026-12-06-hostile-volume.md).
+    Background,
+}
+
+impl Producer {
+    /// [`Producer::Normal`] only if the well-behaved client got its real-time policy and no CPU
+    /// of this test is one the server (`server_pid`) may run on.
+    fn choose(client_is_real_time: bool, server_pid: u32) -> Self {
+        let server = allowed_cpus_of(server_pid);
+        let shared = allowed_cpus_of(0).iter().any(|c| server.contains(c));
+        if client_is_real_time && !shared {
+            Self::Normal
+        } else {
+            Self::Background
+        }
+    }
+
+    /// Puts the calling producer thread where this arrangement wants it.
+    fn enter(self) {
+        match self {
+            Self::Normal => run_at_normal_priority(),
+            Self::Background => run_in_background(),
+        }
+    }
+
+    /// After each message built: gives way to the measured client if it cannot preempt.
+    fn give_way(self) {
+        if self == Self::Background {
+            give_way();
+        }
+    }
+}
+
 fn good_hash(i: usize) -> Vec<u8> {
     format!("good-{i:04}").into_bytes()
 }
@@ -177,12 +224,13 @@ async fn hostile(
     admin_port: u16,
     (seed, adapters): (u64, u64),
     stop: Arc<AtomicBool>,
+    producer: Producer,
 ) -> u64 {
     let pushes = Arc::new(AtomicU64::new(0));
     let policy = {
         let (stop, pushes) = (stop.clone(), pushes.clone());
         std::thread::spawn(move || {
-            run_in_background();
+            producer.enter();
             let mut flip = false;
             while !stop.load(Ordering::Relaxed) && pushes.load(Ordering::Relaxed) < 100_000 {
                 flip = !flip;
@@ -221,11 +269,11 @@ async fn hostile(
             };
             c.publish_event(e).await.expect("PublishEvent");
         } else {
-            // Each message built gives way to the well-behaved client (`give_way`).
+            // Each message built gives way to the well-behaved client if it must (`give_way`).
             let batch: Vec<_> = (0..4)
                 .map(|i| {
                     let update = hostile_update(&mut rng, n * 4 + i, adapters);
-                    give_way();
+                    producer.give_way();
                     update
                 })
                 .collect();
@@ -234,7 +282,7 @@ async fn hostile(
                 .await
                 .expect("ReportCacheState");
         }
-        give_way();
+        producer.give_way();
         n += 1;
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
@@ -246,19 +294,24 @@ async fn hostile(
 /// [`well_behaved`] on a thread and runtime of its own: one thread, so that its latencies are
 /// not its own runtime's threads waiting for each other on a CPU they share (measured: in the
 /// test's two-worker runtime under `taskset`, its wake-ups waited up to 4–7 ms behind the other
-/// worker; perf/runs/2026-12-06-quiet-client-p99.md).
+/// worker; perf/runs/2026-12-06-quiet-client-p99.md). The thread runs at `SCHED_FIFO` if the
+/// process may (returned: whether it does), else at the normal policy.
 fn well_behaved_on_its_thread(
     url: String,
     tenants: Vec<String>,
     stop: Arc<AtomicBool>,
-) -> std::thread::JoinHandle<Vec<Duration>> {
-    std::thread::spawn(move || {
+) -> (std::thread::JoinHandle<Vec<Duration>>, bool) {
+    let (granted, policy) = std::sync::mpsc::channel();
+    let thread = std::thread::spawn(move || {
+        let _ = granted.send(run_ahead_of_normal_threads());
         tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
             .expect("the well-behaved client's runtime")
             .block_on(async move { well_behaved(connect(url).await, tenants, stop).await })
-    })
+    });
+    let real_time = policy.recv().expect("the well-behaved client's policy");
+    (thread, real_time)
 }
 
 /// A client of the gRPC port at `url` (one HTTP/2 connection).
@@ -278,23 +331,28 @@ async fn joined<T: Send + 'static>(thread: std::thread::JoinHandle<T>) -> std::t
         .expect("joined")
 }
 
-/// [`hostile`] on a thread and runtime of its own at the idle scheduling policy, as if on
-/// another machine (`run_in_background`): in the well-behaved client's runtime, or at a nice
-/// value on its CPU, the hostile producer's message building delayed the well-behaved client
-/// itself, which is not what the soak measures.
-fn hostile_in_background(
+/// [`hostile`] on a thread and runtime of its own, placed by `producer` as if on another
+/// machine: in the well-behaved client's runtime, or at a nice value beside it at the same
+/// policy, the hostile producer's message building delayed the well-behaved client itself,
+/// which is not what the soak measures; at `SCHED_IDLE` (no real-time client) it sends only
+/// what the machine's other processes leave it (384–762 sends in 60 s instead of ≈ 1,800,
+/// perf/runs/2026-12-06-quiet-client-p99.md).
+fn hostile_on_its_thread(
     url: String,
     admin_port: u16,
     mix: (u64, u64),
     stop: Arc<AtomicBool>,
+    producer: Producer,
 ) -> std::thread::JoinHandle<u64> {
     std::thread::spawn(move || {
-        run_in_background();
+        producer.enter();
         tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
             .expect("the hostile producer's runtime")
-            .block_on(async move { hostile(connect(url).await, admin_port, mix, stop).await })
+            .block_on(
+                async move { hostile(connect(url).await, admin_port, mix, stop, producer).await },
+            )
     })
 }
 
@@ -331,7 +389,7 @@ async fn soak(shards: usize, s: Soak) {
     }
     // Quiet run.
     let stop = Arc::new(AtomicBool::new(false));
-    let quiet = well_behaved_on_its_thread(srv.grpc_url(), tenants.clone(), stop.clone());
+    let (quiet, _) = well_behaved_on_its_thread(srv.grpc_url(), tenants.clone(), stop.clone());
     tokio::time::sleep(s.quiet).await;
     stop.store(true, Ordering::Relaxed);
     let mut quiet = joined(quiet).await.expect("quiet client");
@@ -341,12 +399,15 @@ async fn soak(shards: usize, s: Soak) {
     let quiet_lags = heartbeat_lags(&srv);
     // Hostile run, the same client alongside.
     let stop = Arc::new(AtomicBool::new(false));
-    let good = well_behaved_on_its_thread(srv.grpc_url(), tenants.clone(), stop.clone());
-    let bad = hostile_in_background(
+    let (good, real_time) =
+        well_behaved_on_its_thread(srv.grpc_url(), tenants.clone(), stop.clone());
+    let producer = Producer::choose(real_time, srv.child.id());
+    let bad = hostile_on_its_thread(
         srv.grpc_url(),
         srv.admin_port,
         (s.seed, s.adapters_per_message),
         stop.clone(),
+        producer,
     );
     let until = Instant::now() + s.hostile;
     let mut max_rss = 0;
@@ -378,7 +439,7 @@ async fn soak(shards: usize, s: Soak) {
         })
         .sum();
     eprintln!(
-        "soak --shards {shards} seed {}: {sent} hostile sends, {evicted} cap evictions, \
+        "soak --shards {shards} seed {}: {sent} hostile sends ({producer:?}), {evicted} cap evictions, \
          {sync} cap builds on an ingest; \
          quiet p99 {quiet_p99:?} ({} lookups), hostile p99 {loaded_p99:?} ({} lookups); \
          heartbeat max lag per core {quiet_lags:?} s quiet, {lags:?} s in all; max RSS {} MiB",
