@@ -1593,27 +1593,14 @@ impl Index {
         }
         let scope = &self.cat.scopes[scope_id as usize];
         let models = (scope.model, scope.mscope);
-        self.count_key_gone_above_keyspace(key, models, tenant, keys, reserved);
+        self.count_key_gone_at(key, models, tenant, keys, reserved, NO_SLOT);
     }
 
     /// The counts of a key gone above its keyspace's: its model scope's (`models`: the model's
     /// string id and the model scope), the directory's tenant count, the entries gauge (not
-    /// for a reserved tenant), and its blob. Shared by [`Index::on_entry_removed_at`] and
+    /// for a reserved tenant; its count found at `gauge_slot` when it is there, [`NO_SLOT`]
+    /// when not known), and its blob. Shared by [`Index::on_entry_removed_at`] and
     /// [`Index::count_key_gone`].
-    #[inline(always)]
-    fn count_key_gone_above_keyspace(
-        &mut self,
-        key: KeyId,
-        (model, mscope): (u32, u32),
-        tenant: u32,
-        keys: TenantKeys,
-        reserved: bool,
-    ) {
-        self.count_key_gone_at(key, (model, mscope), tenant, keys, reserved, NO_SLOT);
-    }
-
-    /// [`Index::count_key_gone_above_keyspace`] with the model's gauge count found at
-    /// `gauge_slot` when it is there.
     #[inline(always)]
     fn count_key_gone_at(
         &mut self,
