@@ -2,11 +2,12 @@
 //! tested against a reference model and benched directly. The server owns one [`index::Index`]
 //! per core; a request reaches the core that owns its `(tenant, model)` partition.
 
-#![forbid(unsafe_code)]
+#![deny(unsafe_code)]
 
 pub mod directory;
 pub mod index;
 pub mod policy;
+mod prefetch;
 pub mod resolve;
 pub mod rules;
 

@@ -1363,12 +1363,19 @@ impl Index {
             if batched {
                 let mut c = cum;
                 let mut fresh = 0;
-                for ((at, h), n) in placed.iter_mut().zip(hashes).zip(counts) {
+                let mut prefetched = false;
+                for (i, ((at, h), n)) in placed.iter_mut().zip(hashes).zip(counts).enumerate() {
                     c = c.wrapping_add(*n);
                     let key = self.cat.key_for_inline(ks, h).expect("8-byte hash");
                     *at = match self.store.next_is(prev, key) {
                         Some(pos) => (pos, false),
                         None => {
+                            // A chain's first block is probed alone (its predecessor is not
+                            // known here), as is a refresh's: the rest follow it in the slab.
+                            if !prefetched && prev != NIL {
+                                self.prefetch_probes(ks, &hashes[i + 1..]);
+                                prefetched = true;
+                            }
                             self.store
                                 .find_or_insert(key, Holder::new(replica, tier, c, ts), prev)
                         }
@@ -1419,6 +1426,19 @@ impl Index {
             }
         }
         self.on_created(ks, replica, created);
+    }
+
+    /// A chain block not stored next to its predecessor (a new key, mostly) needed a table
+    /// probe, and the rest of its batch (`hashes`, 8 bytes each, in keyspace `ks`) likely does
+    /// too: the loads of their table buckets start now, so that their cache misses overlap
+    /// instead of each waiting for the upserts before it. Out of line: a refresh, whose blocks
+    /// follow each other in the slab, never calls it.
+    #[inline(never)]
+    fn prefetch_probes(&self, ks: u32, hashes: &[Vec<u8>]) {
+        for h in hashes {
+            let key = self.cat.key_for_inline(ks, h).expect("8-byte hash");
+            self.store.prefetch_probe(key);
+        }
     }
 
     /// The second pass of [`Index::upsert_chain`] for a batch whose keys the first pass all

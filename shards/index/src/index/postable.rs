@@ -86,6 +86,37 @@ impl PosTable {
         self.buckets.len() - 1
     }
 
+    /// Starts loading the bucket a probe for `h` reads first.
+    #[inline(always)]
+    pub fn prefetch(&self, h: u64) {
+        if let Some(b) = self
+            .buckets
+            .get(h as usize & self.buckets.len().wrapping_sub(1))
+        {
+            crate::prefetch::prefetch(b);
+        }
+    }
+
+    /// The first position stored under `h`'s tag on its probe sequence (maybe another key's).
+    #[inline]
+    pub fn first_tagged(&self, h: u64) -> Option<u32> {
+        if self.buckets.is_empty() {
+            return None;
+        }
+        let (mask, t) = (self.mask(), tag(h));
+        let mut i = h as usize & mask;
+        loop {
+            let e = self.buckets[i];
+            if e == EMPTY {
+                return None;
+            }
+            if e >> POS_BITS == t && e != TOMB {
+                return Some(e & POS_MASK);
+            }
+            i = (i + 1) & mask;
+        }
+    }
+
     /// The position stored under `h` for which `eq` holds.
     #[inline]
     pub fn find(&self, h: u64, mut eq: impl FnMut(u32) -> bool) -> Option<u32> {
@@ -355,5 +386,30 @@ mod tests {
         assert_eq!((t.len(), t.tombs), (0, 0));
         assert!(t.buckets.iter().all(|e| *e == EMPTY));
         assert!(!t.remove(h(3), 3));
+    }
+
+    /// The position a prefetch loads ahead of a probe is the probe's first candidate: the
+    /// first entry under the hash's tag on its sequence, past removed ones; none when the
+    /// sequence ends first (or the table is empty).
+    #[test]
+    fn first_tagged_is_the_probes_first_candidate() {
+        let mut t = PosTable::default();
+        assert_eq!(t.first_tagged(5), None);
+        t.prefetch(5);
+        let tagged = |tag: u64, low: u64| tag << 58 | low;
+        let h = |p: u32| tagged(p as u64 % 2, 3);
+        for p in 0..4 {
+            t.insert(h(p), p, h);
+        }
+        assert_eq!(t.first_tagged(tagged(0, 3)), Some(0));
+        assert_eq!(t.first_tagged(tagged(1, 3)), Some(1));
+        assert_eq!(t.first_tagged(tagged(2, 3)), None);
+        assert!(t.remove(h(0), 0));
+        assert_eq!(
+            t.first_tagged(tagged(0, 3)),
+            Some(2),
+            "past a removed entry"
+        );
+        t.prefetch(tagged(0, 3));
     }
 }

@@ -353,6 +353,27 @@ impl KeySlab {
     }
 }
 
+/// How many of `recs` from the first on have the `ks` word `want` (ignoring
+/// [`NEXT_RUN_FLAG`]). Four records per step with one branch: the scan runs ahead of every
+/// stored run a lookup follows, so its cost is paid per matched block.
+#[inline(always)]
+fn run_prefix(recs: &[KeyWords], want: u32) -> usize {
+    let differs = |r: &KeyWords| (r.ks ^ want) & !NEXT_RUN_FLAG;
+    let mut quads = recs.chunks_exact(4);
+    let mut n = 0;
+    for q in &mut quads {
+        if differs(&q[0]) | differs(&q[1]) | differs(&q[2]) | differs(&q[3]) != 0 {
+            return n + q.iter().take_while(|r| differs(r) == 0).count();
+        }
+        n += 4;
+    }
+    n + quads
+        .remainder()
+        .iter()
+        .take_while(|r| differs(r) == 0)
+        .count()
+}
+
 /// A free slot's hash word: its links to the next older and the next newer free slot.
 fn links(older: u32, newer: u32) -> u64 {
     (newer as u64) << 32 | older as u64
@@ -695,7 +716,9 @@ impl Store {
     /// hold, which ends the match): the blocks of a chain that follow block `prev`'s stored run.
     /// No table probe: the key column is compared along the slab, chunk by chunk (12 bytes read
     /// per record, not the record's 36); the key and the run bit are compared in one step (the
-    /// record's `ks` word is the key's with the bit set).
+    /// record's `ks` word is the key's with the bit set). For short runs; a long one is
+    /// followed in two steps, [`Store::run_extent`] then [`Store::run_hashes_match`], so that
+    /// what is read where it ends can be loaded early.
     #[inline]
     pub fn run_matches(
         &self,
@@ -722,6 +745,106 @@ impl Store {
             pos += take;
         }
         m
+    }
+
+    /// Whether the key record `d` places after `prev` continues a run in keyspace `ks` (a
+    /// run from `prev + 1` may reach it; one that stops before it certainly does not).
+    #[inline(always)]
+    pub fn run_may_reach(&self, prev: u32, ks: u32, d: usize) -> bool {
+        let pos = prev as usize + d;
+        pos < self.keys.len() && self.keys.ks(pos as u32) & !NEXT_RUN_FLAG == ks | RUN_FLAG
+    }
+
+    /// How many key records from `prev + 1` on (at most `max`) continue a run in keyspace `ks`
+    /// (with its blob flag): where the stored run that follows block `prev`'s ends in the
+    /// slab, read from the `ks` words alone, before the keys are compared. A walk that knows
+    /// where its stored run ends can start loading what it reads there early.
+    #[inline]
+    pub fn run_extent(&self, prev: u32, ks: u32, max: usize) -> usize {
+        let want = ks | RUN_FLAG;
+        let mut m = 0;
+        let mut pos = prev as usize + 1;
+        while m < max && pos < self.keys.len() {
+            let chunk = self.keys.key.chunk(pos >> CHUNK_SHIFT);
+            let from = pos & (CHUNK - 1);
+            let take = (chunk.len() - from).min(max - m);
+            let n = run_prefix(&chunk[from..from + take], want);
+            m += n;
+            if n < take {
+                break;
+            }
+            pos += take;
+        }
+        m
+    }
+
+    /// How many of the `extent` key records from `prev + 1` on, which [`Store::run_extent`]
+    /// found continuing a run in an inline keyspace, hold in order the hash words `word(0)`,
+    /// `word(1)`, … (None, a blob's hash, matches no inline key): [`Store::run_matches`] with
+    /// the run bits already read. Four records per step with one branch: this is
+    /// the per-block cost of a long lookup.
+    #[inline]
+    pub fn run_hashes_match(
+        &self,
+        prev: u32,
+        extent: usize,
+        word: impl Fn(usize) -> Option<u64>,
+    ) -> usize {
+        let mut m = 0;
+        let mut pos = prev as usize + 1;
+        while m < extent {
+            let chunk = self.keys.key.chunk(pos >> CHUNK_SHIFT);
+            let from = pos & (CHUNK - 1);
+            let take = (chunk.len() - from).min(extent - m);
+            let recs = &chunk[from..from + take];
+            // Nonzero when record `i` of `recs` does not hold block `m + i`'s hash.
+            let differs = |i: usize, r: &KeyWords| word(m + i).map_or(1, |w| w ^ r.hash());
+            let mut quads = recs.chunks_exact(4);
+            let mut i = 0;
+            for q in &mut quads {
+                let d = differs(i, &q[0])
+                    | differs(i + 1, &q[1])
+                    | differs(i + 2, &q[2])
+                    | differs(i + 3, &q[3]);
+                if d != 0 {
+                    let same = q
+                        .iter()
+                        .enumerate()
+                        .take_while(|(j, r)| differs(i + j, r) == 0);
+                    return m + i + same.count();
+                }
+                i += 4;
+            }
+            for r in quads.remainder() {
+                if differs(i, r) != 0 {
+                    return m + i;
+                }
+                i += 1;
+            }
+            m += take;
+            pos += take;
+        }
+        m
+    }
+
+    /// Starts loading the table bucket a probe for `k` reads first (a probe expected later).
+    #[inline(always)]
+    pub fn prefetch_probe(&self, k: KeyId) {
+        let h = Self::hash(&self.hasher, k);
+        self.table[Self::segment(h)].prefetch(h);
+    }
+
+    /// Starts loading the key record (key and holder parts) a probe for `k` would find first,
+    /// reading the table bucket (prefetched earlier by [`Store::prefetch_probe`]).
+    #[inline]
+    pub fn prefetch_found(&self, k: KeyId) {
+        let h = Self::hash(&self.hasher, k);
+        if let Some(pos) = self.table[Self::segment(h)].first_tagged(h)
+            && (pos as usize) < self.keys.len()
+        {
+            crate::prefetch::prefetch(self.keys.key.get(pos));
+            crate::prefetch::prefetch(self.keys.rec.get(pos));
+        }
     }
 
     /// Whether the key record at `pos` continues a run: its holders equal those of the record
@@ -1257,9 +1380,22 @@ impl Store {
                 h: words.hash(),
             };
             self.remove_record_of(pos, key);
+            self.prefetch_next_removal(pos);
             return Some((removed, true));
         }
         self.remove_holder_general(pos, replica)
+    }
+
+    /// Engines evict a chain leaves first, one event per block, so the key removed next is
+    /// most likely the record before `pos` ([`Store::find_near`] finds it without a probe):
+    /// the table bucket its removal will update starts loading now, not when that event
+    /// arrives (one cache miss per removal on a large index, otherwise).
+    #[inline]
+    fn prefetch_next_removal(&self, pos: u32) {
+        let before = pos.wrapping_sub(1);
+        if (before as usize) < self.keys.len() && !self.is_free(before) {
+            self.prefetch_probe(self.keys.key(before));
+        }
     }
 
     /// [`Store::remove_holder`] when the key has other holders than `replica` (or `replica`
@@ -1512,6 +1648,14 @@ mod tests {
     /// it compares in one step.
     #[test]
     fn run_matches_stops_at_the_first_difference() {
+        // The one-step match, checked against the two steps a long run is followed in.
+        fn both(s: &Store, first: u32, max: usize, key: impl Fn(usize) -> Option<KeyId>) -> usize {
+            let one = s.run_matches(first, max, &key);
+            let extent = s.run_extent(first, 1, max);
+            let word = |j: usize| key(j).filter(|k| k.ks == 1).map(|k| k.h);
+            assert_eq!(s.run_hashes_match(first, extent, word), one, "two steps");
+            one
+        }
         let mut s = Store::new();
         store_chain(&mut s, 1, 40, 7, 10);
         let first = s.find(KeyId { ks: 1, h: 1 << 32 }).unwrap();
@@ -1519,8 +1663,12 @@ mod tests {
             ks: 1,
             h: 1 << 32 | (b as u64 + 1),
         };
-        assert_eq!(s.run_matches(first, 39, |j| Some(k(j))), 39);
-        assert_eq!(s.run_matches(first, 100, |j| Some(k(j))), 39);
+        assert_eq!(both(&s, first, 39, |j| Some(k(j))), 39);
+        assert_eq!(both(&s, first, 100, |j| Some(k(j))), 39);
+        // The run's extent comes from the run bits alone: the slab ends it here.
+        assert_eq!(s.run_extent(first, 1, 100), 39);
+        assert_eq!(s.run_extent(first, 1, 20), 20);
+        assert_eq!(s.run_extent(first, 2, 39), 0, "another keyspace's run");
         for cut in 0..39 {
             let wrong = |j: usize| {
                 Some(if j == cut {
@@ -1529,13 +1677,9 @@ mod tests {
                     k(j)
                 })
             };
-            assert_eq!(
-                s.run_matches(first, 39, wrong),
-                cut,
-                "hash differs at {cut}"
-            );
+            assert_eq!(both(&s, first, 39, wrong), cut, "hash differs at {cut}");
             let none = |j: usize| (j != cut).then(|| k(j));
-            assert_eq!(s.run_matches(first, 39, none), cut, "no key at {cut}");
+            assert_eq!(both(&s, first, 39, none), cut, "no key at {cut}");
             let other_ks = |j: usize| {
                 Some(KeyId {
                     ks: if j == cut { 2 } else { 1 },
@@ -1543,11 +1687,11 @@ mod tests {
                 })
             };
             assert_eq!(
-                s.run_matches(first, 39, other_ks),
+                both(&s, first, 39, other_ks),
                 cut,
                 "keyspace differs at {cut}"
             );
-            assert_eq!(s.run_matches(first, cut, |j| Some(k(j))), cut, "max {cut}");
+            assert_eq!(both(&s, first, cut, |j| Some(k(j))), cut, "max {cut}");
         }
         // A record that stops continuing the run (its holders changed) ends the match there.
         for cut in [5usize, 8, 17, 31] {
@@ -1559,10 +1703,11 @@ mod tests {
             t.detach_next(at);
             let first = t.find(KeyId { ks: 1, h: 1 << 32 }).unwrap();
             assert_eq!(
-                t.run_matches(first, 39, |j| Some(k(j))),
+                both(&t, first, 39, |j| Some(k(j))),
                 cut,
                 "run ends at {cut}"
             );
+            assert_eq!(t.run_extent(first, 1, 39), cut, "extent ends at {cut}");
         }
     }
 
