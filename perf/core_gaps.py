@@ -52,6 +52,13 @@ def main():
     ap.add_argument("trace")
     ap.add_argument("--thread", default="core-", help="name prefix of the core threads")
     ap.add_argument("--long-us", type=float, default=400.0)
+    ap.add_argument(
+        "--piece-min-us",
+        type=float,
+        default=20.0,
+        help="a maintenance call counts as a piece from this long (a check that found nothing "
+        "to do, e.g. cap_slice_before before every ingest part, is not one)",
+    )
     a = ap.parse_args()
     evs = list(events(a.trace))
     parks = collections.Counter(tid for c, tid, _, e, _ in evs if e == "g:park" and c.startswith(a.thread))
@@ -129,6 +136,22 @@ def report(a, core, evs):
         for k, us in time_in.most_common():
             print(f"    {k:<18} {kinds[k]:6d} pieces, {us / 1000:8.1f} ms ({100 * us / total:4.1f}%)")
         print(f"    {'(other)':<18} {(total - sum(time_in.values())) / 1000:15.1f} ms")
+    # The maintenance lane's rule (src/runtime/lane.rs): at most one maintenance piece per
+    # stretch; HTTP/2 turns are requests' own work, not pieces.
+    per_stretch = collections.Counter(
+        sum(
+            1
+            for k, v in s.kinds.items()
+            if not k.startswith("h2_turn")
+            for us in v
+            if us >= a.piece_min_us
+        )
+        for _, s in stretches
+    )
+    print(
+        f"  maintenance pieces (from {a.piece_min_us:.0f} us, HTTP/2 turns not counted) per "
+        "stretch: " + ", ".join(f"{n}: {c}" for n, c in sorted(per_stretch.items()))
+    )
     print("  switched out while runnable, by whom:")
     for who, w in sorted(preempted.items(), key=lambda kv: -sum(kv[1]))[:8]:
         print(

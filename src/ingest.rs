@@ -43,7 +43,7 @@ pub async fn apply_update(
         }
         hold.get_or_insert_with(evict::SweepHold::new);
         let ((applied, applied_to), back) =
-            mailbox::call_after_maintenance(core, CapNeed::Nothing, move |st| {
+            mailbox::call_piece(core, CapNeed::Nothing, move |st| {
                 (st.ingest_part(&update, start..end), update)
             })
             .await
@@ -67,7 +67,7 @@ pub async fn apply_update(
     };
     let (applied, update, removals, evictions) = loop {
         let (applied, applied_to, update_back, finished) =
-            mailbox::call_after_maintenance(core, need.clone(), move |st| {
+            mailbox::call_piece(core, need.clone(), move |st| {
                 let (applied, applied_to) = st.ingest_part(&update, start..len);
                 let finished = (applied_to >= len).then(|| {
                     let quota = st.quota_for(&update.tenant_id);

@@ -276,6 +276,11 @@ pub const SWEEP_SLICE_MAX_ENTRIES: usize = 16_384;
 /// Pause between two sweep slices: a timer, so the core polls its sockets and runs whatever
 /// arrived (a bare task yield would not reach the socket poll while the sweep stays runnable).
 pub const SWEEP_SLICE_PAUSE: Duration = Duration::from_micros(20);
+/// Maintenance pieces (sweep, cap and ingest slices) one core holds waiting for its
+/// maintenance lane, which lets one run per reactor turn (`runtime::lane`): one per ingest
+/// stream in a slice on the core, plus the sweep and the cap build. Reserved at start; past it a
+/// piece runs without waiting (`inferencecache_limit_hits_total{limit="maintenance_lane_waiters"}`).
+pub const MAINTENANCE_LANE_MAX_WAITERS: usize = 1_024;
 
 // ---- Cap candidates built ahead of need (docs/ARCHITECTURE.md §3, index eviction docs) -----
 

@@ -477,7 +477,7 @@ fn core_requests(cores: &[CoreView]) -> Family<'_> {
 type PerCore = (&'static str, &'static str, MetricType, fn(&CoreView) -> i64);
 
 /// The per-core families of one whole number per core.
-const PER_CORE: [PerCore; 20] = [
+const PER_CORE: [PerCore; 22] = [
     (
         "inferencecache_core_hopped_ops",
         "Operations a core executed on behalf of other threads (hop arrivals).",
@@ -579,6 +579,18 @@ const PER_CORE: [PerCore; 20] = [
         "Parts of large ReportCacheState messages a core applied one step each (about INGEST_PART_BLOCKS blocks per part), serving requests between two.",
         MetricType::Counter,
         |c| c.metrics.ingest_parts as i64,
+    ),
+    (
+        "inferencecache_core_lane_waits",
+        "Maintenance pieces (sweep, cap and ingest slices) a core held for a later reactor turn because one already ran in theirs (at most one per turn).",
+        MetricType::Counter,
+        |c| c.metrics.lane_waits as i64,
+    ),
+    (
+        "inferencecache_core_lane_hop_overruns",
+        "Maintenance pieces a core ran for another core (over the hop, which must not wait) in a reactor turn that had already run one.",
+        MetricType::Counter,
+        |c| c.metrics.lane_hop_overruns as i64,
     ),
     (
         "inferencecache_core_offcore_decodes",

@@ -219,6 +219,10 @@ pub struct CoreMetrics {
     pub cap_candidate_retries: u64,
     /// Parts of large ReportCacheState messages applied one step each (`INGEST_PART_BLOCKS`).
     pub ingest_parts: u64,
+    /// Maintenance pieces that waited for a later reactor turn (the lane was taken in theirs).
+    pub lane_waits: u64,
+    /// Pieces run on a hop (mailbox drain task) in a turn whose lane was already taken.
+    pub lane_hop_overruns: u64,
     /// ReportCacheState and PublishEvent messages over `OFFCORE_DECODE_MIN_BYTES` a core had
     /// decoded on the decode pool instead of decoding them itself.
     pub offcore_decodes: u64,
@@ -347,6 +351,8 @@ impl CoreMetrics {
         self.cap_enforce_slices += other.cap_enforce_slices;
         self.cap_candidate_retries += other.cap_candidate_retries;
         self.ingest_parts += other.ingest_parts;
+        self.lane_waits += other.lane_waits;
+        self.lane_hop_overruns += other.lane_hop_overruns;
         self.offcore_decodes += other.offcore_decodes;
         self.cap_build_last_max_slice = self
             .cap_build_last_max_slice
@@ -535,6 +541,16 @@ pub fn record_quota_slice_on_demand() {
 /// `CoreState::evict_cap`).
 pub fn record_cap_enforce_slice() {
     with_store(|m| m.cap_enforce_slices += 1);
+}
+
+/// A maintenance piece waited for a later reactor turn (`runtime::lane`).
+pub fn record_lane_wait() {
+    with_store(|m| m.lane_waits += 1);
+}
+
+/// A piece ran on a hop in a turn whose maintenance lane was already taken (`runtime::lane`).
+pub fn record_lane_hop_overrun() {
+    with_store(|m| m.lane_hop_overruns += 1);
 }
 
 /// One part of a large ReportCacheState message was applied (`CoreState::ingest_part`).

@@ -108,7 +108,7 @@ async fn enforce_owed_cap<R: Send + 'static>(
     absorb: &mut impl FnMut(R),
 ) {
     loop {
-        let slice = mailbox::call_after_maintenance(core, CapNeed::Owed, move |st| {
+        let slice = mailbox::call_piece(core, CapNeed::Owed, move |st| {
             (st.cap_enforce_slice(), after_evict())
         });
         let Ok((done, removals)) = slice.await else {
@@ -133,11 +133,7 @@ where
     let calls = (0..cores).map(|c| {
         let f = round(c);
         let need = need.clone();
-        async move {
-            mailbox::call_after_maintenance(c, need, f)
-                .await
-                .unwrap_or_default()
-        }
+        async move { mailbox::call_piece(c, need, f).await.unwrap_or_default() }
     });
     futures_util::future::join_all(calls).await
 }

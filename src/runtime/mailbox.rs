@@ -210,21 +210,57 @@ where
 /// next, so the core serves whatever else arrived in between and nothing waits behind more than
 /// one slice. The cap's slices are bounded per call by [`MAX_CAP_SLICES_BEFORE_INGEST`]: past
 /// it (policy pushes restarting every build), `f` builds what it needs itself, counted as a
-/// build on the ingest.
+/// build on the ingest. For a request's own work (`f` small: GetCacheState, an event, a scrape):
+/// see [`call_piece`] for `f` that is itself a maintenance piece.
 pub async fn call_after_maintenance<R, F>(owner: usize, need: CapNeed, f: F) -> Result<R, HopError>
+where
+    R: Send + 'static,
+    F: FnOnce(&mut CoreState) -> R + Send + 'static,
+{
+    attempts_after_maintenance(owner, need, f, false).await
+}
+
+/// [`call_after_maintenance`] for `f` that is a maintenance piece itself (an ingest part, a cap
+/// eviction step, a cross-core cap round): each attempt (`f`, or the slice run instead) takes
+/// `owner`'s maintenance lane first, so no two pieces run in one reactor turn there
+/// ([`super::lane`]). On `owner` it waits for the lane; over the hop it runs in the drain task,
+/// which must not wait, and takes the lane for the rest of that turn.
+pub async fn call_piece<R, F>(owner: usize, need: CapNeed, f: F) -> Result<R, HopError>
+where
+    R: Send + 'static,
+    F: FnOnce(&mut CoreState) -> R + Send + 'static,
+{
+    attempts_after_maintenance(owner, need, f, true).await
+}
+
+/// The attempts of [`call_after_maintenance`] and [`call_piece`] (`piece`).
+async fn attempts_after_maintenance<R, F>(
+    owner: usize,
+    need: CapNeed,
+    f: F,
+    piece: bool,
+) -> Result<R, HopError>
 where
     R: Send + 'static,
     F: FnOnce(&mut CoreState) -> R + Send + 'static,
 {
     let mut f = f;
     let mut cap_slices = 0;
+    let on_hop = shard::current_core() != Some(owner);
     loop {
         let wait_for = if cap_slices < MAX_CAP_SLICES_BEFORE_INGEST {
             need.clone()
         } else {
             CapNeed::Nothing
         };
+        if piece && !on_hop {
+            // No await between this and the attempt, which runs inline (`call` on its owner).
+            super::lane::take().await;
+        }
         let attempt = call(owner, move |st| {
+            if piece && on_hop {
+                super::lane::take_on_hop();
+            }
             if st.clear_slice_if_pending() {
                 Err((f, 0))
             } else if st.cap_slice_before(&wait_for) {

@@ -11,6 +11,7 @@ pub mod decode_pool;
 pub mod evict;
 pub mod health;
 pub mod io;
+pub mod lane;
 pub mod mailbox;
 mod shutdown;
 pub mod watch;
@@ -281,6 +282,7 @@ async fn run_core(
 ) {
     install_core(core, &cfg);
     watch::install(cfg.busy_poll);
+    lane::install();
     glommio::spawn_local(mailbox::drain_loop(core)).detach();
     glommio::spawn_local(health::heartbeat_loop(core)).detach();
     glommio::spawn_local(sweep_loop(cfg.sweep_interval)).detach();
@@ -357,9 +359,22 @@ async fn wait_sweep_may_run(budget: &mut Duration) {
     }
 }
 
+/// Takes the maintenance lane for a sweep slice ([`lane`]): an ingest may have reached its
+/// evictions while the slice waited for its turn, so the wait for those is checked again once
+/// the lane is taken (an empty turn then).
+async fn take_lane_for_sweep(wait_budget: &mut Duration) {
+    loop {
+        lane::take().await;
+        if evict::sweep_may_run() || wait_budget.is_zero() {
+            return;
+        }
+        wait_sweep_may_run(wait_budget).await;
+    }
+}
+
 /// One TTL sweep pass in slices of at most `SWEEP_SLICE_BUDGET` / `SWEEP_SLICE_MAX_ENTRIES`,
-/// pausing on a timer between two so the core serves whatever arrived (a lookup waits behind
-/// at most about one slice). No slice runs between an ingest and its cross-core evictions
+/// pausing on a timer between two so the core serves whatever arrived, each slice in a reactor
+/// turn of its own ([`lane`]: a lookup waits behind at most about one slice). No slice runs between an ingest and its cross-core evictions
 /// (waiting for that at most `interval` in all per pass, as a whole sweep did). Records the
 /// pass's slices, wall time, longest slice (wall) and most CPU time of one slice. Returns false
 /// at shutdown (the pass is abandoned; its TTL removals so far stay uncounted).
@@ -377,6 +392,7 @@ async fn sweep_pass(interval: Duration) -> bool {
             }
             wait_sweep_may_run(&mut wait_budget).await;
         }
+        take_lane_for_sweep(&mut wait_budget).await;
         let done = timed_slice(Maintenance::Sweep, &mut longest, &mut longest_cpu, || {
             shard::with_core(|st| st.sweep_slice())
         });
@@ -394,8 +410,8 @@ async fn sweep_pass(interval: Duration) -> bool {
 /// no ingest pays for the O(entries) build: waits until one is wanted (the core's ingests,
 /// events, evictions, policy changes and sweep slices wake it; `CAP_PREBUILD_POLL` is only a
 /// safety net), then runs it in slices of at most `CAP_BUILD_SLICE_BUDGET` /
-/// `CAP_BUILD_SLICE_MAX_ENTRIES`, `SWEEP_SLICE_PAUSE` apart (a lookup waits behind at most about
-/// one slice). A build changes nothing observable, so unlike a sweep slice it may run between
+/// `CAP_BUILD_SLICE_MAX_ENTRIES`, `SWEEP_SLICE_PAUSE` apart, each in a reactor turn of its own
+/// ([`lane`]: a lookup waits behind at most about one slice). A build changes nothing observable, so unlike a sweep slice it may run between
 /// an ingest and its cross-core evictions. Records each build completed here (not one an
 /// ingest finished, or one dropped by a policy change): its slices and longest slice (wall and
 /// thread CPU). Ends at shutdown.
@@ -416,6 +432,7 @@ async fn cap_prebuild_loop() {
                     return;
                 }
             }
+            lane::take().await;
             let step = timed_slice(
                 Maintenance::CapBuild,
                 &mut longest,

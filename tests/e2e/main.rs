@@ -48,6 +48,8 @@ mod log_writer;
 /// LookupRoute basics: exact and chain matches, tenant-hot, tiers, diagnostics, the probe
 /// tenant, the other RPCs, the response envelope.
 mod lookup_basics;
+/// The maintenance lane (one maintenance piece per reactor turn) under a flood.
+mod maintenance_lane;
 /// The /metrics exposition.
 mod metrics;
 /// LookupPDRoute with prefill/decode topologies registered on the controller-facing listener.
