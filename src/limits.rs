@@ -273,6 +273,14 @@ pub const SWEEP_SLICE_BUDGET: Duration = Duration::from_micros(250);
 /// Storage entries (plus stats rows) one sweep slice examines at most; a slice stops at
 /// whichever of this and the time budget comes first.
 pub const SWEEP_SLICE_MAX_ENTRIES: usize = 16_384;
+/// Least time one TTL sweep pass waits, in all, for ingests between their apply and their
+/// evictions before it runs anyway (`runtime::sweep_pass`; the pass's budget is its interval
+/// when that is longer). A sweep slice run inside an ingest could expire an entry the ingest's
+/// cap eviction would have taken, so the outcome would depend on timing; the bound keeps a
+/// stream of ingests from holding the sweep off forever. With a short interval (tests use
+/// 20 ms) the interval alone ran out on a loaded machine and `--shards 2` counted TTL evictions
+/// where `--shards 1` counted cap evictions (perf/runs/2026-12-07-maintenance-lane.md).
+pub const SWEEP_INGEST_WAIT_MIN: Duration = Duration::from_secs(2);
 /// Pause between two sweep slices: a timer, so the core polls its sockets and runs whatever
 /// arrived (a bare task yield would not reach the socket poll while the sweep stays runnable).
 pub const SWEEP_SLICE_PAUSE: Duration = Duration::from_micros(20);

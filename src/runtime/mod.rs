@@ -29,7 +29,8 @@ use glommio::{LocalExecutorBuilder, Placement};
 
 use crate::limits::{
     CAP_PREBUILD_POLL, CORE_PREEMPT_TIMER, EXECUTOR_START_KICK, EXECUTOR_START_TIMEOUT,
-    GLOMMIO_SPIN_UNDER_WATCH, IO_MEMORY_BYTES, LISTEN_BACKLOG, MAX_SHARDS, SWEEP_SLICE_PAUSE,
+    GLOMMIO_SPIN_UNDER_WATCH, IO_MEMORY_BYTES, LISTEN_BACKLOG, MAX_SHARDS, SWEEP_INGEST_WAIT_MIN,
+    SWEEP_SLICE_PAUSE,
 };
 use crate::metrics::Maintenance;
 use crate::shard::{self, CoreState};
@@ -379,7 +380,7 @@ async fn take_lane_for_sweep(wait_budget: &mut Duration) {
 /// pass's slices, wall time, longest slice (wall) and most CPU time of one slice. Returns false
 /// at shutdown (the pass is abandoned; its TTL removals so far stay uncounted).
 async fn sweep_pass(interval: Duration) -> bool {
-    let mut wait_budget = interval;
+    let mut wait_budget = interval.max(SWEEP_INGEST_WAIT_MIN);
     wait_sweep_may_run(&mut wait_budget).await;
     let (started, started_wall) = (Instant::now(), std::time::SystemTime::now());
     shard::with_core(|st| st.sweep_begin());
