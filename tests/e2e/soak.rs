@@ -69,7 +69,8 @@ const GOOD_TOKENS: i32 = 64;
 const CAP: &str = "20000";
 /// The small version's cap: a debug build's producer sends 40–65 messages in its 6 s (about
 /// 450 entries each), which reached 20,000 entries only from about 45 sends (it failed at 40 and
-/// 42, on a loaded machine); 10,000 is reached from about 22.
+/// 42, on a loaded machine); 10,000 is reached from about 22, and from about 5 once the index
+/// is filled to [`PREFILL_HEADROOM`] below it (it failed once more at 4 test threads).
 const SMALL_CAP: &str = "10000";
 
 /// Where the hostile producer runs beside the well-behaved client (both share the test's CPUs).
@@ -168,6 +169,39 @@ fn adapter_prefix(i: u64) -> pb::PrefixEntry {
         token_count: 16,
         adapter_id: format!("adapter-{i:010}"),
         ..Default::default()
+    }
+}
+
+/// Entries the index is filled to below its cap before the quiet run ([`prefill_below_cap`]).
+const PREFILL_HEADROOM: u64 = 2_000;
+
+/// Fills the index to [`PREFILL_HEADROOM`] entries below `cap` with a filler tenant's entries,
+/// stamped two minutes ago (the cap evicts them first), in messages of 2,000 prefixes: the
+/// hostile producer's first few messages then take the index to its cap however slowly a
+/// loaded machine lets the producer send (a debug build's producer once sent too few to reach
+/// it in the small version's 6 s).
+async fn prefill_below_cap(c: &mut Client, cap: u64) {
+    const PER_MESSAGE: u64 = 2_000;
+    let ts = now_us() - 120_000_000;
+    let total = cap.saturating_sub(PREFILL_HEADROOM);
+    for first in (0..total).step_by(PER_MESSAGE as usize) {
+        let u = pb::CacheStateUpdate {
+            tenant_id: "filler".into(),
+            model_id: "m".into(),
+            replica_id: "f0".into(),
+            hash_scheme: "vllm".into(),
+            timestamp_us: ts,
+            prefixes: (first..(first + PER_MESSAGE).min(total))
+                .map(|i| pb::PrefixEntry {
+                    prefix_hash: (u64::MAX - i).to_be_bytes().to_vec(),
+                    token_count: 16,
+                    ..Default::default()
+                })
+                .collect(),
+            ..Default::default()
+        };
+        let ack = report(c, vec![u]).await;
+        assert!(ack.accepted, "{ack:?}");
     }
 }
 
@@ -394,6 +428,7 @@ async fn soak(shards: usize, s: Soak) {
         let ack = report(&mut c, updates).await;
         assert!(ack.accepted, "{ack:?}");
     }
+    prefill_below_cap(&mut c, s.cap.parse().expect("cap")).await;
     // Quiet run.
     let stop = Arc::new(AtomicBool::new(false));
     let (quiet, _) = well_behaved_on_its_thread(srv.grpc_url(), tenants.clone(), stop.clone());
