@@ -97,26 +97,6 @@ impl PosTable {
         }
     }
 
-    /// The first position stored under `h`'s tag on its probe sequence (maybe another key's).
-    #[inline]
-    pub fn first_tagged(&self, h: u64) -> Option<u32> {
-        if self.buckets.is_empty() {
-            return None;
-        }
-        let (mask, t) = (self.mask(), tag(h));
-        let mut i = h as usize & mask;
-        loop {
-            let e = self.buckets[i];
-            if e == EMPTY {
-                return None;
-            }
-            if e >> POS_BITS == t && e != TOMB {
-                return Some(e & POS_MASK);
-            }
-            i = (i + 1) & mask;
-        }
-    }
-
     /// The position stored under `h` for which `eq` holds.
     #[inline]
     pub fn find(&self, h: u64, mut eq: impl FnMut(u32) -> bool) -> Option<u32> {
@@ -280,6 +260,13 @@ mod tests {
     use super::*;
     use std::collections::HashMap;
 
+    /// The probe's first candidate for `h`.
+    impl PosTable {
+        fn find_any(&self, h: u64) -> Option<u32> {
+            self.find(h, |_| true)
+        }
+    }
+
     fn mix(x: u64) -> u64 {
         let x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
         let x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
@@ -388,28 +375,24 @@ mod tests {
         assert!(!t.remove(h(3), 3));
     }
 
-    /// The position a prefetch loads ahead of a probe is the probe's first candidate: the
-    /// first entry under the hash's tag on its sequence, past removed ones; none when the
-    /// sequence ends first (or the table is empty).
+    /// The position a prefetch loads ahead of a probe is the probe's first candidate
+    /// (`find` accepting any key): the first entry under the hash's tag on its sequence, past
+    /// removed ones; none when the sequence ends first (or the table is empty).
     #[test]
-    fn first_tagged_is_the_probes_first_candidate() {
+    fn first_candidate_is_the_first_tagged_entry() {
         let mut t = PosTable::default();
-        assert_eq!(t.first_tagged(5), None);
+        assert_eq!(t.find_any(5), None);
         t.prefetch(5);
         let tagged = |tag: u64, low: u64| tag << 58 | low;
         let h = |p: u32| tagged(p as u64 % 2, 3);
         for p in 0..4 {
             t.insert(h(p), p, h);
         }
-        assert_eq!(t.first_tagged(tagged(0, 3)), Some(0));
-        assert_eq!(t.first_tagged(tagged(1, 3)), Some(1));
-        assert_eq!(t.first_tagged(tagged(2, 3)), None);
+        assert_eq!(t.find_any(tagged(0, 3)), Some(0));
+        assert_eq!(t.find_any(tagged(1, 3)), Some(1));
+        assert_eq!(t.find_any(tagged(2, 3)), None);
         assert!(t.remove(h(0), 0));
-        assert_eq!(
-            t.first_tagged(tagged(0, 3)),
-            Some(2),
-            "past a removed entry"
-        );
+        assert_eq!(t.find_any(tagged(0, 3)), Some(2), "past a removed entry");
         t.prefetch(tagged(0, 3));
     }
 }

@@ -839,7 +839,7 @@ impl Store {
     #[inline]
     pub fn prefetch_found(&self, k: KeyId) {
         let h = Self::hash(&self.hasher, k);
-        if let Some(pos) = self.table[Self::segment(h)].first_tagged(h)
+        if let Some(pos) = self.table[Self::segment(h)].find(h, |_| true)
             && (pos as usize) < self.keys.len()
         {
             crate::prefetch::prefetch(self.keys.key.get(pos));
