@@ -5,6 +5,7 @@
 //! before the next message is applied, so every path keeps one global order.
 
 use inferencecache_index::PROBE_TENANT;
+use inferencecache_index::index::Admission;
 use inferencecache_proto::v1alpha1 as pb;
 
 use crate::feeds::events;
@@ -33,22 +34,27 @@ pub async fn apply_update(
     // A large update is applied in parts, one step each, sweeps held off until its evictions
     // are done (as for one step). The owner may end a part early (the names and keyspaces it
     // creates count too): the next part starts where it ended.
+    // The check that the update's names and keyspaces fit runs in steps too when it must look
+    // its adapters up (`Admission`): such an attempt applies nothing and the part is tried again.
     let mut hold = None;
     let (mut start, mut partial) = (0, None);
     let mut update = update;
+    let mut admission = Admission::default();
     loop {
         let end = part_end(&update, start);
         if end >= len {
             break;
         }
         hold.get_or_insert_with(evict::SweepHold::new);
-        let ((applied, applied_to), back) =
+        let ((applied, applied_to), back, admission_back) =
             mailbox::call_piece(core, CapNeed::Nothing, move |st| {
-                (st.ingest_part(&update, start..end), update)
+                let part = st.ingest_part(&update, start..end, &mut admission);
+                (part, update, admission)
             })
             .await
             .map_err(|_| OwnerUnavailable)?;
         update = back;
+        admission = admission_back;
         match applied {
             Err(why) if why.is_whole() => return Ok(Err(why)),
             Err(why) => partial = partial.or(Some(why)),
@@ -66,19 +72,20 @@ pub async fn apply_update(
         tenant: update.tenant_id.as_str().into(),
     };
     let (applied, update, removals, evictions) = loop {
-        let (applied, applied_to, update_back, finished) =
+        let (applied, applied_to, (update_back, admission_back), finished) =
             mailbox::call_piece(core, need.clone(), move |st| {
-                let (applied, applied_to) = st.ingest_part(&update, start..len);
+                let (applied, applied_to) = st.ingest_part(&update, start..len, &mut admission);
                 let finished = (applied_to >= len).then(|| {
                     let quota = st.quota_for(&update.tenant_id);
                     let evictions = evict::pending(st, &update.tenant_id, quota);
                     (events::take_removals(), evictions)
                 });
-                (applied, applied_to, update, finished)
+                (applied, applied_to, (update, admission), finished)
             })
             .await
             .map_err(|_| OwnerUnavailable)?;
         update = update_back;
+        admission = admission_back;
         if let Some((removals, evictions)) = finished {
             break (applied, update, removals, evictions);
         }

@@ -477,7 +477,7 @@ fn core_requests(cores: &[CoreView]) -> Family<'_> {
 type PerCore = (&'static str, &'static str, MetricType, fn(&CoreView) -> i64);
 
 /// The per-core families of one whole number per core.
-const PER_CORE: [PerCore; 22] = [
+const PER_CORE: [PerCore; 23] = [
     (
         "inferencecache_core_hopped_ops",
         "Operations a core executed on behalf of other threads (hop arrivals).",
@@ -579,6 +579,12 @@ const PER_CORE: [PerCore; 22] = [
         "Parts of large ReportCacheState messages a core applied one step each (about INGEST_PART_BLOCKS blocks per part), serving requests between two.",
         MetricType::Counter,
         |c| c.metrics.ingest_parts as i64,
+    ),
+    (
+        "inferencecache_core_admission_steps",
+        "Steps a core spent checking that a ReportCacheState message's new names and keyspaces fit, when it had to look its adapters up one by one (at most ADMISSION_STEP_PREFIXES per step, a piece of its own), applying nothing in them.",
+        MetricType::Counter,
+        |c| c.metrics.admission_steps as i64,
     ),
     (
         "inferencecache_core_lane_waits",

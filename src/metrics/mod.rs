@@ -219,6 +219,9 @@ pub struct CoreMetrics {
     pub cap_candidate_retries: u64,
     /// Parts of large ReportCacheState messages applied one step each (`INGEST_PART_BLOCKS`).
     pub ingest_parts: u64,
+    /// Steps of the check that a message's names and keyspaces fit, each a piece of its own
+    /// (`ADMISSION_STEP_PREFIXES` adapters looked up at most).
+    pub admission_steps: u64,
     /// Maintenance pieces that waited for a later reactor turn (the lane was taken in theirs).
     pub lane_waits: u64,
     /// Pieces run on a hop (mailbox drain task) in a turn whose lane was already taken.
@@ -351,6 +354,7 @@ impl CoreMetrics {
         self.cap_enforce_slices += other.cap_enforce_slices;
         self.cap_candidate_retries += other.cap_candidate_retries;
         self.ingest_parts += other.ingest_parts;
+        self.admission_steps += other.admission_steps;
         self.lane_waits += other.lane_waits;
         self.lane_hop_overruns += other.lane_hop_overruns;
         self.offcore_decodes += other.offcore_decodes;
@@ -556,6 +560,11 @@ pub fn record_lane_hop_overrun() {
 /// One part of a large ReportCacheState message was applied (`CoreState::ingest_part`).
 pub fn record_ingest_part() {
     with_store(|m| m.ingest_parts += 1);
+}
+
+/// One step of a message's admission check ran instead of a part (`CoreState::ingest_part`).
+pub fn record_admission_step() {
+    with_store(|m| m.admission_steps += 1);
 }
 
 /// A large message was handed to the decode pool (`grpc::ingest_rpc`).

@@ -7,8 +7,8 @@ use std::task::{Context, Poll, Waker};
 use std::time::Instant;
 
 use inferencecache_index::index::{
-    CapBuildStep, CapSlice, CapVictim, EvictionCounts, Index, IndexConfig, PartBudget, QuotaVictim,
-    RemovalSink, SweepBudget,
+    Admission, CapBuildStep, CapSlice, CapVictim, EvictionCounts, Index, IndexConfig, PartBudget,
+    QuotaVictim, RemovalSink, SweepBudget,
 };
 use inferencecache_index::policy::PolicyStore;
 use inferencecache_proto::v1alpha1 as pb;
@@ -207,8 +207,10 @@ impl CoreState {
     /// full stats table), so the stream's Ack must not claim it.
     pub fn ingest(&mut self, update: &pb::CacheStateUpdate) -> Result<(), IngestRefused> {
         let (mut start, mut partial) = (0, None);
+        let mut admission = Admission::default();
         loop {
-            let (applied, end) = self.ingest_part(update, start..update.prefixes.len());
+            let (applied, end) =
+                self.ingest_part(update, start..update.prefixes.len(), &mut admission);
             match applied {
                 Err(why) if why.is_whole() => return Err(why),
                 Err(why) => partial = partial.or(Some(why)),
@@ -227,24 +229,32 @@ impl CoreState {
     /// [`INGEST_PART_BLOCKS_PER_CREATED`], and at most [`INGEST_PART_BUDGET`]; the first part
     /// checks the whole update's fit, the last stores its stats and enforces quota and cap). Returns the outcome and the end of
     /// what it applied: the caller applies the rest from there. `ingest::apply_update` applies
-    /// a large update in parts.
+    /// a large update in parts. An attempt may only advance the check that the part's names
+    /// and keyspaces fit (`admission`, the caller's across attempts): it then applies nothing
+    /// and returns `range.start`.
     pub fn ingest_part(
         &mut self,
         update: &pb::CacheStateUpdate,
         range: std::ops::Range<usize>,
+        admission: &mut Admission,
     ) -> (Result<(), IngestRefused>, usize) {
         let budget = PartBudget {
             blocks: INGEST_PART_BLOCKS,
             blocks_per_created: INGEST_PART_BLOCKS_PER_CREATED,
             deadline: Some(Instant::now() + INGEST_PART_BUDGET),
         };
-        let (out, applied_to) = self.index.ingest_part_within(
+        let (out, applied_to) = self.index.ingest_part_admitted(
             update,
             range.clone(),
             budget,
+            admission,
             unix_now_ns(),
             &*self.policy,
         );
+        if out.admission_pending {
+            metrics::record_admission_step();
+            return (Ok(()), applied_to);
+        }
         let whole = range.start == 0 && applied_to >= update.prefixes.len();
         if applied_to >= update.prefixes.len() {
             self.ingested += 1;

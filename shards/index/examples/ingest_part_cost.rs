@@ -11,7 +11,7 @@
 
 use std::time::{Duration, Instant};
 
-use inferencecache_index::index::{Index, IndexConfig, PartBudget};
+use inferencecache_index::index::{Admission, Index, IndexConfig, PartBudget};
 use inferencecache_index::rules::{Eviction, TenantRules};
 use inferencecache_proto::v1alpha1::{CacheStateUpdate, PrefixEntry};
 
@@ -164,6 +164,54 @@ fn main() {
             us(*all.last().expect("a part"))
         );
     }
+    for n in [PART, 65_536, 262_144] {
+        refused_at_keyspace_limit(&mut ix, n, rounds);
+    }
+}
+
+/// Messages of `n` adapters into a `(tenant, model)` already at its keyspace limit, the last of
+/// them new (so the index must look each up, then refuses the message whole,
+/// `KEYSPACES_FULL`), checked in steps as the server does (`Index::ingest_part_admitted`, the
+/// server's budget): each step's thread CPU, median and max over `rounds`, and the most steps
+/// one message took.
+fn refused_at_keyspace_limit(ix: &mut Index, n: usize, rounds: usize) {
+    let full = update("at-limit", PART, true);
+    ix.ingest(&full, NOW, &Lru);
+    let mut times = Vec::new();
+    let mut most = 0;
+    for round in 0..rounds {
+        let mut u = update("at-limit", n, true);
+        for (i, p) in u.prefixes.iter_mut().enumerate() {
+            p.adapter_id = format!("a{}", i % PART);
+        }
+        u.prefixes.last_mut().expect("a prefix").adapter_id = format!("new-{round}");
+        let mut admission = Admission::default();
+        let mut steps = 0;
+        loop {
+            let before = thread_cpu();
+            let (out, _) = ix.ingest_part_admitted(
+                &u,
+                0..u.prefixes.len(),
+                part_budget((PART, 8, true)),
+                &mut admission,
+                NOW,
+                &Lru,
+            );
+            times.push(thread_cpu() - before);
+            steps += 1;
+            if !out.admission_pending {
+                assert!(out.rejected_keyspaces_full);
+                break;
+            }
+        }
+        most = most.max(steps);
+    }
+    times.sort();
+    println!(
+        "{n} adapters refused at the keyspace limit, in steps | {most} | {:.0} | {:.0}",
+        us(times[times.len() / 2]),
+        us(*times.last().expect("a step"))
+    );
 }
 
 /// Blocks per part, blocks per creation, and whether a part ends after 250 µs.

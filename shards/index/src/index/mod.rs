@@ -21,6 +21,7 @@
 //! * `reclaim` — the sliced pass that frees records and names nothing refers to any more;
 //! * `clear` — `ALL_CLEARED` in slices.
 
+mod admission;
 mod aggregate;
 #[cfg(test)]
 mod chain_batch_tests;
@@ -36,6 +37,8 @@ mod removal;
 mod slotmap;
 mod store;
 
+use admission::Admit;
+pub use admission::{ADMISSION_STEP_PREFIXES, Admission};
 pub use aggregate::{
     CacheState, EntriesGauge, PartReplica, PartStats, ReplicaRow, SnapshotPart,
     SnapshotPartBuilder, SnapshotRows, TenantRow, merge_snapshot_parts,
@@ -262,6 +265,9 @@ pub struct IngestOutcome {
     /// With [`IndexConfig::cross_core_eviction`]: the tenant's quota, which the caller must
     /// enforce across cores (`None`: no quota, or nothing of the tenant was stored).
     pub deferred_quota: Option<u64>,
+    /// Nothing was applied yet: the check that the update's names and keyspaces fit took this
+    /// step ([`Index::ingest_part_admitted`]); the caller tries the same range again.
+    pub admission_pending: bool,
 }
 
 /// What one part of an update may do in one step ([`Index::ingest_part_within`]): about
@@ -1722,119 +1728,6 @@ impl Index {
         p.block_hashes.len() == p.block_token_counts.len()
     }
 
-    /// Whether every name `u` may intern still fits this core's string table, in names and in
-    /// bytes; an update that does not fit is refused whole. Only names that would be stored
-    /// count: with neither an applied prefix nor stats an update interns nothing. Counts unseen
-    /// names without deduplicating, so it can only refuse early, never late.
-    fn strings_fit(&self, u: &CacheStateUpdate, part: &[PrefixEntry], prefixes: bool) -> bool {
-        let strings = &self.cat.strings;
-        let (room, room_bytes) = (strings.room(), strings.room_bytes());
-        let mut names: [&str; 4] = [&u.tenant_id, &u.model_id, &u.replica_id, &u.hash_scheme];
-        let fixed = if prefixes {
-            &mut names[..]
-        } else if u.stats.is_some() {
-            &mut names[..3]
-        } else {
-            return true;
-        };
-        let adapters = || {
-            part.iter().filter(|p| Self::prefix_applies(p)).map(|p| {
-                if p.adapter_id.is_empty() {
-                    u.adapter_id.as_str()
-                } else {
-                    p.adapter_id.as_str()
-                }
-            })
-        };
-        let n = fixed.len() + if prefixes { part.len() } else { 0 };
-        let bytes = fixed.iter().map(|s| s.len()).sum::<usize>()
-            + if prefixes {
-                adapters().map(str::len).sum::<usize>()
-            } else {
-                0
-            };
-        if room >= n && room_bytes >= bytes {
-            return true; // fast path: fits even if every name were new
-        }
-        let mut count = 0usize;
-        let mut size = 0usize;
-        for s in fixed.iter().filter(|s| strings.get(s).is_none()) {
-            count += 1;
-            size += s.len();
-        }
-        if prefixes && part.iter().all(|p| p.adapter_id.is_empty()) {
-            // Every prefix in the update's own adapter (or none): one name.
-            if strings.get(&u.adapter_id).is_none() {
-                count += 1;
-                size += u.adapter_id.len();
-            }
-        } else if prefixes {
-            let mut previous = None;
-            for s in adapters() {
-                // Runs of one adapter (the common case: one or none per message) look up once.
-                if previous.replace(s) == Some(s) || strings.get(s).is_some() {
-                    continue;
-                }
-                count += 1;
-                size += s.len();
-            }
-        }
-        count <= room && size <= room_bytes
-    }
-
-    /// Whether the keyspaces `u` would create fit [`IndexConfig::max_keyspaces_per_model`] and
-    /// [`IndexConfig::max_keyspaces`]; an update that does not fit is refused whole. Counts
-    /// every applied prefix as a new keyspace first (no lookup); only when that would not fit
-    /// does it count the distinct adapters the update's scope does not have yet. The work is
-    /// bounded by the message's size.
-    fn keyspaces_fit(&self, u: &CacheStateUpdate, part: &[PrefixEntry], prefixes: bool) -> bool {
-        if !prefixes {
-            return true;
-        }
-        let have_model = self
-            .cat
-            .find_model(&u.tenant_id, &u.model_id)
-            .map_or(0, |m| self.cat.models[m as usize].keyspaces as usize);
-        let have_core = self.cat.live_keyspaces;
-        let fit = |n: usize| {
-            have_model + n <= self.cfg.max_keyspaces_per_model
-                && have_core + n <= self.cfg.max_keyspaces
-        };
-        let applied = || part.iter().filter(|p| Self::prefix_applies(p));
-        if fit(applied().count()) {
-            return true; // fast path: fits even if every prefix named a new adapter
-        }
-        let scope = self
-            .cat
-            .find_scope(&u.tenant_id, &u.model_id, &u.hash_scheme);
-        let known = |adapter: &str| {
-            scope
-                .and_then(|s| self.cat.find_keyspace(s, adapter))
-                .is_some()
-        };
-        if applied().all(|p| p.adapter_id.is_empty()) {
-            // The common case: every prefix in the update's own adapter (or none).
-            return fit(usize::from(!known(&u.adapter_id)));
-        }
-        let mut new: hashbrown::HashSet<&str> = hashbrown::HashSet::new();
-        let mut previous = None;
-        for p in applied() {
-            let adapter = if p.adapter_id.is_empty() {
-                u.adapter_id.as_str()
-            } else {
-                p.adapter_id.as_str()
-            };
-            // Most messages name one adapter (or none) for all their prefixes: one lookup.
-            if previous.replace(adapter) == Some(adapter) {
-                continue;
-            }
-            if !known(adapter) {
-                new.insert(adapter);
-            }
-        }
-        fit(new.len())
-    }
-
     /// Whether `u`'s replica may store entries in `u`'s scope: it serves there already, or the
     /// scope has fewer than [`IndexConfig::max_replicas_per_scope`] serving replicas (a new
     /// scope has none). O(1). Nothing frees room here but the replicas' own entries leaving
@@ -1859,14 +1752,15 @@ impl Index {
     /// progress, or begins one (at most once per [`RECLAIM_ON_FULL_INTERVAL_NS`], and only when
     /// a removal may have left something to free), for at most [`RECLAIM_ON_FULL_BUDGET`]. A
     /// pass that does not finish in that time is finished by the maintenance task's slices.
-    fn reclaim_on_full(&mut self, now: i64) {
+    /// Whether it ran a step.
+    fn reclaim_on_full(&mut self, now: i64) -> bool {
         if self.reclaim_pass.is_none() {
             let due = now
                 >= self
                     .last_full_reclaim
                     .saturating_add(RECLAIM_ON_FULL_INTERVAL_NS);
             if self.reclaimable == 0 || !due {
-                return;
+                return false;
             }
             self.last_full_reclaim = now;
         }
@@ -1875,6 +1769,7 @@ impl Index {
             deadline: Some(std::time::Instant::now() + self.cfg.reclaim_on_full_budget),
         };
         self.reclaim_step(budget);
+        true
     }
 
     /// Applies one `CacheStateUpdate` (§4.2): prefixes (chain and legacy forms), stats, then the
@@ -1926,6 +1821,29 @@ impl Index {
         now: i64,
         rules: &dyn TenantRules,
     ) -> (IngestOutcome, usize) {
+        let mut admission = Admission::default();
+        loop {
+            let (out, end) =
+                self.ingest_part_admitted(u, range.clone(), budget, &mut admission, now, rules);
+            if !out.admission_pending {
+                return (out, end);
+            }
+        }
+    }
+
+    /// [`Index::ingest_part_within`] with its check of names and keyspaces in steps too
+    /// (`admission`, kept by the caller across the part's attempts): an attempt that only
+    /// advanced the check answers [`IngestOutcome::admission_pending`] and applies nothing
+    /// (the caller tries the same range again in a later step).
+    pub fn ingest_part_admitted(
+        &mut self,
+        u: &CacheStateUpdate,
+        range: std::ops::Range<usize>,
+        budget: PartBudget,
+        admission: &mut Admission,
+        now: i64,
+        rules: &dyn TenantRules,
+    ) -> (IngestOutcome, usize) {
         self.finish_clear();
         let mut out = IngestOutcome::default();
         let len = u.prefixes.len();
@@ -1939,18 +1857,16 @@ impl Index {
         let applies =
             |ps: &[PrefixEntry]| !u.hash_scheme.is_empty() && ps.iter().any(Self::prefix_applies);
         let check = applies(checked);
-        let fits = |ix: &Index| {
-            (
-                ix.strings_fit(u, checked, check),
-                ix.keyspaces_fit(u, checked, check),
-            )
-        };
-        if fits(self) != (true, true) {
-            self.reclaim_on_full(now);
-            let (strings, keyspaces) = fits(self);
-            if !strings || !keyspaces {
-                out.rejected_string_table_full = !strings;
-                out.rejected_keyspaces_full = strings && !keyspaces;
+        let at = (range.start.min(len), budget.deadline);
+        match self.admit(u, checked, check, at, admission, now) {
+            Admit::Fits => {}
+            Admit::Pending => {
+                out.admission_pending = true;
+                return (out, range.start.min(len));
+            }
+            Admit::Refused { strings_full } => {
+                out.rejected_string_table_full = strings_full;
+                out.rejected_keyspaces_full = !strings_full;
                 // Refused: done with its range.
                 return (out, range.end.min(len));
             }
@@ -1975,20 +1891,24 @@ impl Index {
             out.malformed_dropped = part.iter().filter(|p| !Self::prefix_applies(p)).count() as u64;
         }
         if last {
-            self.finish_ingest(u, ts, now, rules, &mut out);
+            self.finish_ingest(u, (ts, now), rules, budget.deadline, &mut out);
         }
         self.flush();
         (out, applied_to)
     }
 
     /// What an update does after all its prefixes: its stats, then the tenant quota and the
-    /// global cap (§4.2 steps 4–5).
+    /// global cap (§4.2 steps 4–5). With sliced cap enforcement the cap's step here ends by the
+    /// part's `deadline` too (after one eviction at least): the last part and its evictions stay
+    /// within one part's time, the rest following in the cap's later slices (an eviction step
+    /// of its own after a part used its budget had made the last part last twice as long,
+    /// perf/runs/2026-12-07-maintenance-lane.md).
     fn finish_ingest(
         &mut self,
         u: &CacheStateUpdate,
-        ts: i64,
-        now: i64,
+        (ts, now): (i64, i64),
         rules: &dyn TenantRules,
+        deadline: Option<std::time::Instant>,
         out: &mut IngestOutcome,
     ) {
         if let Some(s) = &u.stats {
@@ -2010,9 +1930,11 @@ impl Index {
             }
         }
         if !self.cfg.cross_core_eviction {
-            let budget = self
-                .sliced_cap
-                .map_or(SweepBudget::UNBOUNDED, |s| s.budget());
+            let budget = self.sliced_cap.map_or(SweepBudget::UNBOUNDED, |s| {
+                let mut budget = s.budget();
+                budget.deadline = budget.deadline.min(deadline).or(budget.deadline);
+                budget
+            });
             self.enforce_cap(rules, &mut out.cap_evicted, now, budget);
         }
     }
