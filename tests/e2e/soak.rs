@@ -1,12 +1,15 @@
 //! The seeded adversarial soak (issue 30, item 5): against the real server, a hostile producer
 //! mixes the shapes that once wedged a core or could (many adapters, hence keyspaces; many
 //! names; many holders per key; ALL_CLEARED; policy churn) with a well-behaved client's normal
-//! traffic, for a bounded time, after a quiet run of the same client in the same test. Asserts:
+//! traffic, for a bounded time. Quiet windows (the well-behaved client alone) and hostile
+//! windows (the producer beside it) alternate, so that both kinds see the same machine. Asserts:
 //!
 //! * no core's heartbeat tick ever came more than [`Bounds::heartbeat`] late
 //!   (`inferencecache_core_heartbeat_max_lag_seconds`);
-//! * the well-behaved client's LookupRoute p99 stayed within [`Bounds::p99_ratio`] of its quiet
-//!   p99 (never below [`Bounds::p99_floor`]: one scheduler quantum of this shared machine);
+//! * the well-behaved client's LookupRoute p99 in the hostile windows stayed within
+//!   [`Bounds::p99_ratio`] of its p99 in the quiet ones ([`assert_p99_bound`]: the strict bar
+//!   where the test's threads are isolated from the server's, else at least a floor, and the
+//!   test prints that the strict bar was skipped);
 //! * the server's RSS stayed under [`Bounds::rss`];
 //! * nothing acknowledged was lost: every key the well-behaved client reported (accepted) is
 //!   still answered by a lookup at the end (the well-behaved entries are stamped as far ahead
@@ -14,8 +17,9 @@
 //!   the global cap legitimately evicts hostile entries first; nothing expires).
 //!
 //! The small version runs in the default `cargo test` (`--shards 1` and `2`, a few seconds
-//! each); the long one is `#[ignore]`d: `cargo test --release -p inference-cache --test e2e --
-//! --ignored soak_long --nocapture` (its numbers: perf/runs/2026-12-06-adversarial-soak.md).
+//! each); the long one is `#[ignore]`d and asserts the strict bar when isolated:
+//! `perf/soak_isolated.sh` runs it with the server alone on CPU 0 and the test on CPU 1 (its
+//! numbers: perf/runs/2026-12-07-soak-windows.md).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -25,10 +29,16 @@ use crate::support::*;
 
 type Client = pb::inference_cache_client::InferenceCacheClient<tonic::transport::Channel>;
 
-/// How long each phase runs, the seed of the hostile mix, and the bounds asserted.
+/// How long each window runs, the seed of the hostile mix, and the bounds asserted.
 struct Soak {
+    /// Quiet windows (the well-behaved client alone), each followed by a hostile window: the
+    /// two kinds alternate so that both see the same machine (a single quiet run's p99 moved
+    /// 0.21–0.61 ms from run to run on an isolated CPU; perf/runs/2026-12-07-maintenance-lane.md).
+    pairs: usize,
     quiet: Duration,
     hostile: Duration,
+    /// What [`by_window`] leaves out after each switch.
+    settle: Duration,
     seed: u64,
     /// Distinct adapters per hostile message (its ingest is one step on the core, bounded by
     /// the message size, not sliced).
@@ -45,7 +55,10 @@ struct Soak {
 struct Bounds {
     heartbeat: Duration,
     p99_ratio: f64,
+    /// The least p99 bound where the strict ratio is not asserted ([`assert_p99_bound`]).
     p99_floor: Duration,
+    /// Whether the ratio alone is asserted when the test runs isolated from the server.
+    strict_when_isolated: bool,
     rss: u64,
 }
 
@@ -70,7 +83,7 @@ const GOOD_KEYS: usize = 64;
 const GOOD_TOKENS: i32 = 64;
 /// The global cap of the long version.
 const CAP: &str = "20000";
-/// The small version's cap: a debug build's producer sends 40–65 messages in its 6 s (about
+/// The small version's cap: a debug build's producer sent 40–65 messages in 6 s (about
 /// 450 entries each), which reached 20,000 entries only from about 45 sends (it failed at 40 and
 /// 42, on a loaded machine); 10,000 is reached from about 22, and from about 5 once the index
 /// is filled to [`PREFILL_HEADROOM`] below it (it failed once more at 4 test threads).
@@ -132,9 +145,12 @@ fn good_hash(i: usize) -> Vec<u8> {
     format!("good-{i:04}").into_bytes()
 }
 
+/// One LookupRoute of the well-behaved client: when it was sent, and how long its answer took.
+type Sample = (Instant, Duration);
+
 /// Lookups of the well-behaved client until `stop`, one every 2 ms, each with a 2 s deadline:
-/// their latencies (a failed or unanswered lookup fails the test).
-async fn well_behaved(mut c: Client, tenants: Vec<String>, stop: Arc<AtomicBool>) -> Vec<Duration> {
+/// when each was sent and its latency (a failed or unanswered lookup fails the test).
+async fn well_behaved(mut c: Client, tenants: Vec<String>, stop: Arc<AtomicBool>) -> Vec<Sample> {
     let mut lat = Vec::new();
     let mut i = 0usize;
     while !stop.load(Ordering::Relaxed) && lat.len() < 1_000_000 {
@@ -144,7 +160,7 @@ async fn well_behaved(mut c: Client, tenants: Vec<String>, stop: Arc<AtomicBool>
         req.set_timeout(Duration::from_secs(2));
         let started = Instant::now();
         let r = c.lookup_route(req).await;
-        lat.push(started.elapsed());
+        lat.push((started, started.elapsed()));
         let r = r.unwrap_or_else(|e| panic!("lookup {i}: {e}")).into_inner();
         assert!(
             r.replica_scores
@@ -269,23 +285,51 @@ fn hostile_update(rng: &mut Rng, n: u64, adapters: u64) -> pb::CacheStateUpdate 
     u
 }
 
-/// The hostile producer until `stop`: streams of hostile messages, ALL_CLEARED of hostile
-/// replicas, and (on a thread of its own) policy pushes flipping the hostile tenants between
-/// LRU and LFU. Returns the messages and events sent (also counted in `sends` as it goes).
+/// How the test steers the hostile producer from outside its thread.
+#[derive(Clone, Default)]
+struct Switches {
+    /// Set once: the producer returns.
+    stop: Arc<AtomicBool>,
+    /// Whether the producer sends now (a hostile window) or waits (a quiet one).
+    active: Arc<AtomicBool>,
+    /// Messages and events sent so far.
+    sends: Arc<AtomicU64>,
+}
+
+impl Switches {
+    /// Until `stop`, whether to send now; waits a little first when not.
+    fn sending(&self) -> bool {
+        let active = self.active.load(Ordering::Relaxed);
+        if !active {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        active
+    }
+}
+
+/// The hostile producer until `stop`, sending while `active`: streams of hostile messages,
+/// ALL_CLEARED of hostile replicas, and (on a thread of its own) policy pushes flipping the
+/// hostile tenants between LRU and LFU. Returns the messages and events sent (also counted in
+/// `sends` as it goes).
 async fn hostile(
     mut c: Client,
     admin_port: u16,
     (seed, adapters): (u64, u64),
-    (stop, sends): (Arc<AtomicBool>, Arc<AtomicU64>),
+    switches: Switches,
     producer: Producer,
 ) -> u64 {
+    let Switches { stop, sends, .. } = switches.clone();
     let pushes = Arc::new(AtomicU64::new(0));
     let policy = {
-        let (stop, pushes) = (stop.clone(), pushes.clone());
+        let (switches, pushes) = (switches.clone(), pushes.clone());
         std::thread::spawn(move || {
             producer.enter();
             let mut flip = false;
-            while !stop.load(Ordering::Relaxed) && pushes.load(Ordering::Relaxed) < 100_000 {
+            while !switches.stop.load(Ordering::Relaxed) && pushes.load(Ordering::Relaxed) < 100_000
+            {
+                if !switches.sending() {
+                    continue;
+                }
                 flip = !flip;
                 let algo = if flip { "lfu" } else { "lru" };
                 let body = format!(
@@ -311,6 +355,10 @@ async fn hostile(
     let mut rng = Rng(seed);
     let mut n = 0u64;
     while !stop.load(Ordering::Relaxed) && n < 1_000_000 {
+        if !switches.active.load(Ordering::Relaxed) {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+            continue;
+        }
         if rng.below(8) == 0 {
             let e = pb::CacheEvent {
                 r#type: pb::cache_event::Type::AllCleared as i32,
@@ -354,7 +402,7 @@ fn well_behaved_on_its_thread(
     url: String,
     tenants: Vec<String>,
     stop: Arc<AtomicBool>,
-) -> (std::thread::JoinHandle<Vec<Duration>>, bool) {
+) -> (std::thread::JoinHandle<Vec<Sample>>, bool) {
     let (granted, policy) = std::sync::mpsc::channel();
     let thread = std::thread::spawn(move || {
         let _ = granted.send(run_ahead_of_normal_threads());
@@ -395,8 +443,7 @@ fn hostile_on_its_thread(
     url: String,
     admin_port: u16,
     mix: (u64, u64),
-    stop: Arc<AtomicBool>,
-    sends: Arc<AtomicU64>,
+    switches: Switches,
     producer: Producer,
 ) -> std::thread::JoinHandle<u64> {
     std::thread::spawn(move || {
@@ -407,7 +454,7 @@ fn hostile_on_its_thread(
             .expect("the hostile producer's runtime")
             .block_on(async move {
                 let c = connect(url).await;
-                hostile(c, admin_port, mix, (stop, sends), producer).await
+                hostile(c, admin_port, mix, switches, producer).await
             })
     })
 }
@@ -422,6 +469,55 @@ fn heartbeat_lags(srv: &Server) -> Vec<f64> {
             metric_value(&text, &series).unwrap_or_else(|| panic!("{series} missing"))
         })
         .collect()
+}
+
+/// Which kind of window a lookup was sent in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Window {
+    Quiet,
+    Hostile,
+}
+
+/// The well-behaved client's latencies, quiet windows' and hostile windows', given when each
+/// window started. A lookup sent within `settle` of a window's start counts in neither: a hostile
+/// message sent just before a quiet window is still being ingested, and its cap evictions run,
+/// at the window's start.
+fn by_window(
+    samples: &[Sample],
+    windows: &[(Instant, Window)],
+    settle: Duration,
+) -> (Vec<Duration>, Vec<Duration>) {
+    let (mut quiet, mut hostile) = (Vec::new(), Vec::new());
+    for &(sent, latency) in samples {
+        let Some(&(start, window)) = windows.iter().rev().find(|(start, _)| *start <= sent) else {
+            continue;
+        };
+        if sent.duration_since(start) < settle {
+            continue;
+        }
+        match window {
+            Window::Quiet => quiet.push(latency),
+            Window::Hostile => hostile.push(latency),
+        }
+    }
+    (quiet, hostile)
+}
+
+/// Sleeps `window` in 100 ms steps (and, when `last_hostile`, on until the producer sent
+/// [`MIN_HOSTILE_SENDS`], at most five times as long: a loaded machine slows its round trips),
+/// sampling the server's RSS: the highest seen.
+async fn watch(srv: &Server, window: Duration, more_sends: Option<&AtomicU64>) -> u64 {
+    let started = Instant::now();
+    let mut max_rss = 0;
+    loop {
+        let elapsed = started.elapsed();
+        let enough = more_sends.is_none_or(|s| s.load(Ordering::Relaxed) >= MIN_HOSTILE_SENDS);
+        if (elapsed >= window && enough) || elapsed >= window * 5 {
+            return max_rss;
+        }
+        max_rss = max_rss.max(rss_bytes(srv.child.id()));
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }
 
 async fn soak(shards: usize, s: Soak) {
@@ -444,47 +540,48 @@ async fn soak(shards: usize, s: Soak) {
         assert!(ack.accepted, "{ack:?}");
     }
     prefill_below_cap(&mut c, s.cap.parse().expect("cap")).await;
-    // Quiet run.
-    let stop = Arc::new(AtomicBool::new(false));
-    let (quiet, _) = well_behaved_on_its_thread(srv.grpc_url(), tenants.clone(), stop.clone());
-    tokio::time::sleep(s.quiet).await;
-    stop.store(true, Ordering::Relaxed);
-    let mut quiet = joined(quiet).await.expect("quiet client");
-    let quiet_p99 = p99(&mut quiet);
-    // The heartbeat lag with the well-behaved client alone: what this machine's other
-    // processes cost the core thread (the gauge is a maximum since start).
-    let quiet_lags = heartbeat_lags(&srv);
-    // Hostile run, the same client alongside.
+    // The well-behaved client throughout; the hostile producer only in the hostile windows.
     let stop = Arc::new(AtomicBool::new(false));
     let (good, real_time) =
         well_behaved_on_its_thread(srv.grpc_url(), tenants.clone(), stop.clone());
     let producer = Producer::choose(real_time, srv.child.id(), s.shared_producer);
-    let sends = Arc::new(AtomicU64::new(0));
+    let switches = Switches::default();
     let bad = hostile_on_its_thread(
         srv.grpc_url(),
         srv.admin_port,
         (s.seed, s.adapters_per_message),
-        stop.clone(),
-        sends.clone(),
+        switches.clone(),
         producer,
     );
-    // The hostile window: `s.hostile`, longer while the producer has sent fewer than
-    // MIN_HOSTILE_SENDS (a loaded machine slows its round trips), at most five times as long.
-    let started = Instant::now();
+    let mut windows = Vec::new();
     let mut max_rss = 0;
-    loop {
-        let elapsed = started.elapsed();
-        let enough = sends.load(Ordering::Relaxed) >= MIN_HOSTILE_SENDS;
-        if (elapsed >= s.hostile && enough) || elapsed >= s.hostile * 5 {
-            break;
+    let mut quiet_lags = Vec::new();
+    // The heartbeat gauge (a maximum since start) after each window: where a late tick was.
+    let mut lags_after = Vec::new();
+    for pair in 0..s.pairs {
+        switches.active.store(false, Ordering::Relaxed);
+        windows.push((Instant::now(), Window::Quiet));
+        max_rss = max_rss.max(watch(&srv, s.quiet, None).await);
+        lags_after.push(heartbeat_lags(&srv));
+        if pair == 0 {
+            // The heartbeat lag with the well-behaved client alone: what this machine's other
+            // processes cost the core thread.
+            quiet_lags = heartbeat_lags(&srv);
         }
-        max_rss = max_rss.max(rss_bytes(srv.child.id()));
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        switches.active.store(true, Ordering::Relaxed);
+        windows.push((Instant::now(), Window::Hostile));
+        let last = pair + 1 == s.pairs;
+        let more_sends = last.then_some(&*switches.sends);
+        max_rss = max_rss.max(watch(&srv, s.hostile, more_sends).await);
+        lags_after.push(heartbeat_lags(&srv));
     }
+    switches.stop.store(true, Ordering::Relaxed);
     stop.store(true, Ordering::Relaxed);
-    let mut loaded = joined(good).await.expect("well-behaved client");
+    let samples = joined(good).await.expect("well-behaved client");
     let sent = joined(bad).await.expect("hostile client");
-    let loaded_p99 = p99(&mut loaded);
+    let (mut quiet, mut loaded) = by_window(&samples, &windows, s.settle);
+    let (quiet_p99, loaded_p99) = (p99(&mut quiet), p99(&mut loaded));
+    let (quiet_max, loaded_max) = (quiet[quiet.len() - 1], loaded[loaded.len() - 1]);
     max_rss = max_rss.max(rss_bytes(srv.child.id()));
     let lags = heartbeat_lags(&srv);
     let text = metrics_text(&srv);
@@ -505,13 +602,17 @@ async fn soak(shards: usize, s: Soak) {
         })
         .sum();
     eprintln!(
-        "soak --shards {shards} seed {}: {sent} hostile sends ({producer:?}), {evicted} cap evictions, \
-         {sync} cap builds on an ingest; \
-         quiet p99 {quiet_p99:?} ({} lookups), hostile p99 {loaded_p99:?} ({} lookups); \
-         heartbeat max lag per core {quiet_lags:?} s quiet, {lags:?} s in all; max RSS {} MiB",
+        "soak --shards {shards} seed {}: {} quiet and hostile windows, {sent} hostile sends \
+         ({producer:?}), {evicted} cap evictions, {sync} cap builds on an ingest; \
+         quiet p99 {quiet_p99:?} ({} lookups, max {quiet_max:?}), hostile p99 {loaded_p99:?} \
+         ({} lookups, max {loaded_max:?}): {:.2}x; heartbeat max lag per core \
+         {quiet_lags:?} s quiet, {lags:?} s in all (after each window: {lags_after:?}); \
+         max RSS {} MiB",
         s.seed,
+        s.pairs,
         quiet.len(),
         loaded.len(),
+        loaded_p99.as_secs_f64() / quiet_p99.as_secs_f64(),
         max_rss >> 20
     );
     assert!(
@@ -525,13 +626,7 @@ async fn soak(shards: usize, s: Soak) {
             "core {core}'s heartbeat came {lag} s late"
         );
     }
-    let bound = quiet_p99
-        .mul_f64(s.bounds.p99_ratio)
-        .max(s.bounds.p99_floor);
-    assert!(
-        loaded_p99 <= bound,
-        "p99 {loaded_p99:?} under the hostile mix vs {quiet_p99:?} quiet (bound {bound:?})"
-    );
+    assert_p99_bound(shards, &s.bounds, producer, (quiet_p99, loaded_p99));
     assert!(max_rss <= s.bounds.rss, "RSS {} MiB", max_rss >> 20);
     // Nothing acknowledged was lost.
     for t in &tenants {
@@ -551,19 +646,52 @@ async fn soak(shards: usize, s: Soak) {
     }
 }
 
+/// The p99 bar: within `p99_ratio` of the quiet windows' p99. Asserted as is only where the
+/// measurement is the server's ([`Bounds::strict_when_isolated`] and the producer isolated from
+/// the client and the server, [`Producer::Normal`]); elsewhere the test's own threads share the
+/// server's CPUs, so it asserts the floor too and says that the strict bar was skipped.
+fn assert_p99_bound(
+    shards: usize,
+    b: &Bounds,
+    producer: Producer,
+    (quiet, loaded): (Duration, Duration),
+) {
+    let strict = b.strict_when_isolated && producer == Producer::Normal;
+    let ratio_bound = quiet.mul_f64(b.p99_ratio);
+    let bound = if strict {
+        ratio_bound
+    } else {
+        ratio_bound.max(b.p99_floor)
+    };
+    if !strict {
+        eprintln!(
+            "soak --shards {shards}: SKIPPED the strict p99 bar ({}x the quiet windows' p99): \
+             the test's clients share CPUs with the server or may not run at SCHED_FIFO; \
+             asserted at least the floor {:?} instead",
+            b.p99_ratio, b.p99_floor
+        );
+    }
+    assert!(
+        loaded <= bound,
+        "p99 {loaded:?} in the hostile windows vs {quiet:?} in the quiet ones (bound {bound:?})"
+    );
+}
+
 /// The small version (default test run, a debug build on a shared 2-CPU machine): it guards
 /// against a wedge (a core stalled for seconds, lookups hanging, lost entries), not the issue's
 /// tight bounds. A debug build takes 10–50 ms for one hostile message's ingest (one step, not
 /// sliced), and the machine's other processes delay the core thread by as much (measured:
 /// heartbeat lag 0.1–0.4 s, p99 0.15–0.8 s under the mix, quiet p99 4–37 ms): so 2 s of
-/// heartbeat lag (a stall is 5 s) and a p99 floor of 2 s (the lookups' deadline). The long
-/// version asserts the issue's bounds.
+/// heartbeat lag (a stall is 5 s) and a p99 floor of 2 s (the lookups' deadline), never the
+/// strict ratio. The long version asserts the issue's bounds.
 async fn soak_small(shards: usize) {
     soak(
         shards,
         Soak {
-            quiet: Duration::from_secs(2),
-            hostile: Duration::from_secs(6),
+            pairs: 2,
+            quiet: Duration::from_secs(1),
+            hostile: Duration::from_secs(3),
+            settle: Duration::from_millis(250),
             seed: 0x5eed_0030 + shards as u64,
             adapters_per_message: 256,
             cap: SMALL_CAP,
@@ -572,6 +700,7 @@ async fn soak_small(shards: usize) {
                 heartbeat: Duration::from_secs(2),
                 p99_ratio: 2.0,
                 p99_floor: Duration::from_secs(2),
+                strict_when_isolated: false,
                 rss: 1 << 30,
             },
         },
@@ -580,16 +709,19 @@ async fn soak_small(shards: usize) {
 }
 shards_1_and_2!(soak_small);
 
-/// The long version: 60 s of the hostile mix, messages of 4,096 adapters (the issue's shape);
-/// run against a release build (`INFERENCECACHE_TEST_SERVER_BIN`). The p99 floor is a couple of
-/// scheduler quanta of this shared machine, where the test's clients compete with the server
-/// for the two CPUs.
+/// The long version: six pairs of a 5 s quiet window and a 10 s hostile one (60 s of the
+/// hostile mix), messages of 4,096 adapters (the issue's shape); run against a release build
+/// (`INFERENCECACHE_TEST_SERVER_BIN`). Isolated (`perf/soak_isolated.sh`) it asserts the
+/// issue's 2×; otherwise a floor of a couple of scheduler quanta of this shared machine, where
+/// the test's clients compete with the server for the two CPUs.
 async fn soak_long(shards: usize) {
     soak(
         shards,
         Soak {
-            quiet: Duration::from_secs(10),
-            hostile: Duration::from_secs(60),
+            pairs: 6,
+            quiet: Duration::from_secs(5),
+            hostile: Duration::from_secs(10),
+            settle: Duration::from_millis(500),
             seed: 0x5eed_1030 + shards as u64,
             adapters_per_message: 4096,
             cap: CAP,
@@ -598,6 +730,7 @@ async fn soak_long(shards: usize) {
                 heartbeat: Duration::from_millis(100),
                 p99_ratio: 2.0,
                 p99_floor: Duration::from_millis(20),
+                strict_when_isolated: true,
                 rss: 1 << 30,
             },
         },
