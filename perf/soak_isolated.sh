@@ -9,7 +9,9 @@
 # foreign-wake channel (crossbeam's list channel waits for a sender mid-write) while that
 # sender, a decode-pool thread at the normal policy on the same CPU, could not run until the
 # kernel's real-time throttling let it (perf/runs/2026-12-07-soak-windows.md).
-# Needs root (or RLIMIT_RTPRIO) and 2 CPUs. Usage:
+# Needs root (or RLIMIT_RTPRIO) and 2 CPUs; SERVER_CPUS (default 0) and CLIENT_CPUS (default 1)
+# place them on a larger machine (`--shards 2` isolated needs 3 CPUs: SERVER_CPUS=0,1
+# CLIENT_CPUS=2). Usage:
 #   perf/soak_isolated.sh [RUNS=1] [SHARDS=1]
 # Prints each run's `soak --shards` line; exits non-zero when a run fails. SERVERS="a b" runs
 # those server binaries in turn instead of this tree's (an A/B on the same machine state).
@@ -33,7 +35,7 @@ for server in $servers; do
   n=$((n + 1))
   cat >"$work/server$n.sh" <<WRAP
 #!/bin/bash
-exec taskset -c 0 "$server" "\$@"
+exec taskset -c ${SERVER_CPUS:-0} "$server" "\$@"
 WRAP
   chmod +x "$work/server$n.sh"
 done
@@ -42,7 +44,7 @@ for i in $(seq 1 "$runs"); do
  for s in $(seq 1 "$n"); do
   rc=0
   echo "run $i server $s: $(uptime | sed 's/.*load/load/')"
-  INFERENCECACHE_TEST_SERVER_BIN="$work/server$s.sh" taskset -c 1 "$e2e" \
+  INFERENCECACHE_TEST_SERVER_BIN="$work/server$s.sh" taskset -c "${CLIENT_CPUS:-1}" "$e2e" \
     "soak::soak_long::shards_$shards" --exact --ignored --nocapture --test-threads 1 \
     >"$work/out" 2>&1 || rc=$?
   grep -E '^soak|SKIPPED|panicked|test result' "$work/out" || true

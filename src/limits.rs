@@ -322,6 +322,13 @@ pub const INGEST_PART_BUDGET: Duration = Duration::from_micros(250);
 /// (`evict::Pending`). A message of 4,096 new entries at the cap used to evict all of them in
 /// its own step, ≈ 4 ms of core time.
 pub const CAP_ENFORCE_SLICE_MAX_EVICTIONS: usize = 1_024;
+/// Global-cap evictions one cross-core round takes at most (several cores): each core's
+/// candidate request and its share of the evictions are one piece each, and both name every
+/// entry by its strings (the cores intern names apart), ≈ 0.75–0.95 µs per entry: rounds of
+/// [`CAP_ENFORCE_SLICE_MAX_EVICTIONS`] made 0.76 ms candidate pieces and 0.94 ms eviction pieces
+/// in the adversarial soak at `--shards 2` (perf/runs/2026-12-07-soak-windows.md). The globally
+/// first victims in rounds are the same set whatever the round size.
+pub const CAP_ROUND_MAX_EVICTIONS: usize = 256;
 /// Times a cross-core cap round asks every core for its candidates when one ran out of live
 /// ones (stale snapshots) and readied more in slices instead of building them in one go
 /// (`evict::cap_candidates_everywhere`, counted in

@@ -23,7 +23,7 @@ use inferencecache_index::index::{CapVictim, select_victims};
 
 use super::mailbox;
 use crate::limits::{MAX_CAP_CANDIDATE_ROUNDS, SWEEP_SLICE_PAUSE};
-use crate::shard::{self, CapNeed, CoreState, cap_enforce_max_evictions};
+use crate::shard::{self, CapNeed, CoreState, cap_round_max_evictions};
 
 /// Ingests whose cross-core evictions are pending or running.
 static IN_FLIGHT: AtomicUsize = AtomicUsize::new(0);
@@ -208,7 +208,7 @@ impl Pending {
             }
             // At most a slice's worth per round: each core's candidate request and eviction
             // stay bounded steps, and the globally first victims in rounds are the same set.
-            let over = (over as usize).min(cap_enforce_max_evictions());
+            let over = (over as usize).min(cap_round_max_evictions());
             let parts = cap_candidates_everywhere(cores, over).await;
             let mut picks = select_victims(&parts, over);
             let evicted = sum_evicted(

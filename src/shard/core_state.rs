@@ -15,8 +15,8 @@ use inferencecache_proto::v1alpha1 as pb;
 
 use crate::limits::{
     CAP_BUILD_SLICE_BUDGET, CAP_BUILD_SLICE_MAX_ENTRIES, CAP_ENFORCE_SLICE_MAX_EVICTIONS,
-    INGEST_PART_BLOCKS, INGEST_PART_BLOCKS_PER_CREATED, INGEST_PART_BUDGET, MAX_ID_BYTES,
-    SWEEP_SLICE_BUDGET, SWEEP_SLICE_MAX_ENTRIES,
+    CAP_ROUND_MAX_EVICTIONS, INGEST_PART_BLOCKS, INGEST_PART_BLOCKS_PER_CREATED,
+    INGEST_PART_BUDGET, MAX_ID_BYTES, SWEEP_SLICE_BUDGET, SWEEP_SLICE_MAX_ENTRIES,
 };
 use crate::metrics;
 use crate::sys::clock::unix_now_ns;
@@ -623,6 +623,12 @@ fn cap_enforce_budget() -> CapSlice {
 /// sweep's test hook bound (so the end-to-end tests' small indexes evict in many steps).
 pub fn cap_enforce_max_evictions() -> usize {
     crate::sys::test_hooks::sweep_slice_entries().unwrap_or(CAP_ENFORCE_SLICE_MAX_EVICTIONS)
+}
+
+/// Global-cap evictions one cross-core round takes at most: [`CAP_ROUND_MAX_EVICTIONS`], or
+/// the test hook's bound.
+pub fn cap_round_max_evictions() -> usize {
+    crate::sys::test_hooks::sweep_slice_entries().unwrap_or(CAP_ROUND_MAX_EVICTIONS)
 }
 
 /// A sweep slice's budget: [`SWEEP_SLICE_BUDGET`] from now, [`SWEEP_SLICE_MAX_ENTRIES`] (or the

@@ -8,7 +8,7 @@ use std::sync::OnceLock;
 
 pub use crate::limits::PARTITIONS;
 pub use core_state::{
-    CapNeed, CoreState, IngestRefused, cap_enforce_max_evictions, current_core, install, with_core,
+    CapNeed, CoreState, IngestRefused, cap_round_max_evictions, current_core, install, with_core,
 };
 
 /// Number of cores serving, fixed once at start-up.
