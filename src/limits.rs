@@ -324,11 +324,13 @@ pub const INGEST_PART_BUDGET: Duration = Duration::from_micros(250);
 pub const CAP_ENFORCE_SLICE_MAX_EVICTIONS: usize = 1_024;
 /// Global-cap evictions one cross-core round takes at most (several cores): each core's
 /// candidate request and its share of the evictions are one piece each, and both name every
-/// entry by its strings (the cores intern names apart), ≈ 0.75–0.95 µs per entry: rounds of
+/// entry by its strings (the cores intern names apart): rounds of
 /// [`CAP_ENFORCE_SLICE_MAX_EVICTIONS`] made 0.76 ms candidate pieces and 0.94 ms eviction pieces
-/// in the adversarial soak at `--shards 2` (perf/runs/2026-12-07-soak-windows.md). The globally
-/// first victims in rounds are the same set whatever the round size.
-pub const CAP_ROUND_MAX_EVICTIONS: usize = 256;
+/// in the adversarial soak at `--shards 2`, rounds of 256 0.35–0.40 and 0.26–0.31 ms, rounds of
+/// 128 0.17–0.37 and 0.12–0.31 ms, with no fewer evictions per second
+/// (perf/runs/2026-12-07-soak-windows.md). The globally first victims in rounds are the same
+/// set whatever the round size.
+pub const CAP_ROUND_MAX_EVICTIONS: usize = 128;
 /// Times a cross-core cap round asks every core for its candidates when one ran out of live
 /// ones (stale snapshots) and readied more in slices instead of building them in one go
 /// (`evict::cap_candidates_everywhere`, counted in
