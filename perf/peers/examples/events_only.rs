@@ -5,6 +5,7 @@
 //!     cargo run --release --example events_only -- TRACE [REPETITIONS=5] [FIRST_REQUESTS]
 //!
 //! `WORKERS=n` and `EXPAND=e` change the fleet (speed: workers / 64, as run.sh's default).
+//! `PEER=kv-index` times kv-index's `ChainIndex` on the same events instead of ours.
 //! `FIRST_REQUESTS` replays only the trace's first requests (for callgrind:
 //! `--toggle-collect='inferencecache_index::index::Index::ingest'
 //! --toggle-collect='inferencecache_index::index::Index::apply_event'`).
@@ -40,7 +41,11 @@ fn main() {
     }
     let mut res = Vec::new();
     for _ in 0..reps {
-        let mut index = adapters::Ours::new(workers, 512 / expand);
+        let mut index: Box<dyn Adapter> = match std::env::var("PEER").as_deref() {
+            Ok("kv-index") => Box::new(adapters::KvIndexChain::new(workers).expect("<= 1,024")),
+            Ok(other) => panic!("PEER={other}: only kv-index"),
+            Err(_) => Box::new(adapters::Ours::new(workers, 512 / expand)),
+        };
         let (mut ts, mut tr) = (0f64, 0f64);
         for e in &sim.events {
             let t = Instant::now();

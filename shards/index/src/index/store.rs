@@ -88,6 +88,35 @@ pub(crate) const SEGMENTS: usize = 1 << SEGMENT_BITS;
 /// entropy.
 const SEGMENT_SHIFT: u32 = 40;
 
+/// The tables' keyed hash of a [`KeyId`]: the key's two words, each mixed with a seed drawn
+/// per store, multiplied into 128 bits and folded (the finishing step of foldhash, the
+/// workspace's map hasher, without its generic `Hasher` plumbing, which cost ~10 more
+/// instructions per hash; a stored or removed block hashes twice, once for its own probe and
+/// once to start loading the next one's bucket). Keys are chosen by producers, so the seeds
+/// are random (no producer can aim its keys at one bucket or segment without them); every
+/// output bit depends on every key bit through the product's high half.
+#[derive(Clone, Copy)]
+struct KeyHasher {
+    seeds: [u64; 2],
+}
+
+impl KeyHasher {
+    fn new() -> KeyHasher {
+        let random = DefaultHashBuilder::default();
+        KeyHasher {
+            // The keyspace word's seed keeps its top bit: `ks ^ seed` (ks < 2^32) is then never
+            // zero, which would give every key of that keyspace the same hash.
+            seeds: [random.hash_one(0u64), random.hash_one(1u64) | 1 << 63],
+        }
+    }
+
+    #[inline(always)]
+    fn hash(&self, k: KeyId) -> u64 {
+        let product = (k.h ^ self.seeds[0]) as u128 * ((k.ks as u64) ^ self.seeds[1]) as u128;
+        product as u64 ^ (product >> 64) as u64
+    }
+}
+
 /// Stable identity of a prefix key on one core: keyspace (scope + adapter) and hash word.
 /// Inline hashes are the big-endian u64 of the 8 wire bytes, so their numeric order is the
 /// bytewise order the eviction tie-breaks need.
@@ -406,7 +435,7 @@ impl FreeSlots {
     /// The record has no overflow holders (its `next` is [`NIL`], as a free record's stays).
     /// One write of its key words and one update of the previous newest's (a removal frees a
     /// slot after almost every event).
-    #[inline]
+    #[inline(always)]
     fn push(&mut self, keys: &mut KeySlab, pos: u32) {
         debug_assert_eq!(keys.rec(pos).next, NIL, "a freed record keeps no holders");
         *keys.key.get_mut(pos) = KeyWords::new(links(self.newest, NIL), FREE_KS);
@@ -422,6 +451,7 @@ impl FreeSlots {
     }
 
     /// Takes the free slot at `pos` out of the list (its record is then the caller's).
+    #[inline(always)]
     fn unlink(&mut self, keys: &mut KeySlab, pos: u32) {
         debug_assert_eq!(keys.ks(pos), FREE_KS);
         let (older, newer) = unlinks(keys.hash(pos));
@@ -531,7 +561,7 @@ pub(crate) struct Store {
     /// Slab positions by key, in [`SEGMENTS`] tables chosen by [`Store::segment`].
     /// A fixed-size array: the masked segment number needs no bounds check on a probe.
     table: Box<[PosTable; SEGMENTS]>,
-    hasher: DefaultHashBuilder,
+    hasher: KeyHasher,
     entries: usize,
     /// Free key record slots.
     free: FreeSlots,
@@ -600,7 +630,7 @@ impl Store {
             #[cfg(test)]
             probes: std::cell::Cell::new(0),
             table: Self::empty_tables(),
-            hasher: DefaultHashBuilder::default(),
+            hasher: KeyHasher::new(),
             entries: 0,
             free: FreeSlots::new(),
             visited: 0,
@@ -619,8 +649,9 @@ impl Store {
         }
     }
 
-    fn hash(hasher: &DefaultHashBuilder, k: KeyId) -> u64 {
-        hasher.hash_one((k.ks, k.h))
+    #[inline(always)]
+    fn hash(hasher: &KeyHasher, k: KeyId) -> u64 {
+        hasher.hash(k)
     }
 
     /// The segment of a key's hash.
