@@ -76,6 +76,17 @@ impl PosTable {
         self.buckets.len()
     }
 
+    /// The sum over the live entries of how far each sits past its home bucket (`hash_of`
+    /// gives an entry's hash): what a hash that clusters keys makes every probe walk.
+    #[cfg(test)]
+    pub fn total_displacement(&self, hash_of: impl Fn(u32) -> u64) -> usize {
+        let mask = self.buckets.len().wrapping_sub(1);
+        (self.buckets.iter().enumerate())
+            .filter(|(_, e)| **e != EMPTY && **e != TOMB)
+            .map(|(i, e)| i.wrapping_sub(hash_of(e & POS_MASK) as usize) & mask)
+            .sum()
+    }
+
     /// Heap bytes.
     pub fn allocation_size(&self) -> usize {
         self.buckets.capacity() * std::mem::size_of::<u32>()
