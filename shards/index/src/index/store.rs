@@ -2031,7 +2031,8 @@ mod tests {
     #[test]
     fn low_entropy_keys_spread_over_segments_and_buckets() {
         let n = 100_000u64;
-        let patterns: [(&str, fn(u64) -> KeyId); 4] = [
+        type Pattern = (&'static str, fn(u64) -> KeyId);
+        let patterns: [Pattern; 4] = [
             ("sequential", |i| KeyId { ks: 1, h: i }),
             ("shifted left", |i| KeyId { ks: 1, h: i << 44 }),
             ("low bits only", |i| KeyId {
