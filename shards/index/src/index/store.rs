@@ -661,11 +661,6 @@ impl Store {
         }
     }
 
-    #[inline(always)]
-    fn hash(hasher: &KeyHasher, k: KeyId) -> u64 {
-        hasher.hash(k)
-    }
-
     /// The segment of a key's hash.
     #[inline]
     fn segment(h: u64) -> usize {
@@ -715,7 +710,7 @@ impl Store {
     /// Slab position of a key.
     #[inline]
     pub fn find(&self, k: KeyId) -> Option<u32> {
-        let h = Self::hash(&self.hasher, k);
+        let h = self.hasher.hash(k);
         self.table[Self::segment(h)].find(h, |i| self.keys.key(i) == k)
     }
 
@@ -873,7 +868,7 @@ impl Store {
     /// Starts loading the table bucket a probe for `k` reads first (a probe expected later).
     #[inline(always)]
     pub fn prefetch_probe(&self, k: KeyId) {
-        let h = Self::hash(&self.hasher, k);
+        let h = self.hasher.hash(k);
         self.table[Self::segment(h)].prefetch(h);
     }
 
@@ -881,7 +876,7 @@ impl Store {
     /// reading the table bucket (prefetched earlier by [`Store::prefetch_probe`]).
     #[inline]
     pub fn prefetch_found(&self, k: KeyId) {
-        let h = Self::hash(&self.hasher, k);
+        let h = self.hasher.hash(k);
         if let Some(pos) = self.table[Self::segment(h)].find(h, |_| true)
             && (pos as usize) < self.keys.len()
         {
@@ -1344,10 +1339,10 @@ impl Store {
     /// slots stays in order; else the start of the newest freed range; else a new slot.
     pub fn find_or_insert(&mut self, k: KeyId, first: Holder, after: u32) -> (u32, bool) {
         debug_assert!(k.keyspace() < KEYSPACE_LIMIT);
-        let h = Self::hash(&self.hasher, k);
+        let h = self.hasher.hash(k);
         let (keys, hasher) = (&self.keys, &self.hasher);
         let table = &mut self.table[Self::segment(h)];
-        table.reserve_one(|i| Self::hash(hasher, keys.key(i)));
+        table.reserve_one(|i| hasher.hash(keys.key(i)));
         let vacant = match table.find_or_vacant(h, |i| keys.key(i) == k) {
             Ok(pos) => return (pos, false),
             Err(v) => v,
@@ -1565,7 +1560,7 @@ impl Store {
     fn remove_record_of(&mut self, pos: u32, k: KeyId) {
         debug_assert_eq!(self.key_at(pos), k);
         debug_assert!(self.keys.rec(pos).next == NIL);
-        let h = Self::hash(&self.hasher, k);
+        let h = self.hasher.hash(k);
         let found = self.table[Self::segment(h)].remove(h, pos);
         assert!(found, "key record missing from the table");
         // The removed record's successor lost its predecessor (remove_holder detached it).
@@ -2066,7 +2061,7 @@ mod tests {
             );
             let (keys, hasher) = (&s.keys, &s.hasher);
             let displaced: usize = (s.table.iter())
-                .map(|t| t.total_displacement(|p| Store::hash(hasher, keys.key(p))))
+                .map(|t| t.total_displacement(|p| hasher.hash(keys.key(p))))
                 .sum();
             let mean = displaced as f64 / n as f64;
             // Linear probing at a load of at most 3/4 averages under 1.5 buckets past home.
@@ -2077,7 +2072,7 @@ mod tests {
     /// Inserts `k`; returns how many keys a grow or tombstone rehash of its table moved (the
     /// table's keys when its capacity rose, else 0).
     fn insert_moved(s: &mut Store, k: KeyId) -> usize {
-        let seg = Store::segment(Store::hash(&s.hasher, k));
+        let seg = Store::segment(s.hasher.hash(k));
         let before = s.table[seg].capacity();
         s.insert_key(k, Holder::new(1, 1, 1, 1));
         if s.table[seg].capacity() > before {
