@@ -93,15 +93,16 @@ pub fn subscribe(req: pb::StreamMetricsRequest) -> MetricStream {
         let mut tick = tokio::time::interval(METRIC_STREAM_INTERVAL);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
-            tokio::select! {
-                _ = tick.tick() => {}
+            let due = tokio::select! {
+                due = tick.tick() => due,
                 _ = tx.closed() => return,
-            }
+            };
             if crate::runtime::shutting_down() {
                 return;
             }
+            let stamp_us = interval_stamp_us(due);
             let text = scrape().await;
-            let series = select(&text, &names);
+            let series = select(&text, &names, stamp_us);
             for m in series {
                 match tx.try_send(m) {
                     Ok(()) => {}
@@ -141,10 +142,18 @@ pub fn subscribe(req: pb::StreamMetricsRequest) -> MetricStream {
     ))
 }
 
+/// The wall-clock time, in µs, of the interval tick that was `due` (the instant the stream's
+/// timer scheduled it, which a busy admin thread may reach late): a batch is stamped with its
+/// interval, not with when its scrape across the cores finished, so consecutive batches are
+/// stamped at least one interval apart however long each scrape or wake-up took.
+fn interval_stamp_us(due: tokio::time::Instant) -> i64 {
+    let late = i64::try_from(due.elapsed().as_nanos()).unwrap_or(i64::MAX);
+    crate::sys::clock::unix_now_ns().saturating_sub(late) / 1_000
+}
+
 /// The series of `text` (Prometheus text format) selected by `names`, at most
-/// [`MAX_METRIC_STREAM_SERIES`] (a hit of that bound is counted).
-pub fn select(text: &str, names: &[String]) -> Vec<pb::Metric> {
-    let now_us = crate::sys::clock::unix_now_ns() / 1_000;
+/// [`MAX_METRIC_STREAM_SERIES`] (a hit of that bound is counted), stamped `now_us`.
+pub fn select(text: &str, names: &[String], now_us: i64) -> Vec<pb::Metric> {
     let mut out = Vec::new();
     let (mut family, mut kind) = ("", "");
     for line in text.lines() {
@@ -242,21 +251,22 @@ inferencecache_lookup_route_latency_seconds_sum{model=\"m\"} 0.5\n\
 
     #[test]
     fn selects_series_by_name_or_family() {
-        let up = select(TEXT, &["inferencecache_server_up".into()]);
+        let up = select(TEXT, &["inferencecache_server_up".into()], 1);
         assert_eq!(up.len(), 1);
         assert_eq!((up[0].value, up[0].r#type.as_str()), (1.0, "gauge"));
-        let calls = select(TEXT, &["inferencecache_rpc_calls_total".into()]);
+        let calls = select(TEXT, &["inferencecache_rpc_calls_total".into()], 1);
         assert_eq!(calls[0].labels["rpc"], "RenderTemplate");
         assert_eq!(calls[0].r#type, "counter");
         let hist = select(
             TEXT,
             &["inferencecache_lookup_route_latency_seconds".into()],
+            1,
         );
         assert_eq!(hist.len(), 2);
         assert_eq!(hist[0].labels["model"], "a \"q\" b");
         assert_eq!(hist[0].labels["le"], "+Inf");
-        assert_eq!(select(TEXT, &[]).len(), 4);
-        assert!(select(TEXT, &["nothing".into()]).is_empty());
+        assert_eq!(select(TEXT, &[], 1).len(), 4);
+        assert!(select(TEXT, &["nothing".into()], 1).is_empty());
     }
 
     #[test]
@@ -265,6 +275,6 @@ inferencecache_lookup_route_latency_seconds_sum{model=\"m\"} 0.5\n\
         for i in 0..MAX_METRIC_STREAM_SERIES + 5 {
             text.push_str(&format!("x{{i=\"{i}\"}} 1\n"));
         }
-        assert_eq!(select(&text, &[]).len(), MAX_METRIC_STREAM_SERIES);
+        assert_eq!(select(&text, &[], 1).len(), MAX_METRIC_STREAM_SERIES);
     }
 }
