@@ -213,3 +213,40 @@ fn the_keyspace_bound_stays_below_the_record_flags() {
     });
     assert_eq!(ix.config().max_keyspaces, (1 << 29) - 1);
 }
+
+/// A request whose hash right after a stored run is not an 8-byte hash (empty, short, long:
+/// blob keys, or none) ends the match there, whatever the walk loads ahead of it.
+#[test]
+fn a_request_hash_of_another_length_after_a_stored_run_ends_the_match() {
+    let (mut ix, c) = fleet();
+    for odd in [vec![], vec![7u8; 5], vec![7u8; 9]] {
+        let mut hashes: Vec<Vec<u8>> = c.iter().map(|h| h.to_vec()).collect();
+        hashes.push(odd);
+        hashes.extend((0..10).map(|b| hash(1, b).to_vec()));
+        let counts = vec![TOKENS; hashes.len()];
+        let q = LookupQuery {
+            tenant: "t",
+            model: "m",
+            hash_scheme: "s",
+            block_hashes: (&hashes).into(),
+            block_token_counts: &counts,
+            ..Default::default()
+        };
+        let v = ix.lookup_route(&q, T0 + SEC, &NoRules);
+        let mut got: Vec<_> = (v.scores.iter())
+            .map(|s| (v.replica_id(s).to_string(), s.matched_tokens, s.tier))
+            .collect();
+        got.sort();
+        let all = vec![
+            row("r0", BLOCKS, 1),
+            row("r1", BLOCKS, 1),
+            row("r2", BLOCKS, 1),
+        ];
+        assert_eq!(
+            got,
+            all,
+            "hash of {} bytes after the run",
+            hashes[BLOCKS].len()
+        );
+    }
+}

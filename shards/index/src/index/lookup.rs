@@ -436,7 +436,7 @@ struct Walk {
 
 /// A stored run shorter than this is followed without prefetching the probe after it. Measured
 /// on the Mooncake trace (perf/runs/2026-12-07-run-end-prefetch.md): 8 did better than 3, and
-/// prefetching the record halfway through every such run better than only through runs of 64
+/// prefetching the record partway through every such run better than only through runs of 64
 /// blocks or more (the bucket is then read before it arrived, but the record is loaded sooner).
 const PREFETCH_MIN_RUN: usize = 8;
 
@@ -446,8 +446,10 @@ const PREFETCH_MIN_RUN: usize = 8;
 /// A chain stored in pieces goes on elsewhere where its stored run ends in the slab; the walk
 /// then probes the table for the next block (the bucket, then the record it names, then the
 /// record's holders: three cache misses in a row on a large index). The run's end is known
-/// from the slab's run bits before its keys are compared, so those loads start early: the
-/// bucket before the comparison, the record it names halfway through.
+/// from the slab's run bits before its keys are compared, so those loads start early, each
+/// once the one it needs has had time to arrive: the request's hash there before the
+/// comparison, the bucket a third of the way through, the record it names (and the first lines
+/// of the run it starts) two thirds through (perf/runs/2026-12-07-jump-window.md).
 #[inline(always)]
 fn stored_run_matches<H: HashRun>(
     store: &Store,
@@ -467,20 +469,32 @@ fn stored_run_matches<H: HashRun>(
         store.run_hashes_match(prev + from as u32, n, |j| rest.word(from + j))
     };
     let extent = store.run_extent(prev, ks, rest.len());
-    let next = (extent >= PREFETCH_MIN_RUN && extent < rest.len())
-        .then(|| cat.key_for_inline(ks, rest.at(extent)))
-        .flatten();
-    let Some(next) = next else {
+    if extent < PREFETCH_MIN_RUN || extent >= rest.len() {
         return matches(0, extent);
+    }
+    // The request's hash where the stored run ends is a line the comparison reaches last (a
+    // cache miss when the request is cold): loaded now, hashed a third of the way through,
+    // its table bucket loaded then, and the record the bucket names two thirds through.
+    let next_hash = rest.at(extent);
+    if let Some(first_byte) = next_hash.first() {
+        crate::prefetch::prefetch(first_byte);
+    }
+    let third = extent / 3;
+    let m = matches(0, third);
+    if m < third {
+        return m;
+    }
+    let Some(next) = cat.key_for_inline(ks, next_hash) else {
+        return m + matches(third, extent - third);
     };
     store.prefetch_probe(next);
-    let half = extent / 2;
-    let m = matches(0, half);
-    if m < half {
+    let two_thirds = extent * 2 / 3;
+    let m = m + matches(third, two_thirds - third);
+    if m < two_thirds {
         return m;
     }
     store.prefetch_found(next);
-    m + matches(half, extent - half)
+    m + matches(two_thirds, extent - two_thirds)
 }
 
 impl Walk {
