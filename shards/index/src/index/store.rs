@@ -902,12 +902,12 @@ impl Store {
     #[inline]
     fn prefetch_window(&self, pos: u32) {
         let chunk = self.keys.key.chunk(pos as usize >> CHUNK_SHIFT);
-        let window = chunk
-            .iter()
-            .skip(pos as usize & (CHUNK - 1))
-            .take(FOUND_WINDOW);
-        for r in window.step_by(KEY_PARTS_PER_LINE).skip(1) {
+        let from = pos as usize & (CHUNK - 1);
+        let window = &chunk[from..(from + FOUND_WINDOW).min(chunk.len())];
+        let mut at = KEY_PARTS_PER_LINE;
+        while let Some(r) = window.get(at) {
             crate::prefetch::prefetch(r);
+            at += KEY_PARTS_PER_LINE;
         }
     }
 
