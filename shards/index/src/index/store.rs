@@ -1430,6 +1430,7 @@ impl Store {
             // The replica is the key's only holder (95% of a fleet's removals): the record goes.
             // What the general path below does for it, without its holder search and match.
             let removed = rec.first;
+            self.prefetch_next_removal(pos);
             self.entries -= 1;
             self.near = pos;
             self.run_cleared.0 = NIL;
@@ -1444,7 +1445,6 @@ impl Store {
                 h: words.hash(),
             };
             self.remove_record_of(pos, key);
-            self.prefetch_next_removal(pos);
             return Some((removed, true));
         }
         self.remove_holder_general(pos, replica)
@@ -1453,7 +1453,10 @@ impl Store {
     /// Engines evict a chain leaves first, one event per block, so the key removed next is
     /// most likely the record before `pos` ([`Store::find_near`] finds it without a probe):
     /// the table bucket its removal will update starts loading now, not when that event
-    /// arrives (one cache miss per removal on a large index, otherwise).
+    /// arrives (one cache miss per removal on a large index, otherwise). Called as soon as
+    /// `pos` is known, before this removal's own table update: the prefetch's address
+    /// translation (a TLB miss, mostly) then overlaps that work (removals −8% against calling
+    /// it last, perf/runs/2026-12-07-jump-window.md).
     #[inline]
     fn prefetch_next_removal(&self, pos: u32) {
         let before = pos.wrapping_sub(1);
