@@ -654,7 +654,7 @@ impl Catalog {
 
     /// The memo of the last `PREFIX_EVICTED` event if `e` names the same tenant, model, replica
     /// and adapter, byte for byte, and nothing it resolved may have changed since.
-    fn event_memo_for(&self, e: &CacheEvent) -> Option<EvictPlan> {
+    fn event_memo_for(&self, e: &CacheEvent) -> Option<&EvictPlan> {
         let m = self.event_memo.as_ref()?;
         if m.epoch != self.epoch {
             return None;
@@ -666,7 +666,7 @@ impl Catalog {
             && adapter.is(&e.adapter_id, names)
             && model.is(&e.model_id, names)
             && tenant.is(&e.tenant_id, names))
-        .then_some(m.evict)
+        .then_some(&m.evict)
     }
 
     /// The keyspaces of model scope `mscope` matching `adapter` ([`DEAD`]: any).
@@ -2083,13 +2083,21 @@ impl Index {
         let evicted = e.r#type == cache_event::Type::PrefixEvicted as i32;
         if evicted && let Some(memo) = self.cat.event_memo_for(e) {
             out.entries_removed = match memo.targets {
-                // The common case (one keyspace), here rather than through `evict`'s call.
-                EvictTargets::One(ks) => self
-                    .cat
-                    .key_for(ks, &e.prefix_hash)
-                    .is_some_and(|k| self.remove_entry_at(k, memo.replica, memo.counts))
-                    as u64,
-                _ => self.evict(&memo, &e.prefix_hash),
+                // The common case (one keyspace), here rather than through `evict`'s call. Its
+                // fields are read one by one, not as a copy of the plan: copying the struct
+                // through the stack stalled store-to-load forwarding (~1/4 of this function's
+                // samples on the Mooncake trace's removals).
+                EvictTargets::One(ks) => {
+                    let (replica, counts) = (memo.replica, memo.counts);
+                    self.cat
+                        .key_for(ks, &e.prefix_hash)
+                        .is_some_and(|k| self.remove_entry_at(k, replica, counts))
+                        as u64
+                }
+                _ => {
+                    let plan = *memo;
+                    self.evict(&plan, &e.prefix_hash)
+                }
             };
             self.flush_inline();
             return out;
