@@ -64,7 +64,7 @@ fn word(st: u64, g: u64, c: u64) -> u64 {
 pub struct TenantSlotHint(u32);
 
 /// A tenant's identity in the directory: XXH3-128 of its name. Cores compute it once per tenant.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub struct TenantFp {
     hi: u64,
     lo: u64,

@@ -689,19 +689,38 @@ impl Catalog {
 
 /// Counter deltas not yet pushed to the directory (flushed at the end of every operation and
 /// before every cross-core read that must include them).
-#[derive(Default)]
 struct Pending {
     total: i64,
     non_reserved: i64,
-    /// The first tenant whose key count changed.
-    tenant: Option<PendingTenant>,
+    /// The first tenant whose key count changed ([`NO_TENANT`]: none). Not an `Option`: its
+    /// fields are written and read one by one, in place. Written whole, it went through a copy
+    /// on the stack that the flush then read with wider loads than the copy's stores, which
+    /// stalls store-to-load forwarding on every removal event.
+    tenant: PendingTenant,
     /// Any others.
     more: Vec<PendingTenant>,
 }
 
+/// [`Pending::tenant`] when no tenant's key count changed (string ids stay far below it).
+const NO_TENANT: u32 = u32::MAX;
+
+impl Default for Pending {
+    fn default() -> Self {
+        Pending {
+            total: 0,
+            non_reserved: 0,
+            tenant: PendingTenant {
+                tenant: NO_TENANT,
+                ..PendingTenant::default()
+            },
+            more: Vec::new(),
+        }
+    }
+}
+
 /// A tenant's key count delta not yet pushed to the directory, with what the flush needs to
 /// push it without a record lookup.
-#[derive(Clone, Copy)]
+#[derive(Clone, Copy, Default)]
 struct PendingTenant {
     tenant: u32,
     delta: i64,
@@ -710,7 +729,7 @@ struct PendingTenant {
 
 /// What a change to a tenant's key count on this core tells the directory: its fingerprint,
 /// its directory slot hint, and its key count on this core after the change.
-#[derive(Clone, Copy)]
+#[derive(Clone, Copy, Default)]
 struct TenantKeys {
     fp: TenantFp,
     dir_slot: Option<TenantSlotHint>,
@@ -1121,21 +1140,20 @@ impl Index {
     /// The first tenant of an operation (most often its only one) is kept inline.
     #[inline(always)]
     fn pending_tenant(&mut self, tenant: u32, keys: TenantKeys, delta: i64) {
+        debug_assert_ne!(tenant, NO_TENANT);
         let first = &mut self.pending.tenant;
-        match first {
-            Some(e) if e.tenant == tenant => {
-                e.delta += delta;
-                e.keys = keys;
-            }
-            None => {
-                *first = Some(PendingTenant {
-                    tenant,
-                    delta,
-                    keys,
-                })
-            }
-            Some(_) => self.pending_more_tenant(tenant, keys, delta),
+        if first.tenant == tenant {
+            first.delta += delta;
+        } else if first.tenant == NO_TENANT {
+            first.tenant = tenant;
+            first.delta = delta;
+        } else {
+            self.pending_more_tenant(tenant, keys, delta);
+            return;
         }
+        first.keys.fp = keys.fp;
+        first.keys.dir_slot = keys.dir_slot;
+        first.keys.after = keys.after;
     }
 
     /// [`Index::pending_tenant`] for a tenant other than the operation's first.
@@ -1165,14 +1183,19 @@ impl Index {
             .add_entries(self.pending.total, self.pending.non_reserved);
         self.pending.total = 0;
         self.pending.non_reserved = 0;
-        if let Some(PendingTenant {
-            tenant,
-            delta,
-            keys,
-        }) = self.pending.tenant.take()
-            && delta != 0
-        {
-            self.push_tenant_keys(tenant, delta, keys);
+        let first = &mut self.pending.tenant;
+        if first.tenant != NO_TENANT {
+            let (tenant, delta) = (first.tenant, first.delta);
+            // Field by field (see `Pending::tenant`).
+            let keys = TenantKeys {
+                fp: first.keys.fp,
+                dir_slot: first.keys.dir_slot,
+                after: first.keys.after,
+            };
+            first.tenant = NO_TENANT;
+            if delta != 0 {
+                self.push_tenant_keys(tenant, delta, keys);
+            }
         }
         if !self.pending.more.is_empty() {
             self.flush_more_tenants();
