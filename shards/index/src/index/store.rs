@@ -226,7 +226,7 @@ const CHUNK: usize = 1 << CHUNK_SHIFT;
 const REMOVALS_AHEAD: u32 = 2;
 /// Key records from a found position on whose key parts [`Store::prefetch_found`] loads: the
 /// first lines of the stored run a long lookup jumps to. Measured on the Mooncake trace
-/// (perf/runs/2026-12-07-jump-window.md): 64 cut the p99 lookup by ~9%; 32 and 96 did less,
+/// (perf/runs/2026-12-07-jump-window.md): 64 cut the p99 lookup by ~10%; 32 and 96 did less,
 /// 256 was slower than none.
 const FOUND_WINDOW: usize = 64;
 /// Key parts ([`KeyWords`], 12 bytes) one step of that prefetch moves: every 64-byte line is
@@ -2007,8 +2007,6 @@ mod tests {
         store_blocks(s, c, 0..n, replica, ts);
     }
 
-    /// Stores blocks `blocks` of chain `c` for `replica` at time `ts` in one update, as an
-    /// engine reports a continuation of a chain whose prefix it already holds.
     /// The jump window a lookup prefetches ends at its chunk's and the slab's last record: found
     /// positions right before a chunk boundary and at the slab's end read nothing past them
     /// (debug builds check every slab read).
@@ -2040,6 +2038,8 @@ mod tests {
         assert_eq!(s.key_count(), n as usize);
     }
 
+    /// Stores blocks `blocks` of chain `c` for `replica` at time `ts` in one update, as an
+    /// engine reports a continuation of a chain whose prefix it already holds.
     fn store_blocks(s: &mut Store, c: u64, blocks: std::ops::Range<u64>, replica: u32, ts: i64) {
         let mut run = RunCursor::new();
         for b in blocks {
