@@ -1868,6 +1868,8 @@ impl Index {
         rules: &dyn TenantRules,
     ) -> (IngestOutcome, usize) {
         self.finish_clear();
+        // Before the part's prefetches: the batch's table updates would evict their lines.
+        self.store.finish_table_removals();
         let mut out = IngestOutcome::default();
         let len = u.prefixes.len();
         let last = range.end >= len;

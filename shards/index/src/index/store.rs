@@ -220,10 +220,11 @@ const _: () = assert!(std::mem::size_of::<OverRec>() == 24);
 
 const CHUNK_SHIFT: u32 = 14;
 const CHUNK: usize = 1 << CHUNK_SHIFT;
-/// How many removals ahead [`Store::prefetch_next_removal`] loads the table bucket of: the
-/// records before the removed one, which engines evict next. Measured on the Mooncake trace
-/// (perf/runs/2026-12-07-jump-window.md): 2 cut removals by 5% against 1; 3 and 4 did the same.
-const REMOVALS_AHEAD: u32 = 2;
+/// Removed key records whose table entries [`Store::finish_table_removals`] takes out together
+/// (see [`Store::table_removals`]). Measured on the Mooncake trace
+/// (perf/runs/2026-12-07-table-removals.md): a removed block 99 → 72 ns against one table
+/// update per removal with the next removals' buckets prefetched.
+const TABLE_REMOVAL_BATCH: usize = 64;
 /// Key records from a found position on whose key parts [`Store::prefetch_found`] loads: the
 /// first lines of the stored run a long lookup jumps to. Measured on the Mooncake trace
 /// (perf/runs/2026-12-07-jump-window.md): 64 cut the p99 lookup by ~10%; 32 and 96 did less,
@@ -606,6 +607,16 @@ pub(crate) struct Store {
     /// Key records removed so far (wrapping; debug builds check that none is removed while a
     /// [`RunCursor`] is in use).
     moves: u32,
+    /// Removed key records whose table entries are still in the table, as `(key, slot)`: at
+    /// most [`TABLE_REMOVAL_BATCH`]. A removal frees its slot at once but leaves its table
+    /// entry for [`Store::finish_table_removals`], which loads the batch's buckets together
+    /// (the misses overlap) and then takes the entries out: one random bucket per removed key
+    /// was a third of a removal's time. Exact meanwhile: a probe that reaches such an entry
+    /// compares its key against a free record, which matches no key; no slot of the batch is
+    /// reused, no table is resized and the slab keeps its length (its trailing free slots are
+    /// given back by the batch) until the batch is done, as [`Store::find_or_insert`], the one
+    /// insertion, finishes it first.
+    table_removals: Vec<(KeyId, u32)>,
 }
 
 /// The last upsert of a chain being ingested, for the run bits ([`RUN_FLAG`]): the record it
@@ -661,6 +672,34 @@ impl Store {
             near: NIL,
             run_cleared: (NIL, NIL),
             moves: 0,
+            table_removals: Vec::with_capacity(TABLE_REMOVAL_BATCH),
+        }
+    }
+
+    /// Takes the table entries of the removed key records out (see [`Store::table_removals`])
+    /// and gives the slab's trailing free slots back. Bounded: [`TABLE_REMOVAL_BATCH`] entries.
+    #[inline]
+    pub fn finish_table_removals(&mut self) {
+        if !self.table_removals.is_empty() {
+            self.finish_table_removals_now();
+        }
+    }
+
+    #[inline(never)]
+    fn finish_table_removals_now(&mut self) {
+        for &(k, _) in &self.table_removals {
+            self.prefetch_probe(k);
+        }
+        for &(k, pos) in &self.table_removals {
+            let h = self.hasher.hash(k);
+            let found = self.table[Self::segment(h)].remove(h, pos);
+            assert!(found, "key record missing from the table");
+        }
+        self.table_removals.clear();
+        while self.keys.len() > 0 && self.is_free(self.keys.len() as u32 - 1) {
+            let last = self.keys.len() as u32 - 1;
+            self.free.unlink(&mut self.keys, last);
+            self.keys.pop();
         }
     }
 
@@ -1369,6 +1408,8 @@ impl Store {
     /// slots stays in order; else the start of the newest freed range; else a new slot.
     pub fn find_or_insert(&mut self, k: KeyId, first: Holder, after: u32) -> (u32, bool) {
         debug_assert!(k.keyspace() < KEYSPACE_LIMIT);
+        // No slot is reused and no table resized while removed entries are still in a table.
+        self.finish_table_removals();
         let h = self.hasher.hash(k);
         let (keys, hasher) = (&self.keys, &self.hasher);
         let table = &mut self.table[Self::segment(h)];
@@ -1434,7 +1475,6 @@ impl Store {
             // The replica is the key's only holder (95% of a fleet's removals): the record goes.
             // What the general path below does for it, without its holder search and match.
             let removed = rec.first;
-            self.prefetch_next_removal(pos);
             self.entries -= 1;
             self.near = pos;
             self.run_cleared.0 = NIL;
@@ -1452,30 +1492,6 @@ impl Store {
             return Some((removed, true));
         }
         self.remove_holder_general(pos, replica)
-    }
-
-    /// Engines evict a chain leaves first, one event per block, so the key removed next is
-    /// most likely the record before `pos` ([`Store::find_near`] finds it without a probe):
-    /// the table bucket its removal will update starts loading now, not when that event
-    /// arrives (one cache miss per removal on a large index, otherwise). Called as soon as
-    /// `pos` is known, before this removal's own table update: the prefetch's address
-    /// translation (a TLB miss, mostly) then overlaps that work (removals −8% against calling
-    /// it last, perf/runs/2026-12-07-jump-window.md). It looks [`REMOVALS_AHEAD`] removals
-    /// ahead; a removal right after one at `pos + 1` loads only the farthest, as that one loaded
-    /// the rest.
-    #[inline]
-    fn prefetch_next_removal(&self, pos: u32) {
-        let first = if self.near == pos.wrapping_add(1) {
-            REMOVALS_AHEAD
-        } else {
-            1
-        };
-        for d in first..=REMOVALS_AHEAD {
-            let before = pos.wrapping_sub(d);
-            if (before as usize) < self.keys.len() && !self.is_free(before) {
-                self.prefetch_probe(self.keys.key(before));
-            }
-        }
     }
 
     /// [`Store::remove_holder`] when the key has other holders than `replica` (or `replica`
@@ -1591,8 +1607,9 @@ impl Store {
         }
     }
 
-    /// Removes the key record at `pos` from the table and frees its slot; no other record
-    /// moves. Trailing free slots are given back to the slab.
+    /// Frees the key record at `pos`, its table entry taken out with the batch (see
+    /// [`Store::table_removals`]); no other record moves. Trailing free slots are given back
+    /// to the slab with the batch.
     fn remove_key_record(&mut self, pos: u32) {
         self.remove_record_of(pos, self.key_at(pos));
     }
@@ -1602,19 +1619,12 @@ impl Store {
     fn remove_record_of(&mut self, pos: u32, k: KeyId) {
         debug_assert_eq!(self.key_at(pos), k);
         debug_assert!(self.keys.rec(pos).next == NIL);
-        let h = self.hasher.hash(k);
-        let found = self.table[Self::segment(h)].remove(h, pos);
-        assert!(found, "key record missing from the table");
         // The removed record's successor lost its predecessor (remove_holder detached it).
-        if pos as usize + 1 == self.keys.len() {
-            self.keys.pop();
-            while self.keys.len() > 0 && self.is_free(self.keys.len() as u32 - 1) {
-                let last = self.keys.len() as u32 - 1;
-                self.free.unlink(&mut self.keys, last);
-                self.keys.pop();
-            }
-        } else {
-            self.free.push(&mut self.keys, pos);
+        // Its table entry goes with the batch (see `table_removals`).
+        self.free.push(&mut self.keys, pos);
+        self.table_removals.push((k, pos));
+        if self.table_removals.len() == TABLE_REMOVAL_BATCH {
+            self.finish_table_removals_now();
         }
         self.moves = self.moves.wrapping_add(1);
     }
@@ -1851,6 +1861,9 @@ mod tests {
             }
             if round % 3 == 0 {
                 let k = 1000 + round;
+                // The removals' table entries are taken out (and trailing slots given back)
+                // before the insert reuses a slot.
+                s.finish_table_removals();
                 let free_before = s.free.count;
                 let slots_before = s.slots();
                 let p = s.insert_key(key(k), Holder::new(1, 1, 1, 1));
@@ -1874,6 +1887,7 @@ mod tests {
         keys.sort_unstable();
         for (i, (p, _)) in keys.iter().enumerate().rev() {
             assert!(s.remove_holder(*p, 1).unwrap().1);
+            s.finish_table_removals();
             assert!(s.slots() <= *p, "trailing free slots given back");
             assert!(s.slots() as usize >= i, "live keys stay");
         }
@@ -2108,6 +2122,59 @@ mod tests {
     /// buckets: the keyed hash mixes every key bit into every bit the tables use. An identity
     /// hash fails each pattern: sequential words and words whose middle bits vary share one
     /// segment, words shifted left share one bucket, and one hash word in many keyspaces both.
+    /// Removed keys' table entries wait for their batch (`table_removals`): meanwhile no probe
+    /// finds them, and a table that must grow first takes them out. Here one segment's table
+    /// grows while two of its keys are removed: growing reads every entry's key from the slab,
+    /// and a waiting entry's slot is free, so without the batch finished first the table would
+    /// keep an entry under a free record's words and the batch would then miss it.
+    #[test]
+    fn a_table_grows_only_after_the_removals_waiting_for_it() {
+        let mut s = Store::new();
+        // Keys of one segment, so that its table is the one that fills.
+        let hasher = s.hasher;
+        let segment = |h: u64| Store::segment(hasher.hash(KeyId { ks: 3, h }));
+        let target = segment(0);
+        let mut ours = (0u64..).filter(|&h| segment(h) == target);
+        let mut held: Vec<(u64, u32)> = Vec::new();
+        for _ in 0..11 {
+            let h = ours.next().expect("unbounded");
+            held.push((h, s.insert_key(KeyId { ks: 3, h }, Holder::new(1, 1, 1, 1))));
+        }
+        let capacity = s.table[target].capacity();
+        for _ in 0..2 {
+            let (h, p) = held.remove(0);
+            assert!(s.remove_holder(p, 1).expect("held").1);
+            assert_eq!(
+                s.find(KeyId { ks: 3, h }),
+                None,
+                "a removed key is not found"
+            );
+        }
+        assert_eq!(
+            s.table_removals.len(),
+            2,
+            "the removals wait for their batch"
+        );
+        // Fill the table past its growth point.
+        while s.table[target].capacity() == capacity {
+            let h = ours.next().expect("unbounded");
+            held.push((h, s.insert_key(KeyId { ks: 3, h }, Holder::new(1, 1, 1, 1))));
+        }
+        assert!(s.table_removals.is_empty());
+        assert_eq!(s.table[target].len(), held.len(), "no entry of a free slot");
+        for &(h, p) in &held {
+            assert_eq!(s.find(KeyId { ks: 3, h }), Some(p));
+        }
+        // A full batch is taken out by the removal that fills it.
+        for (h, p) in held {
+            assert!(s.remove_holder(p, 1).expect("held").1);
+            assert_eq!(s.find(KeyId { ks: 3, h }), None);
+            assert!(s.table_removals.len() < TABLE_REMOVAL_BATCH);
+        }
+        s.finish_table_removals();
+        assert_eq!((s.table[target].len(), s.key_count(), s.slots()), (0, 0, 0));
+    }
+
     #[test]
     fn low_entropy_keys_spread_over_segments_and_buckets() {
         let n = 50_000u64;
