@@ -541,6 +541,10 @@ const _: () = assert!(
     "every core owns a partition"
 );
 const _: () = assert!(DEFAULT_MAX_SHARDS <= MAX_SHARDS);
+const _: () = assert!(
+    MAX_SHARDS <= inferencecache_index::directory::ENTRY_SLOTS,
+    "every core counts its entries in a directory slot of its own"
+);
 const _: () = assert!(CORE_HEARTBEAT_INTERVAL.as_millis() * 4 <= CORE_STALL_AFTER.as_millis());
 const _: () = assert!(MAILBOX_DRAIN_BATCH <= MAILBOX_CAPACITY);
 const _: () = assert!(MAILBOX_BACKOFF_MIN.as_nanos() <= MAILBOX_BACKOFF_MAX.as_nanos());

@@ -9,6 +9,12 @@
 //! Cores push counter deltas once per operation (ingest, event, sweep, eviction batch); every
 //! read is a plain atomic load, so the lookup path never blocks.
 //!
+//! Entry counts (facts 2 and 3): each index writes its own [`EntryCounter`] slot, with plain
+//! stores: a removal event pushes its delta once per event, and two locked adds per event were
+//! ~7% of a removal (perf/runs/2026-12-07-table-removals.md). Readers sum the claimed slots
+//! (the cap's paths, one slot per core); the cold-start test reads one count of non-empty slots.
+//! Past [`ENTRY_SLOTS`] indexes on one directory, the rest share one slot with locked adds.
+//!
 //! Tenant table: a fixed-capacity open-addressing array of slots. A tenant is identified by a
 //! 128-bit XXH3 fingerprint of its name (no strings are stored, so memory is fixed at
 //! construction); the chance that two live tenants collide is ~n²/2¹²⁹, negligible for any real
@@ -43,6 +49,10 @@ const TOMB: u64 = 2;
 /// Default number of tenant slots (fixed memory: 24 bytes each).
 pub const DEFAULT_TENANT_CAPACITY: usize = 1 << 16;
 
+/// Indexes (cores) of one directory that get an entry-count slot of their own (fixed memory:
+/// 64 bytes each); more share one slot (see [`EntryCounter`]).
+pub const ENTRY_SLOTS: usize = 256;
+
 fn state(w: u64) -> u64 {
     w >> STATE_SHIFT
 }
@@ -76,10 +86,30 @@ struct Slot {
     lo: AtomicU64,
 }
 
+/// One index's entry counts, alone on its cache line (the owning core writes it on every
+/// operation that changes them; other cores only read it).
+#[derive(Default)]
+#[repr(align(64))]
+struct EntrySlot {
+    total: AtomicI64,
+    non_reserved: AtomicI64,
+}
+
+/// The right to write an entry-count slot of a [`Directory`], held by one index: not `Clone`,
+/// so each claimed slot has one writer, which may then update it with a plain load and store.
+/// `None`: the directory's slots were all claimed, and this holder adds to the shared slot.
+#[derive(Debug)]
+pub struct EntryCounter(Option<usize>);
+
 /// The shared cross-core counters. See the module docs for the protocol.
 pub struct Directory {
-    total_entries: AtomicI64,
-    non_reserved_entries: AtomicI64,
+    /// [`ENTRY_SLOTS`] slots; the first `entry_slots_claimed` are in use.
+    entry_slots: Box<[EntrySlot]>,
+    entry_slots_claimed: AtomicUsize,
+    /// The entry counts of the holders of [`EntryCounter`]`(None)`, added with locked adds.
+    shared_entries: EntrySlot,
+    /// Claimed slots whose total is not zero: the cold-start test in one load.
+    nonempty_slots: AtomicUsize,
     slots: Box<[Slot]>,
     mask: usize,
     /// Slow-path lock; guards claims/retires and the overflow counts of untracked tenants.
@@ -117,8 +147,10 @@ impl Directory {
             .collect::<Vec<_>>()
             .into_boxed_slice();
         Directory {
-            total_entries: AtomicI64::new(0),
-            non_reserved_entries: AtomicI64::new(0),
+            entry_slots: (0..ENTRY_SLOTS).map(|_| EntrySlot::default()).collect(),
+            entry_slots_claimed: AtomicUsize::new(0),
+            shared_entries: EntrySlot::default(),
+            nonempty_slots: AtomicUsize::new(0),
             slots,
             mask: cap - 1,
             slow: Mutex::new(HashMap::new()),
@@ -135,30 +167,84 @@ impl Directory {
         }
     }
 
-    /// Storage entries on all cores, reserved (probe) entries included: 0 ⇔ cold start.
+    /// A slot for one index's entry counts (see [`EntryCounter`]).
+    pub fn entry_counter(&self) -> EntryCounter {
+        let i = self.entry_slots_claimed.fetch_add(1, Ordering::AcqRel);
+        if i < ENTRY_SLOTS {
+            EntryCounter(Some(i))
+        } else {
+            self.entry_slots_claimed
+                .store(ENTRY_SLOTS, Ordering::Release);
+            EntryCounter(None)
+        }
+    }
+
+    /// The claimed slots, then the shared one.
+    fn entry_slots(&self) -> impl Iterator<Item = &EntrySlot> {
+        let claimed = self
+            .entry_slots_claimed
+            .load(Ordering::Acquire)
+            .min(ENTRY_SLOTS);
+        self.entry_slots[..claimed]
+            .iter()
+            .chain(std::iter::once(&self.shared_entries))
+    }
+
+    /// Storage entries on all cores, reserved (probe) entries included (a sum over the
+    /// indexes' slots).
     pub fn total_entries(&self) -> i64 {
-        self.total_entries.load(Ordering::Acquire)
+        (self.entry_slots())
+            .map(|s| s.total.load(Ordering::Acquire))
+            .sum()
     }
 
-    /// Non-reserved storage entries on all cores: the quantity the global cap bounds.
+    /// Whether no core holds a storage entry, reserved entries included (cold start): one
+    /// load of the count of non-empty slots, and one of the shared slot.
+    pub fn holds_no_entries(&self) -> bool {
+        self.nonempty_slots.load(Ordering::Acquire) == 0
+            && self.shared_entries.total.load(Ordering::Acquire) == 0
+    }
+
+    /// Non-reserved storage entries on all cores: the quantity the global cap bounds (a sum
+    /// over the indexes' slots).
     pub fn non_reserved_entries(&self) -> i64 {
-        self.non_reserved_entries.load(Ordering::Acquire)
+        (self.entry_slots())
+            .map(|s| s.non_reserved.load(Ordering::Acquire))
+            .sum()
     }
 
-    /// Applies a core's entry-count deltas.
-    pub fn add_entries(&self, total_delta: i64, non_reserved_delta: i64) {
+    /// Applies an index's entry-count deltas to its slot.
+    pub fn add_entries(&self, counter: &EntryCounter, total_delta: i64, non_reserved_delta: i64) {
+        let Some(i) = counter.0 else {
+            self.shared_entries
+                .total
+                .fetch_add(total_delta, Ordering::AcqRel);
+            self.shared_entries
+                .non_reserved
+                .fetch_add(non_reserved_delta, Ordering::AcqRel);
+            return;
+        };
+        let slot = &self.entry_slots[i];
         if total_delta != 0 {
-            let before = self.total_entries.fetch_add(total_delta, Ordering::AcqRel);
-            debug_assert!(before + total_delta >= 0, "negative total entries");
+            // One writer per slot (the holder of `counter`): no locked read-modify-write.
+            let before = slot.total.load(Ordering::Relaxed);
+            let after = before + total_delta;
+            debug_assert!(after >= 0, "negative total entries");
+            slot.total.store(after, Ordering::Release);
+            if before == 0 {
+                self.nonempty_slots.fetch_add(1, Ordering::AcqRel);
+            } else if after == 0 {
+                self.nonempty_slots.fetch_sub(1, Ordering::AcqRel);
+            }
         }
         if non_reserved_delta != 0 {
-            let before = self
-                .non_reserved_entries
-                .fetch_add(non_reserved_delta, Ordering::AcqRel);
+            let before = slot.non_reserved.load(Ordering::Relaxed);
             debug_assert!(
                 before + non_reserved_delta >= 0,
                 "negative non-reserved entries"
             );
+            slot.non_reserved
+                .store(before + non_reserved_delta, Ordering::Release);
         }
     }
 
@@ -379,15 +465,16 @@ mod tests {
     fn concurrent_updates_are_exact() {
         let d = Arc::new(Directory::new(64));
         let threads: Vec<_> = (0..4)
-            .map(|t| {
+            .map(|_| {
                 let d = d.clone();
                 std::thread::spawn(move || {
+                    let entries = d.entry_counter();
                     for i in 0..2000 {
                         let f = Directory::fingerprint(&format!("x{}", i % 5));
                         d.add_tenant_keys(f, 1);
                         d.add_tenant_keys(f, -1);
-                        if t == 0 && i % 7 == 0 {
-                            d.add_entries(1, 1);
+                        if i % 7 == 0 {
+                            d.add_entries(&entries, 1, 1);
                         }
                     }
                 })
@@ -400,6 +487,54 @@ mod tests {
             assert_eq!(d.tenant_keys(Directory::fingerprint(&format!("x{i}"))), 0);
         }
         assert_eq!(d.live_tenants(), 0);
-        assert_eq!(d.total_entries(), 286);
+        assert_eq!(d.total_entries(), 4 * 286);
+        assert_eq!(d.non_reserved_entries(), 4 * 286);
+    }
+
+    /// Each index writes its own slot with plain stores; the sums, the cold-start test and the
+    /// shared slot of the indexes past [`ENTRY_SLOTS`] stay exact, with writers on several
+    /// threads at once.
+    #[test]
+    fn entry_counts_are_exact_across_slots() {
+        let d = Arc::new(Directory::new(8));
+        assert!(d.holds_no_entries());
+        let threads: Vec<_> = (0..4)
+            .map(|_| {
+                let d = d.clone();
+                std::thread::spawn(move || {
+                    // More counters than slots: the last ones share one.
+                    let counters: Vec<_> = (0..ENTRY_SLOTS / 2 + 8)
+                        .map(|_| d.entry_counter())
+                        .collect();
+                    for round in 0..50 {
+                        for c in &counters {
+                            d.add_entries(c, 2, 1);
+                        }
+                        for c in &counters {
+                            d.add_entries(c, if round % 2 == 0 { -2 } else { -1 }, -1);
+                        }
+                    }
+                    counters
+                })
+            })
+            .collect();
+        let counters: Vec<Vec<EntryCounter>> =
+            threads.into_iter().map(|t| t.join().unwrap()).collect();
+        let n = (4 * (ENTRY_SLOTS / 2 + 8)) as i64;
+        let shared = counters.iter().flatten().filter(|c| c.0.is_none()).count();
+        assert_eq!(shared as i64, n - ENTRY_SLOTS as i64);
+        assert_eq!(d.total_entries(), n * 25);
+        assert_eq!(d.non_reserved_entries(), 0);
+        assert!(!d.holds_no_entries());
+        // Every count back to zero: cold again.
+        for c in counters.iter().flatten() {
+            d.add_entries(c, -25, 0);
+        }
+        assert_eq!(d.total_entries(), 0);
+        assert!(d.holds_no_entries());
+        // A reserved entry alone is not cold.
+        d.add_entries(&counters[0][0], 1, 0);
+        assert!(!d.holds_no_entries());
+        assert_eq!(d.non_reserved_entries(), 0);
     }
 }

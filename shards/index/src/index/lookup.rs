@@ -1236,7 +1236,7 @@ impl Index {
 
     /// Miss classifier (§8.5).
     fn classify_miss(&self, q: &LookupQuery<'_>) -> Strategy {
-        if self.dir.total_entries() == 0 {
+        if self.dir.holds_no_entries() {
             return Strategy::None;
         }
         if !self.tenant_known(q.tenant) {

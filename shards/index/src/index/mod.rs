@@ -52,7 +52,7 @@ pub use ranking::RankerConfig;
 pub use removal::{RemovalReason, RemovalSink, Removed};
 
 use crate::PROBE_TENANT;
-use crate::directory::{Directory, TenantFp, TenantSlotHint};
+use crate::directory::{Directory, EntryCounter, TenantFp, TenantSlotHint};
 use crate::rules::{Eviction, TenantRules};
 use eviction::{CapState, QuotaState};
 use hashbrown::HashMap;
@@ -815,6 +815,8 @@ struct EntryUpsert {
 pub struct Index {
     cfg: IndexConfig,
     dir: Arc<Directory>,
+    /// This index's slot of the directory's entry counts.
+    entry_counter: EntryCounter,
     pub(crate) cat: Catalog,
     pub(crate) store: Store,
     reserved_entries: u64,
@@ -895,6 +897,7 @@ impl Index {
         };
         Index {
             cfg: config,
+            entry_counter: dir.entry_counter(),
             dir,
             cat,
             store: Store::new(),
@@ -1179,8 +1182,11 @@ impl Index {
     /// [`Index::flush`], inlined into the event memo's removal (a flush per event).
     #[inline(always)]
     fn flush_inline(&mut self) {
-        self.dir
-            .add_entries(self.pending.total, self.pending.non_reserved);
+        self.dir.add_entries(
+            &self.entry_counter,
+            self.pending.total,
+            self.pending.non_reserved,
+        );
         self.pending.total = 0;
         self.pending.non_reserved = 0;
         let first = &mut self.pending.tenant;
