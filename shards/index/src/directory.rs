@@ -51,7 +51,7 @@ pub const DEFAULT_TENANT_CAPACITY: usize = 1 << 16;
 
 /// Indexes (cores) of one directory that get an entry-count slot of their own (fixed memory:
 /// 64 bytes each); more share one slot (see [`EntryCounter`]).
-pub const ENTRY_SLOTS: usize = 256;
+pub const ENTRY_SLOTS: usize = 64;
 
 fn state(w: u64) -> u64 {
     w >> STATE_SHIFT
