@@ -2117,11 +2117,6 @@ mod tests {
         assert!(s.free.count > 0, "no freed slot was left to reuse");
     }
 
-    /// Keys with little entropy, or all of it in a few bits (a producer's sequential ids, hashes
-    /// truncated and shifted), still spread evenly over the segments and over each table's
-    /// buckets: the keyed hash mixes every key bit into every bit the tables use. An identity
-    /// hash fails each pattern: sequential words and words whose middle bits vary share one
-    /// segment, words shifted left share one bucket, and one hash word in many keyspaces both.
     /// Removed keys' table entries wait for their batch (`table_removals`): meanwhile no probe
     /// finds them, and a table that must grow first takes them out. Here one segment's table
     /// grows while two of its keys are removed: growing reads every entry's key from the slab,
@@ -2175,6 +2170,11 @@ mod tests {
         assert_eq!((s.table[target].len(), s.key_count(), s.slots()), (0, 0, 0));
     }
 
+    /// Keys with little entropy, or all of it in a few bits (a producer's sequential ids, hashes
+    /// truncated and shifted), still spread evenly over the segments and over each table's
+    /// buckets: the keyed hash mixes every key bit into every bit the tables use. An identity
+    /// hash fails each pattern: sequential words and words whose middle bits vary share one
+    /// segment, words shifted left share one bucket, and one hash word in many keyspaces both.
     #[test]
     fn low_entropy_keys_spread_over_segments_and_buckets() {
         let n = 50_000u64;
