@@ -96,7 +96,8 @@ struct EntrySlot {
 }
 
 /// The right to write an entry-count slot of a [`Directory`], held by one index: not `Clone`,
-/// so each claimed slot has one writer, which may then update it with a plain load and store.
+/// and [`Directory::add_entries`] takes it by `&mut`, so each claimed slot has one writer at a
+/// time, which may then update it with a plain load and store.
 /// `None`: the directory's slots were all claimed, and this holder adds to the shared slot.
 #[derive(Debug)]
 pub struct EntryCounter(Option<usize>);
@@ -214,7 +215,12 @@ impl Directory {
     }
 
     /// Applies an index's entry-count deltas to its slot.
-    pub fn add_entries(&self, counter: &EntryCounter, total_delta: i64, non_reserved_delta: i64) {
+    pub fn add_entries(
+        &self,
+        counter: &mut EntryCounter,
+        total_delta: i64,
+        non_reserved_delta: i64,
+    ) {
         let Some(i) = counter.0 else {
             self.shared_entries
                 .total
@@ -468,13 +474,13 @@ mod tests {
             .map(|_| {
                 let d = d.clone();
                 std::thread::spawn(move || {
-                    let entries = d.entry_counter();
+                    let mut entries = d.entry_counter();
                     for i in 0..2000 {
                         let f = Directory::fingerprint(&format!("x{}", i % 5));
                         d.add_tenant_keys(f, 1);
                         d.add_tenant_keys(f, -1);
                         if i % 7 == 0 {
-                            d.add_entries(&entries, 1, 1);
+                            d.add_entries(&mut entries, 1, 1);
                         }
                     }
                 })
@@ -503,14 +509,14 @@ mod tests {
                 let d = d.clone();
                 std::thread::spawn(move || {
                     // More counters than slots: the last ones share one.
-                    let counters: Vec<_> = (0..ENTRY_SLOTS / 2 + 8)
+                    let mut counters: Vec<_> = (0..ENTRY_SLOTS / 2 + 8)
                         .map(|_| d.entry_counter())
                         .collect();
                     for round in 0..50 {
-                        for c in &counters {
+                        for c in &mut counters {
                             d.add_entries(c, 2, 1);
                         }
-                        for c in &counters {
+                        for c in &mut counters {
                             d.add_entries(c, if round % 2 == 0 { -2 } else { -1 }, -1);
                         }
                     }
@@ -518,7 +524,7 @@ mod tests {
                 })
             })
             .collect();
-        let counters: Vec<Vec<EntryCounter>> =
+        let mut counters: Vec<Vec<EntryCounter>> =
             threads.into_iter().map(|t| t.join().unwrap()).collect();
         let n = (4 * (ENTRY_SLOTS / 2 + 8)) as i64;
         let shared = counters.iter().flatten().filter(|c| c.0.is_none()).count();
@@ -527,13 +533,13 @@ mod tests {
         assert_eq!(d.non_reserved_entries(), 0);
         assert!(!d.holds_no_entries());
         // Every count back to zero: cold again.
-        for c in counters.iter().flatten() {
+        for c in counters.iter_mut().flatten() {
             d.add_entries(c, -25, 0);
         }
         assert_eq!(d.total_entries(), 0);
         assert!(d.holds_no_entries());
         // A reserved entry alone is not cold.
-        d.add_entries(&counters[0][0], 1, 0);
+        d.add_entries(&mut counters[0][0], 1, 0);
         assert!(!d.holds_no_entries());
         assert_eq!(d.non_reserved_entries(), 0);
     }

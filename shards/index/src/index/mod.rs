@@ -1183,7 +1183,7 @@ impl Index {
     #[inline(always)]
     fn flush_inline(&mut self) {
         self.dir.add_entries(
-            &self.entry_counter,
+            &mut self.entry_counter,
             self.pending.total,
             self.pending.non_reserved,
         );
