@@ -172,6 +172,18 @@ impl Adapter for Ours {
             ttft_ms: 0,
             tbt_ms: 0,
         };
+        // An answer's matched tokens in whole blocks, as the ground truth counts them: a shift
+        // when the block size is a power of two (every `--expand` that divides 512). This is
+        // the harness's conversion, not the index's work; a division per answered replica was
+        // 2-3% of the measured lookup at 1,024 workers (perf/runs/2026-12-07-table-removals.md).
+        let per_block = self.tokens_per_block;
+        let blocks_of = move |tokens: i32| {
+            if per_block.count_ones() == 1 {
+                (tokens >> per_block.trailing_zeros()) as u32
+            } else {
+                (tokens / per_block) as u32
+            }
+        };
         let view = self.index.lookup_route(&query, NOW_NS, &NoRules);
         let worker_of = &mut self.worker_of_replica;
         for s in view.scores {
@@ -186,7 +198,7 @@ impl Adapter for Ours {
             }
             let worker = worker_of[id];
             debug_assert_eq!(view.replica_id(s), format!("w{worker}"));
-            out.push((worker, (s.matched_tokens / self.tokens_per_block) as u32));
+            out.push((worker, blocks_of(s.matched_tokens)));
         }
     }
 }
