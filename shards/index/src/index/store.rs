@@ -607,16 +607,16 @@ pub(crate) struct Store {
     /// Key records removed so far (wrapping; debug builds check that none is removed while a
     /// [`RunCursor`] is in use).
     moves: u32,
-    /// Removed key records whose table entries are still in the table, as `(key, slot)`: at
-    /// most [`TABLE_REMOVAL_BATCH`]. A removal frees its slot at once but leaves its table
-    /// entry for [`Store::finish_table_removals`], which loads the batch's buckets together
-    /// (the misses overlap) and then takes the entries out: one random bucket per removed key
-    /// was a third of a removal's time. Exact meanwhile: a probe that reaches such an entry
-    /// compares its key against a free record, which matches no key; no slot of the batch is
-    /// reused, no table is resized and the slab keeps its length (its trailing free slots are
-    /// given back by the batch) until the batch is done, as [`Store::find_or_insert`], the one
-    /// insertion, finishes it first.
-    table_removals: Vec<(KeyId, u32)>,
+    /// Removed key records whose table entries are still in the table, as (the key's table
+    /// hash, slot): at most [`TABLE_REMOVAL_BATCH`]. A removal frees its slot at once but
+    /// leaves its table entry for [`Store::finish_table_removals`], which loads the batch's
+    /// buckets together (the misses overlap) and then takes the entries out: one random bucket
+    /// per removed key was a third of a removal's time. Exact meanwhile: a probe that reaches
+    /// such an entry compares its key against a free record, which matches no key; no slot of
+    /// the batch is reused, no table is resized and the slab keeps its length (its trailing
+    /// free slots are given back by the batch) until the batch is done, as
+    /// [`Store::find_or_insert`], the one insertion, finishes it first.
+    table_removals: Vec<(u64, u32)>,
 }
 
 /// The last upsert of a chain being ingested, for the run bits ([`RUN_FLAG`]): the record it
@@ -687,11 +687,10 @@ impl Store {
 
     #[inline(never)]
     fn finish_table_removals_now(&mut self) {
-        for &(k, _) in &self.table_removals {
-            self.prefetch_probe(k);
+        for &(h, _) in &self.table_removals {
+            self.table[Self::segment(h)].prefetch(h);
         }
-        for &(k, pos) in &self.table_removals {
-            let h = self.hasher.hash(k);
+        for &(h, pos) in &self.table_removals {
             let found = self.table[Self::segment(h)].remove(h, pos);
             assert!(found, "key record missing from the table");
         }
@@ -1622,7 +1621,7 @@ impl Store {
         // The removed record's successor lost its predecessor (remove_holder detached it).
         // Its table entry goes with the batch (see `table_removals`).
         self.free.push(&mut self.keys, pos);
-        self.table_removals.push((k, pos));
+        self.table_removals.push((self.hasher.hash(k), pos));
         if self.table_removals.len() == TABLE_REMOVAL_BATCH {
             self.finish_table_removals_now();
         }
