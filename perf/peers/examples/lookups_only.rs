@@ -11,7 +11,12 @@
 //! skips the lookups of fewer than n blocks (to profile the long chains alone). `WORKERS=n`
 //! and `EXPAND=e` change the fleet (speed: workers / 64, as run.sh's default). `PEER=kv-index`
 //! times kv-index's index on the same lookups (to compare per-block costs); `FLUSH=1` evicts
-//! the caches before every lookup (perf/runs/2026-12-06-lookup-memory.md).
+//! the caches before every lookup (perf/runs/2026-12-06-lookup-memory.md). `WARM=` runs one
+//! untimed lookup before each timed one, to tell what a cold lookup waits for
+//! (perf/runs/2026-12-07-cold-lookups.md): `miss` (a one-block chain no index holds: the probe
+//! path's code), `other` (the previous lookup of the stream: the hit path's code, the scratch
+//! buffers and whatever records the two share) or `prefix` (this lookup's own first 32 blocks:
+//! all of that and the records and holders of its shared prefix).
 #[allow(dead_code)]
 #[path = "../src/adapters.rs"]
 mod adapters;
@@ -46,13 +51,33 @@ fn main() {
     let mut out = Vec::new();
     let mut times = Vec::new();
     let mut mismatches = 0;
+    let warm = std::env::var("WARM").ok();
+    let mut previous: Option<usize> = None;
     for op in &sim.ops {
         match *op {
             Op::Event(i) => index.apply(&sim.events[i as usize]),
             Op::Lookup(i) => {
                 let l = &sim.lookups[i as usize];
+                let before = previous.replace(i as usize);
                 if l.blocks.len() > max_blocks || l.blocks.len() < min_blocks {
                     continue;
+                }
+                match warm.as_deref() {
+                    None => {}
+                    Some("miss") => {
+                        let nowhere = fleetsim::Block {
+                            content: u64::from(i),
+                            chain: u64::from(i).wrapping_mul(0x9e37_79b9_7f4a_7c15),
+                        };
+                        index.lookup(&[nowhere], &mut out);
+                    }
+                    Some("other") => {
+                        if let Some(b) = before {
+                            index.lookup(&sim.lookups[b].blocks, &mut out);
+                        }
+                    }
+                    Some("prefix") => index.lookup(&l.blocks[..l.blocks.len().min(32)], &mut out),
+                    Some(other) => panic!("WARM={other}: miss, other or prefix"),
                 }
                 if let Some(buffer) = flush.as_mut() {
                     evict_caches(buffer);
