@@ -12,9 +12,16 @@
 #[allow(dead_code)]
 #[path = "../src/adapters.rs"]
 mod adapters;
+#[path = "../src/server_alloc.rs"]
+mod server_alloc;
+
+/// The server's allocator (see `server_alloc`).
+#[global_allocator]
+static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
 use fleetsim::{Adapter, Event, SimConfig, parse_trace, simulate};
 use std::time::Instant;
 fn main() {
+    server_alloc::configure();
     let a: Vec<String> = std::env::args().collect();
     let text = std::fs::read_to_string(&a[1]).unwrap();
     let reps: usize = a.get(2).map_or(5, |s| s.parse().unwrap());

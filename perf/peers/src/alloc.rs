@@ -1,7 +1,10 @@
 //! A counting global allocator: live heap bytes and their high-water mark, for the bytes each
-//! index keeps per held block.
+//! index keeps per held block. It counts what is asked for and hands the work to the server's
+//! allocator (mimalloc, set up as the server sets it: [`crate::server_alloc`]), so each index's
+//! time is measured under the allocator ours runs with in production.
 
-use std::alloc::{GlobalAlloc, Layout, System};
+use mimalloc::MiMalloc as System;
+use std::alloc::{GlobalAlloc, Layout};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 static CURRENT: AtomicUsize = AtomicUsize::new(0);

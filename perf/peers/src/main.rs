@@ -7,6 +7,7 @@ mod adapters;
 mod alloc;
 mod measure;
 mod report;
+mod server_alloc;
 
 use fleetsim::{Adapter, SimConfig, check_stream, parse_trace, simulate};
 
@@ -74,6 +75,7 @@ fn parse_args() -> Result<Args, String> {
 }
 
 fn main() {
+    server_alloc::configure();
     let args = match parse_args() {
         Ok(a) => a,
         Err(e) => {
