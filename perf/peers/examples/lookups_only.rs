@@ -15,8 +15,9 @@
 //! untimed lookup before each timed one, to tell what a cold lookup waits for
 //! (perf/runs/2026-12-07-cold-lookups.md): `miss` (a one-block chain no index holds: the probe
 //! path's code), `other` (the previous lookup of the stream: the hit path's code, the scratch
-//! buffers and whatever records the two share) or `prefix` (this lookup's own first 32 blocks:
-//! all of that and the records and holders of its shared prefix).
+//! buffers and whatever records the two share), `prefix` (this lookup's own first 32 blocks:
+//! all of that and the records and holders of its shared prefix) or `code` (the previous lookup
+//! on a second, small index of ours: the hit path's code alone).
 #[allow(dead_code)]
 #[path = "../src/adapters.rs"]
 mod adapters;
@@ -59,6 +60,18 @@ fn main() {
     let mut times = Vec::new();
     let mut mismatches = 0;
     let warm = std::env::var("WARM").ok();
+    // `WARM=code`: a second index of ours, fed the stream's first 2,000 operations' events,
+    // runs the previous lookup: the hit path's code and branch history warm, while this
+    // index's data and scratch buffers stay as the stream left them.
+    let mut side = (warm.as_deref() == Some("code")).then(|| {
+        let mut side: Box<dyn Adapter> = Box::new(adapters::Ours::new(workers, 512 / expand));
+        for op in sim.ops.iter().take(2_000) {
+            if let Op::Event(i) = *op {
+                side.apply(&sim.events[i as usize]);
+            }
+        }
+        side
+    });
     let mut previous: Option<usize> = None;
     for op in &sim.ops {
         match *op {
@@ -84,7 +97,12 @@ fn main() {
                         }
                     }
                     Some("prefix") => index.lookup(&l.blocks[..l.blocks.len().min(32)], &mut out),
-                    Some(other) => panic!("WARM={other}: miss, other or prefix"),
+                    Some("code") => {
+                        if let (Some(side), Some(b)) = (side.as_mut(), before) {
+                            side.lookup(&sim.lookups[b].blocks, &mut out);
+                        }
+                    }
+                    Some(other) => panic!("WARM={other}: miss, other, prefix or code"),
                 }
                 if let Some(buffer) = flush.as_mut() {
                     evict_caches(buffer);
