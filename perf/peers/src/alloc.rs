@@ -3,7 +3,7 @@
 //! allocator (mimalloc, set up as the server sets it: [`crate::server_alloc`]), so each index's
 //! time is measured under the allocator ours runs with in production.
 
-use mimalloc::MiMalloc as System;
+use mimalloc::MiMalloc;
 use std::alloc::{GlobalAlloc, Layout};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -22,7 +22,7 @@ fn grew(n: usize) {
 unsafe impl GlobalAlloc for Counting {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
         // SAFETY: forwarded as is (see the impl).
-        let p = unsafe { System.alloc(layout) };
+        let p = unsafe { MiMalloc.alloc(layout) };
         if !p.is_null() {
             grew(layout.size());
         }
@@ -30,7 +30,7 @@ unsafe impl GlobalAlloc for Counting {
     }
     unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
         // SAFETY: forwarded as is (see the impl).
-        let p = unsafe { System.alloc_zeroed(layout) };
+        let p = unsafe { MiMalloc.alloc_zeroed(layout) };
         if !p.is_null() {
             grew(layout.size());
         }
@@ -38,12 +38,12 @@ unsafe impl GlobalAlloc for Counting {
     }
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
         // SAFETY: forwarded as is (see the impl).
-        unsafe { System.dealloc(ptr, layout) };
+        unsafe { MiMalloc.dealloc(ptr, layout) };
         CURRENT.fetch_sub(layout.size(), Ordering::Relaxed);
     }
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
         // SAFETY: forwarded as is (see the impl).
-        let p = unsafe { System.realloc(ptr, layout, new_size) };
+        let p = unsafe { MiMalloc.realloc(ptr, layout, new_size) };
         if !p.is_null() {
             CURRENT.fetch_sub(layout.size(), Ordering::Relaxed);
             grew(new_size);
