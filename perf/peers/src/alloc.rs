@@ -17,7 +17,7 @@ fn grew(n: usize) {
     PEAK.fetch_max(now, Ordering::Relaxed);
 }
 
-// SAFETY: every call forwards to `System` with the caller's layout and pointer unchanged; the
+// SAFETY: every call forwards to `MiMalloc` with the caller's layout and pointer unchanged; the
 // counters are only statistics.
 unsafe impl GlobalAlloc for Counting {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
