@@ -16,5 +16,5 @@ shift
 [[ -r "$trace" ]] || { echo "$0: cannot read $trace" >&2; exit 2; }
 export CARGO_TARGET_DIR="$here/target"
 cargo build --release --quiet --manifest-path "$here/Cargo.toml"
-echo "# peers-bench $(git -C "$here" rev-parse --short HEAD 2>/dev/null || echo '?') $(date -u +%Y-%m-%dT%H:%MZ), $(nproc) cores"
+echo "# peers-bench $(git -C "$here" rev-parse --short HEAD 2>/dev/null || echo '?') $(date -u +%Y-%m-%dT%H:%MZ), $(nproc) cores, the server's allocator (mimalloc, no purge, no THP)"
 exec "$CARGO_TARGET_DIR/release/peers-bench" "$trace" "$@"
