@@ -16,8 +16,10 @@
 //! (perf/runs/2026-12-07-cold-lookups.md): `miss` (a one-block chain no index holds: the probe
 //! path's code), `other` (the previous lookup of the stream: the hit path's code, the scratch
 //! buffers and whatever records the two share), `prefix` (this lookup's own first 32 blocks:
-//! all of that and the records and holders of its shared prefix) or `code` (the previous lookup
-//! on a second, small index of ours: the hit path's code alone).
+//! all of that and the records and holders of its shared prefix), `code` (the previous lookup
+//! on a second, small index of ours: the hit path's code alone) or `request` (the request's
+//! blocks read: what a cold request costs, perf/runs/2026-12-07-layout-bound.md; works with
+//! `PEER=kv-index` too).
 #[allow(dead_code)]
 #[path = "../src/adapters.rs"]
 mod adapters;
@@ -102,7 +104,11 @@ fn main() {
                             side.lookup(&sim.lookups[b].blocks, &mut out);
                         }
                     }
-                    Some(other) => panic!("WARM={other}: miss, other, prefix or code"),
+                    Some("request") => {
+                        let sum = l.blocks.iter().fold(0u64, |a, b| a ^ b.content ^ b.chain);
+                        std::hint::black_box(sum);
+                    }
+                    Some(other) => panic!("WARM={other}: miss, other, prefix, code or request"),
                 }
                 if let Some(buffer) = flush.as_mut() {
                     evict_caches(buffer);
