@@ -19,6 +19,9 @@ pub trait Adapter {
     /// Makes every event applied so far visible to lookups (a threaded indexer's flush); a no-op
     /// for synchronous indexes.
     fn settle(&mut self) {}
+    /// The simulation's clock (µs) for the calls that follow: the arrival of the request whose
+    /// lookup or events come next. A no-op for indexes that keep no time.
+    fn clock(&mut self, _at_us: u64) {}
     /// Leading blocks of `blocks` each worker holds, into `out` (cleared first); any order, zero
     /// counts allowed (the check normalises).
     fn lookup(&mut self, blocks: &[Block], out: &mut Vec<(u32, u32)>);
@@ -117,8 +120,10 @@ pub fn check_stream(sim: &Simulation, index: &mut dyn Adapter, keep: usize) -> C
         match *op {
             Op::Event(e) => index.apply(&sim.events[e as usize]),
             Op::Lookup(l) => {
-                index.settle();
                 let lookup = &sim.lookups[l as usize];
+                // The request's clock, for its lookup and the events that follow it.
+                index.clock(lookup.at_us);
+                index.settle();
                 index.lookup(&lookup.blocks, &mut got);
                 normalise(&mut got);
                 record(&mut report, l, &lookup.truth, &got);

@@ -105,6 +105,9 @@ pub enum Event {
 pub struct Lookup {
     pub blocks: Vec<Block>,
     pub truth: Vec<(u32, u32)>,
+    /// When the request arrived, in µs of the simulation's clock (the trace's timestamps
+    /// compressed by the speed factor); its store and removals happen at the same time.
+    pub at_us: u64,
 }
 
 /// One step of the mixed stream, in trace order: an index into `events` or `lookups`.
@@ -119,6 +122,8 @@ pub enum Op {
 pub struct Simulation {
     pub config: SimConfig,
     pub events: Vec<Event>,
+    /// When each event happened (µs, as [`Lookup::at_us`]): at its request's arrival.
+    pub event_at_us: Vec<u64>,
     pub lookups: Vec<Lookup>,
     pub ops: Vec<Op>,
     /// Most (worker, block) pairs held at once over the run.
@@ -365,9 +370,14 @@ pub fn simulate(trace: &[TraceRequest], config: SimConfig) -> Result<Simulation,
             }
             sim.ops.push(Op::Event(sim.events.len() as u32));
             sim.events.push(event);
+            sim.event_at_us.push(now_us);
         }
         sim.peak_holds = sim.peak_holds.max(fleet.holds);
-        sim.lookups.push(Lookup { blocks, truth });
+        sim.lookups.push(Lookup {
+            blocks,
+            truth,
+            at_us: now_us,
+        });
     }
     sim.final_holds = fleet.holds;
     Ok(sim)
@@ -484,6 +494,25 @@ mod tests {
             .collect();
         assert_eq!(workers, vec![0, 1, 2, 1, 0]);
         assert_eq!(sim.lookups[3].truth, vec![(0, 1), (1, 2)]);
+    }
+
+    #[test]
+    fn lookups_and_their_events_carry_the_request_s_arrival() {
+        // Two requests 4 s apart at speed 2: their lookups at 0 and 2 s of the simulation's
+        // clock; the second stores a block and evicts one (one block per worker), both then.
+        let trace = vec![timed(&[0], 0.0, 1), timed(&[1], 4_000.0, 1)];
+        let sim = simulate(
+            &trace,
+            SimConfig {
+                speed: 2,
+                ..config(1, 1)
+            },
+        )
+        .unwrap();
+        let at: Vec<u64> = sim.lookups.iter().map(|l| l.at_us).collect();
+        assert_eq!(at, [0, 2_000_000]);
+        assert_eq!(sim.event_at_us.len(), sim.events.len());
+        assert_eq!(sim.event_at_us, [0, 2_000_000, 2_000_000]);
     }
 
     #[test]

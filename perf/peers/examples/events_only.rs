@@ -54,7 +54,8 @@ fn main() {
             Err(_) => Box::new(adapters::Ours::new(workers, 512 / expand)),
         };
         let (mut ts, mut tr) = (0f64, 0f64);
-        for e in &sim.events {
+        for (e, &at_us) in sim.events.iter().zip(&sim.event_at_us) {
+            index.clock(at_us);
             let t = Instant::now();
             index.apply(e);
             let d = t.elapsed().as_secs_f64();

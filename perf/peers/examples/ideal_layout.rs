@@ -8,7 +8,9 @@
 //! process: a lookup never runs after another index's lookup of the same request, whose code and
 //! request it would find warm. `REBUILD_EVERY=k` builds `ideal` again from the fleet's state
 //! every k lookups and reports the time it took per event applied: what keeping the layout
-//! would cost if every held block were moved once per k lookups.
+//! would cost if every held block were moved once per k lookups. Every call here runs at one
+//! instant (no [`Adapter::clock`]), as the benchmark did until 2026-12-07: the built index's
+//! chains are stored at once, and a clock would make them fresher than the replayed index's.
 //!
 //!     cargo run --release --example ideal_layout -- TRACE [replayed|ideal|kv-index] [AT_PERCENT=50] [LOOKUPS]
 #[allow(dead_code)]

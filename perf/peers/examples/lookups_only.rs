@@ -80,6 +80,11 @@ fn main() {
             Op::Event(i) => index.apply(&sim.events[i as usize]),
             Op::Lookup(i) => {
                 let l = &sim.lookups[i as usize];
+                // The request's clock, for its lookup and the events that follow it.
+                index.clock(l.at_us);
+                if let Some(side) = side.as_mut() {
+                    side.clock(l.at_us);
+                }
                 let before = previous.replace(i as usize);
                 if l.blocks.len() > max_blocks || l.blocks.len() < min_blocks {
                     continue;

@@ -26,9 +26,16 @@ use kv_index::{ChainBlockMap, ChainIndex, ContentHash, SequenceHash, StoredBlock
 const TENANT: &str = "bench";
 const MODEL: &str = "model";
 const SCHEME: &str = "xxh3-chain";
-/// One clock for every call: producer timestamps of 0 mean "now" (§4.1), so every entry is
-/// fresh (freshness 1) and the TTL never decides an answer.
-const NOW_NS: i64 = 1_800_000_000_000_000_000;
+/// The simulation's time 0 in unix ns. Each call happens at its request's arrival
+/// ([`Adapter::clock`]): producer timestamps of 0 mean "now" (§4.1), so an entry's `last_seen`
+/// is when it was stored, and holders stored at different times score with different
+/// freshness, as in a fleet (until 2026-12-07 every call used this one instant, every entry
+/// had freshness 1, and an answer's replicas all scored alike: perf/runs/2026-12-07-layout-bound.md).
+const EPOCH_NS: i64 = 1_800_000_000_000_000_000;
+/// The tenants' TTL: longer than the trace (the Mooncake conversation trace spans 59 minutes),
+/// so that the TTL never decides an answer (the ground truth knows no TTL) while an entry's
+/// freshness still falls with its age (1 − age / TTL).
+const TTL_NS: i64 = 24 * 3600 * 1_000_000_000;
 
 /// Ours: `inferencecache_index::Index` through the calls a core makes
 /// (`CoreState::ingest` → `Index::ingest` of a CacheStateUpdate whose one PrefixEntry is the
@@ -55,6 +62,8 @@ pub struct Ours {
     /// from the table's limit), so an id keeps its name for the whole run (checked in debug
     /// builds, and the ground-truth pass would see a wrong worker).
     worker_of_replica: Vec<u32>,
+    /// The current call's time (unix ns; see [`EPOCH_NS`]).
+    now: i64,
 }
 
 impl Ours {
@@ -62,6 +71,7 @@ impl Ours {
         let config = IndexConfig {
             max_entries: 0,
             max_holders_per_key: (workers as usize).max(1024),
+            default_ttl_ns: TTL_NS,
             ..IndexConfig::default()
         };
         Ours {
@@ -84,6 +94,7 @@ impl Ours {
             },
             spare_hashes: Vec::new(),
             worker_of_replica: Vec::new(),
+            now: EPOCH_NS,
         }
     }
 
@@ -96,7 +107,7 @@ impl Ours {
         if let Some(h) = hash {
             e.prefix_hash.extend_from_slice(&h.to_le_bytes());
         }
-        self.index.apply_event(e, NOW_NS, &NoRules);
+        self.index.apply_event(e, self.now, &NoRules);
     }
 }
 
@@ -125,6 +136,10 @@ impl Adapter for Ours {
         "ours (inferencecache-index Index)".into()
     }
 
+    fn clock(&mut self, at_us: u64) {
+        self.now = EPOCH_NS + at_us as i64 * 1000;
+    }
+
     fn store(&mut self, worker: u32, _parent: Option<u64>, blocks: &[Block]) {
         let u = &mut self.update;
         u.replica_id.clear();
@@ -144,7 +159,7 @@ impl Adapter for Ours {
         p.block_token_counts.clear();
         p.block_token_counts
             .resize(blocks.len(), self.tokens_per_block);
-        self.index.ingest(u, NOW_NS, &NoRules);
+        self.index.ingest(u, self.now, &NoRules);
     }
 
     fn remove(&mut self, worker: u32, chain_hashes: &[u64]) {
@@ -184,7 +199,7 @@ impl Adapter for Ours {
                 (tokens / per_block) as u32
             }
         };
-        let view = self.index.lookup_route(&query, NOW_NS, &NoRules);
+        let view = self.index.lookup_route(&query, self.now, &NoRules);
         let worker_of = &mut self.worker_of_replica;
         for s in view.scores {
             let id = s.replica as usize;

@@ -179,7 +179,12 @@ fn events_only(kind: Kind, sim: &Simulation, r: &mut RoundResult) {
     alloc::reset_peak();
     let mut index = make(kind, &sim.config).expect("checked by the caller");
     let t = PhaseClock::start();
-    for e in &sim.events {
+    let mut at = None;
+    for (e, &at_us) in sim.events.iter().zip(&sim.event_at_us) {
+        if at != Some(at_us) {
+            index.clock(at_us);
+            at = Some(at_us);
+        }
         index.apply(e);
     }
     index.settle();
@@ -213,6 +218,8 @@ fn mixed(kind: Kind, sim: &Simulation, r: &mut RoundResult) {
         match *op {
             Op::Event(e) => index.apply(&sim.events[e as usize]),
             Op::Lookup(l) => {
+                // The request's clock, for its lookup and the events that follow it.
+                index.clock(sim.lookups[l as usize].at_us);
                 // A threaded indexer's flush counts in the stream's time, not the lookup's.
                 index.settle();
                 let blocks = &sim.lookups[l as usize].blocks;
