@@ -277,6 +277,21 @@ fn equal_runs_stored_at_different_times_score_by_their_own_freshness() {
     }
 }
 
+#[test]
+fn holders_stored_at_many_different_times_are_ordered_and_scaled_exactly() {
+    // Up to 29 ages (all within the 30-minute TTL) × 8 depths × 2 pressures: far more
+    // distinct scores than the few a fleet's shared prefix gets when its holders stored it at
+    // one moment, as when each replica stored it at its own; equal ones among them (ties by
+    // name).
+    for (n, groups, ages) in [(200, 1, 29), (200, 3, 29), (300, 8, 29), (64, 2, 13)] {
+        for pressured in [false, true] {
+            let (got, reference) = grouped_answer(n, groups, ages, pressured);
+            assert_eq!(got, reference, "{n} holders, {groups} groups, {ages} ages");
+            assert_answer_order(&got);
+        }
+    }
+}
+
 /// [`depth_case`] with enough holders for the answer to be built straight from the runs (16 or
 /// more): `per` replicas at each of the three depths, looked up with per-block counts `counts`.
 /// Returns the answer and the rows computed from §8.3/§9.5/§9.6 directly (fresh entries).

@@ -376,7 +376,7 @@ struct Run {
     /// [`Index::answer_from_runs`]: the entry's freshness and the run's class (its score
     /// before distinguishing power and its group, `answer::Classes`).
     fresh: f32,
-    value: u8,
+    value: u32,
 }
 
 /// A replica's run in the current lookup: `runs[run]`, valid when `epoch` is the lookup's.
@@ -404,6 +404,8 @@ pub(crate) struct Scratch {
     /// there, then the factor of their group (at most one per request block).
     per_block: Vec<u32>,
     factors: Vec<f32>,
+    /// [`Index::answer_from_runs`]: the answer's classes of scored runs.
+    classes: answer::Classes,
 }
 
 impl Scratch {

@@ -7,20 +7,19 @@
 //! ([`Index::score_runs`], then `depth_power_by_block`, then `order_by_walk`) writes every score
 //! three times and walks its arrays four times. This path takes the usual shape only: the
 //! scored runs end at no more than [`FEW_GROUPS`] blocks, the request's counts make matched tokens
-//! grow with the block (so a group is a block), the final scores take at most [`FEW_SCORES`]
-//! values and the scope is small enough for the name walk. Anything else returns `false` with
-//! nothing written, and the general path answers; both give the same answer, which the index
-//! tests check against the reference model.
+//! grow with the block (so a group is a block) and the scope is small enough for the name walk.
+//! The runs may take any number of distinct scores (holders stored at different times have
+//! different freshness): the distinct values are sorted, not the runs (at 1,024 workers on the
+//! Mooncake trace's clock, −36% of a lookup's instructions against sorting every score:
+//! perf/runs/2026-12-07-layout-bound.md). Anything else returns `false` with nothing written,
+//! and the general path answers; both give the same answer, which the index tests check against
+//! the reference model.
 
 use super::{
     FEW_GROUPS, MIN_WALK_SCORES, Score, WALK_STEPS_PER_COMPARE, descending, distinguishing_power,
     freshness, ranking,
 };
 use crate::index::Index;
-
-/// Most distinct final scores this path places without sorting: each distinct value gets its
-/// stretch of the answer and the name walk fills the stretches, so ties come out by name.
-const FEW_SCORES: usize = 8;
 
 /// What a chain answer needs besides the runs.
 pub(super) struct AnswerInputs {
@@ -108,86 +107,123 @@ impl Groups {
     }
 }
 
-/// Most classes of scored runs (distinct pairs of a score before distinguishing power and a
-/// group) this path takes; more go the general way.
-const FEW_CLASSES: usize = 16;
-
 /// The classes of scored runs: runs with the same score before distinguishing power and the
-/// same group get the same final score, so pass 2 works per class, not per run.
+/// same group get the same final score, so pass 2 works per class, not per run. Kept in the
+/// lookup's scratch and reused: no allocation once it has grown to the largest answer.
 #[derive(Default)]
 pub(super) struct Classes {
-    /// The class's score before its group's factor, then (after pass 2) its final score.
-    score: [f32; FEW_CLASSES],
-    group: [u8; FEW_CLASSES],
-    count: [u32; FEW_CLASSES],
-    /// The class's rank among the answer's distinct final scores (pass 2).
-    value: [u8; FEW_CLASSES],
+    /// Classes in this lookup: the first `len` entries of the columns below, which only grow
+    /// (to the most runs a lookup had), so adding a class is a write, not a push.
     len: usize,
+    /// The class's score before its group's factor.
+    score: Vec<f32>,
+    group: Vec<u8>,
+    count: Vec<u32>,
+    /// Pass 2: the class's final score and its rank among the answer's distinct final scores
+    /// (read together for each run placed).
+    placed: Vec<(f32, u32)>,
+    /// Classes by (score bits, group), open addressing: `(epoch, class, key)`; an entry of
+    /// another epoch is empty, so the table is never cleared.
+    table: Vec<(u32, u32, u64)>,
+    epoch: u32,
+    /// Pass 2: `(descending final score, class)` for the first `len` classes, sorted.
+    order: Vec<(u32, u32)>,
+    /// Pass 2 and 3: where each distinct value's stretch of the answer starts, then the next
+    /// free place in it (one per distinct value, at most `len`).
+    next: Vec<u32>,
 }
 
 impl Classes {
-    /// The class of a run scoring `score` in `group` (counted), added if new; `None` when there
-    /// would be too many. Scores are compared by their bits, as equal runs compute them.
-    fn of(&mut self, score: f32, group: u8) -> Option<u8> {
-        let bits = score.to_bits();
-        let found =
-            (0..self.len).find(|&c| self.score[c].to_bits() == bits && self.group[c] == group);
-        let c = match found {
-            Some(c) => c,
-            None if self.len == FEW_CLASSES => return None,
-            None => {
-                self.score[self.len] = score;
-                self.group[self.len] = group;
-                self.count[self.len] = 0;
+    /// Empties the classes for a lookup of at most `runs` scored runs.
+    fn reset(&mut self, runs: usize) {
+        self.len = 0;
+        if self.score.len() < runs {
+            self.score.resize(runs, 0.0);
+            self.group.resize(runs, 0);
+            self.count.resize(runs, 0);
+            self.placed.resize(runs, (0.0, 0));
+            self.order.resize(runs, (0, 0));
+            self.next.resize(runs, 0);
+        }
+        // At most half full: a probe ends within a few entries.
+        let size = (2 * runs).next_power_of_two().max(16);
+        if self.table.len() < size {
+            self.table.resize(size, (0, 0, 0));
+        }
+        self.epoch = self.epoch.wrapping_add(1);
+        if self.epoch == 0 {
+            self.table.iter_mut().for_each(|e| e.0 = 0);
+            self.epoch = 1;
+        }
+    }
+
+    /// The class of a run scoring `score` in `group` (counted), added if new. Scores are
+    /// compared by their bits, as equal runs compute them.
+    fn of(&mut self, score: f32, group: u8) -> u32 {
+        let key = u64::from(score.to_bits()) | u64::from(group) << 32;
+        let mask = self.table.len() - 1;
+        let mut i = (key.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 40) as usize & mask;
+        loop {
+            let (epoch, class, k) = self.table[i];
+            if epoch != self.epoch {
+                // A new class: at most one per scored run, and `reset` made room for them all.
+                let c = self.len;
+                self.table[i] = (self.epoch, c as u32, key);
+                self.score[c] = score;
+                self.group[c] = group;
+                self.count[c] = 1;
                 self.len += 1;
-                self.len - 1
+                return c as u32;
             }
-        };
-        self.count[c] += 1;
-        Some(c as u8)
+            if k == key {
+                self.count[class as usize] += 1;
+                return class;
+            }
+            i = (i + 1) & mask;
+        }
+    }
+
+    /// One more run in class `class` (found by [`Classes::of`] for an equal run).
+    #[inline]
+    fn count_again(&mut self, class: u32) {
+        self.count[class as usize] += 1;
     }
 
     /// Pass 2: each class's final score (its group's factor applied, as `depth_power_by_block`
-    /// does when `total > 1`) and its rank among the distinct final values. Returns where each
-    /// value's stretch of the answer starts, or `None` for a NaN or more than [`FEW_SCORES`]
-    /// distinct values.
-    fn final_scores(&mut self, groups: &Groups, total: usize) -> Option<[u32; FEW_SCORES]> {
+    /// does when `total > 1`), its rank among the distinct final values, and in `next` where
+    /// each value's stretch of the answer starts (the larger values first). Sorts the classes,
+    /// not the runs. Returns false for a NaN.
+    fn final_scores(&mut self, groups: &Groups, total: usize) -> bool {
         let factors = if total > 1 {
             groups.factors(total)
         } else {
             [1.0; FEW_GROUPS]
         };
-        let mut values = [0u32; FEW_SCORES];
-        let mut counts = [0u32; FEW_SCORES];
-        let mut distinct = 0;
-        for c in 0..self.len {
-            let score = self.score[c] * factors[self.group[c] as usize];
+        let n = self.len;
+        let columns = (self.score[..n].iter().zip(&self.group[..n]))
+            .zip(self.placed[..n].iter_mut().zip(&mut self.order[..n]));
+        for (c, ((&score, &group), (placed, order))) in columns.enumerate() {
+            let score = score * factors[usize::from(group) % FEW_GROUPS];
             if score.is_nan() {
-                return None;
+                return false;
             }
-            self.score[c] = score;
-            let key = descending(score);
-            let v = match values[..distinct].iter().position(|&x| x == key) {
-                Some(v) => v,
-                None if distinct == FEW_SCORES => return None,
-                None => {
-                    values[distinct] = key;
-                    distinct += 1;
-                    distinct - 1
-                }
-            };
-            counts[v] += self.count[c];
-            self.value[c] = v as u8;
+            placed.0 = score;
+            *order = (descending(score), c as u32);
         }
-        // A value's stretch starts after the scores of the larger values.
-        let mut starts = [0u32; FEW_SCORES];
-        for v in 0..distinct {
-            starts[v] = (0..distinct)
-                .filter(|&w| values[w] < values[v])
-                .map(|w| counts[w])
-                .sum();
+        let order = &mut self.order[..n];
+        order.sort_unstable();
+        // Value `v`'s stretch starts after the scores of the larger values.
+        let (mut at, mut values, mut last) = (0u32, 0usize, None);
+        for &(key, c) in order.iter() {
+            if last != Some(key) {
+                last = Some(key);
+                self.next[values] = at;
+                values += 1;
+            }
+            self.placed[c as usize].1 = (values - 1) as u32;
+            at += self.count[c as usize];
         }
-        Some(starts)
+        true
     }
 }
 
@@ -219,7 +255,15 @@ impl Index {
         if self.scratch.runs.len() < MIN_WALK_SCORES {
             return false;
         }
-        let Some((groups, mut classes, scored)) = self.score_runs_grouped(a) else {
+        let mut classes = std::mem::take(&mut self.scratch.classes);
+        let answered = self.answer_by_class(a, &mut classes);
+        self.scratch.classes = classes;
+        answered
+    }
+
+    /// [`Index::answer_from_runs`] with the classes' storage taken out of the scratch.
+    fn answer_by_class(&mut self, a: &AnswerInputs, classes: &mut Classes) -> bool {
+        let Some((groups, scored)) = self.score_runs_grouped(a, classes) else {
             return false;
         };
         if scored == 0 {
@@ -228,38 +272,42 @@ impl Index {
         if a.total > 1 && !groups.matched_grow_with_block() {
             return false;
         }
-        let Some(stretches) = classes.final_scores(&groups, a.total) else {
+        if !classes.final_scores(&groups, a.total) {
             return false;
-        };
-        self.place_by_name(a.scope, scored, &classes, &stretches)
+        }
+        self.place_by_name(a.scope, scored, classes)
     }
 
     /// Pass 1: each run's freshness and class (its score before distinguishing power and its
     /// group, kept in the run's `value` until pass 3); marks the scored runs (positive matched
-    /// sum, fresh oldest entry) as [`Index::score_runs`] does. Returns the groups, the classes
-    /// and the number of scored runs, or `None` when the runs end at more than [`FEW_GROUPS`]
-    /// blocks or take more than [`FEW_CLASSES`] classes.
-    fn score_runs_grouped(&mut self, a: &AnswerInputs) -> Option<(Groups, Classes, usize)> {
+    /// sum, fresh oldest entry) as [`Index::score_runs`] does. Returns the groups and the
+    /// number of scored runs, the classes in `classes`, or `None` when the runs end at more
+    /// than [`FEW_GROUPS`] blocks.
+    fn score_runs_grouped(
+        &mut self,
+        a: &AnswerInputs,
+        classes: &mut Classes,
+    ) -> Option<(Groups, usize)> {
         let coeff = self.cfg.ranker.slo_coeff(a.ttft_ms);
         let no_stats = self.cat.models[a.mscope as usize].stats.is_empty();
         let mut groups = Groups::default();
-        let mut classes = Classes::default();
+        classes.reset(self.scratch.runs.len());
         let mut scored = 0;
         // The last scored run's inputs and results: the holders of a shared prefix are mostly
         // equally fresh and end together, so without stats rows (no pressure per replica) the
         // next run usually scores the same, computed once.
-        let mut last: Option<(RunInputs, f32, u8)> = None;
+        let mut last: Option<(RunInputs, f32, u32, u8)> = None;
         for i in 0..self.scratch.runs.len() {
             let run = self.scratch.runs[i];
             if run.matched <= 0 {
                 continue;
             }
             let inputs = RunInputs::of(&run);
-            let (fresh, class) = match last {
-                Some((l, fresh, class)) if no_stats && l == inputs => {
-                    groups.count_again(classes.group[class as usize]);
-                    classes.count[class as usize] += 1;
-                    (fresh, class)
+            let (fresh, class, group) = match last {
+                Some((l, fresh, class, group)) if no_stats && l == inputs => {
+                    groups.count_again(group);
+                    classes.count_again(class);
+                    (fresh, class, group)
                 }
                 _ => {
                     let fresh = freshness(a.now, run.oldest, a.ttl);
@@ -278,37 +326,31 @@ impl Index {
                         pressure,
                         coeff,
                     );
-                    (fresh, classes.of(score, group)?)
+                    (fresh, classes.of(score, group), group)
                 }
             };
-            last = Some((inputs, fresh, class));
+            last = Some((inputs, fresh, class, group));
             let run = &mut self.scratch.runs[i];
             run.scored = true;
             run.fresh = fresh;
             run.value = class;
             scored += 1;
         }
-        Some((groups, classes, scored))
+        Some((groups, scored))
     }
 
     /// Pass 3: writes each scored run's final score (its class's) into its place: its value's stretch, in the
     /// order of the scope's replicas by name (`ScopeRec::sorted`; the run of a replica is found
     /// through the slots the walk set). Returns false, writing nothing, when the walk would
     /// cost more than a sort (as `order_by_walk` decides) or does not find every scored run.
-    fn place_by_name(
-        &mut self,
-        scope: u32,
-        scored: usize,
-        classes: &Classes,
-        starts: &[u32; FEW_SCORES],
-    ) -> bool {
+    fn place_by_name(&mut self, scope: u32, scored: usize, classes: &mut Classes) -> bool {
         let by_name = &self.cat.scopes[scope as usize].sorted;
         let log2 = (usize::BITS - scored.leading_zeros()) as usize;
         if scored < MIN_WALK_SCORES || by_name.len() > scored * log2 * WALK_STEPS_PER_COMPARE {
             return false;
         }
         let sc = &mut self.scratch;
-        let mut next = *starts;
+        let next = &mut classes.next;
         let mut out = std::mem::take(&mut self.last.scores);
         out.clear();
         out.resize(scored, Score::PLACEHOLDER);
@@ -324,11 +366,11 @@ impl Index {
             if !run.scored {
                 continue;
             }
-            let class = run.value as usize;
-            let at = &mut next[classes.value[class] as usize];
+            let (score, value) = classes.placed[run.value as usize];
+            let at = &mut next[value as usize];
             out[*at as usize] = Score {
                 replica: run.replica,
-                score: classes.score[class],
+                score,
                 matched_tokens: run.matched,
                 estimated_cache_hit_prob: run.fresh,
                 tier: ranking::tier_to_wire(run.tier),
