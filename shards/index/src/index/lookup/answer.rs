@@ -126,8 +126,9 @@ pub(super) struct Classes {
     /// another epoch is empty, so the table is never cleared.
     table: Vec<(u32, u32, u64)>,
     epoch: u32,
-    /// Pass 2: `(descending final score, class)` for the first `len` classes, sorted.
-    order: Vec<(u32, u32)>,
+    /// Pass 2: `descending final score << 32 | class` for the first `len` classes, sorted (one
+    /// integer a comparison, not a pair).
+    order: Vec<u64>,
     /// Pass 2 and 3: where each distinct value's stretch of the answer starts, then the next
     /// free place in it (one per distinct value, at most `len`).
     next: Vec<u32>,
@@ -142,7 +143,7 @@ impl Classes {
             self.group.resize(runs, 0);
             self.count.resize(runs, 0);
             self.placed.resize(runs, (0.0, 0));
-            self.order.resize(runs, (0, 0));
+            self.order.resize(runs, 0);
             self.next.resize(runs, 0);
         }
         // At most half full: a probe ends within a few entries.
@@ -208,13 +209,14 @@ impl Classes {
                 return false;
             }
             placed.0 = score;
-            *order = (descending(score), c as u32);
+            *order = u64::from(descending(score)) << 32 | c as u64;
         }
         let order = &mut self.order[..n];
         order.sort_unstable();
         // Value `v`'s stretch starts after the scores of the larger values.
         let (mut at, mut values, mut last) = (0u32, 0usize, None);
-        for &(key, c) in order.iter() {
+        for &entry in order.iter() {
+            let (key, c) = (entry >> 32, entry as u32);
             if last != Some(key) {
                 last = Some(key);
                 self.next[values] = at;
