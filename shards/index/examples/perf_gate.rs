@@ -32,12 +32,20 @@ const RESOLVES: usize = 20_000;
 /// New-chain ingests at the cap (each evicts 64 entries).
 const NEW_CHAINS: usize = OPS / 4;
 
+/// Replicas holding the shared prefix of `lookup_shared_512_aged`, each stored at its own time.
+const SHARED_HOLDERS: u64 = 512;
+/// Blocks of that shared prefix.
+const SHARED_BLOCKS: u64 = 32;
+/// Lookups of that workload (each answers every holder).
+const SHARED_OPS: usize = OPS / 10;
+
 /// Workload names and their operation counts (`perf_gate list`).
 const WORKLOADS: &[(&str, usize)] = &[
     ("lookup_chain_64", OPS),
     ("lookup_chain_256", OPS),
     ("lookup_exact", OPS),
     ("lookup_miss_64", OPS),
+    ("lookup_shared_512_aged", SHARED_OPS),
     ("ingest_refresh_64", OPS),
     ("ingest_new_64_at_cap", NEW_CHAINS),
     ("fingerprint_16k", FINGERPRINTS),
@@ -147,6 +155,35 @@ fn main() {
                 "unexpected lookup result"
             );
             hits
+        }
+        "lookup_shared_512_aged" => {
+            // A prefix the replicas of a large fleet stored in bursts (a shared system prompt):
+            // holders score with their own freshness, 64 distinct times among 512 holders, in
+            // no relation to the order of their names (as on the Mooncake trace at 1,024
+            // workers).
+            let mut b = build_index(ENTRIES);
+            let first = (b.chains + 1) * common::CHAIN_BLOCKS;
+            for r in 0..SHARED_HOLDERS {
+                let update = common::chain_update(first, SHARED_BLOCKS, 1_000 + r);
+                let burst = (r.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 58) as i64;
+                let stored_at = b.now - (burst + 1) * 1_000_000;
+                b.ix.ingest(&update, stored_at, &NoRules);
+            }
+            let qs: Vec<_> = (0..SHARED_OPS)
+                .map(|_| common::ChainQuery {
+                    hashes: (0..SHARED_BLOCKS)
+                        .map(|k| common::block_hash(first + k).to_vec())
+                        .collect(),
+                    counts: vec![common::BLOCK_TOKENS; SHARED_BLOCKS as usize],
+                })
+                .collect();
+            let answered = gate_w_lookup(&mut b, &qs, &inj);
+            assert_eq!(
+                answered,
+                SHARED_HOLDERS * SHARED_OPS as u64,
+                "every holder answers"
+            );
+            answered
         }
         "lookup_exact" => {
             let mut b = build_index(ENTRIES);
