@@ -32,7 +32,7 @@ const RESOLVES: usize = 20_000;
 /// New-chain ingests at the cap (each evicts 64 entries).
 const NEW_CHAINS: usize = OPS / 4;
 
-/// Replicas holding the shared prefix of `lookup_shared_512_aged`, each stored at its own time.
+/// Replicas holding the shared prefix of `lookup_shared_512_aged` (stored in 64 bursts).
 const SHARED_HOLDERS: u64 = 512;
 /// Blocks of that shared prefix.
 const SHARED_BLOCKS: u64 = 32;

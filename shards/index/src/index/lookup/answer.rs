@@ -177,7 +177,7 @@ impl Classes {
                 return c as u32;
             }
             if k == key {
-                self.count[class as usize] += 1;
+                self.count_again(class);
                 return class;
             }
             i = (i + 1) & mask;
