@@ -14,7 +14,9 @@ use dynamo_kv_router::protocols::{
     KvCacheStoredBlockData, LocalBlockHash, OverlapScores, RouterEvent, WorkerWithDpRank,
 };
 use fleetsim::{Adapter, Block};
-use inferencecache_index::index::{BlockHashes, Index, IndexConfig, LookupQuery, StridedHashes};
+use inferencecache_index::index::{
+    BlockHashes, Index, IndexConfig, LookupQuery, Score, StridedHashes,
+};
 use inferencecache_index::rules::NoRules;
 use inferencecache_proto::v1alpha1 as pb;
 use kv_index::{ChainBlockMap, ChainIndex, ContentHash, SequenceHash, StoredBlock};
@@ -174,6 +176,28 @@ impl Adapter for Ours {
 
     fn lookup(&mut self, blocks: &[Block], out: &mut Vec<(u32, u32)>) {
         out.clear();
+        // An answer's matched tokens in whole blocks, as the ground truth counts them: a shift
+        // when the block size is a power of two (every `--expand` that divides 512). This is
+        // the harness's conversion, not the index's work; a division per answered replica was
+        // 2-3% of the measured lookup at 1,024 workers (perf/runs/2026-12-07-table-removals.md).
+        let per_block = self.tokens_per_block;
+        let blocks_of = move |tokens: i32| {
+            if per_block.count_ones() == 1 {
+                (tokens >> per_block.trailing_zeros()) as u32
+            } else {
+                (tokens / per_block) as u32
+            }
+        };
+        self.with_answer(blocks, |worker, s| {
+            out.push((worker, blocks_of(s.matched_tokens)))
+        });
+    }
+}
+
+impl Ours {
+    /// Looks `blocks` up as one chain and hands each answered replica's worker and score to
+    /// `each`, in the answer's order.
+    fn with_answer(&mut self, blocks: &[Block], mut each: impl FnMut(u32, &Score)) {
         self.counts.resize(blocks.len(), self.tokens_per_block);
         let query = LookupQuery {
             tenant: TENANT,
@@ -186,18 +210,6 @@ impl Adapter for Ours {
             block_token_counts: &self.counts[..blocks.len()],
             ttft_ms: 0,
             tbt_ms: 0,
-        };
-        // An answer's matched tokens in whole blocks, as the ground truth counts them: a shift
-        // when the block size is a power of two (every `--expand` that divides 512). This is
-        // the harness's conversion, not the index's work; a division per answered replica was
-        // 2-3% of the measured lookup at 1,024 workers (perf/runs/2026-12-07-table-removals.md).
-        let per_block = self.tokens_per_block;
-        let blocks_of = move |tokens: i32| {
-            if per_block.count_ones() == 1 {
-                (tokens >> per_block.trailing_zeros()) as u32
-            } else {
-                (tokens / per_block) as u32
-            }
         };
         let view = self.index.lookup_route(&query, self.now, &NoRules);
         let worker_of = &mut self.worker_of_replica;
@@ -213,8 +225,18 @@ impl Adapter for Ours {
             }
             let worker = worker_of[id];
             debug_assert_eq!(view.replica_id(s), format!("w{worker}"));
-            out.push((worker, blocks_of(s.matched_tokens)));
+            each(worker, s);
         }
+    }
+
+    /// The whole answer for `blocks` as (worker, score bits, matched tokens), in its order:
+    /// what `examples/run_records.rs` compares its prototype's answers with.
+    #[allow(dead_code)]
+    pub fn lookup_scores(&mut self, blocks: &[Block], out: &mut Vec<(u32, u32, i32)>) {
+        out.clear();
+        self.with_answer(blocks, |worker, s| {
+            out.push((worker, s.score.to_bits(), s.matched_tokens))
+        });
     }
 }
 
