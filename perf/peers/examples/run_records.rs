@@ -655,11 +655,14 @@ impl RunIndex {
             self.index_of[a.replica as usize] = k as u32;
         }
         self.ordered.clear();
-        self.ordered.resize(self.answer.len(), self.answer.first().copied().unwrap_or(Answer {
-            replica: 0,
-            score: 0.0,
-            matched_tokens: 0,
-        }));
+        self.ordered.resize(
+            self.answer.len(),
+            self.answer.first().copied().unwrap_or(Answer {
+                replica: 0,
+                score: 0.0,
+                matched_tokens: 0,
+            }),
+        );
         for (w, &word) in self.rank_bits.iter().enumerate() {
             let mut bits = word;
             while bits != 0 {
