@@ -467,6 +467,7 @@ impl RunIndex {
     }
 
     /// The chain answer for `blocks` into `self.answer`.
+    #[inline(never)]
     fn lookup_answer(&mut self, blocks: &[Block], tokens_per_block: i32) {
         self.answer.clear();
         self.touched.clear();
@@ -874,7 +875,13 @@ fn main() {
         expand,
         speed: (workers / 64).max(1),
     };
-    let sim = simulate(&parse_trace(&text).expect("trace"), config).expect("simulation");
+    let mut trace = parse_trace(&text).expect("trace");
+    // `FIRST_REQUESTS=n`: the trace's first n requests only (for callgrind, with ROUNDS=0:
+    // `--toggle-collect='*RunIndex*lookup_answer*'`).
+    if let Ok(n) = std::env::var("FIRST_REQUESTS") {
+        trace.truncate(n.parse().expect("FIRST_REQUESTS"));
+    }
+    let sim = simulate(&trace, config).expect("simulation");
     let tpb = config.tokens_per_block();
     if std::env::var_os("VERIFY").is_some_and(|v| v == "1") {
         let differ = verify(&sim, workers, tpb);
