@@ -1,0 +1,778 @@
+//! The run-record store (issue 31): the prefix map as *runs* of chain blocks with their holders
+//! as *extents*, the layout that perf/runs/2026-12-07-run-census.md priced on the Mooncake trace
+//! (a long match crosses 2–3 runs instead of ~30 pieces; ~45% less memory than per-key
+//! records). **Stage 1: not yet used by [`Index`](crate::index::Index)**, which still keeps
+//! per-key records (`index::store`); the peer benchmark drives this store directly, and its
+//! tests hold it to a model of per-entry records.
+//!
+//! * A *run* is a vector of 8-byte key hashes of one keyspace, each with the cumulative token
+//!   count it was created with. A new key is appended to the run of the key it follows (the
+//!   caller's `after`, its chain's previous block) when that key is its run's last; it goes
+//!   back into its old place when that place is a hole right after `after`; else it starts a
+//!   run of its own.
+//! * An *extent* is one replica's stretch of a run, `lo..hi`, with one tier and one
+//!   `last_seen`: an upsert grows the extent that ends right before it, a refresh with other
+//!   values splits its extent, a release shrinks or splits it. A holder whose stored token
+//!   count differs from the run's is kept in a side table.
+//! * The table maps each held key to its (run, offset): 8-byte buckets (a 16-bit tag, a 24-bit
+//!   run and a 24-bit offset), probed linearly, at most 3/4 full, in [`SEGMENTS`] tables that
+//!   grow apart; a tag match is confirmed against the run.
+//! * A key no extent covers any more leaves the table. At its run's end it is cut off (with any
+//!   uncovered blocks before it); elsewhere it stays as a *hole*, which bounds every walk
+//!   along the run ([`RunStore::along`]): the key may come back elsewhere.
+
+use crate::prefetch::prefetch;
+use hashbrown::{DefaultHashBuilder, HashMap};
+use std::hash::BuildHasher;
+
+/// Runs and offsets are 24-bit fields of a table bucket.
+pub const MAX_RUNS: u32 = 1 << 24;
+/// The most blocks one run holds; a chain past it continues in a new run.
+pub const MAX_RUN_LEN: u32 = 1 << 24;
+
+/// Where a held key lies.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Loc {
+    pub run: u32,
+    pub off: u32,
+}
+
+/// One (key, replica) entry.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Entry {
+    pub replica: u32,
+    pub tier: u8,
+    pub last_seen: i64,
+    /// Stored token count (cumulative for chain blocks).
+    pub tokens: i32,
+}
+
+/// One replica's entries at offsets `lo..hi` of a run, all with this tier and `last_seen`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Extent {
+    pub replica: u32,
+    pub lo: u32,
+    pub hi: u32,
+    pub tier: u8,
+    pub last_seen: i64,
+}
+
+impl Extent {
+    fn covers(&self, off: u32) -> bool {
+        self.lo <= off && off < self.hi
+    }
+    fn same_values(&self, e: &Entry) -> bool {
+        self.tier == e.tier && self.last_seen == e.last_seen
+    }
+}
+
+/// A run: its keyspace, its keys' hashes and creation token counts, its extents and holes.
+#[derive(Default)]
+pub struct Run {
+    ks: u32,
+    hashes: Vec<u64>,
+    tokens: Vec<i32>,
+    extents: Vec<Extent>,
+    /// Offsets no extent covers below the run's end, ascending.
+    holes: Vec<u32>,
+}
+
+impl Run {
+    /// The run's keyspace.
+    pub fn keyspace(&self) -> u32 {
+        self.ks
+    }
+    /// Every extent of the run, in no particular order.
+    pub fn extents(&self) -> &[Extent] {
+        &self.extents
+    }
+    /// The hash of the key at offset `off` (a hole's too).
+    pub fn hash_at(&self, off: u32) -> u64 {
+        self.hashes[off as usize]
+    }
+    fn covered(&self, off: u32) -> bool {
+        self.extents.iter().any(|x| x.covers(off))
+    }
+    fn extent_of(&self, replica: u32, off: u32) -> Option<usize> {
+        (self.extents.iter()).position(|x| x.replica == replica && x.covers(off))
+    }
+    fn bytes(&self) -> usize {
+        self.hashes.capacity() * 8
+            + self.tokens.capacity() * 4
+            + self.extents.capacity() * std::mem::size_of::<Extent>()
+            + self.holes.capacity() * 4
+    }
+}
+
+/// What [`RunStore::upsert`] did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Upserted {
+    /// The key was created, with this entry its only holder.
+    CreatedKey,
+    /// The replica did not hold the key; now it does.
+    AddedEntry,
+    /// The replica's entry was overwritten.
+    Refreshed,
+}
+
+/// The extent the last upsert of a chain wrote (its run and index): the next block's upsert
+/// tries it first, so a chain stored or refreshed block by block grows one extent per run
+/// without searching the run's extents.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Hint(Option<(u32, u32)>);
+
+/// The run-record store (see the module docs).
+pub struct RunStore {
+    table: LocTable,
+    runs: Vec<Run>,
+    free_runs: Vec<u32>,
+    /// (run, offset, replica) → the entry's token count where it differs from the run's.
+    tokens_apart: HashMap<(u32, u32, u32), i32>,
+    keys: usize,
+    entries: usize,
+}
+
+impl Default for RunStore {
+    fn default() -> Self {
+        RunStore::new()
+    }
+}
+
+impl RunStore {
+    pub fn new() -> RunStore {
+        RunStore {
+            table: LocTable::new(),
+            runs: Vec::new(),
+            free_runs: Vec::new(),
+            tokens_apart: HashMap::new(),
+            keys: 0,
+            entries: 0,
+        }
+    }
+
+    /// Number of held keys.
+    pub fn key_count(&self) -> usize {
+        self.keys
+    }
+
+    /// Number of (key, replica) entries.
+    pub fn entry_count(&self) -> usize {
+        self.entries
+    }
+
+    /// Heap bytes of the runs and the table (the side table of token counts left out).
+    pub fn heap_bytes(&self) -> usize {
+        self.table.bytes()
+            + self.runs.iter().map(Run::bytes).sum::<usize>()
+            + self.runs.capacity() * std::mem::size_of::<Run>()
+    }
+
+    /// The run `id` (a [`Loc::run`] the store gave; ids below [`RunStore::run_slots`] name
+    /// runs, empty ones among them).
+    pub fn run(&self, id: u32) -> &Run {
+        &self.runs[id as usize]
+    }
+
+    /// Run ids in use or free: every run is `0..run_slots()`.
+    pub fn run_slots(&self) -> u32 {
+        self.runs.len() as u32
+    }
+
+    /// Where key `(ks, h)` lies, if held.
+    #[inline]
+    pub fn find(&self, ks: u32, h: u64) -> Option<Loc> {
+        self.table.find(self.table.hash(ks, h), ks, h, &self.runs)
+    }
+
+    /// Starts loading the table bucket [`RunStore::find`] of `(ks, h)` reads first.
+    #[inline]
+    pub fn prefetch(&self, ks: u32, h: u64) {
+        self.table.prefetch(ks, h);
+    }
+
+    /// The hashes of the run from `loc` on, up to its end or its first hole: the blocks a walk
+    /// may consume along the run before it must look the next key up again.
+    #[inline]
+    pub fn along(&self, loc: Loc) -> &[u64] {
+        let run = &self.runs[loc.run as usize];
+        let end = match run.holes.binary_search(&loc.off) {
+            Ok(i) | Err(i) => run.holes.get(i).map_or(run.hashes.len(), |&h| h as usize),
+        };
+        &run.hashes[loc.off as usize..end]
+    }
+
+    /// The entries of the key at `loc`, in no particular order.
+    pub fn entries_at(&self, loc: Loc) -> impl Iterator<Item = Entry> + '_ {
+        let run = &self.runs[loc.run as usize];
+        (run.extents.iter())
+            .filter(move |x| x.covers(loc.off))
+            .map(move |x| Entry {
+                replica: x.replica,
+                tier: x.tier,
+                last_seen: x.last_seen,
+                tokens: self.tokens_of(loc, x.replica),
+            })
+    }
+
+    /// The stored token count of `replica`'s entry at `loc`.
+    #[inline]
+    pub fn tokens_of(&self, loc: Loc, replica: u32) -> i32 {
+        match (!self.tokens_apart.is_empty())
+            .then(|| self.tokens_apart.get(&(loc.run, loc.off, replica)))
+            .flatten()
+        {
+            Some(&t) => t,
+            None => self.runs[loc.run as usize].tokens[loc.off as usize],
+        }
+    }
+
+    /// Upserts `e` for key `(ks, h)`, which follows the key at `after` in its chain (None: a
+    /// chain's first block, or a key of no chain). `hint` carries the extent of the chain's
+    /// previous upsert; start a chain with `Hint::default()`.
+    #[inline]
+    pub fn upsert(
+        &mut self,
+        ks: u32,
+        h: u64,
+        after: Option<Loc>,
+        e: Entry,
+        hint: &mut Hint,
+    ) -> (Loc, Upserted) {
+        let hash = self.table.hash(ks, h);
+        let Some(loc) = self.table.find(hash, ks, h, &self.runs) else {
+            let loc = self.create(hash, ks, h, after, e.tokens);
+            self.add(loc, e, hint);
+            self.keys += 1;
+            return (loc, Upserted::CreatedKey);
+        };
+        match self.runs[loc.run as usize].extent_of(e.replica, loc.off) {
+            Some(i) => {
+                self.set_tokens(loc, e.replica, e.tokens);
+                self.refresh(loc, i, e, hint);
+                (loc, Upserted::Refreshed)
+            }
+            None => {
+                self.add(loc, e, hint);
+                self.set_tokens(loc, e.replica, e.tokens);
+                (loc, Upserted::AddedEntry)
+            }
+        }
+    }
+
+    /// A place for new key `(ks, h)`: the hole right after `after` when it was this key's,
+    /// else the end of `after`'s run when `after` is its last block, else a new run.
+    #[inline]
+    fn create(&mut self, hash: u64, ks: u32, h: u64, after: Option<Loc>, tokens: i32) -> Loc {
+        if let Some(a) = after
+            && let Some(run) = self.runs.get_mut(a.run as usize)
+            && run.ks == ks
+            && (a.off as usize) < run.hashes.len()
+        {
+            let next = a.off + 1;
+            let at = Loc {
+                run: a.run,
+                off: next,
+            };
+            if next as usize == run.hashes.len() && next < MAX_RUN_LEN {
+                run.hashes.push(h);
+                run.tokens.push(tokens);
+                self.table.insert(hash, at, &self.runs);
+                return at;
+            }
+            if !run.holes.is_empty()
+                && run.hashes.get(next as usize) == Some(&h)
+                && let Ok(i) = run.holes.binary_search(&next)
+            {
+                run.holes.remove(i);
+                run.tokens[next as usize] = tokens;
+                self.table.insert(hash, at, &self.runs);
+                return at;
+            }
+        }
+        let id = match self.free_runs.pop() {
+            Some(id) => id,
+            None => {
+                assert!((self.runs.len() as u32) < MAX_RUNS, "run store full");
+                self.runs.push(Run::default());
+                self.runs.len() as u32 - 1
+            }
+        };
+        let run = &mut self.runs[id as usize];
+        debug_assert!(run.hashes.is_empty() && run.extents.is_empty());
+        run.ks = ks;
+        run.hashes.push(h);
+        run.tokens.push(tokens);
+        let at = Loc { run: id, off: 0 };
+        self.table.insert(hash, at, &self.runs);
+        at
+    }
+
+    /// Adds `e` at `loc` (the replica holds no entry there): grows the hinted extent, or
+    /// another of the replica's with the same values ending right before `loc`, else a new one.
+    #[inline]
+    fn add(&mut self, loc: Loc, e: Entry, hint: &mut Hint) {
+        let run = &mut self.runs[loc.run as usize];
+        let grows = |x: &Extent| x.replica == e.replica && x.hi == loc.off && x.same_values(&e);
+        let hinted = match hint.0 {
+            Some((r, i)) if r == loc.run => run.extents.get(i as usize).filter(|x| grows(x)),
+            _ => None,
+        }
+        .is_some();
+        let at = if hinted {
+            hint.0.expect("hinted").1 as usize
+        } else if let Some(i) = run.extents.iter().position(grows) {
+            i
+        } else {
+            run.extents.push(Extent {
+                replica: e.replica,
+                lo: loc.off,
+                hi: loc.off,
+                tier: e.tier,
+                last_seen: e.last_seen,
+            });
+            run.extents.len() - 1
+        };
+        run.extents[at].hi += 1;
+        *hint = Hint(Some((loc.run, at as u32)));
+        self.entries += 1;
+    }
+
+    /// Overwrites the tier and `last_seen` of the entry at `loc` in extent `i`: nothing when
+    /// they are unchanged; else the entry leaves its extent (which splits around it) and joins
+    /// the hinted extent when that ends right before it with the new values.
+    fn refresh(&mut self, loc: Loc, i: usize, e: Entry, hint: &mut Hint) {
+        let run = &mut self.runs[loc.run as usize];
+        let x = run.extents[i];
+        if x.same_values(&e) {
+            *hint = Hint(Some((loc.run, i as u32)));
+            return;
+        }
+        // The extent keeps its part before `loc`; the part after goes to a new extent.
+        let after = Extent {
+            lo: loc.off + 1,
+            ..x
+        };
+        if loc.off == x.lo {
+            run.extents.swap_remove(i);
+            // A swap moved the last extent into `i`: a hint naming the last one now names `i`.
+            if let Some((r, h)) = hint.0
+                && r == loc.run
+                && h as usize == run.extents.len()
+            {
+                hint.0 = Some((r, i as u32));
+            }
+        } else {
+            run.extents[i].hi = loc.off;
+        }
+        if after.lo < after.hi {
+            run.extents.push(after);
+        }
+        self.entries -= 1;
+        self.add(loc, e, hint);
+    }
+
+    /// Records `replica`'s token count at `loc` (apart from the run's when it differs).
+    fn set_tokens(&mut self, loc: Loc, replica: u32, tokens: i32) {
+        let key = (loc.run, loc.off, replica);
+        if tokens == self.runs[loc.run as usize].tokens[loc.off as usize] {
+            if !self.tokens_apart.is_empty() {
+                self.tokens_apart.remove(&key);
+            }
+        } else {
+            self.tokens_apart.insert(key, tokens);
+        }
+    }
+
+    /// Takes `replica`'s entry of key `(ks, h)` out. Returns it, or None when the replica held
+    /// no entry there. A key left without holders leaves the table (its block is cut off at the
+    /// run's end, or stays as a hole).
+    #[inline]
+    pub fn release(&mut self, ks: u32, h: u64, replica: u32) -> Option<Entry> {
+        let hash = self.table.hash(ks, h);
+        let loc = self.table.find(hash, ks, h, &self.runs)?;
+        let run = &mut self.runs[loc.run as usize];
+        let i = run.extent_of(replica, loc.off)?;
+        let x = run.extents[i];
+        let tokens = match self.tokens_apart.is_empty() {
+            true => None,
+            false => self.tokens_apart.remove(&(loc.run, loc.off, replica)),
+        };
+        let run = &mut self.runs[loc.run as usize];
+        let entry = Entry {
+            replica,
+            tier: x.tier,
+            last_seen: x.last_seen,
+            tokens: tokens.unwrap_or(run.tokens[loc.off as usize]),
+        };
+        if x.hi - x.lo == 1 {
+            run.extents.swap_remove(i);
+        } else if loc.off + 1 == x.hi {
+            run.extents[i].hi -= 1;
+        } else if loc.off == x.lo {
+            run.extents[i].lo += 1;
+        } else {
+            run.extents[i].hi = loc.off;
+            run.extents.push(Extent {
+                lo: loc.off + 1,
+                ..x
+            });
+        }
+        self.entries -= 1;
+        if !run.covered(loc.off) {
+            self.table.remove(hash, loc);
+            self.keys -= 1;
+            self.uncover(loc);
+        }
+        Some(entry)
+    }
+
+    /// The key at `loc` lost its last holder: cut the run's uncovered tail off when `loc` is
+    /// its last block, else record the hole. A run left empty is freed.
+    fn uncover(&mut self, loc: Loc) {
+        let run = &mut self.runs[loc.run as usize];
+        if loc.off as usize + 1 < run.hashes.len() {
+            let i = run
+                .holes
+                .binary_search(&loc.off)
+                .expect_err("a held key is no hole");
+            run.holes.insert(i, loc.off);
+            return;
+        }
+        run.hashes.pop();
+        run.tokens.pop();
+        // Holes right before the end go with it (their keys left the table already).
+        while let Some(&last) = run.holes.last()
+            && last as usize + 1 == run.hashes.len()
+        {
+            run.holes.pop();
+            run.hashes.pop();
+            run.tokens.pop();
+        }
+        if run.hashes.is_empty() {
+            debug_assert!(run.extents.is_empty() && run.holes.is_empty());
+            *run = Run::default();
+            self.free_runs.push(loc.run);
+        }
+    }
+}
+
+/// A replica's match in a [`RunStore::walk`]: the leading blocks of the request it holds, the
+/// oldest `last_seen` and the worst tier over them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Matched {
+    pub replica: u32,
+    pub blocks: u32,
+    pub oldest: i64,
+    pub tier: u8,
+}
+
+/// A walk's reusable buffers: the matches, and each replica's match in the current walk.
+#[derive(Default)]
+pub struct WalkScratch {
+    pub matched: Vec<Matched>,
+    /// replica → (walk epoch, index into `matched`).
+    slots: Vec<(u32, u32)>,
+    epoch: u32,
+}
+
+impl WalkScratch {
+    fn next_epoch(&mut self) {
+        self.matched.clear();
+        self.epoch = self.epoch.wrapping_add(1);
+        if self.epoch == 0 {
+            self.slots.iter_mut().for_each(|s| s.0 = 0);
+            self.epoch = 1;
+        }
+    }
+}
+
+impl RunStore {
+    /// Walks the request's keys (`len` of them in keyspace `ks`, the `i`-th is `hash_at(i)`)
+    /// from the first: per replica holding a leading stretch of them, into `scratch.matched`
+    /// (in no particular order), its length, oldest `last_seen` and worst tier (`worst`
+    /// combines two tiers). The table is probed at the first key and wherever the request
+    /// leaves a run or meets its end or a hole; along a run each extent is visited once per
+    /// piece (again only when one of a replica's extents ends inside the piece and another of
+    /// its extents may continue it).
+    pub fn walk(
+        &self,
+        ks: u32,
+        len: usize,
+        hash_at: impl Fn(usize) -> u64,
+        worst: impl Fn(u8, u8) -> u8,
+        scratch: &mut WalkScratch,
+    ) {
+        scratch.next_epoch();
+        let epoch = scratch.epoch;
+        let mut i = 0usize;
+        while i < len {
+            let Some(loc) = self.find(ks, hash_at(i)) else {
+                break;
+            };
+            let along = self.along(loc);
+            let avail = along.len().min(len - i);
+            let n = (0..avail)
+                .take_while(|&k| along[k] == hash_at(i + k))
+                .count();
+            let (start, end) = (loc.off, loc.off + n as u32);
+            let run = &self.runs[loc.run as usize];
+            let mut any_to_end = false;
+            loop {
+                let mut again = false;
+                for x in &run.extents {
+                    let r = x.replica as usize;
+                    if r >= scratch.slots.len() {
+                        scratch.slots.resize(r + 1, (0, 0));
+                    }
+                    let (e, at) = scratch.slots[r];
+                    let reached = if e == epoch {
+                        scratch.matched[at as usize].blocks as usize
+                    } else if i == 0 {
+                        0
+                    } else {
+                        continue;
+                    };
+                    if reached < i {
+                        continue;
+                    }
+                    let reach = start + (reached - i) as u32;
+                    if reach >= end || !x.covers(reach) {
+                        continue;
+                    }
+                    let upto = x.hi.min(end);
+                    if e != epoch {
+                        scratch.slots[r] = (epoch, scratch.matched.len() as u32);
+                        scratch.matched.push(Matched {
+                            replica: x.replica,
+                            blocks: 0,
+                            oldest: x.last_seen,
+                            tier: x.tier,
+                        });
+                    }
+                    let m = &mut scratch.matched[scratch.slots[r].1 as usize];
+                    m.blocks = (i + (upto - start) as usize) as u32;
+                    m.oldest = m.oldest.min(x.last_seen);
+                    m.tier = worst(m.tier, x.tier);
+                    any_to_end |= upto == end;
+                    again |= upto < end;
+                }
+                // A pass extends a replica only past where the previous one left it: the
+                // passes end once no extent ends inside the piece after extending one.
+                if !again {
+                    break;
+                }
+            }
+            i += n;
+            if !any_to_end {
+                break;
+            }
+        }
+    }
+}
+
+/// The table: held key → (run, offset) (see the module docs).
+struct LocTable {
+    seeds: [u64; 3],
+    segments: Vec<Segment>,
+}
+
+#[derive(Default)]
+struct Segment {
+    buckets: Vec<u64>,
+    live: usize,
+    tombs: usize,
+}
+
+/// log2 of [`SEGMENTS`].
+const SEGMENT_BITS: u32 = 12;
+/// Tables the keys are split into by hash, so that no insert rehashes more than a small share
+/// of the keys at once.
+pub const SEGMENTS: usize = 1 << SEGMENT_BITS;
+/// Buckets of a segment's first allocation.
+const MIN_BUCKETS: usize = 16;
+/// Below this many buckets a full segment grows fourfold.
+const SMALL_SEGMENT_BUCKETS: usize = 256;
+const EMPTY: u64 = 0;
+const TOMB: u64 = 1;
+const FIELD: u32 = 24;
+const FIELD_MASK: u64 = (1 << FIELD) - 1;
+
+#[inline(always)]
+fn folded_multiply(a: u64, b: u64) -> u64 {
+    let p = a as u128 * b as u128;
+    p as u64 ^ (p >> 64) as u64
+}
+
+impl LocTable {
+    fn new() -> LocTable {
+        let random = DefaultHashBuilder::default();
+        LocTable {
+            seeds: [
+                random.hash_one(0u64),
+                random.hash_one(1u64) | 1 << 63,
+                random.hash_one(2u64) | 1 << 63,
+            ],
+            segments: (0..SEGMENTS).map(|_| Segment::default()).collect(),
+        }
+    }
+
+    /// The keyed hash of a key (producers choose keys; see `store::KeyHasher`).
+    #[inline(always)]
+    fn hash(&self, ks: u32, h: u64) -> u64 {
+        let [s0, s1, s2] = self.seeds;
+        folded_multiply(folded_multiply(h ^ s0, ks as u64 ^ s1), s2)
+    }
+
+    /// A bucket's tag: the hash's top 16 bits with the top one set (never [`EMPTY`] or [`TOMB`]).
+    #[inline(always)]
+    fn tag(hash: u64) -> u64 {
+        (hash >> 48) | 0x8000
+    }
+
+    #[inline(always)]
+    fn entry(hash: u64, loc: Loc) -> u64 {
+        debug_assert!(u64::from(loc.run) <= FIELD_MASK && u64::from(loc.off) <= FIELD_MASK);
+        Self::tag(hash) << 48 | u64::from(loc.run) << FIELD | u64::from(loc.off)
+    }
+
+    #[inline(always)]
+    fn loc(e: u64) -> Loc {
+        Loc {
+            run: ((e >> FIELD) & FIELD_MASK) as u32,
+            off: (e & FIELD_MASK) as u32,
+        }
+    }
+
+    #[inline(always)]
+    fn segment(hash: u64) -> usize {
+        (hash >> 32) as usize & (SEGMENTS - 1)
+    }
+
+    #[inline]
+    fn prefetch(&self, ks: u32, h: u64) {
+        let hash = self.hash(ks, h);
+        let seg = &self.segments[Self::segment(hash)];
+        if let Some(b) = seg
+            .buckets
+            .get(hash as usize & seg.buckets.len().wrapping_sub(1))
+        {
+            prefetch(b);
+        }
+    }
+
+    /// The key `(ks, h)` whose table hash is `hash`.
+    #[inline]
+    fn find(&self, hash: u64, ks: u32, h: u64, runs: &[Run]) -> Option<Loc> {
+        let seg = &self.segments[Self::segment(hash)];
+        if seg.buckets.is_empty() {
+            return None;
+        }
+        let (mask, tag) = (seg.buckets.len() - 1, Self::tag(hash));
+        let mut i = hash as usize & mask;
+        loop {
+            let e = seg.buckets[i];
+            if e == EMPTY {
+                return None;
+            }
+            if e >> 48 == tag {
+                let loc = Self::loc(e);
+                let run = &runs[loc.run as usize];
+                if run.hashes[loc.off as usize] == h && run.ks == ks {
+                    return Some(loc);
+                }
+            }
+            i = (i + 1) & mask;
+        }
+    }
+
+    /// Stores `loc` under the key whose table hash is `hash`, which must be absent; `runs`
+    /// must already hold it there (a growth rehashes every entry from its run).
+    #[inline]
+    fn insert(&mut self, hash: u64, loc: Loc, runs: &[Run]) {
+        let seg_at = Self::segment(hash);
+        let seg = &self.segments[seg_at];
+        if (seg.live + seg.tombs + 1) * 4 > seg.buckets.len() * 3 {
+            self.grow(seg_at, runs);
+        }
+        let seg = &mut self.segments[seg_at];
+        let mask = seg.buckets.len() - 1;
+        let mut i = hash as usize & mask;
+        while seg.buckets[i] > TOMB {
+            i = (i + 1) & mask;
+        }
+        if seg.buckets[i] == TOMB {
+            seg.tombs -= 1;
+        }
+        seg.buckets[i] = Self::entry(hash, loc);
+        seg.live += 1;
+    }
+
+    /// Removes the entry at `loc` of the key whose table hash is `hash` (it must be there).
+    #[inline]
+    fn remove(&mut self, hash: u64, loc: Loc) {
+        let want = Self::entry(hash, loc);
+        let seg = &mut self.segments[Self::segment(hash)];
+        let mask = seg.buckets.len() - 1;
+        let mut i = hash as usize & mask;
+        while seg.buckets[i] != want {
+            assert_ne!(seg.buckets[i], EMPTY, "a held key is in the table");
+            i = (i + 1) & mask;
+        }
+        seg.live -= 1;
+        if seg.buckets[(i + 1) & mask] == EMPTY {
+            seg.buckets[i] = EMPTY;
+            let mut j = i.wrapping_sub(1) & mask;
+            while seg.buckets[j] == TOMB {
+                seg.buckets[j] = EMPTY;
+                seg.tombs -= 1;
+                j = j.wrapping_sub(1) & mask;
+            }
+        } else {
+            seg.buckets[i] = TOMB;
+            seg.tombs += 1;
+        }
+    }
+
+    /// Rehashes segment `at` into twice the buckets when at least half are live, else into as
+    /// many (the tombstones go), reading each entry's key from its run.
+    #[cold]
+    fn grow(&mut self, at: usize, runs: &[Run]) {
+        let seg = &self.segments[at];
+        let n = seg.buckets.len();
+        let size = if n == 0 {
+            MIN_BUCKETS
+        } else if seg.live * 2 >= n {
+            // Fourfold while small, as `postable::PosTable` grows (fewer rehashes of each key
+            // while a filling store's segments grow).
+            if n < SMALL_SEGMENT_BUCKETS {
+                n * 4
+            } else {
+                n * 2
+            }
+        } else {
+            n
+        };
+        let old = std::mem::replace(&mut self.segments[at].buckets, vec![EMPTY; size]);
+        let mask = size - 1;
+        for e in old.into_iter().filter(|&e| e > TOMB) {
+            let loc = Self::loc(e);
+            let run = &runs[loc.run as usize];
+            let hash = self.hash(run.ks, run.hashes[loc.off as usize]);
+            let buckets = &mut self.segments[at].buckets;
+            let mut i = hash as usize & mask;
+            while buckets[i] != EMPTY {
+                i = (i + 1) & mask;
+            }
+            buckets[i] = e;
+        }
+        self.segments[at].tombs = 0;
+    }
+
+    fn bytes(&self) -> usize {
+        self.segments
+            .iter()
+            .map(|s| s.buckets.capacity() * 8)
+            .sum::<usize>()
+            + self.segments.capacity() * std::mem::size_of::<Segment>()
+    }
+}

@@ -1,0 +1,251 @@
+//! The run-record store (`runstore`) against a model of per-entry records: random chains stored
+//! (shared prefixes, branches, continuations, refreshes with other times, tiers and token
+//! counts) and released (leaves first, roots first, from the middle), in two keyspaces by a
+//! few replicas. After every operation each key of the universe must be found exactly when
+//! the model holds it, with exactly the model's entries, the counts must agree, and a walk
+//! along every chain must give each replica the leading stretch it holds, with the oldest
+//! `last_seen` and the worst tier over it.
+
+use inferencecache_index::runstore::{Entry, Hint, Loc, Matched, RunStore, WalkScratch};
+use proptest::prelude::*;
+use std::collections::{BTreeMap, HashMap};
+
+/// Chains of the universe: chain `c` shares its first `SHARED[c]` blocks with chain 0.
+const CHAINS: usize = 5;
+const CHAIN_LEN: usize = 10;
+const SHARED: [usize; CHAINS] = [CHAIN_LEN, 3, 3, 6, 0];
+const REPLICAS: u32 = 4;
+const KEYSPACES: u32 = 2;
+
+/// The hash of block `b` of chain `c`: chains sharing a prefix share its blocks' hashes.
+fn hash(c: usize, b: usize) -> u64 {
+    let owner = if b < SHARED[c] { 0 } else { c };
+    // A fixed mixing of (owner, b): distinct, and far from small integers.
+    ((owner as u64) << 32 | b as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ 0x5555
+}
+
+#[derive(Clone, Debug)]
+enum Op {
+    /// Blocks `from..to` of chain `c` upserted in order by `replica`.
+    Store {
+        ks: u32,
+        c: usize,
+        from: usize,
+        to: usize,
+        replica: u32,
+        tier: u8,
+        ts: i64,
+        tokens_shift: i32,
+    },
+    /// Blocks `from..to` of chain `c` released by `replica`, leaves first or roots first.
+    Release {
+        ks: u32,
+        c: usize,
+        from: usize,
+        to: usize,
+        replica: u32,
+        leaves_first: bool,
+    },
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    let range = (0..CHAIN_LEN, 0..=CHAIN_LEN).prop_map(|(a, b)| (a.min(b), a.max(b)));
+    prop_oneof![
+        3 => (0..KEYSPACES, 0..CHAINS, range.clone(), 0..REPLICAS, 0u8..4, 1i64..4, 0i32..2)
+            .prop_map(|(ks, c, (from, to), replica, tier, ts, tokens_shift)| Op::Store {
+                ks, c, from, to, replica, tier, ts, tokens_shift
+            }),
+        2 => (0..KEYSPACES, 0..CHAINS, range, 0..REPLICAS, any::<bool>())
+            .prop_map(|(ks, c, (from, to), replica, leaves_first)| Op::Release {
+                ks, c, from, to, replica, leaves_first
+            }),
+    ]
+}
+
+type Model = HashMap<(u32, u64), BTreeMap<u32, Entry>>;
+
+fn apply(store: &mut RunStore, model: &mut Model, op: &Op) {
+    match *op {
+        Op::Store {
+            ks,
+            c,
+            from,
+            to,
+            replica,
+            tier,
+            ts,
+            tokens_shift,
+        } => {
+            let mut after: Option<Loc> =
+                from.checked_sub(1).and_then(|b| store.find(ks, hash(c, b)));
+            let mut hint = Hint::default();
+            for b in from..to {
+                let h = hash(c, b);
+                let e = Entry {
+                    replica,
+                    tier,
+                    last_seen: ts,
+                    tokens: (b as i32 + 1) * 16 + tokens_shift,
+                };
+                let (loc, _) = store.upsert(ks, h, after, e, &mut hint);
+                after = Some(loc);
+                model.entry((ks, h)).or_default().insert(replica, e);
+            }
+        }
+        Op::Release {
+            ks,
+            c,
+            from,
+            to,
+            replica,
+            leaves_first,
+        } => {
+            let blocks: Vec<usize> = if leaves_first {
+                (from..to).rev().collect()
+            } else {
+                (from..to).collect()
+            };
+            for b in blocks {
+                let h = hash(c, b);
+                let got = store.release(ks, h, replica);
+                let want = model.get_mut(&(ks, h)).and_then(|m| m.remove(&replica));
+                assert_eq!(got, want, "release of block {b} of chain {c} by {replica}");
+                if model.get(&(ks, h)).is_some_and(BTreeMap::is_empty) {
+                    model.remove(&(ks, h));
+                }
+            }
+        }
+    }
+}
+
+fn check(store: &RunStore, model: &Model, scratch: &mut WalkScratch) {
+    let mut entries = 0;
+    for ks in 0..KEYSPACES {
+        for c in 0..CHAINS {
+            for b in 0..CHAIN_LEN {
+                let h = hash(c, b);
+                let want = model.get(&(ks, h));
+                match (store.find(ks, h), want) {
+                    (None, None) => {}
+                    (Some(loc), Some(want)) => {
+                        let mut got: Vec<Entry> = store.entries_at(loc).collect();
+                        got.sort_by_key(|e| e.replica);
+                        let want: Vec<Entry> = want.values().copied().collect();
+                        assert_eq!(
+                            got, want,
+                            "entries of block {b} of chain {c}, keyspace {ks}"
+                        );
+                    }
+                    (got, want) => panic!("block {b} of chain {c}: found {got:?}, model {want:?}"),
+                }
+            }
+            // The walk along the whole chain against each replica's leading stretch.
+            store.walk(ks, CHAIN_LEN, |i| hash(c, i), |a, b| a.max(b), scratch);
+            let mut got = scratch.matched.clone();
+            got.sort_by_key(|m| m.replica);
+            let mut want = Vec::new();
+            for replica in 0..REPLICAS {
+                let held: Vec<Entry> = (0..CHAIN_LEN)
+                    .map_while(|b| model.get(&(ks, hash(c, b)))?.get(&replica).copied())
+                    .collect();
+                if let Some(first) = held.first() {
+                    want.push(Matched {
+                        replica,
+                        blocks: held.len() as u32,
+                        oldest: held.iter().map(|e| e.last_seen).min().unwrap(),
+                        tier: held.iter().map(|e| e.tier).max().unwrap_or(first.tier),
+                    });
+                }
+            }
+            assert_eq!(got, want, "walk of chain {c} in keyspace {ks}");
+        }
+    }
+    for held in model.values() {
+        entries += held.len();
+    }
+    assert_eq!(store.key_count(), model.len(), "keys");
+    assert_eq!(store.entry_count(), entries, "entries");
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 400, ..ProptestConfig::default() })]
+
+    #[test]
+    fn the_run_store_holds_what_per_entry_records_hold(ops in prop::collection::vec(op(), 1..60)) {
+        let mut store = RunStore::new();
+        let mut model = Model::new();
+        let mut scratch = WalkScratch::default();
+        for op in &ops {
+            apply(&mut store, &mut model, op);
+            check(&store, &model, &mut scratch);
+        }
+        // Everything released: nothing is left, and every run went back to the free list.
+        for ((ks, h), held) in model.clone() {
+            for replica in held.keys() {
+                prop_assert!(store.release(ks, h, *replica).is_some());
+            }
+        }
+        prop_assert_eq!(store.key_count(), 0);
+        prop_assert_eq!(store.entry_count(), 0);
+    }
+}
+
+/// A chain stored in one go is one run, and a walk of it probes the table once: the whole
+/// chain is the run's hashes from its first block.
+#[test]
+fn a_chain_stored_in_order_is_one_run() {
+    let mut store = RunStore::new();
+    let mut hint = Hint::default();
+    let mut after = None;
+    for b in 0..CHAIN_LEN {
+        let e = Entry {
+            replica: 1,
+            tier: 1,
+            last_seen: 5,
+            tokens: 16 * (b as i32 + 1),
+        };
+        after = Some(store.upsert(0, hash(0, b), after, e, &mut hint).0);
+    }
+    let first = store.find(0, hash(0, 0)).unwrap();
+    assert_eq!(store.along(first).len(), CHAIN_LEN);
+    assert_eq!(
+        store.run(first.run).extents().len(),
+        1,
+        "one extent for the chain"
+    );
+    // A continuation by another replica stored later grows no hole and joins the run.
+    let loc = store.find(0, hash(0, 4)).unwrap();
+    assert_eq!(loc.run, first.run);
+}
+
+/// A block released from the middle of a run bounds the walk there; stored again after its
+/// predecessor, it goes back into its place.
+#[test]
+fn a_hole_bounds_the_walk_and_is_filled_again() {
+    let mut store = RunStore::new();
+    let mut hint = Hint::default();
+    let mut after = None;
+    let e = |b: usize| Entry {
+        replica: 2,
+        tier: 1,
+        last_seen: 7,
+        tokens: 16 * (b as i32 + 1),
+    };
+    for b in 0..6 {
+        after = Some(store.upsert(0, hash(0, b), after, e(b), &mut hint).0);
+    }
+    let first = store.find(0, hash(0, 0)).unwrap();
+    assert_eq!(store.release(0, hash(0, 3), 2), Some(e(3)));
+    assert_eq!(store.along(first).len(), 3, "the walk stops at the hole");
+    assert!(store.find(0, hash(0, 3)).is_none());
+    let before = store.find(0, hash(0, 2));
+    let (loc, _) = store.upsert(0, hash(0, 3), before, e(3), &mut Hint::default());
+    assert_eq!(
+        loc,
+        Loc {
+            run: first.run,
+            off: 3
+        }
+    );
+    assert_eq!(store.along(first).len(), 6);
+}
