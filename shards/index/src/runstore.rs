@@ -309,7 +309,7 @@ impl RunStore {
 
     /// Adds `e` at `loc` (the replica holds no entry there): grows the hinted extent, or
     /// another of the replica's with the same values ending right before `loc`, else a new one.
-    #[inline]
+    #[inline(always)]
     fn add(&mut self, loc: Loc, e: Entry, hint: &mut Hint) {
         let run = &mut self.runs[loc.run as usize];
         let grows = |x: &Extent| x.replica == e.replica && x.hi == loc.off && x.same_values(&e);
@@ -687,7 +687,7 @@ impl LocTable {
 
     /// Stores `loc` under the key whose table hash is `hash`, which must be absent; `runs`
     /// must already hold it there (a growth rehashes every entry from its run).
-    #[inline]
+    #[inline(always)]
     fn insert(&mut self, hash: u64, loc: Loc, runs: &[Run]) {
         let seg_at = Self::segment(hash);
         let seg = &self.segments[seg_at];
