@@ -5,15 +5,15 @@
 //! per-key records (`index::store`); the peer benchmark drives this store directly, and its
 //! tests hold it to a model of per-entry records.
 //!
-//! * A *run* is a vector of 8-byte key hashes of one keyspace, each with the cumulative token
-//!   count it was created with. A new key is appended to the run of the key it follows (the
+//! * A *run* is a vector of 8-byte key hashes of one keyspace. A new key is appended to the run of the key it follows (the
 //!   caller's `after`, its chain's previous block) when that key is its run's last; it goes
 //!   back into its old place when that place is a hole right after `after`; else it starts a
 //!   run of its own.
 //! * An *extent* is one replica's stretch of a run, `lo..hi`, with one tier and one
 //!   `last_seen`: an upsert grows the extent that ends right before it, a refresh with other
-//!   values splits its extent, a release shrinks or splits it. A holder whose stored token
-//!   count differs from the run's is kept in a side table.
+//!   values splits its extent, a release shrinks or splits it. An extent's stored token counts
+//!   are a start and a step (one event's cumulative counts over blocks of one size): a count
+//!   off that step starts another extent.
 //! * The table maps each held key to its (run, offset): 8-byte buckets (a 16-bit tag, a 24-bit
 //!   run and a 24-bit offset), probed linearly, at most 3/4 full, in [`SEGMENTS`] tables that
 //!   grow apart; a tag match is confirmed against the run.
@@ -22,7 +22,7 @@
 //!   along the run ([`RunStore::along`]): the key may come back elsewhere.
 
 use crate::prefetch::prefetch;
-use hashbrown::{DefaultHashBuilder, HashMap};
+use hashbrown::DefaultHashBuilder;
 use std::hash::BuildHasher;
 
 /// Runs and offsets are 24-bit fields of a table bucket.
@@ -47,7 +47,9 @@ pub struct Entry {
     pub tokens: i32,
 }
 
-/// One replica's entries at offsets `lo..hi` of a run, all with this tier and `last_seen`.
+/// One replica's entries at offsets `lo..hi` of a run, all with this tier and `last_seen`, and
+/// stored token counts that step by `tokens_step` from `tokens_at_lo` (one store event's
+/// cumulative counts over blocks of one size; other counts start another extent).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Extent {
     pub replica: u32,
@@ -55,23 +57,48 @@ pub struct Extent {
     pub hi: u32,
     pub tier: u8,
     pub last_seen: i64,
+    tokens_at_lo: i32,
+    tokens_step: i32,
 }
 
 impl Extent {
     fn covers(&self, off: u32) -> bool {
         self.lo <= off && off < self.hi
     }
-    fn same_values(&self, e: &Entry) -> bool {
-        self.tier == e.tier && self.last_seen == e.last_seen
+    /// The stored token count at offset `off` (wrapping, as the counts' sums do).
+    pub fn tokens_at(&self, off: u32) -> i32 {
+        let steps = off.wrapping_sub(self.lo) as i32;
+        self.tokens_at_lo
+            .wrapping_add(steps.wrapping_mul(self.tokens_step))
+    }
+    /// This extent from offset `lo` on (its counts rebased).
+    fn from(&self, lo: u32) -> Extent {
+        Extent {
+            lo,
+            tokens_at_lo: self.tokens_at(lo),
+            ..*self
+        }
+    }
+    /// Whether entry `e` at offset `self.hi` continues the extent: same replica, tier, time,
+    /// and the count the step gives (any count after a one-block extent, which sets the step).
+    fn continued_by(&self, e: &Entry, off: u32) -> bool {
+        self.replica == e.replica
+            && self.hi == off
+            && self.tier == e.tier
+            && self.last_seen == e.last_seen
+            && (self.hi - self.lo == 1 || self.tokens_at(off) == e.tokens)
+    }
+    /// Whether the extent's entry at `off` already has `e`'s values.
+    fn holds(&self, e: &Entry, off: u32) -> bool {
+        self.tier == e.tier && self.last_seen == e.last_seen && self.tokens_at(off) == e.tokens
     }
 }
 
-/// A run: its keyspace, its keys' hashes and creation token counts, its extents and holes.
+/// A run: its keyspace, its keys' hashes, its extents and holes.
 #[derive(Default)]
 pub struct Run {
     ks: u32,
     hashes: Vec<u64>,
-    tokens: Vec<i32>,
     extents: Vec<Extent>,
     /// Offsets no extent covers below the run's end, ascending.
     holes: Vec<u32>,
@@ -98,7 +125,6 @@ impl Run {
     }
     fn bytes(&self) -> usize {
         self.hashes.capacity() * 8
-            + self.tokens.capacity() * 4
             + self.extents.capacity() * std::mem::size_of::<Extent>()
             + self.holes.capacity() * 4
     }
@@ -126,8 +152,6 @@ pub struct RunStore {
     table: LocTable,
     runs: Vec<Run>,
     free_runs: Vec<u32>,
-    /// (run, offset, replica) → the entry's token count where it differs from the run's.
-    tokens_apart: HashMap<(u32, u32, u32), i32>,
     keys: usize,
     entries: usize,
 }
@@ -144,7 +168,6 @@ impl RunStore {
             table: LocTable::new(),
             runs: Vec::new(),
             free_runs: Vec::new(),
-            tokens_apart: HashMap::new(),
             keys: 0,
             entries: 0,
         }
@@ -160,7 +183,7 @@ impl RunStore {
         self.entries
     }
 
-    /// Heap bytes of the runs and the table (the side table of token counts left out).
+    /// Heap bytes of the runs and the table.
     pub fn heap_bytes(&self) -> usize {
         self.table.bytes()
             + self.runs.iter().map(Run::bytes).sum::<usize>()
@@ -210,20 +233,8 @@ impl RunStore {
                 replica: x.replica,
                 tier: x.tier,
                 last_seen: x.last_seen,
-                tokens: self.tokens_of(loc, x.replica),
+                tokens: x.tokens_at(loc.off),
             })
-    }
-
-    /// The stored token count of `replica`'s entry at `loc`.
-    #[inline]
-    pub fn tokens_of(&self, loc: Loc, replica: u32) -> i32 {
-        match (!self.tokens_apart.is_empty())
-            .then(|| self.tokens_apart.get(&(loc.run, loc.off, replica)))
-            .flatten()
-        {
-            Some(&t) => t,
-            None => self.runs[loc.run as usize].tokens[loc.off as usize],
-        }
     }
 
     /// Upserts `e` for key `(ks, h)`, which follows the key at `after` in its chain (None: a
@@ -240,20 +251,18 @@ impl RunStore {
     ) -> (Loc, Upserted) {
         let hash = self.table.hash(ks, h);
         let Some(loc) = self.table.find(hash, ks, h, &self.runs) else {
-            let loc = self.create(hash, ks, h, after, e.tokens);
+            let loc = self.create(hash, ks, h, after);
             self.add(loc, e, hint);
             self.keys += 1;
             return (loc, Upserted::CreatedKey);
         };
         match self.runs[loc.run as usize].extent_of(e.replica, loc.off) {
             Some(i) => {
-                self.set_tokens(loc, e.replica, e.tokens);
                 self.refresh(loc, i, e, hint);
                 (loc, Upserted::Refreshed)
             }
             None => {
                 self.add(loc, e, hint);
-                self.set_tokens(loc, e.replica, e.tokens);
                 (loc, Upserted::AddedEntry)
             }
         }
@@ -262,7 +271,7 @@ impl RunStore {
     /// A place for new key `(ks, h)`: the hole right after `after` when it was this key's,
     /// else the end of `after`'s run when `after` is its last block, else a new run.
     #[inline]
-    fn create(&mut self, hash: u64, ks: u32, h: u64, after: Option<Loc>, tokens: i32) -> Loc {
+    fn create(&mut self, hash: u64, ks: u32, h: u64, after: Option<Loc>) -> Loc {
         if let Some(a) = after
             && let Some(run) = self.runs.get_mut(a.run as usize)
             && run.ks == ks
@@ -275,7 +284,6 @@ impl RunStore {
             };
             if next as usize == run.hashes.len() && next < MAX_RUN_LEN {
                 run.hashes.push(h);
-                run.tokens.push(tokens);
                 self.table.insert(hash, at, &self.runs);
                 return at;
             }
@@ -284,7 +292,6 @@ impl RunStore {
                 && let Ok(i) = run.holes.binary_search(&next)
             {
                 run.holes.remove(i);
-                run.tokens[next as usize] = tokens;
                 self.table.insert(hash, at, &self.runs);
                 return at;
             }
@@ -301,18 +308,17 @@ impl RunStore {
         debug_assert!(run.hashes.is_empty() && run.extents.is_empty());
         run.ks = ks;
         run.hashes.push(h);
-        run.tokens.push(tokens);
         let at = Loc { run: id, off: 0 };
         self.table.insert(hash, at, &self.runs);
         at
     }
 
     /// Adds `e` at `loc` (the replica holds no entry there): grows the hinted extent, or
-    /// another of the replica's with the same values ending right before `loc`, else a new one.
+    /// another of the replica's that `e` continues ([`Extent::continued_by`]), else a new one.
     #[inline(always)]
     fn add(&mut self, loc: Loc, e: Entry, hint: &mut Hint) {
         let run = &mut self.runs[loc.run as usize];
-        let grows = |x: &Extent| x.replica == e.replica && x.hi == loc.off && x.same_values(&e);
+        let grows = |x: &Extent| x.continued_by(&e, loc.off);
         let hinted = match hint.0 {
             Some((r, i)) if r == loc.run => run.extents.get(i as usize).filter(|x| grows(x)),
             _ => None,
@@ -329,29 +335,32 @@ impl RunStore {
                 hi: loc.off,
                 tier: e.tier,
                 last_seen: e.last_seen,
+                tokens_at_lo: e.tokens,
+                tokens_step: 0,
             });
             run.extents.len() - 1
         };
-        run.extents[at].hi += 1;
+        let x = &mut run.extents[at];
+        if x.hi - x.lo == 1 {
+            x.tokens_step = e.tokens.wrapping_sub(x.tokens_at_lo);
+        }
+        x.hi += 1;
         *hint = Hint(Some((loc.run, at as u32)));
         self.entries += 1;
     }
 
-    /// Overwrites the tier and `last_seen` of the entry at `loc` in extent `i`: nothing when
-    /// they are unchanged; else the entry leaves its extent (which splits around it) and joins
-    /// the hinted extent when that ends right before it with the new values.
+    /// Overwrites the tier, `last_seen` and token count of the entry at `loc` in extent `i`:
+    /// nothing when they are unchanged; else the entry leaves its extent (which splits around
+    /// it) and joins the hinted extent when `e` continues that one.
     fn refresh(&mut self, loc: Loc, i: usize, e: Entry, hint: &mut Hint) {
         let run = &mut self.runs[loc.run as usize];
         let x = run.extents[i];
-        if x.same_values(&e) {
+        if x.holds(&e, loc.off) {
             *hint = Hint(Some((loc.run, i as u32)));
             return;
         }
         // The extent keeps its part before `loc`; the part after goes to a new extent.
-        let after = Extent {
-            lo: loc.off + 1,
-            ..x
-        };
+        let after = x.from(loc.off + 1);
         if loc.off == x.lo {
             run.extents.swap_remove(i);
             // A swap moved the last extent into `i`: a hint naming the last one now names `i`.
@@ -371,18 +380,6 @@ impl RunStore {
         self.add(loc, e, hint);
     }
 
-    /// Records `replica`'s token count at `loc` (apart from the run's when it differs).
-    fn set_tokens(&mut self, loc: Loc, replica: u32, tokens: i32) {
-        let key = (loc.run, loc.off, replica);
-        if tokens == self.runs[loc.run as usize].tokens[loc.off as usize] {
-            if !self.tokens_apart.is_empty() {
-                self.tokens_apart.remove(&key);
-            }
-        } else {
-            self.tokens_apart.insert(key, tokens);
-        }
-    }
-
     /// Takes `replica`'s entry of key `(ks, h)` out. Returns it, or None when the replica held
     /// no entry there. A key left without holders leaves the table (its block is cut off at the
     /// run's end, or stays as a hole).
@@ -393,29 +390,21 @@ impl RunStore {
         let run = &mut self.runs[loc.run as usize];
         let i = run.extent_of(replica, loc.off)?;
         let x = run.extents[i];
-        let tokens = match self.tokens_apart.is_empty() {
-            true => None,
-            false => self.tokens_apart.remove(&(loc.run, loc.off, replica)),
-        };
-        let run = &mut self.runs[loc.run as usize];
         let entry = Entry {
             replica,
             tier: x.tier,
             last_seen: x.last_seen,
-            tokens: tokens.unwrap_or(run.tokens[loc.off as usize]),
+            tokens: x.tokens_at(loc.off),
         };
         if x.hi - x.lo == 1 {
             run.extents.swap_remove(i);
         } else if loc.off + 1 == x.hi {
             run.extents[i].hi -= 1;
         } else if loc.off == x.lo {
-            run.extents[i].lo += 1;
+            run.extents[i] = x.from(loc.off + 1);
         } else {
             run.extents[i].hi = loc.off;
-            run.extents.push(Extent {
-                lo: loc.off + 1,
-                ..x
-            });
+            run.extents.push(x.from(loc.off + 1));
         }
         self.entries -= 1;
         if !run.covered(loc.off) {
@@ -439,14 +428,12 @@ impl RunStore {
             return;
         }
         run.hashes.pop();
-        run.tokens.pop();
         // Holes right before the end go with it (their keys left the table already).
         while let Some(&last) = run.holes.last()
             && last as usize + 1 == run.hashes.len()
         {
             run.holes.pop();
             run.hashes.pop();
-            run.tokens.pop();
         }
         if run.hashes.is_empty() {
             debug_assert!(run.extents.is_empty() && run.holes.is_empty());
