@@ -128,8 +128,9 @@ impl RunIndex {
         self.answer.clear();
         self.store.walk(
             KS,
-            blocks.len(),
-            |i| blocks[i].chain,
+            chain_words(blocks),
+            1,
+            2,
             ranking::worst_tier,
             &mut self.walk,
         );
@@ -299,6 +300,15 @@ impl Adapter for RunIndex {
                 .map(|a| (a.replica, (a.matched_tokens / tpb) as u32)),
         );
     }
+}
+
+/// The blocks as words: each block is two, `content` then `chain` (`Block` is `repr(C)`).
+fn chain_words(blocks: &[Block]) -> &[u64] {
+    const _: () = assert!(std::mem::size_of::<Block>() == 16);
+    const _: () = assert!(std::mem::offset_of!(Block, chain) == 8);
+    // SAFETY: `Block` is `repr(C)` of two u64 (asserted above): its slice is a valid `[u64]` of
+    // twice the length, aligned, for the slice's lifetime.
+    unsafe { std::slice::from_raw_parts(blocks.as_ptr().cast::<u64>(), blocks.len() * 2) }
 }
 
 /// One index's figures in one round.

@@ -474,8 +474,9 @@ impl WalkScratch {
 }
 
 impl RunStore {
-    /// Walks the request's keys (`len` of them in keyspace `ks`, the `i`-th is `hash_at(i)`)
-    /// from the first: per replica holding a leading stretch of them, into `scratch.matched`
+    /// Walks the request's keys (in keyspace `ks`; the `i`-th is word `first` of the `i`-th
+    /// chunk of `stride` words: a request's hashes where they lie, in records of `stride`
+    /// words) from the first: per replica holding a leading stretch of them, into `scratch.matched`
     /// (in no particular order), its length, oldest `last_seen` and worst tier (`worst`
     /// combines two tiers). The table is probed at the first key and wherever the request
     /// leaves a run or meets its end or a hole; along a run each extent is visited once per
@@ -484,22 +485,28 @@ impl RunStore {
     pub fn walk(
         &self,
         ks: u32,
-        len: usize,
-        hash_at: impl Fn(usize) -> u64,
+        words: &[u64],
+        first: usize,
+        stride: usize,
         worst: impl Fn(u8, u8) -> u8,
         scratch: &mut WalkScratch,
     ) {
+        assert!(first < stride, "word {first} of records of {stride} words");
+        assert_eq!(words.len() % stride, 0, "whole records of {stride} words");
         scratch.next_epoch();
         let epoch = scratch.epoch;
+        let len = words.len() / stride;
         let mut i = 0usize;
         while i < len {
-            let Some(loc) = self.find(ks, hash_at(i)) else {
+            let request = words[i * stride..].chunks_exact(stride).map(|r| r[first]);
+            let Some(loc) = self.find(ks, words[i * stride + first]) else {
                 break;
             };
             let along = self.along(loc);
-            let avail = along.len().min(len - i);
-            let n = (0..avail)
-                .take_while(|&k| along[k] == hash_at(i + k))
+            let n = along
+                .iter()
+                .zip(request)
+                .take_while(|(run, request)| **run == *request)
                 .count();
             let (start, end) = (loc.off, loc.off + n as u32);
             let run = &self.runs[loc.run as usize];
