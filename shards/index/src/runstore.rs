@@ -94,15 +94,27 @@ impl Extent {
     }
 }
 
-/// A run: its keyspace, its keys' hashes, its extents and holes.
+/// A run: its keyspace, its keys' hashes, its extents and holes. One cache line: a store, a
+/// release and a walk read its hashes' and extents' places and its keyspace together; the
+/// holes, rare, are boxed apart.
 #[derive(Default)]
+#[repr(C, align(64))]
 pub struct Run {
-    ks: u32,
     hashes: Vec<u64>,
     extents: Vec<Extent>,
-    /// Offsets no extent covers below the run's end, ascending.
-    holes: Vec<u32>,
+    ks: u32,
+    /// Offsets no extent covers below the run's end, ascending (None: no hole).
+    holes: Option<Box<Holes>>,
 }
+
+/// A run's holes, behind one pointer so that a run without any (almost all) stays one line.
+#[derive(Default)]
+struct Holes(Vec<u32>);
+
+const _: () = assert!(
+    std::mem::size_of::<Run>() == 64,
+    "a run record is one cache line"
+);
 
 impl Run {
     /// The run's keyspace.
@@ -126,7 +138,25 @@ impl Run {
     fn bytes(&self) -> usize {
         self.hashes.capacity() * 8
             + self.extents.capacity() * std::mem::size_of::<Extent>()
-            + self.holes.capacity() * 4
+            + self.holes.as_ref().map_or(0, |h| 24 + h.0.capacity() * 4)
+    }
+    fn holes(&self) -> &[u32] {
+        self.holes.as_deref().map_or(&[], |h| h.0.as_slice())
+    }
+    fn add_hole(&mut self, off: u32) {
+        let holes = &mut self.holes.get_or_insert_with(Box::default).0;
+        let i = holes
+            .binary_search(&off)
+            .expect_err("a held key is no hole");
+        holes.insert(i, off);
+    }
+    fn remove_hole(&mut self, i: usize) {
+        if let Some(holes) = &mut self.holes {
+            holes.0.remove(i);
+            if holes.0.is_empty() {
+                self.holes = None;
+            }
+        }
     }
 }
 
@@ -218,8 +248,9 @@ impl RunStore {
     #[inline]
     pub fn along(&self, loc: Loc) -> &[u64] {
         let run = &self.runs[loc.run as usize];
-        let end = match run.holes.binary_search(&loc.off) {
-            Ok(i) | Err(i) => run.holes.get(i).map_or(run.hashes.len(), |&h| h as usize),
+        let holes = run.holes();
+        let end = match holes.binary_search(&loc.off) {
+            Ok(i) | Err(i) => holes.get(i).map_or(run.hashes.len(), |&h| h as usize),
         };
         &run.hashes[loc.off as usize..end]
     }
@@ -287,11 +318,11 @@ impl RunStore {
                 self.table.insert(hash, at, &self.runs);
                 return at;
             }
-            if !run.holes.is_empty()
+            if run.holes.is_some()
                 && run.hashes.get(next as usize) == Some(&h)
-                && let Ok(i) = run.holes.binary_search(&next)
+                && let Ok(i) = run.holes().binary_search(&next)
             {
-                run.holes.remove(i);
+                run.remove_hole(i);
                 self.table.insert(hash, at, &self.runs);
                 return at;
             }
@@ -420,23 +451,19 @@ impl RunStore {
     fn uncover(&mut self, loc: Loc) {
         let run = &mut self.runs[loc.run as usize];
         if loc.off as usize + 1 < run.hashes.len() {
-            let i = run
-                .holes
-                .binary_search(&loc.off)
-                .expect_err("a held key is no hole");
-            run.holes.insert(i, loc.off);
+            run.add_hole(loc.off);
             return;
         }
         run.hashes.pop();
         // Holes right before the end go with it (their keys left the table already).
-        while let Some(&last) = run.holes.last()
+        while let Some(&last) = run.holes().last()
             && last as usize + 1 == run.hashes.len()
         {
-            run.holes.pop();
+            run.remove_hole(run.holes().len() - 1);
             run.hashes.pop();
         }
         if run.hashes.is_empty() {
-            debug_assert!(run.extents.is_empty() && run.holes.is_empty());
+            debug_assert!(run.extents.is_empty() && run.holes.is_none());
             *run = Run::default();
             self.free_runs.push(loc.run);
         }
