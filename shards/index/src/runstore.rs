@@ -5,10 +5,10 @@
 //! per-key records (`index::store`); the peer benchmark drives this store directly, and its
 //! tests hold it to a model of per-entry records.
 //!
-//! * A *run* is a vector of 8-byte key hashes of one keyspace. A new key is appended to the run of the key it follows (the
-//!   caller's `after`, its chain's previous block) when that key is its run's last; it goes
-//!   back into its old place when that place is a hole right after `after`; else it starts a
-//!   run of its own.
+//! * A *run* is a vector of 8-byte key hashes of one keyspace. A new key is appended to the
+//!   run of the key it follows (the caller's `after`, its chain's previous block) when that key
+//!   is its run's last; it goes back into its old place when that place is a hole right after
+//!   `after`; else it starts a run of its own.
 //! * An *extent* is one replica's stretch of a run, `lo..hi`, with one tier and one
 //!   `last_seen`: an upsert grows the extent that ends right before it, a refresh with other
 //!   values splits its extent, a release shrinks or splits it. An extent's stored token counts
@@ -25,7 +25,8 @@ use crate::prefetch::prefetch;
 use hashbrown::DefaultHashBuilder;
 use std::hash::BuildHasher;
 
-/// Runs and offsets are 24-bit fields of a table bucket.
+/// Runs and offsets are 24-bit fields of a table bucket. Reaching it panics: before the index
+/// uses this store, an upsert past it must be refused with a counted limit instead.
 pub const MAX_RUNS: u32 = 1 << 24;
 /// The most blocks one run holds; a chain past it continues in a new run.
 pub const MAX_RUN_LEN: u32 = 1 << 24;
