@@ -6,6 +6,7 @@
 
 pub mod directory;
 pub mod index;
+mod keyhash;
 pub mod policy;
 mod prefetch;
 pub mod resolve;

@@ -21,9 +21,8 @@
 //!   uncovered blocks before it); elsewhere it stays as a *hole*, which bounds every walk
 //!   along the run ([`RunStore::along`]): the key may come back elsewhere.
 
+use crate::keyhash::KeyHasher;
 use crate::prefetch::prefetch;
-use hashbrown::DefaultHashBuilder;
-use std::hash::BuildHasher;
 
 /// Runs and offsets are 24-bit fields of a table bucket. Reaching it panics: before the index
 /// uses this store, an upsert past it must be refused with a counted limit instead.
@@ -594,7 +593,7 @@ impl RunStore {
 
 /// The table: held key → (run, offset) (see the module docs).
 struct LocTable {
-    seeds: [u64; 3],
+    hasher: KeyHasher,
     segments: Vec<Segment>,
 }
 
@@ -619,30 +618,18 @@ const TOMB: u64 = 1;
 const FIELD: u32 = 24;
 const FIELD_MASK: u64 = (1 << FIELD) - 1;
 
-#[inline(always)]
-fn folded_multiply(a: u64, b: u64) -> u64 {
-    let p = a as u128 * b as u128;
-    p as u64 ^ (p >> 64) as u64
-}
-
 impl LocTable {
     fn new() -> LocTable {
-        let random = DefaultHashBuilder::default();
         LocTable {
-            seeds: [
-                random.hash_one(0u64),
-                random.hash_one(1u64) | 1 << 63,
-                random.hash_one(2u64) | 1 << 63,
-            ],
+            hasher: KeyHasher::new(),
             segments: (0..SEGMENTS).map(|_| Segment::default()).collect(),
         }
     }
 
-    /// The keyed hash of a key (producers choose keys; see `store::KeyHasher`).
+    /// The keyed hash of a key (producers choose keys; see [`KeyHasher`]).
     #[inline(always)]
     fn hash(&self, ks: u32, h: u64) -> u64 {
-        let [s0, s1, s2] = self.seeds;
-        folded_multiply(folded_multiply(h ^ s0, ks as u64 ^ s1), s2)
+        self.hasher.hash(ks, h)
     }
 
     /// A bucket's tag: the hash's top 16 bits with the top one set (never [`EMPTY`] or [`TOMB`]).

@@ -22,8 +22,7 @@
 //! its [`KeyId`].
 
 use super::postable::{MAX_POSITIONS, PosTable};
-use hashbrown::DefaultHashBuilder;
-use std::hash::BuildHasher;
+use crate::keyhash::KeyHasher;
 
 /// "No link" marker for slab links.
 pub(crate) const NIL: u32 = u32::MAX;
@@ -88,44 +87,11 @@ pub(crate) const SEGMENTS: usize = 1 << SEGMENT_BITS;
 /// entropy.
 const SEGMENT_SHIFT: u32 = 40;
 
-/// The tables' keyed hash of a [`KeyId`]: the key's two words, each mixed with a seed drawn
-/// per store, multiplied into 128 bits and folded (high half XOR low half), then folded once
-/// more with a third seed (foldhash's construction, the workspace's map hasher, without its
-/// generic `Hasher` plumbing, which cost ~10 more instructions per hash; a stored or removed
-/// block hashes twice, once for its own probe and once to start loading the next one's bucket).
-/// Keys are chosen by producers, so the seeds are random. One fold is not enough: keys that
-/// differ only in their high bits then map almost linearly onto the segments and cluster
-/// (`low_entropy_keys_spread_over_segments_and_buckets`); the second fold breaks that.
-#[derive(Clone, Copy)]
-struct KeyHasher {
-    seeds: [u64; 3],
-}
-
-/// The high and low halves of the 128-bit product of `a` and `b`, XORed.
-#[inline(always)]
-fn folded_multiply(a: u64, b: u64) -> u64 {
-    let product = a as u128 * b as u128;
-    product as u64 ^ (product >> 64) as u64
-}
-
 impl KeyHasher {
-    fn new() -> KeyHasher {
-        let random = DefaultHashBuilder::default();
-        // The multipliers keep their top bit, so neither is ever zero: a zero `ks ^ seed`
-        // (ks < 2^32) would give every key of that keyspace one hash.
-        KeyHasher {
-            seeds: [
-                random.hash_one(0u64),
-                random.hash_one(1u64) | 1 << 63,
-                random.hash_one(2u64) | 1 << 63,
-            ],
-        }
-    }
-
+    /// The keyed hash of key `k` (see [`KeyHasher`]).
     #[inline(always)]
-    fn hash(&self, k: KeyId) -> u64 {
-        let [s0, s1, s2] = self.seeds;
-        folded_multiply(folded_multiply(k.h ^ s0, k.ks as u64 ^ s1), s2)
+    fn hash_key(&self, k: KeyId) -> u64 {
+        self.hash(k.ks, k.h)
     }
 }
 
@@ -760,7 +726,7 @@ impl Store {
     /// Slab position of a key.
     #[inline]
     pub fn find(&self, k: KeyId) -> Option<u32> {
-        let h = self.hasher.hash(k);
+        let h = self.hasher.hash_key(k);
         self.table[Self::segment(h)].find(h, |i| self.keys.key(i) == k)
     }
 
@@ -918,7 +884,7 @@ impl Store {
     /// Starts loading the table bucket a probe for `k` reads first (a probe expected later).
     #[inline(always)]
     pub fn prefetch_probe(&self, k: KeyId) {
-        self.prefetch_bucket(self.hasher.hash(k));
+        self.prefetch_bucket(self.hasher.hash_key(k));
     }
 
     /// [`Store::prefetch_probe`] of a key whose table hash is `h`.
@@ -934,7 +900,7 @@ impl Store {
     /// have missed.
     #[inline]
     pub fn prefetch_found(&self, k: KeyId) {
-        let h = self.hasher.hash(k);
+        let h = self.hasher.hash_key(k);
         if let Some(pos) = self.table[Self::segment(h)].find(h, |_| true)
             && (pos as usize) < self.keys.len()
         {
@@ -1414,10 +1380,10 @@ impl Store {
         debug_assert!(k.keyspace() < KEYSPACE_LIMIT);
         // No slot is reused and no table resized while removed entries are still in a table.
         self.finish_table_removals();
-        let h = self.hasher.hash(k);
+        let h = self.hasher.hash_key(k);
         let (keys, hasher) = (&self.keys, &self.hasher);
         let table = &mut self.table[Self::segment(h)];
-        table.reserve_one(|i| hasher.hash(keys.key(i)));
+        table.reserve_one(|i| hasher.hash_key(keys.key(i)));
         let vacant = match table.find_or_vacant(h, |i| keys.key(i) == k) {
             Ok(pos) => return (pos, false),
             Err(v) => v,
@@ -1626,7 +1592,7 @@ impl Store {
         // The removed record's successor lost its predecessor (remove_holder detached it).
         // Its table entry goes with the batch (see `table_removals`).
         self.free.push(&mut self.keys, pos);
-        self.table_removals.push((self.hasher.hash(k), pos));
+        self.table_removals.push((self.hasher.hash_key(k), pos));
         if self.table_removals.len() == TABLE_REMOVAL_BATCH {
             self.finish_table_removals_now();
         }
@@ -2131,7 +2097,7 @@ mod tests {
         let mut s = Store::new();
         // Keys of one segment, so that its table is the one that fills.
         let hasher = s.hasher;
-        let segment = |h: u64| Store::segment(hasher.hash(KeyId { ks: 3, h }));
+        let segment = |h: u64| Store::segment(hasher.hash_key(KeyId { ks: 3, h }));
         let target = segment(0);
         let mut ours = (0u64..).filter(|&h| segment(h) == target);
         let mut held: Vec<(u64, u32)> = Vec::new();
@@ -2205,7 +2171,7 @@ mod tests {
             );
             let (keys, hasher) = (&s.keys, &s.hasher);
             let displaced: usize = (s.table.iter())
-                .map(|t| t.total_displacement(|p| hasher.hash(keys.key(p))))
+                .map(|t| t.total_displacement(|p| hasher.hash_key(keys.key(p))))
                 .sum();
             let mean = displaced as f64 / n as f64;
             // Linear probing at a load of at most 3/4 averages under 1.5 buckets past home.
@@ -2216,7 +2182,7 @@ mod tests {
     /// Inserts `k`; returns how many keys a grow or tombstone rehash of its table moved (the
     /// table's keys when its capacity rose, else 0).
     fn insert_moved(s: &mut Store, k: KeyId) -> usize {
-        let seg = Store::segment(s.hasher.hash(k));
+        let seg = Store::segment(s.hasher.hash_key(k));
         let before = s.table[seg].capacity();
         s.insert_key(k, Holder::new(1, 1, 1, 1));
         if s.table[seg].capacity() > before {
