@@ -23,13 +23,15 @@
 #[allow(dead_code)]
 #[path = "../src/adapters.rs"]
 mod adapters;
+#[path = "../src/fleet_env.rs"]
+mod fleet_env;
 #[path = "../src/server_alloc.rs"]
 mod server_alloc;
 
 /// The server's allocator (see `server_alloc`).
 #[global_allocator]
 static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
-use fleetsim::{Adapter, Op, SimConfig, parse_trace, simulate};
+use fleetsim::{Adapter, Op, parse_trace, simulate};
 use std::time::Instant;
 fn main() {
     server_alloc::configure();
@@ -41,15 +43,8 @@ fn main() {
     let min_blocks: usize = std::env::var("MIN_BLOCKS").map_or(0, |s| s.parse().unwrap());
     let mut trace = parse_trace(&text).unwrap();
     trace.truncate(limit);
-    let env =
-        |name: &str, default: u32| std::env::var(name).map_or(default, |s| s.parse().unwrap());
-    let (workers, expand) = (env("WORKERS", 64), env("EXPAND", 32));
-    let config = SimConfig {
-        workers,
-        worker_blocks: fleetsim::sim::DEFAULT_WORKER_BLOCKS,
-        expand,
-        speed: (workers / 64).max(1),
-    };
+    let config = fleet_env::config();
+    let (workers, expand) = (config.workers, config.expand);
     let sim = simulate(&trace, config).unwrap();
     // `PEER=kv-index` times kv-index's `ChainIndex` on the same lookups instead of ours.
     let mut index: Box<dyn Adapter> = match std::env::var("PEER").as_deref() {

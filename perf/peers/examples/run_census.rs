@@ -12,7 +12,9 @@
 //!
 //! `WORKERS=n` and `EXPAND=e` change the fleet (speed: workers / 64, as run.sh's default).
 //! No index is measured here: this is the model's census, not a benchmark.
-use fleetsim::{Event, Op, SimConfig, parse_trace, simulate};
+#[path = "../src/fleet_env.rs"]
+mod fleet_env;
+use fleetsim::{Event, Op, parse_trace, simulate};
 use std::collections::HashMap;
 
 /// The root's "hash": the parent of a chain's first block.
@@ -205,15 +207,8 @@ fn main() {
     let a: Vec<String> = std::env::args().collect();
     let text = std::fs::read_to_string(&a[1]).expect("TRACE");
     let checkpoints: usize = a.get(2).map_or(4, |s| s.parse().expect("CHECKPOINTS"));
-    let env =
-        |name: &str, default: u32| std::env::var(name).map_or(default, |s| s.parse().unwrap());
-    let (workers, expand) = (env("WORKERS", 64), env("EXPAND", 32));
-    let config = SimConfig {
-        workers,
-        worker_blocks: fleetsim::sim::DEFAULT_WORKER_BLOCKS,
-        expand,
-        speed: (workers / 64).max(1),
-    };
+    let config = fleet_env::config();
+    let (workers, expand) = (config.workers, config.expand);
     let sim = simulate(&parse_trace(&text).expect("trace"), config).expect("simulation");
     println!(
         "# run census: {workers} workers × {} blocks, --expand {expand}, {} events, {} lookups",

@@ -32,6 +32,8 @@ mod adapters;
 #[allow(dead_code)]
 #[path = "../src/alloc.rs"]
 mod alloc;
+#[path = "../src/fleet_env.rs"]
+mod fleet_env;
 #[path = "../src/server_alloc.rs"]
 mod server_alloc;
 
@@ -39,7 +41,7 @@ mod server_alloc;
 #[global_allocator]
 static ALLOC: alloc::Counting = alloc::Counting;
 
-use fleetsim::{Adapter, Block, Op, SimConfig, Simulation, parse_trace, simulate};
+use fleetsim::{Adapter, Block, Op, Simulation, parse_trace, simulate};
 use inferencecache_index::index::ranking::{self, RankerConfig};
 use inferencecache_index::runstore::{Entry, Hint, RunStore, Upserted, WalkScratch};
 use std::time::Instant;
@@ -414,15 +416,8 @@ fn main() {
     let a: Vec<String> = std::env::args().collect();
     let text = std::fs::read_to_string(&a[1]).expect("TRACE");
     let rounds: usize = a.get(2).map_or(3, |s| s.parse().expect("ROUNDS"));
-    let env =
-        |name: &str, default: u32| std::env::var(name).map_or(default, |s| s.parse().unwrap());
-    let (workers, expand) = (env("WORKERS", 64), env("EXPAND", 32));
-    let config = SimConfig {
-        workers,
-        worker_blocks: fleetsim::sim::DEFAULT_WORKER_BLOCKS,
-        expand,
-        speed: (workers / 64).max(1),
-    };
+    let config = fleet_env::config();
+    let (workers, expand) = (config.workers, config.expand);
     let mut trace = parse_trace(&text).expect("trace");
     // `FIRST_REQUESTS=n`: the trace's first n requests only (for callgrind, with ROUNDS=0:
     // `--toggle-collect='*RunIndex*lookup_answer*'`).
