@@ -121,7 +121,7 @@ impl Run {
     pub fn keyspace(&self) -> u32 {
         self.ks
     }
-    /// Every extent of the run, in no particular order.
+    /// Every extent of the run, by replica, then by first offset (a replica's are disjoint).
     pub fn extents(&self) -> &[Extent] {
         &self.extents
     }
@@ -132,8 +132,24 @@ impl Run {
     fn covered(&self, off: u32) -> bool {
         self.extents.iter().any(|x| x.covers(off))
     }
+    /// Where an extent of `replica` starting at `lo` goes: the extents are kept sorted by
+    /// (replica, first offset), so finding a replica's extent is a binary search even in the
+    /// run of a prefix that hundreds of replicas hold.
+    fn slot(&self, replica: u32, lo: u32) -> usize {
+        (self.extents).partition_point(|x| (x.replica, x.lo) < (replica, lo))
+    }
+    /// The extent of `replica` covering `off`: a replica's extents are disjoint, so it is the
+    /// last one starting at or before `off`.
     fn extent_of(&self, replica: u32, off: u32) -> Option<usize> {
-        (self.extents.iter()).position(|x| x.replica == replica && x.covers(off))
+        let i = self.slot(replica, off.wrapping_add(1)).checked_sub(1)?;
+        let x = &self.extents[i];
+        (x.replica == replica && x.covers(off)).then_some(i)
+    }
+    /// Inserts `x` in its place; returns its index.
+    fn insert_extent(&mut self, x: Extent) -> usize {
+        let i = self.slot(x.replica, x.lo);
+        self.extents.insert(i, x);
+        i
     }
     fn bytes(&self) -> usize {
         self.hashes.capacity() * 8
@@ -255,7 +271,7 @@ impl RunStore {
         &run.hashes[loc.off as usize..end]
     }
 
-    /// The entries of the key at `loc`, in no particular order.
+    /// The entries of the key at `loc`, by replica.
     pub fn entries_at(&self, loc: Loc) -> impl Iterator<Item = Entry> + '_ {
         let run = &self.runs[loc.run as usize];
         (run.extents.iter())
@@ -355,12 +371,14 @@ impl RunStore {
             _ => None,
         }
         .is_some();
+        // Else the replica's extent ending right before `loc`: the last one starting before it.
+        let before = run.slot(e.replica, loc.off).checked_sub(1);
         let at = if hinted {
             hint.0.expect("hinted").1 as usize
-        } else if let Some(i) = run.extents.iter().position(grows) {
+        } else if let Some(i) = before.filter(|&i| grows(&run.extents[i])) {
             i
         } else {
-            run.extents.push(Extent {
+            run.insert_extent(Extent {
                 replica: e.replica,
                 lo: loc.off,
                 hi: loc.off,
@@ -368,8 +386,7 @@ impl RunStore {
                 last_seen: e.last_seen,
                 tokens_at_lo: e.tokens,
                 tokens_step: 0,
-            });
-            run.extents.len() - 1
+            })
         };
         let x = &mut run.extents[at];
         if x.hi - x.lo == 1 {
@@ -392,20 +409,14 @@ impl RunStore {
         }
         // The extent keeps its part before `loc`; the part after goes to a new extent.
         let after = x.from(loc.off + 1);
+        // Indices shift below: a stale hint fails `add`'s check and is searched for again.
         if loc.off == x.lo {
-            run.extents.swap_remove(i);
-            // A swap moved the last extent into `i`: a hint naming the last one now names `i`.
-            if let Some((r, h)) = hint.0
-                && r == loc.run
-                && h as usize == run.extents.len()
-            {
-                hint.0 = Some((r, i as u32));
-            }
+            run.extents.remove(i);
         } else {
             run.extents[i].hi = loc.off;
         }
         if after.lo < after.hi {
-            run.extents.push(after);
+            run.insert_extent(after);
         }
         self.entries -= 1;
         self.add(loc, e, hint);
@@ -428,14 +439,14 @@ impl RunStore {
             tokens: x.tokens_at(loc.off),
         };
         if x.hi - x.lo == 1 {
-            run.extents.swap_remove(i);
+            run.extents.remove(i);
         } else if loc.off + 1 == x.hi {
             run.extents[i].hi -= 1;
         } else if loc.off == x.lo {
             run.extents[i] = x.from(loc.off + 1);
         } else {
             run.extents[i].hi = loc.off;
-            run.extents.push(x.from(loc.off + 1));
+            run.insert_extent(x.from(loc.off + 1));
         }
         self.entries -= 1;
         if !run.covered(loc.off) {

@@ -167,6 +167,20 @@ fn check(store: &RunStore, model: &Model, scratch: &mut WalkScratch) {
     for held in model.values() {
         entries += held.len();
     }
+    // Each run's extents are sorted by (replica, first offset), a replica's disjoint.
+    for id in 0..store.run_slots() {
+        for pair in store.run(id).extents().windows(2) {
+            let (a, b) = (pair[0], pair[1]);
+            assert!(
+                (a.replica, a.lo) < (b.replica, b.lo),
+                "extents out of order: {pair:?}"
+            );
+            assert!(
+                a.replica != b.replica || a.hi <= b.lo,
+                "overlapping extents: {pair:?}"
+            );
+        }
+    }
     assert_eq!(store.key_count(), model.len(), "keys");
     assert_eq!(store.entry_count(), entries, "entries");
 }
