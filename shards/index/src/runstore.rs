@@ -14,9 +14,10 @@
 //!   values splits its extent, a release shrinks or splits it. An extent's stored token counts
 //!   are a start and a step (one event's cumulative counts over blocks of one size): a count
 //!   off that step starts another extent.
-//! * The table maps each held key to its (run, offset): 8-byte buckets (a 16-bit tag, a 24-bit
-//!   run and a 24-bit offset), probed linearly, at most 3/4 full, in [`SEGMENTS`] tables that
-//!   grow apart; a tag match is confirmed against the run.
+//! * The table maps each held key to its (run, offset): 8-byte buckets (a 15-bit tag and its
+//!   mark, a 24-bit run and a 24-bit offset), probed linearly, at most 3/4 full, in
+//!   [`SEGMENTS`] tables that grow apart; a tag match is confirmed against the run. A key's
+//!   home bucket is its tag's top bits, so a segment grows without reading keys back.
 //! * A key no extent covers any more leaves the table. At its run's end it is cut off (with any
 //!   uncovered blocks before it); elsewhere it stays as a *hole*, which bounds every walk
 //!   along the run ([`RunStore::along`]): the key may come back elsewhere.
@@ -331,7 +332,7 @@ impl RunStore {
             };
             if next as usize == run.hashes.len() && next < MAX_RUN_LEN {
                 run.hashes.push(h);
-                self.table.insert(hash, at, &self.runs);
+                self.table.insert(hash, at);
                 return at;
             }
             if run.holes.is_some()
@@ -339,7 +340,7 @@ impl RunStore {
                 && let Ok(i) = run.holes().binary_search(&next)
             {
                 run.remove_hole(i);
-                self.table.insert(hash, at, &self.runs);
+                self.table.insert(hash, at);
                 return at;
             }
         }
@@ -356,7 +357,7 @@ impl RunStore {
         run.ks = ks;
         run.hashes.push(h);
         let at = Loc { run: id, off: 0 };
-        self.table.insert(hash, at, &self.runs);
+        self.table.insert(hash, at);
         at
     }
 
@@ -624,6 +625,12 @@ pub const SEGMENTS: usize = 1 << SEGMENT_BITS;
 const MIN_BUCKETS: usize = 16;
 /// Below this many buckets a full segment grows fourfold.
 const SMALL_SEGMENT_BUCKETS: usize = 256;
+/// Hash bits a bucket keeps as its tag; a segment's home buckets are the tag's top bits.
+const TAG_BITS: u32 = 15;
+/// The most buckets of one segment (a home bucket is at most [`TAG_BITS`] of the tag): with
+/// [`SEGMENTS`] of them at 3/4, ~100M keys per store. Growing past it panics: before the index
+/// uses this store, an upsert past it must be refused with a counted limit instead.
+const MAX_SEGMENT_BUCKETS: usize = 1 << TAG_BITS;
 const EMPTY: u64 = 0;
 const TOMB: u64 = 1;
 const FIELD: u32 = 24;
@@ -643,10 +650,20 @@ impl LocTable {
         self.hasher.hash(ks, h)
     }
 
-    /// A bucket's tag: the hash's top 16 bits with the top one set (never [`EMPTY`] or [`TOMB`]).
+    /// A bucket's tag: the hash's top [`TAG_BITS`] bits, marked by the bit above them (so
+    /// never [`EMPTY`] or [`TOMB`]).
     #[inline(always)]
     fn tag(hash: u64) -> u64 {
-        (hash >> 48) | 0x8000
+        (hash >> (64 - TAG_BITS)) | 1 << TAG_BITS
+    }
+
+    /// The home bucket of a marked tag in a segment of `n` buckets: the tag's top bits. A
+    /// segment grows by the tags alone, without reading any key back from its run.
+    #[inline(always)]
+    fn home(tag: u64, n: usize) -> usize {
+        debug_assert!(n.is_power_of_two() && n <= MAX_SEGMENT_BUCKETS);
+        let unmarked = (tag & ((1 << TAG_BITS) - 1)) as usize;
+        unmarked >> (TAG_BITS - n.trailing_zeros())
     }
 
     #[inline(always)]
@@ -672,11 +689,8 @@ impl LocTable {
     fn prefetch(&self, ks: u32, h: u64) {
         let hash = self.hash(ks, h);
         let seg = &self.segments[Self::segment(hash)];
-        if let Some(b) = seg
-            .buckets
-            .get(hash as usize & seg.buckets.len().wrapping_sub(1))
-        {
-            prefetch(b);
+        if !seg.buckets.is_empty() {
+            prefetch(&seg.buckets[Self::home(Self::tag(hash), seg.buckets.len())]);
         }
     }
 
@@ -688,7 +702,7 @@ impl LocTable {
             return None;
         }
         let (mask, tag) = (seg.buckets.len() - 1, Self::tag(hash));
-        let mut i = hash as usize & mask;
+        let mut i = Self::home(tag, seg.buckets.len());
         loop {
             let e = seg.buckets[i];
             if e == EMPTY {
@@ -705,18 +719,17 @@ impl LocTable {
         }
     }
 
-    /// Stores `loc` under the key whose table hash is `hash`, which must be absent; `runs`
-    /// must already hold it there (a growth rehashes every entry from its run).
+    /// Stores `loc` under the key whose table hash is `hash`, which must be absent.
     #[inline(always)]
-    fn insert(&mut self, hash: u64, loc: Loc, runs: &[Run]) {
+    fn insert(&mut self, hash: u64, loc: Loc) {
         let seg_at = Self::segment(hash);
         let seg = &self.segments[seg_at];
         if (seg.live + seg.tombs + 1) * 4 > seg.buckets.len() * 3 {
-            self.grow(seg_at, runs);
+            self.grow(seg_at);
         }
         let seg = &mut self.segments[seg_at];
         let mask = seg.buckets.len() - 1;
-        let mut i = hash as usize & mask;
+        let mut i = Self::home(Self::tag(hash), seg.buckets.len());
         while seg.buckets[i] > TOMB {
             i = (i + 1) & mask;
         }
@@ -733,7 +746,7 @@ impl LocTable {
         let want = Self::entry(hash, loc);
         let seg = &mut self.segments[Self::segment(hash)];
         let mask = seg.buckets.len() - 1;
-        let mut i = hash as usize & mask;
+        let mut i = Self::home(Self::tag(hash), seg.buckets.len());
         while seg.buckets[i] != want {
             assert_ne!(seg.buckets[i], EMPTY, "a held key is in the table");
             i = (i + 1) & mask;
@@ -754,9 +767,9 @@ impl LocTable {
     }
 
     /// Rehashes segment `at` into twice the buckets when at least half are live, else into as
-    /// many (the tombstones go), reading each entry's key from its run.
+    /// many (the tombstones go), each entry by its tag.
     #[cold]
-    fn grow(&mut self, at: usize, runs: &[Run]) {
+    fn grow(&mut self, at: usize) {
         let seg = &self.segments[at];
         let n = seg.buckets.len();
         let size = if n == 0 {
@@ -772,14 +785,12 @@ impl LocTable {
         } else {
             n
         };
+        assert!(size <= MAX_SEGMENT_BUCKETS, "run store table full");
         let old = std::mem::replace(&mut self.segments[at].buckets, vec![EMPTY; size]);
         let mask = size - 1;
+        let buckets = &mut self.segments[at].buckets;
         for e in old.into_iter().filter(|&e| e > TOMB) {
-            let loc = Self::loc(e);
-            let run = &runs[loc.run as usize];
-            let hash = self.hash(run.ks, run.hashes[loc.off as usize]);
-            let buckets = &mut self.segments[at].buckets;
-            let mut i = hash as usize & mask;
+            let mut i = Self::home(e >> 48, size);
             while buckets[i] != EMPTY {
                 i = (i + 1) & mask;
             }
