@@ -260,7 +260,8 @@ impl Adapter for RunIndex {
                 last_seen: self.now,
                 tokens: (j as i32 + 1) * self.tokens_per_block,
             };
-            let (loc, upserted) = self.store.upsert(KS, b.chain, after, e, &mut hint);
+            let (loc, upserted) = (self.store.upsert(KS, b.chain, after, e, &mut hint))
+                .expect("the trace fits the table");
             if upserted != Upserted::Refreshed {
                 self.count_entry(worker, 1);
             }

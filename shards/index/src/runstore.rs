@@ -15,7 +15,7 @@
 //!   are a start and a step (one event's cumulative counts over blocks of one size): a count
 //!   off that step starts another extent.
 //! * The table maps each held key to its (run, offset): 8-byte buckets (a 15-bit tag and its
-//!   mark, a 24-bit run and a 24-bit offset), probed linearly, at most 3/4 full, in
+//!   mark, a 28-bit run and a 20-bit offset), probed linearly, at most 3/4 full, in
 //!   [`SEGMENTS`] tables that grow apart; a tag match is confirmed against the run. A key's
 //!   home bucket is its tag's top bits, so a segment grows without reading keys back.
 //! * A key no extent covers any more leaves the table. At its run's end it is cut off (with any
@@ -25,11 +25,21 @@
 use crate::keyhash::KeyHasher;
 use crate::prefetch::prefetch;
 
-/// Runs and offsets are 24-bit fields of a table bucket. Reaching it panics: before the index
-/// uses this store, an upsert past it must be refused with a counted limit instead.
-pub const MAX_RUNS: u32 = 1 << 24;
+/// Bits of a table bucket naming a key's run, and its offset in the run.
+const RUN_BITS: u32 = 28;
+const OFF_BITS: u32 = 20;
+/// Run ids stay below this. Never reached: every run in use holds a key in the table (a run's
+/// last block is held, or it is cut off), so there are never more runs than
+/// [`MAX_KEYS`] (asserted below).
+pub const MAX_RUNS: u32 = 1 << RUN_BITS;
 /// The most blocks one run holds; a chain past it continues in a new run.
-pub const MAX_RUN_LEN: u32 = 1 << 24;
+pub const MAX_RUN_LEN: u32 = 1 << OFF_BITS;
+
+/// The upsert of a new key was refused: the key's table segment holds its most keys
+/// ([`MAX_KEYS`] spread evenly, ~100M keys, past the memory of any core). Nothing changed;
+/// the store counts it ([`RunStore::refusals`]) and the index reports it as a full table.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TableFull;
 
 /// Where a held key lies.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -57,10 +67,16 @@ pub struct Extent {
     pub lo: u32,
     pub hi: u32,
     pub tier: u8,
+    /// Some entry of the extent may have an LFU count in the store's side table (set by
+    /// [`RunStore::set_access`]; kept by both parts of a split): a release looks there only
+    /// then, so a store without LFU tenants never does.
+    counted: bool,
     pub last_seen: i64,
     tokens_at_lo: i32,
     tokens_step: i32,
 }
+
+const _: () = assert!(std::mem::size_of::<Extent>() == 32, "an extent is 32 bytes");
 
 impl Extent {
     fn covers(&self, off: u32) -> bool {
@@ -177,6 +193,17 @@ impl Run {
     }
 }
 
+/// Where [`RunStore::scan`] stopped.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Scan {
+    /// At this held key.
+    Held(Loc),
+    /// Out of steps before a held key: resume from here.
+    Paused(Loc),
+    /// No held key is left.
+    End,
+}
+
 /// What [`RunStore::upsert`] did.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Upserted {
@@ -201,6 +228,12 @@ pub struct RunStore {
     free_runs: Vec<u32>,
     keys: usize,
     entries: usize,
+    /// LFU counts, (place, replica) → count, of the entries that have one (only LFU tenants'
+    /// entries are ever counted); an entry's extent is marked ([`Extent::counted`]) so that a
+    /// release of an uncounted entry does not look here. At most one per entry.
+    access: hashbrown::HashMap<(u64, u32), u32>,
+    /// New keys refused because their table segment was full ([`TableFull`]).
+    refusals: u64,
 }
 
 impl Default for RunStore {
@@ -217,7 +250,104 @@ impl RunStore {
             free_runs: Vec::new(),
             keys: 0,
             entries: 0,
+            access: hashbrown::HashMap::new(),
+            refusals: 0,
         }
+    }
+
+    /// A store whose table segments hold at most `n` keys each (at most [`MAX_SEGMENT_KEYS`]),
+    /// for tests of the full table.
+    #[doc(hidden)]
+    pub fn with_segment_keys(n: usize) -> RunStore {
+        let mut store = RunStore::new();
+        store.table.max_segment_keys = n.min(MAX_SEGMENT_KEYS);
+        store
+    }
+
+    /// New keys refused so far because their table segment was full ([`TableFull`]).
+    pub fn refusals(&self) -> u64 {
+        self.refusals
+    }
+
+    /// The key at `loc` (a held key's place, or a hole's): its keyspace word and hash.
+    pub fn key_at(&self, loc: Loc) -> (u32, u64) {
+        let run = &self.runs[loc.run as usize];
+        (run.ks, run.hashes[loc.off as usize])
+    }
+
+    /// The next held key at or after `from`, in (run, offset) order: the cursor of a pass
+    /// over every key in slices. A held key keeps its place while it is held, so a pass
+    /// resumed at the place after the last key it visited sees every key held throughout
+    /// once (keys stored meanwhile behind the cursor are missed, as in any sliced pass). At
+    /// most `max_steps` places (offsets, holes and free runs) are looked at: a pass over a
+    /// store emptied of millions of runs still moves in bounded slices.
+    pub fn scan(&self, from: Loc, max_steps: usize) -> Scan {
+        let mut at = from;
+        for _ in 0..max_steps {
+            let Some(run) = self.runs.get(at.run as usize) else {
+                return Scan::End;
+            };
+            if (at.off as usize) < run.hashes.len() {
+                if run.holes().binary_search(&at.off).is_err() {
+                    return Scan::Held(at);
+                }
+                at.off += 1;
+            } else {
+                at = Loc {
+                    run: at.run + 1,
+                    off: 0,
+                };
+            }
+        }
+        Scan::Paused(at)
+    }
+
+    /// The place right after `loc` in the order of [`RunStore::scan`].
+    pub fn after(loc: Loc) -> Loc {
+        Loc {
+            run: loc.run,
+            off: loc.off + 1,
+        }
+    }
+
+    fn access_key(loc: Loc) -> u64 {
+        u64::from(loc.run) << 32 | u64::from(loc.off)
+    }
+
+    /// The LFU count of `replica`'s entry at `loc` (0 when it has none, or no entry).
+    pub fn access(&self, loc: Loc, replica: u32) -> u32 {
+        let run = &self.runs[loc.run as usize];
+        match run.extent_of(replica, loc.off) {
+            Some(i) if run.extents[i].counted => {
+                let key = (Self::access_key(loc), replica);
+                self.access.get(&key).copied().unwrap_or(0)
+            }
+            _ => 0,
+        }
+    }
+
+    /// Sets the LFU count of `replica`'s entry at `loc`; false (and nothing changed) when the
+    /// replica holds no entry there. A count survives refreshes and goes with its entry.
+    pub fn set_access(&mut self, loc: Loc, replica: u32, count: u32) -> bool {
+        let run = &mut self.runs[loc.run as usize];
+        let Some(i) = run.extent_of(replica, loc.off) else {
+            return false;
+        };
+        let key = (Self::access_key(loc), replica);
+        if count == 0 {
+            if run.extents[i].counted {
+                self.access.remove(&key);
+            }
+        } else {
+            run.extents[i].counted = true;
+            self.access.insert(key, count);
+        }
+        true
+    }
+
+    /// Entries with an LFU count.
+    pub fn counted_entries(&self) -> usize {
+        self.access.len()
     }
 
     /// Number of held keys.
@@ -230,9 +360,10 @@ impl RunStore {
         self.entries
     }
 
-    /// Heap bytes of the runs and the table.
+    /// Heap bytes of the runs, the table and the LFU counts.
     pub fn heap_bytes(&self) -> usize {
         self.table.bytes()
+            + self.access.capacity() * (std::mem::size_of::<((u64, u32), u32)>() + 1)
             + self.runs.iter().map(Run::bytes).sum::<usize>()
             + self.runs.capacity() * std::mem::size_of::<Run>()
     }
@@ -296,24 +427,30 @@ impl RunStore {
         after: Option<Loc>,
         e: Entry,
         hint: &mut Hint,
-    ) -> (Loc, Upserted) {
+    ) -> Result<(Loc, Upserted), TableFull> {
         let hash = self.table.hash(ks, h);
         let Some(loc) = self.table.find(hash, ks, h, &self.runs) else {
+            if !self.table.has_room(hash) {
+                self.refusals += 1;
+                return Err(TableFull);
+            }
             let loc = self.create(hash, ks, h, after);
-            self.add(loc, e, hint);
+            self.add(loc, e, false, hint);
             self.keys += 1;
-            return (loc, Upserted::CreatedKey);
+            return Ok((loc, Upserted::CreatedKey));
         };
-        match self.runs[loc.run as usize].extent_of(e.replica, loc.off) {
-            Some(i) => {
-                self.refresh(loc, i, e, hint);
-                (loc, Upserted::Refreshed)
-            }
-            None => {
-                self.add(loc, e, hint);
-                (loc, Upserted::AddedEntry)
-            }
-        }
+        Ok(
+            match self.runs[loc.run as usize].extent_of(e.replica, loc.off) {
+                Some(i) => {
+                    self.refresh(loc, i, e, hint);
+                    (loc, Upserted::Refreshed)
+                }
+                None => {
+                    self.add(loc, e, false, hint);
+                    (loc, Upserted::AddedEntry)
+                }
+            },
+        )
     }
 
     /// A place for new key `(ks, h)`: the hole right after `after` when it was this key's,
@@ -347,7 +484,10 @@ impl RunStore {
         let id = match self.free_runs.pop() {
             Some(id) => id,
             None => {
-                assert!((self.runs.len() as u32) < MAX_RUNS, "run store full");
+                debug_assert!(
+                    (self.runs.len() as u32) < MAX_RUNS,
+                    "runs ≤ keys < MAX_RUNS"
+                );
                 self.runs.push(Run::default());
                 self.runs.len() as u32 - 1
             }
@@ -363,8 +503,9 @@ impl RunStore {
 
     /// Adds `e` at `loc` (the replica holds no entry there): grows the hinted extent, or
     /// another of the replica's that `e` continues ([`Extent::continued_by`]), else a new one.
+    /// `counted`: the entry may have an LFU count (a refreshed entry keeps its count).
     #[inline(always)]
-    fn add(&mut self, loc: Loc, e: Entry, hint: &mut Hint) {
+    fn add(&mut self, loc: Loc, e: Entry, counted: bool, hint: &mut Hint) {
         let run = &mut self.runs[loc.run as usize];
         let grows = |x: &Extent| x.continued_by(&e, loc.off);
         let hinted = match hint.0 {
@@ -384,12 +525,14 @@ impl RunStore {
                 lo: loc.off,
                 hi: loc.off,
                 tier: e.tier,
+                counted,
                 last_seen: e.last_seen,
                 tokens_at_lo: e.tokens,
                 tokens_step: 0,
             })
         };
         let x = &mut run.extents[at];
+        x.counted |= counted;
         if x.hi - x.lo == 1 {
             x.tokens_step = e.tokens.wrapping_sub(x.tokens_at_lo);
         }
@@ -420,7 +563,7 @@ impl RunStore {
             run.insert_extent(after);
         }
         self.entries -= 1;
-        self.add(loc, e, hint);
+        self.add(loc, e, x.counted, hint);
     }
 
     /// Takes `replica`'s entry of key `(ks, h)` out. Returns it, or None when the replica held
@@ -430,6 +573,18 @@ impl RunStore {
     pub fn release(&mut self, ks: u32, h: u64, replica: u32) -> Option<Entry> {
         let hash = self.table.hash(ks, h);
         let loc = self.table.find(hash, ks, h, &self.runs)?;
+        self.release_found(hash, loc, replica)
+    }
+
+    /// [`RunStore::release`] of the key at `loc` (a held key's place, as [`RunStore::find`]
+    /// or [`RunStore::scan`] gave it).
+    pub fn release_at(&mut self, loc: Loc, replica: u32) -> Option<Entry> {
+        let (ks, h) = self.key_at(loc);
+        self.release_found(self.table.hash(ks, h), loc, replica)
+    }
+
+    #[inline]
+    fn release_found(&mut self, hash: u64, loc: Loc, replica: u32) -> Option<Entry> {
         let run = &mut self.runs[loc.run as usize];
         let i = run.extent_of(replica, loc.off)?;
         let x = run.extents[i];
@@ -449,8 +604,12 @@ impl RunStore {
             run.extents[i].hi = loc.off;
             run.insert_extent(x.from(loc.off + 1));
         }
+        let covered = run.covered(loc.off);
         self.entries -= 1;
-        if !run.covered(loc.off) {
+        if x.counted {
+            self.access.remove(&(Self::access_key(loc), replica));
+        }
+        if !covered {
             self.table.remove(hash, loc);
             self.keys -= 1;
             self.uncover(loc);
@@ -607,6 +766,8 @@ impl RunStore {
 struct LocTable {
     hasher: KeyHasher,
     segments: Vec<Segment>,
+    /// [`MAX_SEGMENT_KEYS`], or less in a test of the full table.
+    max_segment_keys: usize,
 }
 
 #[derive(Default)]
@@ -627,20 +788,33 @@ const MIN_BUCKETS: usize = 16;
 const SMALL_SEGMENT_BUCKETS: usize = 256;
 /// Hash bits a bucket keeps as its tag; a segment's home buckets are the tag's top bits.
 const TAG_BITS: u32 = 15;
-/// The most buckets of one segment (a home bucket is at most [`TAG_BITS`] of the tag): with
-/// [`SEGMENTS`] of them at 3/4, ~100M keys per store. Growing past it panics: before the index
-/// uses this store, an upsert past it must be refused with a counted limit instead.
+/// The most buckets of one segment (a home bucket is at most [`TAG_BITS`] of the tag).
 const MAX_SEGMENT_BUCKETS: usize = 1 << TAG_BITS;
+/// The most keys one segment holds (its buckets at most 3/4 full): a new key past it is
+/// refused ([`TableFull`]).
+const MAX_SEGMENT_KEYS: usize = MAX_SEGMENT_BUCKETS / 4 * 3;
+/// The most keys a store holds, its segments evenly filled (~100M: more than a core's memory
+/// holds; the keyed hash spreads keys evenly whatever producers send).
+pub const MAX_KEYS: usize = SEGMENTS * MAX_SEGMENT_KEYS;
+const _: () = assert!(
+    MAX_KEYS < MAX_RUNS as usize,
+    "runs never run out before keys"
+);
+const _: () = assert!(
+    RUN_BITS + OFF_BITS + TAG_BITS + 1 == 64,
+    "a bucket is 64 bits"
+);
 const EMPTY: u64 = 0;
 const TOMB: u64 = 1;
-const FIELD: u32 = 24;
-const FIELD_MASK: u64 = (1 << FIELD) - 1;
+const RUN_MASK: u64 = (1 << RUN_BITS) - 1;
+const OFF_MASK: u64 = (1 << OFF_BITS) - 1;
 
 impl LocTable {
     fn new() -> LocTable {
         LocTable {
             hasher: KeyHasher::new(),
             segments: (0..SEGMENTS).map(|_| Segment::default()).collect(),
+            max_segment_keys: MAX_SEGMENT_KEYS,
         }
     }
 
@@ -668,15 +842,17 @@ impl LocTable {
 
     #[inline(always)]
     fn entry(hash: u64, loc: Loc) -> u64 {
-        debug_assert!(u64::from(loc.run) <= FIELD_MASK && u64::from(loc.off) <= FIELD_MASK);
-        Self::tag(hash) << 48 | u64::from(loc.run) << FIELD | u64::from(loc.off)
+        debug_assert!(u64::from(loc.run) <= RUN_MASK && u64::from(loc.off) <= OFF_MASK);
+        Self::tag(hash) << (RUN_BITS + OFF_BITS)
+            | u64::from(loc.run) << OFF_BITS
+            | u64::from(loc.off)
     }
 
     #[inline(always)]
     fn loc(e: u64) -> Loc {
         Loc {
-            run: ((e >> FIELD) & FIELD_MASK) as u32,
-            off: (e & FIELD_MASK) as u32,
+            run: ((e >> OFF_BITS) & RUN_MASK) as u32,
+            off: (e & OFF_MASK) as u32,
         }
     }
 
@@ -708,7 +884,7 @@ impl LocTable {
             if e == EMPTY {
                 return None;
             }
-            if e >> 48 == tag {
+            if e >> (RUN_BITS + OFF_BITS) == tag {
                 let loc = Self::loc(e);
                 let run = &runs[loc.run as usize];
                 if run.hashes[loc.off as usize] == h && run.ks == ks {
@@ -719,7 +895,14 @@ impl LocTable {
         }
     }
 
-    /// Stores `loc` under the key whose table hash is `hash`, which must be absent.
+    /// Whether a new key with table hash `hash` fits ([`MAX_SEGMENT_KEYS`]).
+    #[inline(always)]
+    fn has_room(&self, hash: u64) -> bool {
+        self.segments[Self::segment(hash)].live < self.max_segment_keys
+    }
+
+    /// Stores `loc` under the key whose table hash is `hash`, which must be absent (and fit:
+    /// [`LocTable::has_room`]).
     #[inline(always)]
     fn insert(&mut self, hash: u64, loc: Loc) {
         let seg_at = Self::segment(hash);
@@ -774,7 +957,7 @@ impl LocTable {
         let n = seg.buckets.len();
         let size = if n == 0 {
             MIN_BUCKETS
-        } else if seg.live * 2 >= n {
+        } else if seg.live * 2 >= n && n < MAX_SEGMENT_BUCKETS {
             // Fourfold while small, as `postable::PosTable` grows (fewer rehashes of each key
             // while a filling store's segments grow).
             if n < SMALL_SEGMENT_BUCKETS {
@@ -785,12 +968,12 @@ impl LocTable {
         } else {
             n
         };
-        assert!(size <= MAX_SEGMENT_BUCKETS, "run store table full");
+        debug_assert!(size <= MAX_SEGMENT_BUCKETS && seg.live < MAX_SEGMENT_KEYS);
         let old = std::mem::replace(&mut self.segments[at].buckets, vec![EMPTY; size]);
         let mask = size - 1;
         let buckets = &mut self.segments[at].buckets;
         for e in old.into_iter().filter(|&e| e > TOMB) {
-            let mut i = Self::home(e >> 48, size);
+            let mut i = Self::home(e >> (RUN_BITS + OFF_BITS), size);
             while buckets[i] != EMPTY {
                 i = (i + 1) & mask;
             }

@@ -4,9 +4,13 @@
 //! few replicas. After every operation each key of the universe must be found exactly when
 //! the model holds it, with exactly the model's entries, the counts must agree, and a walk
 //! along every chain must give each replica the leading stretch it holds, with the oldest
-//! `last_seen` and the worst tier over it.
+//! `last_seen` and the worst tier over it. LFU counts are set on random entries and must stay
+//! with their entry through refreshes and go with it; releases go by key or by place; a scan
+//! in small slices must visit every held key once.
 
-use inferencecache_index::runstore::{Entry, Hint, Loc, Matched, RunStore, WalkScratch};
+use inferencecache_index::runstore::{
+    Entry, Hint, Loc, Matched, RunStore, Scan, TableFull, Upserted, WalkScratch,
+};
 use proptest::prelude::*;
 use std::collections::{BTreeMap, HashMap};
 
@@ -37,7 +41,8 @@ enum Op {
         ts: i64,
         tokens_shift: i32,
     },
-    /// Blocks `from..to` of chain `c` released by `replica`, leaves first or roots first.
+    /// Blocks `from..to` of chain `c` released by `replica`, leaves first or roots first,
+    /// by key or by place.
     Release {
         ks: u32,
         c: usize,
@@ -45,6 +50,15 @@ enum Op {
         to: usize,
         replica: u32,
         leaves_first: bool,
+        by_place: bool,
+    },
+    /// The LFU count of `replica`'s entry of block `b` of chain `c` set to `count`.
+    Count {
+        ks: u32,
+        c: usize,
+        b: usize,
+        replica: u32,
+        count: u32,
     },
 }
 
@@ -55,14 +69,17 @@ fn op() -> impl Strategy<Value = Op> {
             .prop_map(|(ks, c, (from, to), replica, tier, ts, tokens_shift)| Op::Store {
                 ks, c, from, to, replica, tier, ts, tokens_shift
             }),
-        2 => (0..KEYSPACES, 0..CHAINS, range, 0..REPLICAS, any::<bool>())
-            .prop_map(|(ks, c, (from, to), replica, leaves_first)| Op::Release {
-                ks, c, from, to, replica, leaves_first
+        2 => (0..KEYSPACES, 0..CHAINS, range, 0..REPLICAS, any::<bool>(), any::<bool>())
+            .prop_map(|(ks, c, (from, to), replica, leaves_first, by_place)| Op::Release {
+                ks, c, from, to, replica, leaves_first, by_place
             }),
+        1 => (0..KEYSPACES, 0..CHAINS, 0..CHAIN_LEN, 0..REPLICAS, 0u32..3)
+            .prop_map(|(ks, c, b, replica, count)| Op::Count { ks, c, b, replica, count }),
     ]
 }
 
-type Model = HashMap<(u32, u64), BTreeMap<u32, Entry>>;
+/// Per key, per replica: the entry and its LFU count.
+type Model = HashMap<(u32, u64), BTreeMap<u32, (Entry, u32)>>;
 
 fn apply(store: &mut RunStore, model: &mut Model, op: &Op) {
     match *op {
@@ -87,9 +104,10 @@ fn apply(store: &mut RunStore, model: &mut Model, op: &Op) {
                     last_seen: ts,
                     tokens: (b as i32 + 1) * 16 + tokens_shift,
                 };
-                let (loc, _) = store.upsert(ks, h, after, e, &mut hint);
+                let (loc, _) = store.upsert(ks, h, after, e, &mut hint).expect("room");
                 after = Some(loc);
-                model.entry((ks, h)).or_default().insert(replica, e);
+                let held = model.entry((ks, h)).or_default().entry(replica);
+                held.and_modify(|(old, _)| *old = e).or_insert((e, 0));
             }
         }
         Op::Release {
@@ -99,6 +117,7 @@ fn apply(store: &mut RunStore, model: &mut Model, op: &Op) {
             to,
             replica,
             leaves_first,
+            by_place,
         } => {
             let blocks: Vec<usize> = if leaves_first {
                 (from..to).rev().collect()
@@ -107,12 +126,37 @@ fn apply(store: &mut RunStore, model: &mut Model, op: &Op) {
             };
             for b in blocks {
                 let h = hash(c, b);
-                let got = store.release(ks, h, replica);
-                let want = model.get_mut(&(ks, h)).and_then(|m| m.remove(&replica));
+                let got = if by_place {
+                    store
+                        .find(ks, h)
+                        .and_then(|loc| store.release_at(loc, replica))
+                } else {
+                    store.release(ks, h, replica)
+                };
+                let want = (model.get_mut(&(ks, h)))
+                    .and_then(|m| m.remove(&replica))
+                    .map(|(e, _)| e);
                 assert_eq!(got, want, "release of block {b} of chain {c} by {replica}");
                 if model.get(&(ks, h)).is_some_and(BTreeMap::is_empty) {
                     model.remove(&(ks, h));
                 }
+            }
+        }
+        Op::Count {
+            ks,
+            c,
+            b,
+            replica,
+            count,
+        } => {
+            let h = hash(c, b);
+            let held = model.get_mut(&(ks, h)).and_then(|m| m.get_mut(&replica));
+            let set = store
+                .find(ks, h)
+                .is_some_and(|loc| store.set_access(loc, replica, count));
+            assert_eq!(set, held.is_some(), "count of block {b} of chain {c}");
+            if let Some((_, n)) = held {
+                *n = count;
             }
         }
     }
@@ -128,9 +172,12 @@ fn check(store: &RunStore, model: &Model, scratch: &mut WalkScratch) {
                 match (store.find(ks, h), want) {
                     (None, None) => {}
                     (Some(loc), Some(want)) => {
-                        let mut got: Vec<Entry> = store.entries_at(loc).collect();
-                        got.sort_by_key(|e| e.replica);
-                        let want: Vec<Entry> = want.values().copied().collect();
+                        assert_eq!(store.key_at(loc), (ks, h));
+                        let mut got: Vec<(Entry, u32)> = (store.entries_at(loc))
+                            .map(|e| (e, store.access(loc, e.replica)))
+                            .collect();
+                        got.sort_by_key(|(e, _)| e.replica);
+                        let want: Vec<(Entry, u32)> = want.values().copied().collect();
                         assert_eq!(
                             got, want,
                             "entries of block {b} of chain {c}, keyspace {ks}"
@@ -150,7 +197,7 @@ fn check(store: &RunStore, model: &Model, scratch: &mut WalkScratch) {
             let mut want = Vec::new();
             for replica in 0..REPLICAS {
                 let held: Vec<Entry> = (0..CHAIN_LEN)
-                    .map_while(|b| model.get(&(ks, hash(c, b)))?.get(&replica).copied())
+                    .map_while(|b| Some(model.get(&(ks, hash(c, b)))?.get(&replica)?.0))
                     .collect();
                 if let Some(first) = held.first() {
                     want.push(Matched {
@@ -183,6 +230,28 @@ fn check(store: &RunStore, model: &Model, scratch: &mut WalkScratch) {
     }
     assert_eq!(store.key_count(), model.len(), "keys");
     assert_eq!(store.entry_count(), entries, "entries");
+    let counted = model
+        .values()
+        .flat_map(|m| m.values())
+        .filter(|(_, n)| *n > 0);
+    assert_eq!(store.counted_entries(), counted.count(), "LFU counts");
+    // A scan in slices of 3 places visits every held key once.
+    let mut seen = Vec::new();
+    let mut at = Loc { run: 0, off: 0 };
+    loop {
+        match store.scan(at, 3) {
+            Scan::Held(loc) => {
+                seen.push(store.key_at(loc));
+                at = RunStore::after(loc);
+            }
+            Scan::Paused(loc) => at = loc,
+            Scan::End => break,
+        }
+    }
+    seen.sort_unstable();
+    let mut want: Vec<(u32, u64)> = model.keys().copied().collect();
+    want.sort_unstable();
+    assert_eq!(seen, want, "the keys a scan visits");
 }
 
 proptest! {
@@ -222,7 +291,7 @@ fn a_chain_stored_in_order_is_one_run() {
             last_seen: 5,
             tokens: 16 * (b as i32 + 1),
         };
-        after = Some(store.upsert(0, hash(0, b), after, e, &mut hint).0);
+        after = Some(store.upsert(0, hash(0, b), after, e, &mut hint).unwrap().0);
     }
     let first = store.find(0, hash(0, 0)).unwrap();
     assert_eq!(store.along(first).len(), CHAIN_LEN);
@@ -250,14 +319,19 @@ fn a_hole_bounds_the_walk_and_is_filled_again() {
         tokens: 16 * (b as i32 + 1),
     };
     for b in 0..6 {
-        after = Some(store.upsert(0, hash(0, b), after, e(b), &mut hint).0);
+        after = Some(
+            store
+                .upsert(0, hash(0, b), after, e(b), &mut hint)
+                .unwrap()
+                .0,
+        );
     }
     let first = store.find(0, hash(0, 0)).unwrap();
     assert_eq!(store.release(0, hash(0, 3), 2), Some(e(3)));
     assert_eq!(store.along(first).len(), 3, "the walk stops at the hole");
     assert!(store.find(0, hash(0, 3)).is_none());
     let before = store.find(0, hash(0, 2));
-    let (loc, _) = store.upsert(0, hash(0, 3), before, e(3), &mut Hint::default());
+    let (loc, _) = (store.upsert(0, hash(0, 3), before, e(3), &mut Hint::default())).unwrap();
     assert_eq!(
         loc,
         Loc {
@@ -266,4 +340,42 @@ fn a_hole_bounds_the_walk_and_is_filled_again() {
         }
     );
     assert_eq!(store.along(first).len(), 6);
+}
+
+/// A full table segment refuses a new key and changes nothing; keys already held are still
+/// refreshed, and a release makes room again.
+#[test]
+fn a_full_table_refuses_new_keys_and_counts_them() {
+    let mut store = RunStore::with_segment_keys(1);
+    let e = Entry {
+        replica: 0,
+        tier: 0,
+        last_seen: 1,
+        tokens: 16,
+    };
+    let mut held = Vec::new();
+    let attempts = 20_000u64;
+    for k in 0..attempts {
+        let h = hash(4, 0) ^ k.wrapping_mul(0x2545_f491_4f6c_dd1d);
+        match store.upsert(0, h, None, e, &mut Hint::default()) {
+            Ok((_, Upserted::CreatedKey)) => held.push(h),
+            Ok(other) => panic!("a new key was {other:?}"),
+            Err(TableFull) => assert!(store.find(0, h).is_none(), "a refused key is absent"),
+        }
+    }
+    assert!(held.len() <= inferencecache_index::runstore::SEGMENTS);
+    assert_eq!(store.key_count(), held.len());
+    assert_eq!(store.entry_count(), held.len());
+    assert_eq!(store.refusals(), attempts - held.len() as u64);
+    // A held key is refreshed whatever the table's load.
+    let newer = Entry { last_seen: 2, ..e };
+    let refreshed = store.upsert(0, held[0], None, newer, &mut Hint::default());
+    assert_eq!(refreshed.map(|(_, u)| u), Ok(Upserted::Refreshed));
+    // Releasing every key empties the store and makes room again.
+    for &h in &held {
+        assert!(store.release(0, h, 0).is_some());
+    }
+    assert_eq!(store.key_count(), 0);
+    let again = store.upsert(0, held[0], None, e, &mut Hint::default());
+    assert_eq!(again.map(|(_, u)| u), Ok(Upserted::CreatedKey));
 }
