@@ -34,6 +34,9 @@ pub const MAX_ID_BYTES: usize = 1024;
 // * [`DEFAULT_MAX_HOLDERS_PER_KEY`] (`--index-max-holders-per-key`): replicas holding one prefix
 //   key; a further replica's upsert of a full key is refused, the rest of its update applied:
 //   `KEY_HOLDERS_FULL`.
+// * `inferencecache_index::runstore::MAX_KEYS` (~100M): prefix keys of one core's store; a new
+//   key past it is refused, the rest of its update applied: `INDEX_KEYS_FULL`
+//   (`inferencecache_limit_hits_total{limit="index_keys"}`).
 // * [`DEFAULT_MAX_REPLICAS_PER_SCOPE`] (`--index-max-replicas-per-scope`): replicas serving in
 //   one scope `(tenant, model, hash scheme)`. An update of a replica not serving there yet that
 //   would be one more is refused whole: `SCOPE_REPLICAS_FULL`

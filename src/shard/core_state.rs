@@ -40,6 +40,9 @@ pub enum IngestRefused {
     /// Some prefix key of the message already had the maximum number of holders, so this
     /// replica was not added to it; the rest of the message was applied.
     KeyHoldersFull,
+    /// Some new prefix key of the message did not fit the core's key table (~100M keys, past
+    /// any core's memory); the rest of the message was applied.
+    IndexKeysFull,
     /// The message's stats would have been one stats row too many (per model or per core) and
     /// were not stored; the rest of the message was applied.
     StatsRowsFull,
@@ -63,6 +66,7 @@ impl IngestRefused {
             Self::KeyspacesFull => "KEYSPACES_FULL",
             Self::ScopeReplicasFull => "SCOPE_REPLICAS_FULL",
             Self::KeyHoldersFull => "KEY_HOLDERS_FULL",
+            Self::IndexKeysFull => "INDEX_KEYS_FULL",
             Self::StatsRowsFull => "STATS_ROWS_FULL",
         }
     }
@@ -75,6 +79,7 @@ impl IngestRefused {
             Self::KeyspacesFull => "keyspaces_full",
             Self::ScopeReplicasFull => "scope_replicas_full",
             Self::KeyHoldersFull => "key_holders_full",
+            Self::IndexKeysFull => "index_keys_full",
             Self::StatsRowsFull => "stats_rows_full",
         }
     }
@@ -308,7 +313,10 @@ impl CoreState {
         }
         record_evictions(out.cap_evicted, "cap");
         self.publish_gauge();
-        let partial = if out.holders_refused > 0 {
+        let partial = if out.keys_refused > 0 {
+            metrics::record_limit_hit("index_keys");
+            Some(IngestRefused::IndexKeysFull)
+        } else if out.holders_refused > 0 {
             Some(IngestRefused::KeyHoldersFull)
         } else if out.stats_refused {
             Some(IngestRefused::StatsRowsFull)

@@ -7,6 +7,7 @@ use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+use inferencecache_index::index::EntryCursor;
 use xxhash_rust::xxh3::Xxh3;
 
 use super::format::{self, Encoder, FileKind, Header, SectionKind, Totals};
@@ -28,8 +29,8 @@ const SLICE_REPLY_TIMEOUT: Duration = Duration::from_secs(5);
 enum Cursor {
     /// Stats rows from this model-scope position.
     Stats(u32),
-    /// Entries from this key position.
-    Entries(u32),
+    /// Entries from this place of the index's store.
+    Entries(EntryCursor),
     /// Everything was exported.
     Done,
 }
@@ -73,7 +74,7 @@ fn encode_slice(
                     enc.stats(r);
                     rows += 1;
                 })
-                .map_or(Cursor::Entries(0), Cursor::Stats),
+                .map_or(Cursor::Entries(EntryCursor::START), Cursor::Stats),
             Cursor::Entries(p) => st
                 .index
                 .export_entries(p, STEP, |e| {

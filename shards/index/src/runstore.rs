@@ -35,14 +35,19 @@ pub const MAX_RUNS: u32 = 1 << RUN_BITS;
 /// The most blocks one run holds; a chain past it continues in a new run.
 pub const MAX_RUN_LEN: u32 = 1 << OFF_BITS;
 
-/// The upsert of a new key was refused: the key's table segment holds its most keys
-/// ([`MAX_KEYS`] spread evenly, ~100M keys, past the memory of any core). Nothing changed;
-/// the store counts it ([`RunStore::refusals`]) and the index reports it as a full table.
+/// Why [`RunStore::upsert`] refused an entry. Nothing changed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct TableFull;
+pub enum Refused {
+    /// A new key's table segment holds its most keys ([`MAX_KEYS`] spread evenly, ~100M
+    /// keys, past the memory of any core). Counted ([`RunStore::refusals`]).
+    TableFull,
+    /// The key has the caller's most holders already.
+    HoldersFull,
+}
 
-/// Where a held key lies.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// Where a held key lies. Places are ordered by run, then offset: the order of
+/// [`RunStore::scan`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct Loc {
     pub run: u32,
     pub off: u32,
@@ -149,6 +154,12 @@ impl Run {
     fn covered(&self, off: u32) -> bool {
         self.extents.iter().any(|x| x.covers(off))
     }
+    /// Whether at least `n` extents cover `off`: without counting while the run has fewer
+    /// extents than that (every upsert of a new holder asks).
+    #[inline]
+    fn holders_at_least(&self, off: u32, n: usize) -> bool {
+        self.extents.len() >= n && self.extents.iter().filter(|x| x.covers(off)).count() >= n
+    }
     /// Where an extent of `replica` starting at `lo` goes: the extents are kept sorted by
     /// (replica, first offset), so finding a replica's extent is a binary search even in the
     /// run of a prefix that hundreds of replicas hold.
@@ -191,6 +202,16 @@ impl Run {
             }
         }
     }
+}
+
+/// What [`RunStore::release_at`] took out.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Released {
+    pub entry: Entry,
+    /// Its LFU count.
+    pub access: u32,
+    /// It was the key's last entry: the key is gone.
+    pub key_gone: bool,
 }
 
 /// Where [`RunStore::scan`] stopped.
@@ -374,6 +395,73 @@ impl RunStore {
         &self.runs[id as usize]
     }
 
+    /// Test aid: panics unless every invariant of the store holds. Each run in use ends in a
+    /// held key; its extents are sorted by (replica, first offset), a replica's disjoint, all
+    /// inside the run; its holes are ascending, below its end and covered by no extent; every
+    /// other offset is covered and the table finds its key there; the counts agree; every LFU
+    /// count belongs to an entry of a counted extent. O(entries).
+    #[doc(hidden)]
+    pub fn check(&self) {
+        let (mut keys, mut entries) = (0, 0);
+        let free: std::collections::HashSet<u32> = self.free_runs.iter().copied().collect();
+        for (id, run) in self.runs.iter().enumerate() {
+            if free.contains(&(id as u32)) {
+                assert!(
+                    run.hashes.is_empty() && run.extents.is_empty(),
+                    "free run {id}"
+                );
+                continue;
+            }
+            let len = run.hashes.len() as u32;
+            assert!(len > 0, "run {id} in use is empty");
+            for pair in run.extents.windows(2) {
+                let (a, b) = (pair[0], pair[1]);
+                assert!((a.replica, a.lo) < (b.replica, b.lo), "run {id}: {pair:?}");
+                assert!(a.replica != b.replica || a.hi <= b.lo, "run {id}: {pair:?}");
+            }
+            for x in &run.extents {
+                assert!(x.lo < x.hi && x.hi <= len, "run {id}: {x:?}");
+                entries += (x.hi - x.lo) as usize;
+            }
+            let holes = run.holes();
+            assert!(
+                holes.windows(2).all(|w| w[0] < w[1]),
+                "run {id}: holes {holes:?}"
+            );
+            assert!(
+                holes.last().is_none_or(|&h| h + 1 < len),
+                "run {id} ends in a hole"
+            );
+            for off in 0..len {
+                let hole = holes.binary_search(&off).is_ok();
+                assert_eq!(run.covered(off), !hole, "run {id} offset {off}");
+                if !hole {
+                    keys += 1;
+                    let loc = Loc {
+                        run: id as u32,
+                        off,
+                    };
+                    assert_eq!(self.find(run.ks, run.hashes[off as usize]), Some(loc));
+                }
+            }
+        }
+        assert_eq!((keys, entries), (self.keys, self.entries), "counts");
+        for &(at, replica) in self.access.keys() {
+            let loc = Loc {
+                run: (at >> 32) as u32,
+                off: at as u32,
+            };
+            let run = &self.runs[loc.run as usize];
+            let i = run.extent_of(replica, loc.off).expect("a count's entry");
+            assert!(run.extents[i].counted, "a count in an uncounted extent");
+        }
+    }
+
+    /// Runs holding keys.
+    pub fn live_runs(&self) -> usize {
+        self.runs.len() - self.free_runs.len()
+    }
+
     /// Run ids in use or free: every run is `0..run_slots()`.
     pub fn run_slots(&self) -> u32 {
         self.runs.len() as u32
@@ -416,6 +504,36 @@ impl RunStore {
             })
     }
 
+    /// The entries of the key at `loc` of replicas `first_replica` and up, by replica, each
+    /// with its LFU count: a pass that offers a key's many holders over several slices resumes
+    /// by replica (the extents are sorted by replica, so the rest is found by a binary search
+    /// whatever changed in between).
+    pub fn counted_entries_from(
+        &self,
+        loc: Loc,
+        first_replica: u32,
+    ) -> impl Iterator<Item = (Entry, u32)> + '_ {
+        let run = &self.runs[loc.run as usize];
+        let from = run.slot(first_replica, 0);
+        (run.extents[from..].iter())
+            .filter(move |x| x.covers(loc.off))
+            .map(move |x| {
+                let e = Entry {
+                    replica: x.replica,
+                    tier: x.tier,
+                    last_seen: x.last_seen,
+                    tokens: x.tokens_at(loc.off),
+                };
+                let key = (Self::access_key(loc), x.replica);
+                let access = if x.counted {
+                    self.access.get(&key).copied().unwrap_or(0)
+                } else {
+                    0
+                };
+                (e, access)
+            })
+    }
+
     /// Upserts `e` for key `(ks, h)`, which follows the key at `after` in its chain (None: a
     /// chain's first block, or a key of no chain). `hint` carries the extent of the chain's
     /// previous upsert; start a chain with `Hint::default()`.
@@ -427,12 +545,27 @@ impl RunStore {
         after: Option<Loc>,
         e: Entry,
         hint: &mut Hint,
-    ) -> Result<(Loc, Upserted), TableFull> {
+    ) -> Result<(Loc, Upserted), Refused> {
+        self.upsert_bounded(ks, h, after, e, usize::MAX, hint)
+    }
+
+    /// [`RunStore::upsert`] of a replica's entry, refused when the key has `max_holders`
+    /// holders already and the replica is not one of them.
+    #[inline]
+    pub fn upsert_bounded(
+        &mut self,
+        ks: u32,
+        h: u64,
+        after: Option<Loc>,
+        e: Entry,
+        max_holders: usize,
+        hint: &mut Hint,
+    ) -> Result<(Loc, Upserted), Refused> {
         let hash = self.table.hash(ks, h);
         let Some(loc) = self.table.find(hash, ks, h, &self.runs) else {
             if !self.table.has_room(hash) {
                 self.refusals += 1;
-                return Err(TableFull);
+                return Err(Refused::TableFull);
             }
             let loc = self.create(hash, ks, h, after);
             self.add(loc, e, false, hint);
@@ -446,11 +579,20 @@ impl RunStore {
                     (loc, Upserted::Refreshed)
                 }
                 None => {
+                    if self.runs[loc.run as usize].holders_at_least(loc.off, max_holders) {
+                        return Err(Refused::HoldersFull);
+                    }
                     self.add(loc, e, false, hint);
                     (loc, Upserted::AddedEntry)
                 }
             },
         )
+    }
+
+    /// Number of holders of the key at `loc`.
+    pub fn holder_count(&self, loc: Loc) -> usize {
+        let run = &self.runs[loc.run as usize];
+        run.extents.iter().filter(|x| x.covers(loc.off)).count()
     }
 
     /// A place for new key `(ks, h)`: the hole right after `after` when it was this key's,
@@ -573,18 +715,18 @@ impl RunStore {
     pub fn release(&mut self, ks: u32, h: u64, replica: u32) -> Option<Entry> {
         let hash = self.table.hash(ks, h);
         let loc = self.table.find(hash, ks, h, &self.runs)?;
-        self.release_found(hash, loc, replica)
+        self.release_found(hash, loc, replica).map(|r| r.entry)
     }
 
     /// [`RunStore::release`] of the key at `loc` (a held key's place, as [`RunStore::find`]
     /// or [`RunStore::scan`] gave it).
-    pub fn release_at(&mut self, loc: Loc, replica: u32) -> Option<Entry> {
+    pub fn release_at(&mut self, loc: Loc, replica: u32) -> Option<Released> {
         let (ks, h) = self.key_at(loc);
         self.release_found(self.table.hash(ks, h), loc, replica)
     }
 
     #[inline]
-    fn release_found(&mut self, hash: u64, loc: Loc, replica: u32) -> Option<Entry> {
+    fn release_found(&mut self, hash: u64, loc: Loc, replica: u32) -> Option<Released> {
         let run = &mut self.runs[loc.run as usize];
         let i = run.extent_of(replica, loc.off)?;
         let x = run.extents[i];
@@ -606,15 +748,21 @@ impl RunStore {
         }
         let covered = run.covered(loc.off);
         self.entries -= 1;
-        if x.counted {
-            self.access.remove(&(Self::access_key(loc), replica));
-        }
+        let access = if x.counted {
+            (self.access.remove(&(Self::access_key(loc), replica))).unwrap_or(0)
+        } else {
+            0
+        };
         if !covered {
             self.table.remove(hash, loc);
             self.keys -= 1;
             self.uncover(loc);
         }
-        Some(entry)
+        Some(Released {
+            entry,
+            access,
+            key_gone: !covered,
+        })
     }
 
     /// The key at `loc` lost its last holder: cut the run's uncovered tail off when `loc` is
@@ -674,12 +822,7 @@ impl WalkScratch {
 impl RunStore {
     /// Walks the request's keys (in keyspace `ks`; the `i`-th is word `first` of the `i`-th
     /// chunk of `stride` words: a request's hashes where they lie, in records of `stride`
-    /// words) from the first: per replica holding a leading stretch of them, into `scratch.matched`
-    /// (in no particular order), its length, oldest `last_seen` and worst tier (`worst`
-    /// combines two tiers). The table is probed at the first key and wherever the request
-    /// leaves a run or meets its end or a hole; along a run each extent is visited once per
-    /// piece (again only when one of a replica's extents ends inside the piece and another of
-    /// its extents may continue it).
+    /// words) from the first, every extent live: see [`RunStore::walk_keys`].
     pub fn walk(
         &self,
         ks: u32,
@@ -691,20 +834,38 @@ impl RunStore {
     ) {
         assert!(first < stride, "word {first} of records of {stride} words");
         assert_eq!(words.len() % stride, 0, "whole records of {stride} words");
+        let key = |i: usize| Some((ks, words[i * stride + first]));
+        self.walk_keys(words.len() / stride, key, |_| true, worst, scratch);
+    }
+
+    /// Walks the request's `len` keys (`key(i)` is the `i`-th key's keyspace word and hash,
+    /// None for one no key can have) from the first: per replica holding a leading stretch of
+    /// them in `live` extents, into `scratch.matched` (in no particular order), its length,
+    /// oldest `last_seen` and worst tier (`worst` combines two tiers). A replica's stretch
+    /// ends at the first key it does not hold in a live extent. The table is probed at the
+    /// first key and wherever the request leaves a run or meets its end or a hole; along a
+    /// run each extent is visited once per piece (again only when one of a replica's extents
+    /// ends inside the piece and another of its extents may continue it).
+    #[inline]
+    pub fn walk_keys(
+        &self,
+        len: usize,
+        key: impl Fn(usize) -> Option<(u32, u64)>,
+        live: impl Fn(&Extent) -> bool,
+        worst: impl Fn(u8, u8) -> u8,
+        scratch: &mut WalkScratch,
+    ) {
         scratch.next_epoch();
         let epoch = scratch.epoch;
-        let len = words.len() / stride;
         let mut i = 0usize;
         while i < len {
-            let request = words[i * stride..].chunks_exact(stride).map(|r| r[first]);
-            let Some(loc) = self.find(ks, words[i * stride + first]) else {
+            let Some(loc) = key(i).and_then(|(ks, h)| self.find(ks, h)) else {
                 break;
             };
+            let ks = self.runs[loc.run as usize].ks;
             let along = self.along(loc);
-            let n = along
-                .iter()
-                .zip(request)
-                .take_while(|(run, request)| **run == *request)
+            let n = (along.iter().take(len - i).enumerate())
+                .take_while(|&(j, run)| key(i + j) == Some((ks, *run)))
                 .count();
             let (start, end) = (loc.off, loc.off + n as u32);
             let run = &self.runs[loc.run as usize];
@@ -728,7 +889,7 @@ impl RunStore {
                         continue;
                     }
                     let reach = start + (reached - i) as u32;
-                    if reach >= end || !x.covers(reach) {
+                    if reach >= end || !x.covers(reach) || !live(x) {
                         continue;
                     }
                     let upto = x.hi.min(end);
@@ -958,7 +1119,7 @@ impl LocTable {
         let size = if n == 0 {
             MIN_BUCKETS
         } else if seg.live * 2 >= n && n < MAX_SEGMENT_BUCKETS {
-            // Fourfold while small, as `postable::PosTable` grows (fewer rehashes of each key
+            // Fourfold while small (fewer rehashes of each key
             // while a filling store's segments grow).
             if n < SMALL_SEGMENT_BUCKETS {
                 n * 4

@@ -1,8 +1,9 @@
-//! The chain walk consumes a *stored run* (consecutive key records with the same holders, tiers
-//! and times) without visiting its holders (issue 31). These tests change one holder of one
-//! block in the middle of such a run (removed, expired, re-tiered, its key record moved) and
-//! check that the answer follows, block by block, as a walk over every (block, holder) would;
-//! and that the store's run bits are exact after every change.
+//! The chain walk follows a *stored run* (a chain's blocks kept together, each replica's
+//! stretch of it one extent) without visiting each block's holders (issue 31). These tests
+//! change one holder of one block in the middle of such a run (removed, expired, re-tiered,
+//! its key stored again elsewhere) and check that the answer follows, block by block, as a
+//! walk over every (block, holder) would; and that the store's invariants hold after every
+//! change.
 
 use inferencecache_index::index::{Index, IndexConfig, LookupQuery, Strategy};
 use inferencecache_index::rules::NoRules;
@@ -38,7 +39,7 @@ fn store(ix: &mut Index, replica: &str, blocks: &[[u8; 8]], tier: i32, now: i64)
         ..Default::default()
     };
     ix.ingest(&u, now, &NoRules);
-    ix.check_run_summaries();
+    ix.check_store();
 }
 
 fn evict(ix: &mut Index, replica: &str, block: [u8; 8], now: i64) {
@@ -51,7 +52,7 @@ fn evict(ix: &mut Index, replica: &str, block: [u8; 8], now: i64) {
         ..Default::default()
     };
     ix.apply_event(&e, now, &NoRules);
-    ix.check_run_summaries();
+    ix.check_store();
 }
 
 /// (replica, matched tokens, wire tier) of a full-chain lookup, by replica name.

@@ -101,8 +101,8 @@ fn a_chain_equals_its_blocks_one_at_a_time() {
             }
         }
         assert_eq!(chained.dump_entries(), single.dump_entries(), "step {step}");
-        chained.check_run_summaries();
-        single.check_run_summaries();
+        chained.check_store();
+        single.check_store();
         assert_eq!(chained.key_count(), single.key_count());
         assert_eq!(chained.entry_count(), single.entry_count());
         assert_eq!(

@@ -1139,7 +1139,7 @@ fn run(
             }
         }
         ix.cap_check_invariant();
-        ix.check_run_summaries();
+        ix.check_store();
         prop_assert_eq!(ix.dump_entries(), model.dump(), "step {} entries", step);
         for t in TENANTS {
             for m in MODELS {

@@ -9,7 +9,7 @@
 //! in small slices must visit every held key once.
 
 use inferencecache_index::runstore::{
-    Entry, Hint, Loc, Matched, RunStore, Scan, TableFull, Upserted, WalkScratch,
+    Entry, Hint, Loc, Matched, Refused, RunStore, Scan, Upserted, WalkScratch,
 };
 use proptest::prelude::*;
 use std::collections::{BTreeMap, HashMap};
@@ -130,6 +130,7 @@ fn apply(store: &mut RunStore, model: &mut Model, op: &Op) {
                     store
                         .find(ks, h)
                         .and_then(|loc| store.release_at(loc, replica))
+                        .map(|r| r.entry)
                 } else {
                     store.release(ks, h, replica)
                 };
@@ -264,6 +265,7 @@ proptest! {
         let mut scratch = WalkScratch::default();
         for op in &ops {
             apply(&mut store, &mut model, op);
+            store.check();
             check(&store, &model, &mut scratch);
         }
         // Everything released: nothing is left, and every run went back to the free list.
@@ -360,7 +362,10 @@ fn a_full_table_refuses_new_keys_and_counts_them() {
         match store.upsert(0, h, None, e, &mut Hint::default()) {
             Ok((_, Upserted::CreatedKey)) => held.push(h),
             Ok(other) => panic!("a new key was {other:?}"),
-            Err(TableFull) => assert!(store.find(0, h).is_none(), "a refused key is absent"),
+            Err(Refused::TableFull) => {
+                assert!(store.find(0, h).is_none(), "a refused key is absent")
+            }
+            Err(other) => panic!("refused: {other:?}"),
         }
     }
     assert!(held.len() <= inferencecache_index::runstore::SEGMENTS);

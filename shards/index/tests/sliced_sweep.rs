@@ -9,7 +9,9 @@ mod index_support;
 use std::sync::{Arc, Mutex};
 
 use index_support::*;
-use inferencecache_index::index::{Index, Removed, SweepBudget, SweepOutcome, SweepStep};
+use inferencecache_index::index::{
+    EntryCursor, Index, Removed, SweepBudget, SweepOutcome, SweepStep,
+};
 use inferencecache_index::rules::TenantRules;
 use inferencecache_proto::v1alpha1::cache_event::Type;
 
@@ -53,7 +55,7 @@ fn record(ix: &mut Index) -> Arc<Mutex<Vec<String>>> {
 /// Every entry and stats row, sorted (a comparable picture of the state).
 fn state(ix: &Index) -> Vec<String> {
     let mut out = Vec::new();
-    ix.export_entries(0, usize::MAX, |e| {
+    ix.export_entries(EntryCursor::START, usize::MAX, |e| {
         out.push(format!(
             "e {} {} {} {} {:?} {} {} {} {} {}",
             e.tenant,
@@ -82,7 +84,7 @@ fn state(ix: &Index) -> Vec<String> {
 /// nothing changes between slices).
 fn store_order(ix: &Index) -> Vec<String> {
     let mut out = Vec::new();
-    ix.export_entries(0, usize::MAX, |e| {
+    ix.export_entries(EntryCursor::START, usize::MAX, |e| {
         out.push(format!(
             "{} {} {:?} {}",
             e.tenant, e.model, e.hash, e.replica

@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use inferencecache_index::index::{
-    Index, IndexConfig, PersistEntry, RestoreCache, SnapshotPartBuilder, SweepBudget,
+    EntryCursor, Index, IndexConfig, PersistEntry, RestoreCache, SnapshotPartBuilder, SweepBudget,
 };
 use inferencecache_index::rules::{Eviction, TenantRules};
 use inferencecache_proto::v1alpha1::{
@@ -413,7 +413,7 @@ fn cap_build(ix: &mut Index, report: &mut Report) {
 
 /// The snapshot export in the server's slices (encoding excluded).
 fn snapshot(ix: &Index, report: &mut Report) {
-    let mut pos = Some(0u32);
+    let mut pos = Some(EntryCursor::START);
     while let Some(p) = pos {
         pos = timed(report, "snapshot_slice", || {
             let start = Instant::now();
@@ -436,7 +436,7 @@ fn snapshot(ix: &Index, report: &mut Report) {
 /// Every entry as an owned record (the restore's input; not timed).
 fn records(ix: &Index) -> Vec<Owned> {
     let mut out = Vec::with_capacity(ix.entry_count() as usize);
-    ix.export_entries(0, usize::MAX, |e| out.push(Owned::from(e)));
+    ix.export_entries(EntryCursor::START, usize::MAX, |e| out.push(Owned::from(e)));
     out
 }
 

@@ -4,6 +4,7 @@
 //! the gauge.
 
 use super::Index;
+use super::store::{FIRST, Loc, PLACES_PER_STEP, Scan, Store};
 use inferencecache_proto::v1alpha1::ReplicaStats;
 use std::collections::{BTreeMap, HashMap};
 
@@ -53,8 +54,8 @@ pub struct PartReplica {
 /// Where a sliced `/snapshot` part stands.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum PartCursor {
-    /// The next key's slab position.
-    Keys(u32),
+    /// The next key's place.
+    Keys(Loc),
     /// The next model scope record.
     Stats(u32),
     Done,
@@ -62,7 +63,7 @@ enum PartCursor {
 
 impl Default for PartCursor {
     fn default() -> Self {
-        PartCursor::Keys(0)
+        PartCursor::Keys(FIRST)
     }
 }
 
@@ -317,16 +318,22 @@ impl Index {
             *since = 0;
             deadline.is_some_and(|d| std::time::Instant::now() >= d)
         };
-        while let PartCursor::Keys(pos) = b.cursor {
-            if pos >= self.store.slots() {
-                b.cursor = PartCursor::Stats(0);
-                break;
-            }
+        while let PartCursor::Keys(at) = b.cursor {
             if n > 0 && spent(n, &mut since_clock) {
                 break;
             }
-            n += self.part_key(pos, &mut slice).max(1);
-            b.cursor = PartCursor::Keys(pos + 1);
+            match self.store.scan(at, PLACES_PER_STEP) {
+                Scan::End => b.cursor = PartCursor::Stats(0),
+                Scan::Paused(next) => {
+                    // Places without a key count too: a slice stays bounded.
+                    n += PLACES_PER_STEP;
+                    b.cursor = PartCursor::Keys(next);
+                }
+                Scan::Held(pos) => {
+                    n += self.part_key(pos, &mut slice).max(1);
+                    b.cursor = PartCursor::Keys(Store::after(pos));
+                }
+            }
         }
         self.merge_slice(b, slice);
         while let PartCursor::Stats(pos) = b.cursor {
@@ -343,19 +350,16 @@ impl Index {
         b.cursor == PartCursor::Done
     }
 
-    /// Counts the key at slab position `pos` into `slice`; returns its entries counted (0 for a
-    /// free slot).
-    fn part_key(&self, pos: u32, slice: &mut SliceRows) -> usize {
-        let Some(key) = self.store.live_key_at(pos) else {
-            return 0;
-        };
+    /// Counts the key at place `pos` into `slice`; returns its entries counted.
+    fn part_key(&self, pos: Loc, slice: &mut SliceRows) -> usize {
+        let key = self.store.key_at(pos);
         let tenant = self.cat.tenant_of(key);
         if self.cat.tenants.get(&tenant).is_some_and(|r| r.reserved) {
             return 0;
         }
         let cleared = self.cleared_replica(self.cat.scope_of(key).mscope);
         let mut held = 0;
-        for (_, h) in self.store.holders(pos) {
+        for h in self.store.holders_uncounted(pos) {
             if h.replica() == cleared {
                 continue;
             }

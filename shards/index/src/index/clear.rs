@@ -19,7 +19,7 @@
 //! pending per core.
 
 use super::eviction::SweepBudget;
-use super::store::NIL;
+use super::store::{FIRST, Loc, NIL, PLACES_PER_STEP, Scan, Store};
 use super::{Index, KeyId};
 
 /// An `ALL_CLEARED` whose holders are still in the store.
@@ -30,8 +30,8 @@ pub(crate) struct PendingClear {
     pub replica: u32,
     /// Its holders the scan has not removed yet.
     remaining: u64,
-    /// The scan's next slab position.
-    pos: u32,
+    /// The scan's next place.
+    pos: Loc,
 }
 
 impl Index {
@@ -57,23 +57,39 @@ impl Index {
         };
         let mut meter = budget.meter();
         let mut work = 0;
-        while c.remaining > 0 && c.pos < self.store.slots() {
+        let mut ended = false;
+        while c.remaining > 0 {
             if meter.spent(work) {
                 break;
             }
+            let pos = match self.store.scan(c.pos, PLACES_PER_STEP) {
+                Scan::End => {
+                    ended = true;
+                    break;
+                }
+                Scan::Paused(next) => {
+                    work += PLACES_PER_STEP;
+                    c.pos = next;
+                    continue;
+                }
+                Scan::Held(pos) => pos,
+            };
             work += 1;
-            if let Some(key) = self.store.live_key_at(c.pos)
-                && self.cat.scope_of(key).mscope == c.mscope
-                && self.store.find_holder(c.pos, c.replica).is_some()
+            let key = self.store.key_at(pos);
+            if self.cat.scope_of(key).mscope == c.mscope
+                && self.store.holder_of(pos, c.replica).is_some()
             {
-                self.remove_cleared_holder(c.pos, key, c.replica);
+                self.remove_cleared_holder(pos, key, c.replica);
                 c.remaining -= 1;
                 meter.charge_removals(1);
             }
-            c.pos += 1;
+            c.pos = Store::after(pos);
         }
         self.flush();
-        debug_assert!(c.remaining == 0 || c.pos < self.store.slots());
+        debug_assert!(
+            c.remaining == 0 || !ended,
+            "a cleared holder the scan missed"
+        );
         if c.remaining > 0 {
             self.clear = Some(c);
             return false;
@@ -118,7 +134,7 @@ impl Index {
             mscope,
             replica,
             remaining: entries,
-            pos: 0,
+            pos: FIRST,
         });
         if !self.sliced_clears {
             self.clear_step(SweepBudget::UNBOUNDED);
@@ -127,7 +143,7 @@ impl Index {
     }
 
     /// Removes a cleared holder (its entry already left the counts) at slab position `pos`.
-    fn remove_cleared_holder(&mut self, pos: u32, key: KeyId, replica: u32) {
+    fn remove_cleared_holder(&mut self, pos: Loc, key: KeyId, replica: u32) {
         let (_, key_gone) = self
             .store
             .remove_holder(pos, replica)

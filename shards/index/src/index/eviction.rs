@@ -45,7 +45,7 @@
 //!
 //! [`IndexConfig::cross_core_eviction`]: super::IndexConfig::cross_core_eviction
 
-use super::store::{Holder, KeyId, MoreHolders};
+use super::store::{FIRST, Holder, KeyId, Loc, PLACES_PER_STEP, Scan, Store};
 use super::{Catalog, EvictionCounts, Index, RemovalReason, SweepOutcome};
 use crate::rules::{Eviction, TenantRules};
 use std::cmp::Ordering;
@@ -370,8 +370,8 @@ pub(crate) struct QuotaBuild {
     k: usize,
     /// Some offered snapshot was not kept: the selection has a threshold.
     dropped: bool,
-    /// Scan phase: positions `0..cursor` are not visited yet.
-    cursor: u32,
+    /// Scan phase: the places before `cursor` were visited.
+    cursor: Loc,
     /// Reorder phase: `Some(threshold)` (`None` inside: everything offered was kept).
     threshold: Option<Option<QuotaCand>>,
     /// Reorder phase: the subtrees of `sel` rooted at `heapify..` are min-heaps already.
@@ -420,14 +420,13 @@ pub(crate) struct QuotaState {
 /// A cap candidate selection in progress: the same selection as the one-step build, spread over
 /// slices, with the mutations between two slices offered to it.
 ///
-/// * Scan phase: slab positions `0..cursor` are still to be visited, downwards. Key records only
-///   ever move to lower positions (a removal fills its hole from above) and new ones are
-///   appended, so every key present throughout is visited at least once (a record moved down
-///   past the cursor may be visited twice: a duplicate snapshot, harmless). A mutation of an
-///   entry at or above the cursor (visited, or new) offers its new snapshot; one below it is
-///   left to the scan, which reads the entry's key when it gets there. A key of many holders
-///   (a wide set) may be visited over several slices ([`Index::cap_scan_key`]): it is then at
-///   the cursor, so its mutations are offered meanwhile.
+/// * Scan phase: the store's keys are visited in place order ([`Store::scan`]) from the first
+///   to the last. A held key keeps its place, so every key held throughout is visited once.
+///   A mutation of an entry at a place the scan passed (visited, or a new key placed there)
+///   offers its new snapshot; one at a place still ahead is left to the scan, which reads the
+///   entry when it gets there. A key of many holders may be visited over several slices
+///   ([`Index::cap_scan_key`]): it is then at the cursor, and its mutations are offered
+///   meanwhile (an entry offered twice is a duplicate snapshot, harmless).
 /// * Reorder phase (`threshold` set): `sel` is turned into a min-heap in place (bottom-up, a few
 ///   subtrees per slice), then `late` is pushed into it; a mutation adds its snapshot to `late`
 ///   when it is `<=` the threshold.
@@ -445,11 +444,11 @@ pub(crate) struct CapBuild {
     /// Some offered snapshot was not kept (rejected, or pushed out by a smaller one): the
     /// selection has a threshold.
     dropped: bool,
-    /// Scan phase: positions `0..cursor` are not visited yet.
-    cursor: u32,
-    /// Scan phase: `Some(n)` when the key at `cursor` is visited in part (see
-    /// [`Index::cap_scan_key`]): its wide set's holders `0..n` and its inline holder are still to
-    /// be offered. Mutations of that key are offered (its position is `>= cursor`).
+    /// Scan phase: the places before `cursor` were visited.
+    cursor: Loc,
+    /// Scan phase: `Some(r)` when the key at `cursor` is visited in part (see
+    /// [`Index::cap_scan_key`]): its holders of replicas `r` and up are still to be offered.
+    /// Mutations of that key are offered meanwhile.
     partial: Option<u32>,
     /// Per-keyspace policy bits of the current slice ([`KS_UNKNOWN`] until looked up).
     bits: Vec<u8>,
@@ -550,7 +549,7 @@ fn cap_offer_holder(b: &mut CapBuild, cat: &mut Catalog, key: KeyId, lfu: bool, 
 }
 
 impl CapBuild {
-    /// A build of `k` candidates over the key record slots `0..slots`. The selection becomes the next
+    /// A build of `k` candidates over the store's keys. The selection becomes the next
     /// live heap, which mutations may grow to `2 k + min_candidates` before it is dropped: that
     /// capacity is reserved now (address space; pages are touched only as used), so no push
     /// ever copies the heap to grow it (≈ 10 ms per copy at 10M entries, on a slice or ingest).
@@ -558,7 +557,6 @@ impl CapBuild {
     /// A fresh buffer's range goes to `fresh_hook` before its first write.
     fn new(
         k: usize,
-        slots: u32,
         min_candidates: usize,
         spare: Vec<CapCand>,
         fresh_hook: Option<fn(usize, usize)>,
@@ -574,13 +572,18 @@ impl CapBuild {
             sel: Heap { v },
             k,
             dropped: false,
-            cursor: slots,
+            cursor: FIRST,
             partial: None,
             bits: Vec::new(),
             threshold: None,
             heapify: 0,
             late: Vec::new(),
         }
+    }
+
+    /// Whether the scan passed place `pos`: a mutation there offers its snapshot.
+    fn visited(&self, pos: Loc) -> bool {
+        pos < self.cursor || (self.partial.is_some() && pos == self.cursor)
     }
 
     /// Offers a snapshot: kept while among the `k` smallest offered (scan phase), or added to
@@ -636,11 +639,11 @@ impl Index {
     }
 
     /// The current cap snapshot of an entry, if it exists and is not reserved. `pos` is the
-    /// key's slab position when the caller already knows it (saves a table probe).
+    /// key's place when the caller already knows it (saves a table probe).
     /// A stale snapshot's key may belong to a tenant whose record the reclaim pass already
     /// unlinked (its keys are gone; the snapshots are dropped only at the pass's release stage):
     /// no record, no entry.
-    fn cap_cand(&self, key: KeyId, replica: u32, pos: Option<u32>) -> Option<CapCand> {
+    fn cap_cand(&self, key: KeyId, replica: u32, pos: Option<Loc>) -> Option<CapCand> {
         let t = self.cat.tenants.get(&self.cat.tenant_of(key))?;
         if t.reserved {
             return None;
@@ -650,8 +653,7 @@ impl Index {
             None => self.store.find(key)?,
         };
         debug_assert_eq!(self.store.key_at(pos), key);
-        let at = self.store.find_holder(pos, replica)?;
-        let h = self.store.holder(at);
+        let h = self.store.holder_of(pos, replica)?;
         let eff = if t.algo == Eviction::Lfu { h.access } else { 0 };
         Some(CapCand {
             eff,
@@ -766,20 +768,10 @@ impl Index {
         }
     }
 
-    /// Whether a cap or quota heap or build follows the entries' changes: without one,
-    /// [`Index::cap_touch`] and [`Index::quota_touch`] do nothing.
-    #[inline(always)]
-    pub(crate) fn evictions_tracked(&self) -> bool {
-        self.cap.active
-            || self.cap.next.is_some()
-            || !self.quotas.is_empty()
-            || self.quota_next.is_some()
-    }
-
     /// Mutation hook: keeps the cap-heap invariant (and a build's) after an entry's sort key
     /// changed.
     #[inline]
-    pub(crate) fn cap_touch(&mut self, key: KeyId, replica: u32, pos: Option<u32>) {
+    pub(crate) fn cap_touch(&mut self, key: KeyId, replica: u32, pos: Option<Loc>) {
         // Inlined into every upsert: without a cap heap or a build, a touch is this test.
         if !self.cap.active && self.cap.next.is_none() {
             return;
@@ -789,7 +781,7 @@ impl Index {
 
     /// [`Index::cap_touch`] with a heap or a build to keep up to date.
     #[inline(never)]
-    fn cap_touch_tracked(&mut self, key: KeyId, replica: u32, pos: Option<u32>) {
+    fn cap_touch_tracked(&mut self, key: KeyId, replica: u32, pos: Option<Loc>) {
         let pos = match pos {
             Some(p) => p,
             None => match self.store.find(key) {
@@ -801,7 +793,7 @@ impl Index {
             return;
         };
         if let Some(b) = self.cap.next.as_mut()
-            && (b.threshold.is_some() || pos >= b.cursor)
+            && (b.threshold.is_some() || b.visited(pos))
         {
             b.offer(&mut self.cat, c);
         }
@@ -831,7 +823,6 @@ impl Index {
         let spare = std::mem::take(&mut self.cap.spare);
         self.cap.next = Some(CapBuild::new(
             k,
-            self.store.slots(),
             self.min_candidates,
             spare,
             self.cfg.gradual_buffer_hook,
@@ -860,76 +851,52 @@ impl Index {
         (bits & KS_SKIP == 0).then_some(bits & KS_LFU != 0)
     }
 
-    /// Offers the holders of the key at slab position `pos` to a cap build. Returns how many.
-    /// A free slot offers nothing but counts as one unit of work, so that a slice over a slab
-    /// of mostly free slots stays bounded too.
-    fn cap_offer_position(&mut self, b: &mut CapBuild, pos: u32) -> usize {
-        let Some(key) = self.store.live_key_at(pos) else {
-            return 1;
-        };
-        let Some(lfu) = self.cap_build_lfu(b, key.keyspace() as usize) else {
-            return 0;
-        };
-        let mut offered = 0;
-        for (_, h) in self.store.holders(pos) {
-            offered += 1;
-            cap_offer_holder(b, &mut self.cat, key, lfu, h);
-        }
-        offered
-    }
-
-    /// Offers the key at slab position `pos` (the scan's `cursor`) to a sliced build: all its
-    /// holders when they are few; a wide set's from its last holder down, then the inline one,
-    /// [`CAP_SCAN_HOLDER_CHUNK`] at a time, stopping between two chunks once `meter` says the
-    /// slice is spent (`b.partial` then says where to resume; returns false).
+    /// Offers the key at place `pos` (the scan's `cursor`) to a sliced build: its holders by
+    /// replica, [`CAP_SCAN_HOLDER_CHUNK`] at a time, stopping between two chunks once `meter`
+    /// says the slice is spent (`b.partial` then names the replica to resume at; returns
+    /// false).
     ///
     /// Why a key visited in part loses none of its holders: mutations of it are offered (its
-    /// position is the cursor); a holder added to a wide set goes to its end (visited part);
-    /// a removal moves the set's last holder into the hole (`swap_remove`) or into the inline
-    /// slot, so an unvisited holder only ever moves to a place still to be visited, while a
-    /// visited one may move there and be offered twice (a duplicate snapshot of the same
-    /// current key: harmless, as for a record the scan meets twice). A key that is no longer
-    /// wide when the scan resumes (its set emptied, or its slot freed and reused) is offered
-    /// whole again, duplicates included.
+    /// place is the cursor); the holders still to be offered are those of replicas from
+    /// `b.partial` up, found again by replica whatever was added or removed in between.
     fn cap_scan_key(
         &mut self,
         b: &mut CapBuild,
-        pos: u32,
+        pos: Loc,
         work: &mut usize,
         meter: &mut BudgetMeter,
     ) -> bool {
         let resume = b.partial.take();
-        let Some(key) = self.store.live_key_at(pos) else {
-            *work += 1;
-            return true;
-        };
+        let key = self.store.key_at(pos);
         let Some(lfu) = self.cap_build_lfu(b, key.keyspace() as usize) else {
             return true;
         };
-        let (first, more) = self.store.holder_parts(pos);
-        let MoreHolders::Wide(set) = more else {
-            let offered = self.cap_offer_position(b, pos);
-            meter.charge_entries(offered);
-            *work += offered;
-            return true;
-        };
-        let mut next = resume.map_or(set.len(), |n| (n as usize).min(set.len()));
-        while next > 0 {
-            // Never before the slice's first chunk: each slice makes progress.
-            if *work > 0 && meter.spent_each(*work) {
-                b.partial = Some(next as u32);
+        let mut from = resume.unwrap_or(0);
+        let mut first_chunk = resume.is_none();
+        loop {
+            // Never before a key's first chunk: each slice makes progress.
+            if !first_chunk && *work > 0 && meter.spent_each(*work) {
+                b.partial = Some(from);
                 return false;
             }
-            let from = next.saturating_sub(CAP_SCAN_HOLDER_CHUNK);
-            for h in set[from..next].iter().rev() {
-                cap_offer_holder(b, &mut self.cat, key, lfu, h);
+            first_chunk = false;
+            let mut offered = 0;
+            let mut next = None;
+            for h in self.store.holders_from(pos, from) {
+                if offered == CAP_SCAN_HOLDER_CHUNK {
+                    next = Some(h.replica());
+                    break;
+                }
+                cap_offer_holder(b, &mut self.cat, key, lfu, &h);
+                offered += 1;
             }
-            *work += next - from;
-            next = from;
+            meter.charge_entries(offered);
+            *work += offered;
+            match next {
+                Some(r) => from = r,
+                None => return true,
+            }
         }
-        cap_offer_holder(b, &mut self.cat, key, lfu, first);
-        *work += 1;
-        true
     }
 
     /// Runs the build in progress within `budget` (storage entries visited plus candidate
@@ -940,39 +907,35 @@ impl Index {
         let mut work = 0usize;
         let mut meter = budget.meter();
         if b.threshold.is_none() {
-            // Scan phase. Records never move, but the slab may have given back trailing free
-            // slots: clamp the cursor to it (a key visited in part there is gone).
-            if b.cursor >= self.store.slots() {
-                b.partial = None;
-            }
-            b.cursor = b.cursor.min(self.store.slots());
+            // Scan phase.
             b.bits.clear();
             b.bits.resize(self.cat.keyspaces.len(), KS_UNKNOWN);
             let mut cut = false;
-            if budget.max_entries == usize::MAX
-                && budget.deadline.is_none()
-                && b.cursor == self.store.slots()
-            {
-                // A whole build in one call: nothing changes between its positions, so the
-                // order is free. Upwards, entries come oldest first (new keys are added at the
-                // end), and most of the rest fail the selection's cheap numeric check.
-                for pos in 0..b.cursor {
-                    work += self.cap_offer_position(&mut b, pos);
-                }
-                b.cursor = 0;
+            if b.partial.is_some() && self.store.scan(b.cursor, 1) != Scan::Held(b.cursor) {
+                // The key visited in part is gone: its place holds none now.
+                b.partial = None;
             }
-            if b.partial.is_some() {
-                let pos = b.cursor;
-                cut = !self.cap_scan_key(&mut b, pos, &mut work, &mut meter);
-            }
-            while !cut && b.cursor > 0 {
-                if meter.spent(work) {
+            while !cut {
+                if b.partial.is_none() && meter.spent(work) {
                     cut = true;
                     break;
                 }
-                let pos = b.cursor - 1;
-                b.cursor = pos;
-                cut = !self.cap_scan_key(&mut b, pos, &mut work, &mut meter);
+                match self.store.scan(b.cursor, PLACES_PER_STEP) {
+                    Scan::End => break,
+                    Scan::Paused(at) => {
+                        // Places without a key count as work too: a slice over a store of
+                        // mostly empty places stays bounded.
+                        b.cursor = at;
+                        work += PLACES_PER_STEP;
+                    }
+                    Scan::Held(pos) => {
+                        b.cursor = pos;
+                        cut = !self.cap_scan_key(&mut b, pos, &mut work, &mut meter);
+                        if !cut {
+                            b.cursor = Store::after(pos);
+                        }
+                    }
+                }
             }
             if cut {
                 self.cap.next = Some(b);
@@ -1203,11 +1166,9 @@ impl Index {
         let check = |heap: &Heap<CapCand>, threshold: Option<&CapCand>, what: &str| {
             let mut snaps = heap.v.clone();
             snaps.sort_by(|a, b| cap_cmp(cat, a, b));
-            for pos in 0..self.store.slots() {
-                let Some(key) = self.store.live_key_at(pos) else {
-                    continue;
-                };
-                for (_, h) in self.store.holders(pos) {
+            for pos in self.store.places() {
+                let key = self.store.key_at(pos);
+                for h in self.store.holders(pos) {
                     let Some(c) = self.cap_cand(key, h.replica(), Some(pos)) else {
                         continue;
                     };
@@ -1218,7 +1179,7 @@ impl Index {
                         snaps
                             .binary_search_by(|s| cap_cmp(cat, s, &c))
                             .is_ok_and(|i| snaps[i] == c),
-                        "{what}: entry {c:?} at {pos} (<= threshold {threshold:?}) missing"
+                        "{what}: entry {c:?} at {pos:?} (<= threshold {threshold:?}) missing"
                     );
                 }
             }
@@ -1468,7 +1429,7 @@ impl Index {
 
     fn quota_cand(&self, key: KeyId) -> Option<QuotaCand> {
         let pos = self.store.find(key)?;
-        let newest = self.store.holders(pos).map(|(_, h)| h.last_seen()).max()?;
+        let newest = self.key_newest(pos)?;
         Some(QuotaCand { newest, key })
     }
 
@@ -1522,14 +1483,17 @@ impl Index {
             return;
         };
         let b = self.quota_next.as_mut().expect("quota build");
-        if b.threshold.is_some() || pos >= b.cursor {
+        if b.threshold.is_some() || pos < b.cursor {
             b.offer(&mut self.cat, QuotaCand { newest, key });
         }
     }
 
-    /// The newest holder time of the key at slab position `pos`.
-    fn key_newest(&self, pos: u32) -> Option<i64> {
-        self.store.holders(pos).map(|(_, h)| h.last_seen()).max()
+    /// The newest holder time of the key at place `pos`.
+    fn key_newest(&self, pos: Loc) -> Option<i64> {
+        self.store
+            .holders_uncounted(pos)
+            .map(|h| h.last_seen())
+            .max()
     }
 
     /// Drops every tenant's quota heap and any build in progress, their blob references given
@@ -1632,17 +1596,12 @@ impl Index {
         let greater = |a: &QuotaCand, b: &QuotaCand| quota_cmp(cat, a, b) == Ordering::Greater;
         let mut sel: Heap<QuotaCand> = Heap::default();
         let mut seen = 0usize;
-        for pos in 0..self.store.slots() {
-            let Some(key) = self.store.live_key_at(pos) else {
-                continue;
-            };
+        for pos in self.store.places() {
+            let key = self.store.key_at(pos);
             if cat.tenant_of(key) != tenant {
                 continue;
             }
-            let newest = self
-                .store
-                .holders(pos)
-                .map(|(_, h)| h.last_seen())
+            let newest = (self.store.holders_uncounted(pos).map(|h| h.last_seen()))
                 .max()
                 .expect("holder");
             let c = QuotaCand { newest, key };
@@ -1779,7 +1738,7 @@ impl Index {
                 },
                 k,
                 dropped: false,
-                cursor: self.store.slots(),
+                cursor: FIRST,
                 threshold: None,
                 heapify: 0,
                 late: Vec::new(),
@@ -1796,23 +1755,28 @@ impl Index {
         let mut work = 0usize;
         let mut meter = budget.meter();
         if b.threshold.is_none() {
-            b.cursor = b.cursor.min(self.store.slots());
-            while b.cursor > 0 {
+            loop {
                 if meter.spent(work) {
                     self.quota_next = Some(b);
                     return (work, false);
                 }
-                b.cursor -= 1;
-                work += 1;
-                let pos = b.cursor;
-                let Some(key) = self.store.live_key_at(pos) else {
-                    continue;
+                let pos = match self.store.scan(b.cursor, PLACES_PER_STEP) {
+                    Scan::End => break,
+                    Scan::Paused(at) => {
+                        b.cursor = at;
+                        work += PLACES_PER_STEP;
+                        continue;
+                    }
+                    Scan::Held(pos) => pos,
                 };
+                b.cursor = Store::after(pos);
+                work += 1;
+                let key = self.store.key_at(pos);
                 if self.cat.tenant_of(key) != b.tenant {
                     continue;
                 }
                 let (mut newest, mut holders) = (i64::MIN, 0);
-                for (_, h) in self.store.holders(pos) {
+                for h in self.store.holders_uncounted(pos) {
                     newest = newest.max(h.last_seen());
                     holders += 1;
                 }
@@ -1910,7 +1874,7 @@ impl Index {
     /// Starts a sliced TTL sweep pass at `now` (one `now` for the whole pass); an unfinished
     /// pass is abandoned. Drive it with [`Index::sweep_step`] until it reports `finished`.
     pub fn sweep_begin(&mut self, now: i64) {
-        self.store.set_visited(0);
+        self.store.set_sweep_cursor(FIRST);
         self.sweep_pass = Some(SweepPass {
             now,
             stats_from: None,
@@ -1957,25 +1921,28 @@ impl Index {
         }
         if pass.stats_from.is_none() {
             let mut stale: Vec<u32> = Vec::new();
-            let mut pos = self.store.visited();
-            let mut free_slots = 0usize;
-            while pos < self.store.slots() {
-                if meter.spent(step.entries + free_slots) {
+            let mut places = 0usize;
+            loop {
+                if meter.spent(step.entries + places) {
                     step.cut_short = true;
                     break;
                 }
-                let Some(key) = self.store.live_key_at(pos) else {
-                    // Passed too: a slice cut in a stretch of free slots resumes after them.
-                    free_slots += 1;
-                    pos += 1;
-                    self.store.set_visited(pos);
-                    continue;
+                let pos = match self.store.scan(self.store.sweep_cursor(), PLACES_PER_STEP) {
+                    Scan::End => break,
+                    Scan::Paused(at) => {
+                        // Passed too: a slice cut in a stretch of empty places resumes after it.
+                        places += PLACES_PER_STEP;
+                        self.store.set_sweep_cursor(at);
+                        continue;
+                    }
+                    Scan::Held(pos) => pos,
                 };
+                let key = self.store.key_at(pos);
                 step.keys += 1;
                 let (ttl, algo) = resolve(self, self.cat.tenant_of(key));
                 stale.clear();
                 let entries_before = step.entries;
-                for (_, h) in self.store.holders(pos) {
+                for h in self.store.holders_uncounted(pos) {
                     step.entries += 1;
                     if ttl > 0 && now.saturating_sub(h.last_seen()) >= ttl {
                         stale.push(h.replica());
@@ -1988,11 +1955,10 @@ impl Index {
                     self.remove_entry(key, *r);
                     pass.out.ttl_evicted.add(algo);
                 }
-                pos += 1;
-                self.store.set_visited(pos);
+                self.store.set_sweep_cursor(Store::after(pos));
             }
             if !step.cut_short {
-                self.store.set_visited(0);
+                self.store.set_sweep_cursor(FIRST);
                 pass.stats_from = Some(0);
             }
         }
@@ -2338,11 +2304,7 @@ impl Index {
         let mut out = Vec::with_capacity(popped.len());
         for (key, replica) in popped {
             let pos = self.store.find(key).expect("candidate key");
-            let at = self
-                .store
-                .find_holder(pos, replica)
-                .expect("candidate holder");
-            let h = self.store.holder(at);
+            let h = (self.store.holder_of(pos, replica)).expect("candidate holder");
             let lfu = self.cat.tenants[&self.cat.tenant_of(key)].algo == Eviction::Lfu;
             let (eff, last_seen) = (if lfu { h.access } else { 0 }, h.last_seen());
             let (tenant, model, scheme, adapter, hash) = self.key_names(key);
@@ -2379,7 +2341,7 @@ impl Index {
             let held = self
                 .store
                 .find(key)
-                .is_some_and(|pos| self.store.find_holder(pos, replica).is_some());
+                .is_some_and(|pos| self.store.holder_of(pos, replica).is_some());
             if !held {
                 continue;
             }

@@ -5,9 +5,10 @@
 //! buffers owned by the index and reused; the result is returned as a view borrowing them.
 
 use super::ranking::{self, Tier, distinguishing_power, freshness, recency};
-use super::store::{Holder, KeyId, MoreHolders, NIL, Store};
+use super::store::KeyId;
 use super::{Catalog, DEAD, Index};
 use crate::rules::{Eviction, TenantRules};
+use crate::runstore::{Extent, WalkScratch};
 use sha2::{Digest, Sha256};
 use std::cmp::Ordering;
 
@@ -198,8 +199,6 @@ impl<'a> StridedHashes<'a> {
 trait HashRun: Copy {
     fn len(&self) -> usize;
     fn at(&self, i: usize) -> &[u8];
-    /// The hashes from `start` on (`start <= len`).
-    fn after(self, start: usize) -> Self;
     /// Hash `i` as an inline key's hash word (the big-endian u64 of its 8 bytes); None for a
     /// hash of another length (a blob).
     #[inline(always)]
@@ -217,10 +216,6 @@ impl<H: AsRef<[u8]>> HashRun for &[H] {
     fn at(&self, i: usize) -> &[u8] {
         self[i].as_ref()
     }
-    #[inline(always)]
-    fn after(self, start: usize) -> Self {
-        &self[start..]
-    }
 }
 
 impl HashRun for StridedHashes<'_> {
@@ -231,15 +226,6 @@ impl HashRun for StridedHashes<'_> {
     #[inline(always)]
     fn at(&self, i: usize) -> &[u8] {
         self.get(i)
-    }
-    #[inline(always)]
-    fn after(self, start: usize) -> Self {
-        let skip = (start * self.stride).min(self.bytes.len());
-        StridedHashes {
-            bytes: &self.bytes[skip..],
-            stride: self.stride,
-            len: self.len - start,
-        }
     }
 }
 
@@ -406,6 +392,10 @@ pub(crate) struct Scratch {
     factors: Vec<f32>,
     /// [`Index::answer_from_runs`]: the answer's classes of scored runs.
     classes: answer::Classes,
+    /// The run store's walk: each replica's leading stretch of the request.
+    walk: WalkScratch,
+    /// The request's token counts summed from block 0, up to the longest stretch.
+    token_sums: Vec<i32>,
 }
 
 impl Scratch {
@@ -418,259 +408,6 @@ impl Scratch {
             self.slots.iter_mut().for_each(|s| s.epoch = 0);
             self.epoch = 1;
         }
-    }
-}
-
-/// Where a chain walk stands (see [`Index::walk_blocks`]).
-#[derive(Clone, Copy, Default)]
-struct Walk {
-    /// Runs still going: those with `last_block == anchor`.
-    alive: usize,
-    /// The last block the going runs were updated at (block 0, a block whose holders were
-    /// visited, or the end of a stored run consumed before such a block).
-    anchor: u32,
-    /// The last block the going runs reached (blocks after the anchor continued its stored run).
-    reached: u32,
-    /// The request's tokens of the blocks after the anchor up to `reached` (wrapping, as sums
-    /// of the wire's int32 counts are).
-    pending: i32,
-}
-
-/// A stored run shorter than this is followed without prefetching the probe after it. Measured
-/// on the Mooncake trace (perf/runs/2026-12-07-run-end-prefetch.md): 8 did better than 3, and
-/// prefetching the record partway through every such run better than only through runs of 64
-/// blocks or more (the bucket is then read before it arrived, but the record is loaded sooner).
-const PREFETCH_MIN_RUN: usize = 8;
-
-/// How many of the request's blocks from `start` on (after slab position `prev`'s) continue
-/// `prev`'s stored run, in keyspace `ks`: they extend the runs going without a visit.
-///
-/// A chain stored in pieces goes on elsewhere where its stored run ends in the slab; the walk
-/// then probes the table for the next block (the bucket, then the record it names, then the
-/// record's holders: three cache misses in a row on a large index). The run's end is known
-/// from the slab's run bits before its keys are compared, so those loads start early, each
-/// once the one it needs has had time to arrive: the request's hash there before the
-/// comparison, the bucket a third of the way through, the record it names (and the first lines
-/// of the run it starts) two thirds through (perf/runs/2026-12-07-jump-window.md).
-#[inline(always)]
-fn stored_run_matches<H: HashRun>(
-    store: &Store,
-    cat: &Catalog,
-    hashes: H,
-    start: usize,
-    ks: u32,
-    prev: u32,
-) -> usize {
-    let rest = hashes.after(start);
-    let key = |j: usize| cat.key_for(ks, rest.at(j));
-    if rest.len() <= PREFETCH_MIN_RUN || !store.run_may_reach(prev, ks, PREFETCH_MIN_RUN) {
-        // A short run (or a blob chain's): nothing to load early.
-        return store.run_matches(prev, rest.len(), key);
-    }
-    let matches = |from: usize, n: usize| {
-        store.run_hashes_match(prev + from as u32, n, |j| rest.word(from + j))
-    };
-    let extent = store.run_extent(prev, ks, rest.len());
-    if extent < PREFETCH_MIN_RUN || extent >= rest.len() {
-        return matches(0, extent);
-    }
-    // The request's hash where the stored run ends is a line the comparison reaches last (a
-    // cache miss when the request is cold): loaded now, hashed a third of the way through,
-    // its table bucket loaded then, and the record the bucket names two thirds through.
-    let next_hash = rest.at(extent);
-    if let Some(first_byte) = next_hash.first() {
-        crate::prefetch::prefetch(first_byte);
-    }
-    let third = extent / 3;
-    let m = matches(0, third);
-    if m < third {
-        return m;
-    }
-    let Some(next) = cat.key_for_inline(ks, next_hash) else {
-        return m + matches(third, extent - third);
-    };
-    store.prefetch_probe(next);
-    let two_thirds = extent * 2 / 3;
-    let m = m + matches(third, two_thirds - third);
-    if m < two_thirds {
-        return m;
-    }
-    store.prefetch_found(next);
-    m + matches(two_thirds, extent - two_thirds)
-}
-
-impl Walk {
-    /// The blocks from `start` on, with request counts `counts`, continued the stored run the
-    /// runs going are on: they reached them all.
-    #[inline(always)]
-    fn consume(&mut self, counts: &[i32], start: usize) {
-        let sum = counts.iter().fold(0i32, |a, c| a.wrapping_add(*c));
-        self.pending = self.pending.wrapping_add(sum);
-        self.reached = (start + counts.len() - 1) as u32;
-    }
-}
-
-/// What extending the runs by one block needs besides the holder.
-#[derive(Clone, Copy)]
-struct Step {
-    /// The block's key (for LFU hits).
-    key: KeyId,
-    /// The block's number in the request.
-    block: u32,
-    /// The request's token count for it.
-    count: i32,
-    now: i64,
-    /// The tenant's TTL (> 0): an entry is live while `now - last_seen < ttl`.
-    ttl: i64,
-    /// Record an LFU hit per extended run.
-    lfu: bool,
-    /// A replica whose holders here are cleared (`ALL_CLEARED` still being removed, see the
-    /// `clear` module), or `NIL`: it starts no run, so no later block extends one.
-    cleared: u32,
-    /// The last block whose holders were visited: the runs still going have `last_block ==
-    /// anchor` (blocks consumed as part of a stored run since then extended them all alike).
-    anchor: u32,
-}
-
-impl Step {
-    /// freshness > 0 ⇔ age < ttl (ttl > 0 here).
-    #[inline(always)]
-    fn live(&self, h: &Holder) -> bool {
-        self.now.saturating_sub(h.last_seen()) < self.ttl
-    }
-}
-
-impl Scratch {
-    /// Block 0 of a chain (slab position `pos`): starts a run per live holder. Returns how
-    /// many runs started.
-    #[inline]
-    fn start_runs(&mut self, store: &Store, pos: u32, step: &Step) -> usize {
-        let (first, more) = store.holder_parts(pos);
-        self.start_run(first, step);
-        match more {
-            MoreHolders::None => {}
-            MoreHolders::Wide(hs) => hs.iter().for_each(|h| self.start_run(h, step)),
-            MoreHolders::Chain(mut at) => {
-                while at != NIL {
-                    let (h, next) = store.over_holder(at);
-                    self.start_run(h, step);
-                    at = next;
-                }
-            }
-        }
-        self.runs.len()
-    }
-
-    /// Opens holder `h`'s run at block 0 if its entry is live.
-    #[inline(always)]
-    fn start_run(&mut self, h: &Holder, step: &Step) {
-        if !step.live(h) || h.replica() == step.cleared {
-            return;
-        }
-        let r = h.replica();
-        let run = self.runs.len() as u32;
-        self.slots[r as usize] = RunSlot {
-            epoch: self.epoch,
-            run,
-        };
-        self.runs.push(Run {
-            replica: r,
-            matched: step.count,
-            oldest: h.last_seen(),
-            tier: h.tier(),
-            last_block: 0,
-            scored: false,
-            fresh: 0.0,
-            value: 0,
-        });
-        if step.lfu {
-            self.run_hits.push((
-                run,
-                LfuHit {
-                    key: step.key,
-                    replica: r,
-                },
-            ));
-        }
-    }
-
-    /// Extends by block `step.block > 0` (slab position `pos`) the runs that reached the
-    /// previous block (`alive` of them, `last_block == step.anchor`) and whose replica holds a
-    /// live entry for it; a run that missed a block froze and never rejoins. `step.count` is the
-    /// request's tokens of every block after the anchor up to this one. Stops visiting the block's holders once
-    /// every live run is extended. Returns how many runs reached the block.
-    #[inline]
-    fn extend_runs(&mut self, store: &Store, pos: u32, step: &Step, alive: usize) -> usize {
-        let (first, more) = store.holder_parts(pos);
-        let mut running = usize::from(self.extend_run(first, step));
-        if running == alive {
-            return running;
-        }
-        match more {
-            MoreHolders::None => {}
-            MoreHolders::Wide(hs) => {
-                for h in hs {
-                    running += usize::from(self.extend_run(h, step));
-                    if running == alive {
-                        break;
-                    }
-                }
-            }
-            MoreHolders::Chain(mut at) => {
-                while at != NIL && running < alive {
-                    let (h, next) = store.over_holder(at);
-                    running += usize::from(self.extend_run(h, step));
-                    at = next;
-                }
-            }
-        }
-        running
-    }
-
-    /// Extends holder `h`'s run to `step.block` if its entry is live and its run reached the
-    /// previous block (its last visited block is the anchor).
-    #[inline(always)]
-    fn extend_run(&mut self, h: &Holder, step: &Step) -> bool {
-        let r = h.replica();
-        let slot = self.slots[r as usize];
-        if slot.epoch != self.epoch || !step.live(h) {
-            return false;
-        }
-        let run = &mut self.runs[slot.run as usize];
-        if run.last_block != step.anchor {
-            return false;
-        }
-        run.matched = run.matched.wrapping_add(step.count);
-        run.oldest = run.oldest.min(h.last_seen());
-        run.tier = ranking::worst_tier(run.tier, h.tier());
-        run.last_block = step.block;
-        if step.lfu {
-            let hit = LfuHit {
-                key: step.key,
-                replica: r,
-            };
-            self.run_hits.push((slot.run, hit));
-        }
-        true
-    }
-}
-
-impl Scratch {
-    /// Extends the runs going (`last_block == walk.anchor`) over the blocks consumed after the
-    /// anchor, which they all reached: one update per run per stored run consumed. The anchor
-    /// moves to the last block reached.
-    #[inline]
-    fn settle_runs(&mut self, walk: &mut Walk) {
-        if walk.reached == walk.anchor {
-            return;
-        }
-        let (anchor, reached, pending) = (walk.anchor, walk.reached, walk.pending);
-        for run in self.runs.iter_mut().filter(|r| r.last_block == anchor) {
-            run.matched = run.matched.wrapping_add(pending);
-            run.last_block = reached;
-        }
-        walk.anchor = reached;
-        walk.pending = 0;
     }
 }
 
@@ -940,7 +677,7 @@ impl Index {
         let cleared = self.cleared_replica(mscope);
         let mut scores = std::mem::take(&mut self.last.scores);
         let mut hits = std::mem::take(&mut self.last.hits);
-        for (_, h) in self.store.holders(pos) {
+        for h in self.store.holders_uncounted(pos) {
             let f = freshness(now, h.last_seen(), ttl);
             if f <= 0.0 || h.replica() == cleared {
                 continue;
@@ -1036,17 +773,14 @@ impl Index {
     }
 
     /// [`Self::walk_chain`] over hashes held as `H`. Not inlined: one compiled copy per
-    /// representation, each laid out like the walk the perf gate's baseline measured.
+    /// representation.
     ///
-    /// Cost per *stored run*, not per (block, holder): a block whose key record follows the
-    /// previous block's in the slab and is marked as continuing a run (every holder of its
-    /// predecessor holds it too, same tier, a time no earlier; see `Store::continues_run`)
-    /// extends exactly the runs that reached the previous block, by its token count, with their
-    /// oldest time and worst tier unchanged; so it costs one key comparison and the counts of a
-    /// stretch of such blocks are added to the runs in one step, at the next block whose
-    /// holders are visited (or at the end). Holders are visited at block 0, where the slab
-    /// breaks, and where a holder of the previous block stops or changes tier. LFU tenants
-    /// visit every block's holders: each (block, holder) is an LFU hit.
+    /// Cost per *stored run*, not per (block, holder): the run store walks the request along
+    /// each stored run it meets, comparing hashes, and visits each run's extents (a replica's
+    /// stretch of one tier and time) once per piece of the request on it; the table is probed
+    /// only where the request leaves a run. An extent whose entries are stale, or of the
+    /// replica being cleared, holds nothing for the walk: its replica's run freezes there.
+    /// LFU tenants get an LFU hit per (block, replica) of every run, from the runs.
     #[inline(never)]
     fn walk_blocks<H: HashRun>(
         &mut self,
@@ -1062,86 +796,50 @@ impl Index {
         sc.next_epoch(self.cat.strings.slots());
         sc.runs.clear();
         sc.run_hits.clear();
-        // Blocks whose holders are visited are resolved in batches: the table probes of one
-        // batch are independent, so their cache misses overlap instead of serialising block by
-        // block. Most blocks need no probe: a stored chain's next block is usually the next key
-        // record in the slab, and most of those continue a stored run, consumed without a visit
-        // (`Store::run_matches`). A block the index does not hold ends the walk, so the blocks
-        // after it are not resolved.
-        const BATCH: usize = 8;
-        let n = hashes.len();
-        let mut batch = [(KeyId { ks: 0, h: 0 }, NIL); BATCH];
-        let mut start = 0;
-        let mut prev = NIL;
-        // Runs going: `alive`, all with `last_block == anchor`; they also reached every block
-        // up to `reached`, whose tokens after the anchor sum to `pending`.
-        let mut walk = Walk::default();
-        while start < n {
-            if start > 0 && !lfu {
-                let m = stored_run_matches(&self.store, &self.cat, hashes, start, ks, prev);
-                if m > 0 {
-                    walk.consume(&counts[start..start + m], start);
-                    start += m;
-                    prev += m as u32;
-                    continue;
-                }
-            }
-            let end = (start + BATCH).min(n);
-            let mut resolved = start;
-            let mut ended = false;
-            for (slot, i) in batch.iter_mut().zip(start..end) {
-                let Some(pos) = self
-                    .cat
-                    .key_for(ks, hashes.at(i))
-                    .and_then(|k| self.store.find_after(prev, k).map(|p| (k, p)))
-                else {
-                    // The walk ends at this block: the rest of the batch is never read.
-                    ended = true;
-                    break;
-                };
-                if !lfu
-                    && resolved > start
-                    && pos.1 == prev.wrapping_add(1)
-                    && self.store.continues_run(pos.1)
-                {
-                    // Consumed by the run match of the next round.
-                    break;
-                }
-                *slot = pos;
-                prev = pos.1;
-                resolved += 1;
-            }
-            for i in start..resolved {
-                let block = batch[i - start];
-                // The runs going reached the consumed blocks, whether or not they reach this one.
-                sc.settle_runs(&mut walk);
-                let step = Step {
-                    key: block.0,
-                    block: i as u32,
-                    count: counts[i],
-                    now,
-                    ttl,
-                    lfu,
-                    cleared,
-                    anchor: walk.anchor,
-                };
-                walk.alive = if i == 0 {
-                    sc.start_runs(&self.store, block.1, &step)
-                } else {
-                    sc.extend_runs(&self.store, block.1, &step, walk.alive)
-                };
-                walk.anchor = i as u32;
-                walk.reached = i as u32;
-                if walk.alive == 0 {
-                    return;
-                }
-            }
-            if ended {
-                break;
-            }
-            start = resolved;
+        let cat = &self.cat;
+        // An 8-byte hash is its key's word; another width is a blob, looked up.
+        let key = |i: usize| match hashes.word(i) {
+            Some(w) => Some((ks, w)),
+            None => cat.key_for(ks, hashes.at(i)).map(|k| (k.ks, k.h)),
+        };
+        let live = |x: &Extent| now.saturating_sub(x.last_seen) < ttl && x.replica != cleared;
+        (self.store.runs()).walk_keys(hashes.len(), key, live, ranking::worst_tier, &mut sc.walk);
+        // Each replica's matched tokens: the request's counts summed over its stretch (int32
+        // with wrap-around), from one pass of prefix sums up to the longest stretch.
+        let longest = sc.walk.matched.iter().map(|m| m.blocks).max().unwrap_or(0) as usize;
+        sc.token_sums.clear();
+        let mut sum = 0i32;
+        for c in &counts[..longest] {
+            sum = sum.wrapping_add(*c);
+            sc.token_sums.push(sum);
         }
-        sc.settle_runs(&mut walk);
+        for m in &sc.walk.matched {
+            let run = sc.runs.len() as u32;
+            sc.slots[m.replica as usize] = RunSlot {
+                epoch: sc.epoch,
+                run,
+            };
+            sc.runs.push(Run {
+                replica: m.replica,
+                matched: sc.token_sums[m.blocks as usize - 1],
+                oldest: m.oldest,
+                tier: m.tier,
+                last_block: m.blocks - 1,
+                scored: false,
+                fresh: 0.0,
+                value: 0,
+            });
+            if lfu {
+                for i in 0..m.blocks as usize {
+                    let key = cat.key_for(ks, hashes.at(i)).expect("a held block's key");
+                    let hit = LfuHit {
+                        key,
+                        replica: m.replica,
+                    };
+                    sc.run_hits.push((run, hit));
+                }
+            }
+        }
     }
 
     /// Scores every run with a positive matched sum and a fresh oldest entry (marking it
@@ -1387,22 +1085,22 @@ impl Index {
             let Some(pos) = self.store.find(hit.key) else {
                 continue;
             };
-            let Some(at) = self.store.find_holder(pos, hit.replica) else {
+            let Some(h) = self.store.holder_of(pos, hit.replica) else {
                 continue;
             };
-            let h = self.store.holder_mut(at);
-            h.access = h.access.saturating_add(1);
+            self.store
+                .set_access(pos, hit.replica, h.access.saturating_add(1));
             n += 1;
             self.cap_touch(hit.key, hit.replica, Some(pos));
         }
         n
     }
 
-    /// Test aid: panics unless every run bit of the store is exact (a record marked as
-    /// continuing a run holds exactly its predecessor's holders: replica, tier, `last_seen`).
+    /// Test aid: panics unless every invariant of the store holds (see
+    /// `runstore::RunStore::check`).
     #[doc(hidden)]
-    pub fn check_run_summaries(&self) {
-        self.store.check_runs();
+    pub fn check_store(&self) {
+        self.store.runs().check();
     }
 
     /// Affinity pick (§8.6): `sorted(serving replicas)[BE-u64(SHA-256(seed)[..8]) mod n]`.

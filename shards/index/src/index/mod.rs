@@ -23,14 +23,11 @@
 
 mod admission;
 mod aggregate;
-#[cfg(test)]
-mod chain_batch_tests;
 mod clear;
 mod eviction;
 mod intern;
 mod lookup;
 mod persist;
-mod postable;
 pub mod ranking;
 mod reclaim;
 mod removal;
@@ -47,7 +44,7 @@ pub use eviction::{
     CapBuildStep, CapSlice, CapVictim, QuotaVictim, SweepBudget, SweepStep, select_victims,
 };
 pub use lookup::{BlockHashes, LfuHit, LookupQuery, LookupView, Score, Strategy, StridedHashes};
-pub use persist::{PersistEntry, PersistStats, RestoreCache, RestoreOutcome};
+pub use persist::{EntryCursor, PersistEntry, PersistStats, RestoreCache, RestoreOutcome};
 pub use ranking::RankerConfig;
 pub use removal::{RemovalReason, RemovalSink, Removed};
 
@@ -63,7 +60,7 @@ use intern::{Blobs, Strings};
 use slotmap::{NO_SLOT, SlotMap};
 use std::cell::Cell;
 use std::sync::Arc;
-use store::{BLOB_FLAG, Holder, HolderUpsert, KEYSPACE_LIMIT, KeyId, NIL, RunCursor, Store};
+use store::{BLOB_FLAG, ChainCursor, Holder, HolderUpsert, KEYSPACE_LIMIT, KeyId, Store};
 
 pub use intern::MAX_STRINGS;
 
@@ -257,6 +254,9 @@ pub struct IngestOutcome {
     /// Upserts not applied because their key already had the maximum number of holders (the
     /// rest of the update was applied).
     pub holders_refused: u64,
+    /// Upserts of new keys not applied because the store's table was full
+    /// (`runstore::MAX_KEYS`, ~100M keys per core; the rest of the update was applied).
+    pub keys_refused: u64,
     /// The update's stats were not stored: its replica would have been one stats row too many
     /// (per model or per core). The rest of the update was applied.
     pub stats_refused: bool,
@@ -592,15 +592,6 @@ impl Catalog {
             &buf[..]
         }
     }
-    /// The key id of an 8-byte hash (`None` for any other width: those are blobs).
-    #[inline]
-    pub fn key_for_inline(&self, ks: u32, bytes: &[u8]) -> Option<KeyId> {
-        let b: [u8; 8] = bytes.try_into().ok()?;
-        Some(KeyId {
-            ks,
-            h: u64::from_be_bytes(b),
-        })
-    }
     /// Resolves an existing key id from a keyspace and wire bytes (no allocation).
     pub fn key_for(&self, ks: u32, bytes: &[u8]) -> Option<KeyId> {
         if bytes.len() == 8 {
@@ -790,10 +781,26 @@ impl ModelGauge {
     }
 }
 
-/// Chain blocks whose keys are looked up together before they are upserted
-/// ([`Index::upsert_chain`]): enough lookups in flight to overlap their cache misses, few enough
-/// that the table groups and key records they bring in are still in L1 when the upserts run.
-const CHAIN_BATCH: usize = 32;
+/// What one upsert did ([`Index::upsert`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Upserted {
+    Applied,
+    /// Refused: the key has the maximum number of holders.
+    HoldersFull,
+    /// Refused: a new key did not fit the store's table.
+    KeysFull,
+}
+
+impl IngestOutcome {
+    /// Counts one upsert of the update.
+    fn count(&mut self, upserted: Upserted) {
+        match upserted {
+            Upserted::Applied => self.upserts += 1,
+            Upserted::HoldersFull => self.holders_refused += 1,
+            Upserted::KeysFull => self.keys_refused += 1,
+        }
+    }
+}
 
 /// Keys and entries created by upserts not yet counted ([`Index::on_created`]).
 #[derive(Clone, Copy, Default)]
@@ -838,9 +845,8 @@ pub struct Index {
     /// Removals since the last reclaim pass that may have left records or names unreferenced
     /// (a hint: 0 means the pass would free nothing).
     reclaimable: u64,
-    /// The slab position of the key the restore in progress created last ([`NIL`]: none), whose
-    /// run bit is set once the restore moves on to another key (`persist.rs`).
-    restore_last: u32,
+    /// The restore's last upsert: the next restored key is placed after it.
+    restore_chain: ChainCursor,
     /// `now` of the last reclaim pass run because the string table was full.
     last_full_reclaim: i64,
     /// Told of every entry the sweep, the cap or a quota removes (none by default).
@@ -914,7 +920,7 @@ impl Index {
             min_candidates: eviction::MIN_CANDIDATES,
             stats_rows: 0,
             reclaimable: 0,
-            restore_last: NIL,
+            restore_chain: ChainCursor::new(),
             last_full_reclaim: i64::MIN,
             removal_sink: None,
             sweep_pass: None,
@@ -1258,21 +1264,21 @@ impl Index {
     // ---- primitives (§3.3) ------------------------------------------------------------------
 
     /// *Upsert(key, replica, token_count, tier, ts)* of §3.3 for a key given as wire bytes.
-    /// Returns false (and changes nothing) when the key is new to the replica but already has
-    /// the maximum number of holders.
-    /// `cursor` carries the previous upsert of the same chain (None before its first block);
-    /// the caller ends it with [`Store::end_run`] after the chain's last upsert.
+    /// Refused (changing nothing) when the key is new to the replica but already has the
+    /// maximum number of holders, or a new key does not fit the store's table.
+    /// `cursor` carries the previous upsert of the same chain ([`ChainCursor::new`] before its
+    /// first block): a new key is placed after it.
     #[allow(clippy::too_many_arguments)]
     fn upsert(
         &mut self,
-        cursor: &mut RunCursor,
+        cursor: &mut ChainCursor,
         ks: u32,
         bytes: &[u8],
         replica: u32,
         tokens: i32,
         tier: u8,
         ts: i64,
-    ) -> bool {
+    ) -> Upserted {
         let mut created = Created::default();
         let entry = EntryUpsert {
             replica,
@@ -1280,104 +1286,73 @@ impl Index {
             tier,
             ts,
         };
-        let applied = self.upsert_at(cursor, ks, bytes, None, entry, &mut created);
+        let applied = self.upsert_at(cursor, ks, bytes, entry, &mut created);
         self.on_created(ks, replica, created);
         applied
     }
 
     /// [`Index::upsert`] without its counters: the keys and entries it creates are added to
-    /// `created`, for [`Index::on_created`] to count once per call. `placed`: the key's slab
-    /// position and whether it was just created, when the caller already looked it up (or
-    /// created it) with this entry as its first holder. `cursor`: as for [`Index::upsert`]; the
-    /// upsert is noted in it here, so a caller that placed keys ahead still notes every upsert
-    /// in chain order.
+    /// `created`, for [`Index::on_created`] to count once per call.
     #[inline]
     fn upsert_at(
         &mut self,
-        cursor: &mut RunCursor,
+        cursor: &mut ChainCursor,
         ks: u32,
         bytes: &[u8],
-        placed: Option<(u32, bool)>,
         e: EntryUpsert,
         created: &mut Created,
-    ) -> bool {
-        let holder = Holder::new(e.replica, e.tier, e.tokens, e.ts);
-        let (key, pos, new_key) = match placed {
-            Some((pos, new_key)) => (self.store.key_at(pos), pos, new_key),
+    ) -> Upserted {
+        let (key, fresh_blob) = match self.cat.key_for(ks, bytes) {
+            Some(k) => (k, false),
             None => {
-                let (key, fresh_blob) = match self.cat.key_for(ks, bytes) {
-                    Some(k) => (k, false),
-                    None => {
-                        let id = self.cat.blobs.acquire(bytes);
-                        let k = KeyId {
-                            ks: ks | BLOB_FLAG,
-                            h: id as u64,
-                        };
-                        (k, true)
-                    }
+                let id = self.cat.blobs.acquire(bytes);
+                let k = KeyId {
+                    ks: ks | BLOB_FLAG,
+                    h: id as u64,
                 };
-                let (pos, new_key) = self.store.find_or_insert(key, holder, cursor.last());
-                if new_key && key.is_blob() && !fresh_blob {
-                    self.cat.blobs.retain(key.h as u32);
-                }
-                debug_assert!(new_key || !fresh_blob, "a new blob names no existing key");
-                (key, pos, new_key)
+                (k, true)
             }
         };
         debug_assert_eq!(key.keyspace(), ks);
-        if new_key {
-            self.store.note_upsert(cursor, pos, e.replica, true, true);
-            created.keys += 1;
-            created.entries += 1;
-        } else {
-            match self
-                .store
-                .find_or_add_holder(pos, holder, self.cfg.max_holders_per_key)
-            {
-                HolderUpsert::Existing(at) => {
-                    let h = self.store.holder_mut(at);
-                    h.tokens = e.tokens;
-                    h.set_last_seen(e.ts);
-                    h.set_tier(e.tier);
-                    self.store.note_upsert(cursor, pos, e.replica, false, true);
+        let holder = Holder::new(e.replica, e.tier, e.tokens, e.ts);
+        let max = self.cfg.max_holders_per_key;
+        let loc = match self.store.upsert(cursor, key, holder, max) {
+            HolderUpsert::Created(loc) => {
+                // A new key holds a reference to its blob: the one just acquired, or another.
+                if key.is_blob() && !fresh_blob {
+                    self.cat.blobs.retain(key.h as u32);
                 }
-                HolderUpsert::Added => {
-                    self.store.note_upsert(cursor, pos, e.replica, false, true);
-                    created.entries += 1;
-                }
-                HolderUpsert::Full => {
-                    self.store.note_upsert(cursor, pos, e.replica, false, false);
-                    return false;
-                }
+                created.keys += 1;
+                created.entries += 1;
+                loc
             }
-        }
-        self.cap_touch(key, e.replica, Some(pos));
+            HolderUpsert::Added(loc) => {
+                debug_assert!(!fresh_blob, "a new blob names no existing key");
+                created.entries += 1;
+                loc
+            }
+            HolderUpsert::Refreshed(loc) => loc,
+            HolderUpsert::Full => return Upserted::HoldersFull,
+            HolderUpsert::TableFull => {
+                if fresh_blob {
+                    self.cat.blobs.release(key.h as u32);
+                }
+                return Upserted::KeysFull;
+            }
+        };
+        self.cap_touch(key, e.replica, Some(loc));
         self.quota_touch(key);
-        true
+        Upserted::Applied
     }
 
-    /// Upserts a chain's blocks (cumulative token counts) for one replica, counting each in
-    /// `out`, in two passes per [`CHAIN_BATCH`] blocks. The first finds or creates every
-    /// block's key record, in chain order, with this entry as a new key's only holder: a short
-    /// loop whose table probes (a cache miss or two each on a large index) do not depend on
-    /// one another, so they overlap; a block whose key is the slab neighbour of the previous
-    /// block's (a chain stored before) is found without a probe. The second does the rest of
-    /// each upsert in order (an existing key's holder, the eviction bookkeeping) as
-    /// [`Index::upsert`] would: nothing in it reads whether a later block's key exists, and no
-    /// key record moves in between (an upsert never removes one), so the result is the same
-    /// as one upsert after another. A batch holding a hash that is not 8 bytes wide (a blob
-    /// key) is upserted one block at a time. The keyspace's, tenant's, model's and scope's
-    /// counters are updated once for the chain.
-    ///
-    /// Every upsert is noted in `run` (the store's run bits) in the second pass, in chain order
-    /// and with the arguments one upsert after another would give it. Creating a batch's keys
-    /// ahead of those notes changes no run bit: a record is created without run bits, and
-    /// clearing the bit of a successor not yet created (as one upsert after another would see
-    /// it) finds none set on the record created ahead in its place.
+    /// Upserts a chain's blocks (cumulative token counts) for one replica in chain order,
+    /// counting each in `out`: each new block is placed after the one before it, so a chain
+    /// stored in one update is one run of the store. The keyspace's, tenant's, model's and
+    /// scope's counters are updated once for the chain.
     #[allow(clippy::too_many_arguments)]
     fn upsert_chain(
         &mut self,
-        run: &mut RunCursor,
+        cursor: &mut ChainCursor,
         ks: u32,
         p: &PrefixEntry,
         replica: u32,
@@ -1387,126 +1362,17 @@ impl Index {
     ) {
         let mut created = Created::default();
         let mut cum: i32 = 0;
-        let mut placed = [(NIL, false); CHAIN_BATCH];
-        let mut prev = NIL;
-        // Nothing a chain's upserts do starts a cap or quota heap or build (a touch without one
-        // returns at once), so a chain that begins without one has none to touch throughout.
-        let tracked = self.evictions_tracked();
-        let counts = p.block_token_counts.chunks(CHAIN_BATCH);
-        for (hashes, counts) in p.block_hashes.chunks(CHAIN_BATCH).zip(counts) {
-            let batched = hashes.iter().all(|h| h.len() == 8);
-            if batched {
-                let mut c = cum;
-                let mut fresh = 0;
-                let mut prefetched = false;
-                for (i, ((at, h), n)) in placed.iter_mut().zip(hashes).zip(counts).enumerate() {
-                    c = c.wrapping_add(*n);
-                    let key = self.cat.key_for_inline(ks, h).expect("8-byte hash");
-                    *at = match self.store.next_is(prev, key) {
-                        Some(pos) => (pos, false),
-                        None => {
-                            // A chain's first block is probed alone (its predecessor is not
-                            // known here), as is a refresh's: the rest follow it in the slab.
-                            if !prefetched && prev != NIL {
-                                self.prefetch_probes(ks, &hashes[i + 1..]);
-                                prefetched = true;
-                            }
-                            self.store
-                                .find_or_insert(key, Holder::new(replica, tier, c, ts), prev)
-                        }
-                    };
-                    fresh += at.1 as usize;
-                    prev = at.0;
-                }
-                if fresh == hashes.len() {
-                    // Every key of the batch was created with this entry as its only holder
-                    // (most batches of a fleet's chains): what the loop below does for each,
-                    // its counts once for the batch.
-                    cum = c;
-                    self.note_created(run, &placed[..fresh], replica, tracked);
-                    created.keys += fresh as u64;
-                    created.entries += fresh as u64;
-                    out.upserts += fresh as u64;
-                    continue;
-                }
-            }
-            for (i, (h, c)) in hashes.iter().zip(counts).enumerate() {
-                cum = cum.wrapping_add(*c);
-                if batched && placed[i].1 {
-                    // Created by the first pass with this entry as its only holder (95% of the
-                    // blocks of a fleet's chains): what `upsert_at` does for a new key, without
-                    // its holder search.
-                    let pos = placed[i].0;
-                    self.store.note_upsert(run, pos, replica, true, true);
-                    created.keys += 1;
-                    created.entries += 1;
-                    if tracked {
-                        self.touch_created(pos, replica);
-                    }
-                    out.upserts += 1;
-                    continue;
-                }
-                let entry = EntryUpsert {
-                    replica,
-                    tokens: cum,
-                    tier,
-                    ts,
-                };
-                let at = batched.then_some(placed[i]);
-                if self.upsert_at(run, ks, h, at, entry, &mut created) {
-                    out.upserts += 1;
-                } else {
-                    out.holders_refused += 1;
-                }
-            }
+        for (h, c) in p.block_hashes.iter().zip(&p.block_token_counts) {
+            cum = cum.wrapping_add(*c);
+            let entry = EntryUpsert {
+                replica,
+                tokens: cum,
+                tier,
+                ts,
+            };
+            out.count(self.upsert_at(cursor, ks, h, entry, &mut created));
         }
         self.on_created(ks, replica, created);
-    }
-
-    /// A chain block not stored next to its predecessor (a new key, mostly) needed a table
-    /// probe, and the rest of its batch (`hashes`, 8 bytes each, in keyspace `ks`) likely does
-    /// too: the loads of their table buckets start now, so that their cache misses overlap
-    /// instead of each waiting for the upserts before it. Out of line: a refresh, whose blocks
-    /// follow each other in the slab, never calls it.
-    #[inline(never)]
-    fn prefetch_probes(&self, ks: u32, hashes: &[Vec<u8>]) {
-        for h in hashes {
-            let key = self.cat.key_for_inline(ks, h).expect("8-byte hash");
-            self.store.prefetch_probe(key);
-        }
-    }
-
-    /// The second pass of [`Index::upsert_chain`] for a batch whose keys the first pass all
-    /// created at `placed` (in chain order) with `replica`'s entry as their only holder: each
-    /// upsert noted in the run cursor, and its eviction bookkeeping when `tracked`.
-    #[inline]
-    fn note_created(
-        &mut self,
-        run: &mut RunCursor,
-        placed: &[(u32, bool)],
-        replica: u32,
-        tracked: bool,
-    ) {
-        if !tracked {
-            self.store.note_created(run, placed, replica);
-            return;
-        }
-        for &(pos, _) in placed {
-            self.store.note_upsert(run, pos, replica, true, true);
-            self.touch_created(pos, replica);
-        }
-    }
-
-    /// The eviction bookkeeping of a key just created at `pos` for `replica`, as
-    /// [`Index::upsert_at`] does it (two inlined tests without a cap or quota heap).
-    #[inline(always)]
-    fn touch_created(&mut self, pos: u32, replica: u32) {
-        // The key is read only for a heap or build to keep (not per block otherwise).
-        if self.evictions_tracked() {
-            let key = self.store.key_at(pos);
-            self.cap_touch(key, replica, Some(pos));
-            self.quota_touch(key);
-        }
     }
 
     /// Counts what upserts in keyspace `ks` for `replica` created.
@@ -1700,7 +1566,7 @@ impl Index {
     /// [`Index::remove_entry`] counted through `slots` (see [`Index::on_entry_removed_at`]).
     #[inline(always)]
     fn remove_entry_at(&mut self, key: KeyId, replica: u32, slots: CountSlots) -> bool {
-        let Some(pos) = self.store.find_near(key) else {
+        let Some(pos) = self.store.find(key) else {
             return false;
         };
         let Some((_, key_gone)) = self.store.remove_holder(pos, replica) else {
@@ -1718,12 +1584,8 @@ impl Index {
     fn remove_key(&mut self, key: KeyId, now: i64) -> u64 {
         let mut n = 0;
         while let Some(pos) = self.store.find(key) {
-            let replica = self
-                .store
-                .holders(pos)
-                .next()
+            let replica = (self.store.holders_uncounted(pos).next())
                 .expect("key without holder")
-                .1
                 .replica();
             let algo = self.cat.tenants[&self.cat.tenant_of(key)].algo;
             self.report_removal(key, replica, RemovalReason::Quota, algo, now);
@@ -1874,8 +1736,6 @@ impl Index {
         rules: &dyn TenantRules,
     ) -> (IngestOutcome, usize) {
         self.finish_clear();
-        // Before the part's prefetches: the batch's table updates would evict their lines.
-        self.store.finish_table_removals();
         let mut out = IngestOutcome::default();
         let len = u.prefixes.len();
         let last = range.end >= len;
@@ -2032,29 +1892,16 @@ impl Index {
         out: &mut IngestOutcome,
     ) {
         let tier = ranking::tier_from_wire(p.tier);
-        let count = |out: &mut IngestOutcome, applied: bool| {
-            if applied {
-                out.upserts += 1;
-            } else {
-                out.holders_refused += 1;
-            }
-        };
-        // The chain's upserts keep the store's run bits (see `RunCursor`).
-        let mut run = RunCursor::new();
         if !p.block_hashes.is_empty() {
-            self.upsert_chain(&mut run, ks, p, replica, tier, ts, out);
-            if !p.prefix_hash.is_empty() {
-                let (h, n) = (&p.prefix_hash, p.token_count);
-                let applied = self.upsert(&mut run, ks, h, replica, n, tier, ts);
-                count(out, applied);
-            }
-        } else {
-            let (h, n) = (&p.prefix_hash, p.token_count);
-            let applied = self.upsert(&mut run, ks, h, replica, n, tier, ts);
-            count(out, applied);
+            self.upsert_chain(&mut ChainCursor::new(), ks, p, replica, tier, ts, out);
         }
-        self.store.end_run(run);
-        if out.holders_refused > 0 {
+        // The prefix hash is no block of the chain: it is placed on its own.
+        if p.block_hashes.is_empty() || !p.prefix_hash.is_empty() {
+            let (h, n) = (&p.prefix_hash, p.token_count);
+            let applied = self.upsert(&mut ChainCursor::new(), ks, h, replica, n, tier, ts);
+            out.count(applied);
+        }
+        if out.holders_refused > 0 || out.keys_refused > 0 {
             self.reclaimable += 1;
         }
     }
@@ -2314,16 +2161,14 @@ impl Index {
     /// (allocates).
     pub fn dump_entries(&self) -> Vec<EntryDump> {
         let mut out = Vec::with_capacity(self.store.entry_count());
-        for pos in 0..self.store.slots() {
-            let Some(key) = self.store.live_key_at(pos) else {
-                continue;
-            };
+        for pos in self.store.places() {
+            let key = self.store.key_at(pos);
             let scope = self.cat.scope_of(key);
             let keyspace = &self.cat.keyspaces[key.keyspace() as usize];
             let mut buf = [0u8; 8];
             let hash = self.cat.hash_bytes(key, &mut buf).to_vec();
             let cleared = self.cleared_replica(scope.mscope);
-            for (_, h) in self.store.holders(pos) {
+            for h in self.store.holders(pos) {
                 if h.replica() == cleared {
                     continue;
                 }

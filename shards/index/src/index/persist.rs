@@ -9,8 +9,18 @@
 //! those values and names, never ids) pick the same victims.
 
 use super::ranking::{TIER_NEGATIVE, TIER_RAW_COLD};
-use super::{Index, NIL, StatsRow};
+use super::store::{ChainCursor, FIRST, Loc, Scan, Store};
+use super::{Index, StatsRow};
 use crate::rules::TenantRules;
+
+/// Where [`Index::export_entries`] continues: a place in the store.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct EntryCursor(Loc);
+
+impl EntryCursor {
+    /// The first place: an export of every entry starts here.
+    pub const START: EntryCursor = EntryCursor(FIRST);
+}
 
 /// One storage entry as a snapshot carries it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -88,29 +98,33 @@ pub enum RestoreOutcome {
 }
 
 impl Index {
-    /// Calls `f` for every entry of the keys at store positions `from..`, stopping after the key
-    /// at which `max_entries` entries were reached (a key's holders are never split, so a call
-    /// may yield up to `max_entries` plus one key's holders; a free slot, or a key with none to
-    /// yield, all its holders cleared by a pending `ALL_CLEARED`, counts as one, so a call
-    /// visits at most `max_entries` slots). Returns the position to continue from, or `None`
-    /// when every key was visited. Key records never move, so a snapshot sliced across
-    /// mutations carries every key present throughout exactly once (a key created in a free
-    /// slot below `from` after that slot was passed is left for the next snapshot).
+    /// Calls `f` for every storage entry of the keys from `from` on, in the store's place order,
+    /// stopping after the key at which `max_entries` entries were reached (a key's holders are
+    /// never split; places without a key, or a key with none to yield, all its holders cleared
+    /// by a pending `ALL_CLEARED`, count one each, so a call looks at most at about
+    /// `max_entries` places). Returns
+    /// where to continue, or `None` when every key was visited. A held key keeps its place, so
+    /// a snapshot sliced across mutations carries every key held throughout exactly once (a
+    /// key created at a place already passed is left for the next snapshot).
     pub fn export_entries(
         &self,
-        from: u32,
+        from: EntryCursor,
         max_entries: usize,
         mut f: impl FnMut(&PersistEntry<'_>),
-    ) -> Option<u32> {
-        let keys = self.store.slots();
-        let mut pos = from;
+    ) -> Option<EntryCursor> {
+        let mut at = from.0;
         let mut n = 0usize;
-        while pos < keys && n < max_entries {
-            let Some(key) = self.store.live_key_at(pos) else {
-                pos += 1;
-                n += 1; // a free slot is charged as one entry, so a slice stays bounded
-                continue;
+        while n < max_entries {
+            let pos = match self.store.scan(at, max_entries - n) {
+                Scan::End => return None,
+                Scan::Paused(next) => {
+                    n = max_entries;
+                    at = next;
+                    continue;
+                }
+                Scan::Held(pos) => pos,
             };
+            let key = self.store.key_at(pos);
             let scope = self.cat.scope_of(key);
             let ks = &self.cat.keyspaces[key.keyspace() as usize];
             let mut buf = [0u8; 8];
@@ -118,7 +132,7 @@ impl Index {
             let s = &self.cat.strings;
             let cleared = self.cleared_replica(scope.mscope);
             let before = n;
-            for (_, h) in self.store.holders(pos) {
+            for h in self.store.holders(pos) {
                 if h.replica() == cleared {
                     continue;
                 }
@@ -137,9 +151,9 @@ impl Index {
                 n += 1;
             }
             n = n.max(before + 1);
-            pos += 1;
+            at = Store::after(pos);
         }
-        (pos < keys).then_some(pos)
+        Some(EntryCursor(at))
     }
 
     /// Calls `f` for every stats row of the model scopes at record positions `from..`, stopping
@@ -250,40 +264,30 @@ impl Index {
         if serving.len() >= self.cfg.max_replicas_per_scope && !serving.contains_key(&replica) {
             return RestoreOutcome::Refused;
         }
-        let mut run = super::store::RunCursor::new();
-        let applied = self.upsert(&mut run, ks, e.hash, replica, e.tokens, e.tier, e.last_seen);
-        self.store.end_run(run);
+        // A snapshot carries the keys in the store's place order, a key's entries together:
+        // each new key placed after the one restored before it rebuilds the runs.
+        let mut chain = self.restore_chain;
+        let applied = self.upsert(
+            &mut chain,
+            ks,
+            e.hash,
+            replica,
+            e.tokens,
+            e.tier,
+            e.last_seen,
+        );
+        self.restore_chain = chain;
         self.flush();
-        if !applied {
+        if applied != super::Upserted::Applied {
             return RestoreOutcome::Refused;
         }
-        let pos = self
-            .cat
-            .key_for(ks, e.hash)
-            .and_then(|k| self.store.find(k))
-            .expect("restored key");
-        let at = self
-            .store
-            .find_holder(pos, replica)
-            .expect("restored holder");
-        self.store.holder_mut(at).access = e.access;
-        if pos != self.restore_last {
-            self.restore_runs_to(pos);
+        if e.access > 0 {
+            let pos = (self.cat.key_for(ks, e.hash))
+                .and_then(|k| self.store.find(k))
+                .expect("restored key");
+            self.store.set_access(pos, replica, e.access);
         }
         RestoreOutcome::Restored
-    }
-
-    /// The restore moved on to the key at `pos`: the key it restored before is complete (a
-    /// snapshot carries a key's holders one after another), so its run bit is set now if its
-    /// holders equal its predecessor's. A key that gets another holder later has its bits
-    /// cleared by that upsert, as any change to a record's holders does, so the bits stay
-    /// exact whatever order the records come in. O(holders) per key, within the restore's
-    /// slices.
-    fn restore_runs_to(&mut self, pos: u32) {
-        if self.restore_last != NIL {
-            self.store.mark_run_at(self.restore_last);
-        }
-        self.restore_last = pos;
     }
 
     /// Restores one replica stats row (expired rows, as the sweep would delete them, are not).
@@ -331,11 +335,10 @@ impl Index {
     }
 
     /// Ends a restore: drops the cap and quota candidate heaps (rebuilt from the restored values
-    /// on the next need) and the last lookup's buffers, pushes pending counts, and sets the run
-    /// bit of the last restored key (see `restore_runs_to`).
+    /// on the next need) and the last lookup's buffers, and pushes pending counts.
     pub fn restore_finish(&mut self) {
         self.flush();
-        self.restore_runs_to(NIL);
+        self.restore_chain = ChainCursor::new();
         self.cap_clear();
         self.quota_clear_all();
         self.reset_last();
@@ -376,7 +379,7 @@ mod tests {
 
     fn copy(src: &Index, dst: &mut Index) {
         let mut cache = RestoreCache::default();
-        let mut from = Some(0);
+        let mut from = Some(EntryCursor::START);
         while let Some(f) = from {
             let mut batch = Vec::new();
             from = src.export_entries(f, 3, |e| {
@@ -454,29 +457,23 @@ mod tests {
         assert_eq!(a.cache_state("t", "m"), b.cache_state("t", "m"));
         assert_eq!(a.stats_row_count(), b.stats_row_count());
         assert_eq!(b.directory().total_entries(), a.entry_count() as i64);
-        // The restored chains are runs again: at least where the ingest marked them (also
-        // between neighbours of different chains whose holders happen to be equal: exact too).
-        b.store.check_runs();
-        assert!(
-            b.store.runs() >= a.store.runs(),
-            "{} {}",
-            b.store.runs(),
-            a.store.runs()
-        );
-        assert!(a.store.runs() > 0);
+        // The restored chains are runs again: each key restored after the one before it, in
+        // the source's place order, so no more runs than the source had.
+        let (restored, source) = (b.store.runs().live_runs(), a.store.runs().live_runs());
+        assert!(restored <= source, "{restored} runs restored from {source}");
+        assert!(source > 0);
     }
 
-    /// Records restored in any order (a fuzzy snapshot may carry a key's holders apart) leave
-    /// exact run bits: a key that gets another holder after its bit was set loses the bits
-    /// that depended on its holders.
+    /// Records restored in any order (a fuzzy snapshot may carry a key's holders apart) give
+    /// the same entries.
     #[test]
-    fn run_bits_stay_exact_whatever_order_records_are_restored_in() {
+    fn records_restored_in_any_order_give_the_same_entries() {
         let mut a = Index::default();
         a.ingest(&update("t", "m", "r1", &[1, 2, 3, 4, 5, 6]), NOW, &NoRules);
         a.ingest(&update("t", "m", "r2", &[1, 2, 3]), NOW, &NoRules);
         a.ingest(&update("t", "m", "r3", &[1, 2, 3, 4, 5, 6]), NOW, &NoRules);
         let mut rows = Vec::new();
-        a.export_entries(0, usize::MAX, |e| {
+        a.export_entries(EntryCursor::START, usize::MAX, |e| {
             rows.push((
                 e.hash.to_vec(),
                 e.replica.to_string(),
@@ -504,10 +501,8 @@ mod tests {
                     access: 0,
                 };
                 b.restore_entry(&e, NOW, &NoRules, &mut cache);
-                b.store.check_runs();
             }
             b.restore_finish();
-            b.store.check_runs();
             assert_eq!(a.dump_entries(), b.dump_entries());
         }
     }
@@ -518,7 +513,7 @@ mod tests {
         a.ingest(&update("t", "m", "r1", &[1]), NOW, &NoRules);
         let mut b = Index::default();
         let late = NOW + super::super::DEFAULT_TTL_NS;
-        a.export_entries(0, 10, |e| {
+        a.export_entries(EntryCursor::START, 10, |e| {
             let mut cache = RestoreCache::default();
             assert_eq!(
                 b.restore_entry(e, late, &NoRules, &mut cache),
@@ -568,8 +563,8 @@ mod tests {
         a.apply_event(&clear, NOW, &NoRules);
         assert!(a.clear_pending());
         let mut entries = 0;
-        let next = a.export_entries(0, 256, |_| entries += 1);
-        assert_eq!((next, entries), (Some(256), 0));
+        let next = a.export_entries(EntryCursor::START, 256, |_| entries += 1);
+        assert!(next.is_some() && entries == 0, "{next:?} {entries}");
         let mut from = next;
         while let Some(f) = from {
             from = a.export_entries(f, 256, |_| entries += 1);

@@ -559,13 +559,11 @@ impl Index {
                 live(*x, "model name");
             }
         }
-        for pos in 0..self.store.slots() {
-            let Some(key) = self.store.live_key_at(pos) else {
-                continue;
-            };
+        for pos in self.store.places() {
+            let key = self.store.key_at(pos);
             let ks = &cat.keyspaces[key.keyspace() as usize];
             assert_ne!(ks.slot, DEAD, "a key in an unlinked keyspace");
-            for (_, h) in self.store.holders(pos) {
+            for h in self.store.holders_uncounted(pos) {
                 live(h.replica(), "holder");
             }
         }

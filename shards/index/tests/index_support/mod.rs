@@ -3,7 +3,7 @@
 #![allow(dead_code)]
 
 use inferencecache_index::index::{
-    Index, IndexConfig, LookupQuery, RankerConfig, Removed, Strategy,
+    EntryCursor, Index, IndexConfig, LookupQuery, RankerConfig, Removed, Strategy,
 };
 use inferencecache_index::rules::{Eviction, TenantRules};
 use inferencecache_proto::v1alpha1::{
@@ -303,7 +303,7 @@ pub fn record_removals(ix: &mut Index) -> Arc<Mutex<Vec<String>>> {
 /// Every entry of the index as one comparable line each, sorted.
 pub fn sorted_entries(ix: &Index) -> Vec<String> {
     let mut out = Vec::new();
-    ix.export_entries(0, usize::MAX, |e| {
+    ix.export_entries(EntryCursor::START, usize::MAX, |e| {
         out.push(format!(
             "{} {} {} {} {:?} {} {} {}",
             e.tenant, e.model, e.scheme, e.adapter, e.hash, e.replica, e.last_seen, e.access
