@@ -8,7 +8,8 @@
 //! * A *run* is a vector of 8-byte key hashes of one keyspace. A new key is appended to the
 //!   run of the key it follows (the caller's `after`, its chain's previous block) when that key
 //!   is its run's last; it goes back into its old place when that place is a hole right after
-//!   `after`; else it starts a run of its own.
+//!   `after`; else it goes at the end of its keyspace's *open* run, a short run shared by such
+//!   keys (a prefix-only report's, a branch's first block), or starts a run (then the open one).
 //! * An *extent* is one replica's stretch of a run, `lo..hi`, with one tier and one
 //!   `last_seen`: an upsert grows the extent that ends right before it, a refresh with other
 //!   values splits its extent, a release shrinks or splits it. An extent's stored token counts
@@ -255,7 +256,26 @@ pub struct RunStore {
     access: hashbrown::HashMap<(u64, u32), u32>,
     /// New keys refused because their table segment was full ([`TableFull`]).
     refusals: u64,
+    /// Per keyspace (by its word modulo [`OPEN_SLOTS`]), the run a key that follows no run's
+    /// last block is appended to ([`RunStore::create`]): the keys of a prefix-only report, or
+    /// a chain's first blocks after a branch, share a run instead of each paying a run's record
+    /// and buffers (~240 bytes for a one-key run against ~50 for a key in a shared one). A slot
+    /// names a run of another keyspace, or a freed one, only until its next use: the run is
+    /// checked before it is taken.
+    open: [u32; OPEN_SLOTS],
 }
+
+/// Slots of [`RunStore::open`]: keyspaces interleaving their new chains keep their own open
+/// runs up to this many.
+const OPEN_SLOTS: usize = 64;
+/// A shared run takes a new chain's first block while it is shorter than this and has fewer
+/// extents than [`OPEN_RUN_EXTENTS`]. The first bounds the blocks a live key at the run's end
+/// keeps from being cut off after the keys before it went (holes, 12 bytes each: at 128 the
+/// trace's held blocks cost 6% more, at 16 nothing); the second bounds the extents a lookup
+/// entering the run, or a pass visiting one of its keys, looks at (at 64 a cap build of
+/// one-key chains ran 2.5× slower).
+const OPEN_RUN_LEN: usize = 16;
+const OPEN_RUN_EXTENTS: usize = 8;
 
 impl Default for RunStore {
     fn default() -> Self {
@@ -273,6 +293,7 @@ impl RunStore {
             entries: 0,
             access: hashbrown::HashMap::new(),
             refusals: 0,
+            open: [u32::MAX; OPEN_SLOTS],
         }
     }
 
@@ -561,32 +582,78 @@ impl RunStore {
         max_holders: usize,
         hint: &mut Hint,
     ) -> Result<(Loc, Upserted), Refused> {
+        // A chain stored again: its next block is the key after its previous one, found
+        // without hashing or probing the table.
+        if let Some(loc) = after.and_then(|a| self.next_held(a, ks, h)) {
+            return self.upsert_held(loc, e, max_holders, hint);
+        }
         let hash = self.table.hash(ks, h);
         let Some(loc) = self.table.find(hash, ks, h, &self.runs) else {
             if !self.table.has_room(hash) {
-                self.refusals += 1;
-                return Err(Refused::TableFull);
+                // Entries of removed keys still in the table take room: out with them first.
+                self.table.finish_removals();
+                if !self.table.has_room(hash) {
+                    self.refusals += 1;
+                    return Err(Refused::TableFull);
+                }
             }
             let loc = self.create(hash, ks, h, after);
             self.add(loc, e, false, hint);
             self.keys += 1;
             return Ok((loc, Upserted::CreatedKey));
         };
-        Ok(
-            match self.runs[loc.run as usize].extent_of(e.replica, loc.off) {
-                Some(i) => {
-                    self.refresh(loc, i, e, hint);
-                    (loc, Upserted::Refreshed)
+        self.upsert_held(loc, e, max_holders, hint)
+    }
+
+    /// The held key `(ks, h)` when it is the one right after `a` in `a`'s run.
+    #[inline(always)]
+    fn next_held(&self, a: Loc, ks: u32, h: u64) -> Option<Loc> {
+        self.held_at(RunStore::after(a), ks, h)
+    }
+
+    /// `at` when the held key `(ks, h)` is there (any place may be asked: a place of no run,
+    /// past a run's end or at a hole holds no key). No table probe: for callers that know
+    /// where a key likely is.
+    #[inline(always)]
+    pub fn held_at(&self, at: Loc, ks: u32, h: u64) -> Option<Loc> {
+        let run = self.runs.get(at.run as usize)?;
+        let held = run.ks == ks
+            && run.hashes.get(at.off as usize) == Some(&h)
+            && (run.holes.is_none() || run.holes().binary_search(&at.off).is_err());
+        held.then_some(at)
+    }
+
+    /// [`RunStore::upsert_bounded`] of the held key at `loc`.
+    #[inline(always)]
+    fn upsert_held(
+        &mut self,
+        loc: Loc,
+        e: Entry,
+        max_holders: usize,
+        hint: &mut Hint,
+    ) -> Result<(Loc, Upserted), Refused> {
+        let run = &self.runs[loc.run as usize];
+        // A chain stored again meets its replica's extent at the hinted one (the same
+        // values) or the one after it (a refresh with new values): no search.
+        let hinted = match hint.0 {
+            Some((r, at)) if r == loc.run => (at as usize..at as usize + 2).find(|&i| {
+                (run.extents.get(i)).is_some_and(|x| x.replica == e.replica && x.covers(loc.off))
+            }),
+            _ => None,
+        };
+        Ok(match hinted.or_else(|| run.extent_of(e.replica, loc.off)) {
+            Some(i) => {
+                self.refresh(loc, i, e, hint);
+                (loc, Upserted::Refreshed)
+            }
+            None => {
+                if self.runs[loc.run as usize].holders_at_least(loc.off, max_holders) {
+                    return Err(Refused::HoldersFull);
                 }
-                None => {
-                    if self.runs[loc.run as usize].holders_at_least(loc.off, max_holders) {
-                        return Err(Refused::HoldersFull);
-                    }
-                    self.add(loc, e, false, hint);
-                    (loc, Upserted::AddedEntry)
-                }
-            },
-        )
+                self.add(loc, e, false, hint);
+                (loc, Upserted::AddedEntry)
+            }
+        })
     }
 
     /// Number of holders of the key at `loc`.
@@ -596,7 +663,8 @@ impl RunStore {
     }
 
     /// A place for new key `(ks, h)`: the hole right after `after` when it was this key's,
-    /// else the end of `after`'s run when `after` is its last block, else a new run.
+    /// else the end of `after`'s run when `after` is its last block, else the end of the
+    /// keyspace's open run ([`RunStore::append_to_open`]), else a new run.
     #[inline]
     fn create(&mut self, hash: u64, ks: u32, h: u64, after: Option<Loc>) -> Loc {
         if let Some(a) = after
@@ -623,6 +691,9 @@ impl RunStore {
                 return at;
             }
         }
+        if let Some(at) = self.append_to_open(hash, ks, h) {
+            return at;
+        }
         let id = match self.free_runs.pop() {
             Some(id) => id,
             None => {
@@ -638,9 +709,34 @@ impl RunStore {
         debug_assert!(run.hashes.is_empty() && run.extents.is_empty());
         run.ks = ks;
         run.hashes.push(h);
+        self.open[ks as usize % OPEN_SLOTS] = id;
         let at = Loc { run: id, off: 0 };
         self.table.insert(hash, at);
         at
+    }
+
+    /// Appends new key `(ks, h)` to its keyspace's open run when that run is still short and
+    /// narrow ([`OPEN_RUN_LEN`], [`OPEN_RUN_EXTENTS`]). Any run of the keyspace may take it:
+    /// what lies next to a key in a run is only where a walk looks first (it compares the
+    /// hashes), and an extent only ever covers the offsets its replica holds.
+    #[inline]
+    fn append_to_open(&mut self, hash: u64, ks: u32, h: u64) -> Option<Loc> {
+        let id = self.open[ks as usize % OPEN_SLOTS];
+        let run = self.runs.get_mut(id as usize)?;
+        let fits = run.ks == ks
+            && !run.hashes.is_empty()
+            && run.hashes.len() < OPEN_RUN_LEN
+            && run.extents.len() < OPEN_RUN_EXTENTS;
+        if !fits {
+            return None;
+        }
+        let at = Loc {
+            run: id,
+            off: run.hashes.len() as u32,
+        };
+        run.hashes.push(h);
+        self.table.insert(hash, at);
+        Some(at)
     }
 
     /// Adds `e` at `loc` (the replica holds no entry there): grows the hinted extent, or
@@ -656,10 +752,10 @@ impl RunStore {
         }
         .is_some();
         // Else the replica's extent ending right before `loc`: the last one starting before it.
-        let before = run.slot(e.replica, loc.off).checked_sub(1);
+        let before = || run.slot(e.replica, loc.off).checked_sub(1);
         let at = if hinted {
             hint.0.expect("hinted").1 as usize
-        } else if let Some(i) = before.filter(|&i| grows(&run.extents[i])) {
+        } else if let Some(i) = before().filter(|&i| grows(&run.extents[i])) {
             i
         } else {
             run.insert_extent(Extent {
@@ -691,6 +787,29 @@ impl RunStore {
         let x = run.extents[i];
         if x.holds(&e, loc.off) {
             *hint = Hint(Some((loc.run, i as u32)));
+            return;
+        }
+        // A chain refreshed block by block with new values: the entry moves from the front of
+        // its old extent to the end of the hinted one (the chain's previous block, with the
+        // new values), both the replica's and adjacent, so their order stays as it is.
+        if loc.off == x.lo
+            && let Some((r, at)) = hint.0
+            && r == loc.run
+            && let Some(prev) = run.extents.get(at as usize)
+            && prev.continued_by(&e, loc.off)
+        {
+            let prev = &mut run.extents[at as usize];
+            if prev.hi - prev.lo == 1 {
+                prev.tokens_step = e.tokens.wrapping_sub(prev.tokens_at_lo);
+            }
+            prev.hi += 1;
+            prev.counted |= x.counted;
+            if x.hi - x.lo == 1 {
+                // After the hinted extent in the order: its index does not move.
+                run.extents.remove(i);
+            } else {
+                run.extents[i] = x.from(loc.off + 1);
+            }
             return;
         }
         // The extent keeps its part before `loc`; the part after goes to a new extent.
@@ -754,7 +873,7 @@ impl RunStore {
             0
         };
         if !covered {
-            self.table.remove(hash, loc);
+            self.table.remove_later(hash, loc);
             self.keys -= 1;
             self.uncover(loc);
         }
@@ -809,6 +928,15 @@ pub struct WalkScratch {
 }
 
 impl WalkScratch {
+    /// Where `replica`'s match is in `matched`, if the last walk matched it.
+    #[inline]
+    pub fn index_of(&self, replica: u32) -> Option<usize> {
+        match self.slots.get(replica as usize) {
+            Some(&(epoch, at)) if epoch == self.epoch => Some(at as usize),
+            _ => None,
+        }
+    }
+
     fn next_epoch(&mut self) {
         self.matched.clear();
         self.epoch = self.epoch.wrapping_add(1);
@@ -864,9 +992,11 @@ impl RunStore {
             };
             let ks = self.runs[loc.run as usize].ks;
             let along = self.along(loc);
-            let n = (along.iter().take(len - i).enumerate())
-                .take_while(|&(j, run)| key(i + j) == Some((ks, *run)))
-                .count();
+            let most = along.len().min(len - i);
+            let mut n = 1; // the key found
+            while n < most && key(i + n) == Some((ks, along[n])) {
+                n += 1;
+            }
             let (start, end) = (loc.off, loc.off + n as u32);
             let run = &self.runs[loc.run as usize];
             let mut any_to_end = false;
@@ -929,7 +1059,17 @@ struct LocTable {
     segments: Vec<Segment>,
     /// [`MAX_SEGMENT_KEYS`], or less in a test of the full table.
     max_segment_keys: usize,
+    /// Entries of keys that left the store, taken out of the table together
+    /// ([`LocTable::remove_later`]): each removal's bucket is a cache miss on a large store,
+    /// and loaded together their misses overlap. Until then an entry is *stale*: a find
+    /// passes over it, because its place no longer holds its key (a hole, past its run's
+    /// end, or another key), or finds its key rightly when the key came back to that place
+    /// (the table then holds the entry twice, and the pending removal takes one out).
+    pending: Vec<(u64, Loc)>,
 }
+
+/// Removed keys' table entries taken out together ([`LocTable::remove_later`]).
+const REMOVAL_BATCH: usize = 64;
 
 #[derive(Default)]
 struct Segment {
@@ -976,6 +1116,7 @@ impl LocTable {
             hasher: KeyHasher::new(),
             segments: (0..SEGMENTS).map(|_| Segment::default()).collect(),
             max_segment_keys: MAX_SEGMENT_KEYS,
+            pending: Vec::with_capacity(REMOVAL_BATCH),
         }
     }
 
@@ -1048,7 +1189,11 @@ impl LocTable {
             if e >> (RUN_BITS + OFF_BITS) == tag {
                 let loc = Self::loc(e);
                 let run = &runs[loc.run as usize];
-                if run.hashes[loc.off as usize] == h && run.ks == ks {
+                // A stale entry's place holds another key, or none (see `pending`).
+                if run.hashes.get(loc.off as usize) == Some(&h)
+                    && run.ks == ks
+                    && (run.holes.is_none() || run.holes().binary_search(&loc.off).is_err())
+                {
                     return Some(loc);
                 }
             }
@@ -1082,6 +1227,32 @@ impl LocTable {
         }
         seg.buckets[i] = Self::entry(hash, loc);
         seg.live += 1;
+    }
+
+    /// Removes the entry at `loc` of the key whose table hash is `hash`, with the next
+    /// removals (see [`LocTable::pending`]).
+    #[inline]
+    fn remove_later(&mut self, hash: u64, loc: Loc) {
+        self.pending.push((hash, loc));
+        if self.pending.len() == REMOVAL_BATCH {
+            self.finish_removals();
+        }
+    }
+
+    /// Takes the pending removals' entries out of the table, their buckets loaded together
+    /// first.
+    #[cold]
+    fn finish_removals(&mut self) {
+        let pending = std::mem::take(&mut self.pending);
+        for &(hash, _) in &pending {
+            let seg = &self.segments[Self::segment(hash)];
+            prefetch(&seg.buckets[Self::home(Self::tag(hash), seg.buckets.len())]);
+        }
+        for &(hash, loc) in &pending {
+            self.remove(hash, loc);
+        }
+        self.pending = pending;
+        self.pending.clear();
     }
 
     /// Removes the entry at `loc` of the key whose table hash is `hash` (it must be there).

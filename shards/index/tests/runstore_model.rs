@@ -384,3 +384,44 @@ fn a_full_table_refuses_new_keys_and_counts_them() {
     let again = store.upsert(0, held[0], None, e, &mut Hint::default());
     assert_eq!(again.map(|(_, u)| u), Ok(Upserted::CreatedKey));
 }
+
+/// Keys that follow no run's last block (a prefix-only report's, a branch's first) share
+/// their keyspace's open run instead of each taking a run: 1,000 such keys of one replica and
+/// time fill runs of 16, and with a time each (an extent each) runs of 8. Another keyspace's
+/// keys never join them, and every key is still found and walked alone.
+#[test]
+fn keys_of_no_chain_share_short_runs() {
+    let key = |k: usize| (k as u64 + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    let entry = |t: i64| Entry {
+        replica: 3,
+        tier: 1,
+        last_seen: t,
+        tokens: 16,
+    };
+    for (distinct_times, per_run) in [(false, 16), (true, 8)] {
+        let mut store = RunStore::new();
+        for k in 0..1_000usize {
+            let t = if distinct_times { k as i64 } else { 9 };
+            for ks in [0, 1] {
+                let mut hint = Hint::default();
+                store.upsert(ks, key(k), None, entry(t), &mut hint).unwrap();
+            }
+        }
+        store.check();
+        assert_eq!(store.live_runs(), 2 * 1_000usize.div_ceil(per_run));
+        for k in 0..1_000usize {
+            for ks in [0, 1] {
+                let loc = store.find(ks, key(k)).expect("held");
+                assert_eq!(store.run(loc.run).keyspace(), ks);
+                assert_eq!(store.key_at(loc), (ks, key(k)));
+            }
+        }
+        // A walk matches what the replica holds, wherever the keys lie: a key found apart
+        // from the one before, and an unheld one ending the match.
+        let mut scratch = WalkScratch::default();
+        let words = [key(5), key(900), key(5_000)];
+        store.walk(0, &words, 0, 1, |a, b| a.max(b), &mut scratch);
+        assert_eq!(scratch.matched.len(), 1);
+        assert_eq!(scratch.matched[0].blocks, 2);
+    }
+}

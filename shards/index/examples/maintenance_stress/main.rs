@@ -17,21 +17,8 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 use std::time::Duration;
 
-/// As the server does (src/sys/memory.rs), unless `MIMALLOC_ALLOW_THP` is set: no transparent
-/// huge pages, whose 2 MiB first-touch faults cost 3–7 ms of system time inside one slice.
-fn no_transparent_huge_pages() {
-    unsafe extern "C" {
-        fn prctl(option: i32, a: u64, b: u64, c: u64, d: u64) -> i32;
-    }
-    const PR_SET_THP_DISABLE: i32 = 41;
-    if std::env::var_os("MIMALLOC_ALLOW_THP").is_none() {
-        // SAFETY: PR_SET_THP_DISABLE sets one flag of this process's memory descriptor.
-        unsafe { prctl(PR_SET_THP_DISABLE, 1, 0, 0, 0) };
-    }
-}
-
 fn main() {
-    no_transparent_huge_pages();
+    harness::no_transparent_huge_pages();
     let args: Vec<String> = std::env::args().skip(1).collect();
     let small = args.iter().any(|a| a == "small");
     let shapes: Vec<&String> = args.iter().filter(|a| *a != "small").collect();

@@ -365,7 +365,8 @@ struct Run {
     value: u32,
 }
 
-/// A replica's run in the current lookup: `runs[run]`, valid when `epoch` is the lookup's.
+/// A replica's score in the current ordering ([`Scratch::order_by_walk`]): `scores[run]`,
+/// valid when `epoch` is the ordering's.
 #[derive(Clone, Copy, Default)]
 struct RunSlot {
     epoch: u32,
@@ -376,7 +377,7 @@ struct RunSlot {
 #[derive(Default)]
 pub(crate) struct Scratch {
     runs: Vec<Run>,
-    /// replica id → its run in this lookup.
+    /// replica id → its score in [`Scratch::order_by_walk`].
     slots: Vec<RunSlot>,
     epoch: u32,
     run_hits: Vec<(u32, LfuHit)>, // (run index, hit)
@@ -793,7 +794,6 @@ impl Index {
     ) {
         let cleared = self.cleared_in_keyspace(ks);
         let sc = &mut self.scratch;
-        sc.next_epoch(self.cat.strings.slots());
         sc.runs.clear();
         sc.run_hits.clear();
         let cat = &self.cat;
@@ -808,28 +808,27 @@ impl Index {
         // with wrap-around), from one pass of prefix sums up to the longest stretch.
         let longest = sc.walk.matched.iter().map(|m| m.blocks).max().unwrap_or(0) as usize;
         sc.token_sums.clear();
-        let mut sum = 0i32;
-        for c in &counts[..longest] {
-            sum = sum.wrapping_add(*c);
-            sc.token_sums.push(sum);
-        }
-        for m in &sc.walk.matched {
-            let run = sc.runs.len() as u32;
-            sc.slots[m.replica as usize] = RunSlot {
-                epoch: sc.epoch,
-                run,
-            };
-            sc.runs.push(Run {
-                replica: m.replica,
-                matched: sc.token_sums[m.blocks as usize - 1],
-                oldest: m.oldest,
-                tier: m.tier,
-                last_block: m.blocks - 1,
-                scored: false,
-                fresh: 0.0,
-                value: 0,
-            });
-            if lfu {
+        let sums = counts[..longest].iter().scan(0i32, |sum, c| {
+            *sum = sum.wrapping_add(*c);
+            Some(*sum)
+        });
+        sc.token_sums.extend(sums);
+        // One run per match, in the walk's order: a replica's run is found through the walk
+        // (`WalkScratch::index_of`).
+        let runs = sc.walk.matched.iter().map(|m| Run {
+            replica: m.replica,
+            matched: sc.token_sums[m.blocks as usize - 1],
+            oldest: m.oldest,
+            tier: m.tier,
+            last_block: m.blocks - 1,
+            scored: false,
+            fresh: 0.0,
+            value: 0,
+        });
+        sc.runs.extend(runs);
+        if lfu {
+            for (run, m) in sc.walk.matched.iter().enumerate() {
+                let run = run as u32;
                 for i in 0..m.blocks as usize {
                     let key = cat.key_for(ks, hashes.at(i)).expect("a held block's key");
                     let hit = LfuHit {

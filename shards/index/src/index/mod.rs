@@ -781,6 +781,11 @@ impl ModelGauge {
     }
 }
 
+/// Chain blocks whose table buckets [`Index::upsert_chain`] loads together before it upserts
+/// them: enough loads in flight to overlap their cache misses, few enough that the buckets are
+/// still cached when the upserts reach them.
+const PROBE_BATCH: usize = 16;
+
 /// What one upsert did ([`Index::upsert`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Upserted {
@@ -1362,15 +1367,29 @@ impl Index {
     ) {
         let mut created = Created::default();
         let mut cum: i32 = 0;
-        for (h, c) in p.block_hashes.iter().zip(&p.block_token_counts) {
-            cum = cum.wrapping_add(*c);
-            let entry = EntryUpsert {
-                replica,
-                tokens: cum,
-                tier,
-                ts,
-            };
-            out.count(self.upsert_at(cursor, ks, h, entry, &mut created));
+        let counts = p.block_token_counts.chunks(PROBE_BATCH);
+        for (i, (hashes, counts)) in p.block_hashes.chunks(PROBE_BATCH).zip(counts).enumerate() {
+            // New blocks (a chain's first store, or its growth) each probe the table, a cache
+            // miss on a large index: their buckets are loaded together first, so the misses
+            // overlap. A chain stored again finds each block beside the one before it, and
+            // after its first batch loads nothing ahead.
+            if i == 0 || created.keys > 0 {
+                for h in hashes {
+                    if let Some(k) = self.cat.key_for(ks, h) {
+                        self.store.prefetch(k);
+                    }
+                }
+            }
+            for (h, c) in hashes.iter().zip(counts) {
+                cum = cum.wrapping_add(*c);
+                let entry = EntryUpsert {
+                    replica,
+                    tokens: cum,
+                    tier,
+                    ts,
+                };
+                out.count(self.upsert_at(cursor, ks, h, entry, &mut created));
+            }
         }
         self.on_created(ks, replica, created);
     }
@@ -1566,7 +1585,7 @@ impl Index {
     /// [`Index::remove_entry`] counted through `slots` (see [`Index::on_entry_removed_at`]).
     #[inline(always)]
     fn remove_entry_at(&mut self, key: KeyId, replica: u32, slots: CountSlots) -> bool {
-        let Some(pos) = self.store.find(key) else {
+        let Some(pos) = self.store.find_near(key) else {
             return false;
         };
         let Some((_, key_gone)) = self.store.remove_holder(pos, replica) else {

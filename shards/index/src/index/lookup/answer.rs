@@ -358,13 +358,10 @@ impl Index {
         out.resize(scored, Score::PLACEHOLDER);
         let mut placed = 0;
         for &r in by_name {
-            let Some(slot) = sc.slots.get(r as usize) else {
+            let Some(at) = sc.walk.index_of(r) else {
                 continue;
             };
-            if slot.epoch != sc.epoch {
-                continue;
-            }
-            let run = &sc.runs[slot.run as usize];
+            let run = &sc.runs[at];
             if !run.scored {
                 continue;
             }
