@@ -1,12 +1,12 @@
 //! The run-record layout (perf/runs/2026-12-07-run-census.md), measured beside ours and
 //! kv-index on the same streams: `inferencecache_index::runstore::RunStore` (the store the
-//! index is being rebuilt on; stage 1, not yet used by `Index`) holds the events, and this
+//! index keeps its prefix map in, here without the index around it) holds the events, and this
 //! example computes ours' chain answer from its walk. Only what this trace's events carry (one
 //! tenant, model and keyspace; no TTL sweep, cap, quota, LFU, persistence or stats).
 //!
 //! The layout: a held chain's blocks are appended to one *run*, a vector of their 8-byte chain
 //! hashes, as long as each new block follows the run's last one; a block whose predecessor is
-//! not a run's last block starts a new run. A holder is an *extent* of a run: a replica, the
+//! not a run's last block goes to a short run shared by such blocks, or starts a new run. A holder is an *extent* of a run: a replica, the
 //! offsets it holds (one stretch from one store event), its tier and its `last_seen`. A table maps
 //! each held chain hash to its (run, offset). A lookup finds its first block in the table and
 //! compares the request's hashes along the run; only where the run ends or the request leaves it

@@ -1,9 +1,9 @@
 //! The run-record store (issue 31): the prefix map as *runs* of chain blocks with their holders
 //! as *extents*, the layout that perf/runs/2026-12-07-run-census.md priced on the Mooncake trace
 //! (a long match crosses 2–3 runs instead of ~30 pieces; ~45% less memory than per-key
-//! records). **Stage 1: not yet used by [`Index`](crate::index::Index)**, which still keeps
-//! per-key records (`index::store`); the peer benchmark drives this store directly, and its
-//! tests hold it to a model of per-entry records.
+//! records). [`Index`](crate::index::Index) keeps its prefix map here (`index::store` maps its
+//! key ids and holders onto it); the peer benchmark also drives it alone, and its tests hold it
+//! to a model of per-entry records.
 //!
 //! * A *run* is a vector of 8-byte key hashes of one keyspace. A new key is appended to the
 //!   run of the key it follows (the caller's `after`, its chain's previous block) when that key
@@ -1000,21 +1000,42 @@ impl RunStore {
             let (start, end) = (loc.off, loc.off + n as u32);
             let run = &self.runs[loc.run as usize];
             let mut any_to_end = false;
-            loop {
-                let mut again = false;
+            // The request's first piece starts every match: a replica's is its extent covering
+            // the piece's start (its extents are disjoint: at most one does). Later pieces only
+            // extend matches. Then passes extend them while one may continue inside the piece.
+            let mut again = i > 0;
+            if i == 0 {
                 for x in &run.extents {
+                    if !x.covers(start) || !live(x) {
+                        continue;
+                    }
                     let r = x.replica as usize;
                     if r >= scratch.slots.len() {
                         scratch.slots.resize(r + 1, (0, 0));
                     }
-                    let (e, at) = scratch.slots[r];
-                    let reached = if e == epoch {
-                        scratch.matched[at as usize].blocks as usize
-                    } else if i == 0 {
-                        0
-                    } else {
+                    debug_assert!(scratch.slots[r].0 != epoch, "disjoint extents");
+                    let upto = x.hi.min(end);
+                    scratch.slots[r] = (epoch, scratch.matched.len() as u32);
+                    scratch.matched.push(Matched {
+                        replica: x.replica,
+                        blocks: upto - start,
+                        oldest: x.last_seen,
+                        tier: x.tier,
+                    });
+                    any_to_end |= upto == end;
+                    again |= upto < end;
+                }
+            }
+            while again {
+                again = false;
+                for x in &run.extents {
+                    let Some(&(e, at)) = scratch.slots.get(x.replica as usize) else {
                         continue;
                     };
+                    if e != epoch {
+                        continue;
+                    }
+                    let reached = scratch.matched[at as usize].blocks as usize;
                     if reached < i {
                         continue;
                     }
@@ -1023,26 +1044,12 @@ impl RunStore {
                         continue;
                     }
                     let upto = x.hi.min(end);
-                    if e != epoch {
-                        scratch.slots[r] = (epoch, scratch.matched.len() as u32);
-                        scratch.matched.push(Matched {
-                            replica: x.replica,
-                            blocks: 0,
-                            oldest: x.last_seen,
-                            tier: x.tier,
-                        });
-                    }
-                    let m = &mut scratch.matched[scratch.slots[r].1 as usize];
+                    let m = &mut scratch.matched[at as usize];
                     m.blocks = (i + (upto - start) as usize) as u32;
                     m.oldest = m.oldest.min(x.last_seen);
                     m.tier = worst(m.tier, x.tier);
                     any_to_end |= upto == end;
                     again |= upto < end;
-                }
-                // A pass extends a replica only past where the previous one left it: the
-                // passes end once no extent ends inside the piece after extending one.
-                if !again {
-                    break;
                 }
             }
             i += n;

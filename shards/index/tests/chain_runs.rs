@@ -155,13 +155,13 @@ fn a_block_expired_in_the_middle_of_a_run_ends_that_holder_there() {
 }
 
 #[test]
-fn a_record_moved_into_the_middle_of_a_run_is_not_taken_for_it() {
+fn a_hole_in_the_middle_of_a_run_ends_the_match_there() {
     let (mut ix, c) = fleet();
-    // Chain 1, held by r3 alone, sits at the end of the slab.
+    // Chain 1, held by r3 alone, in a run of its own.
     let other = chain(1);
     store(&mut ix, "r3", &other, 1, T0 + 3);
-    // Block MID of chain 0 loses every holder: its key goes, and the slab's last record (chain
-    // 1's last block) moves into its place.
+    // Block MID of chain 0 loses every holder: its key goes, and its place in the run is a
+    // hole that ends every match there.
     for r in ["r0", "r1", "r2"] {
         evict(&mut ix, r, c[MID], T0 + SEC);
     }
@@ -171,7 +171,7 @@ fn a_record_moved_into_the_middle_of_a_run_is_not_taken_for_it() {
         answer(&mut ix, &other, T0 + SEC),
         vec![row("r3", BLOCKS, 1)]
     );
-    // Chain 0's middle block stored again by r1 only (appended at the end of the slab).
+    // Chain 0's middle block stored again by r1 only (back into its place).
     store(&mut ix, "r1", &c[MID..MID + 1], 1, T0 + 1);
     let want = vec![row("r0", MID, 1), row("r1", BLOCKS, 1), row("r2", MID, 1)];
     assert_eq!(answer(&mut ix, &c, T0 + SEC), want);

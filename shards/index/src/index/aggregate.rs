@@ -294,7 +294,7 @@ impl Index {
     /// model scopes' stats rows, until `max_entries` entries (a key's holders are never split; a
     /// key or a model scope without rows counts as one) or `deadline` (read every few keys).
     /// Returns whether the part is complete. What `b` holds is keyed by names, so the reclaim
-    /// pass may run between two slices; key records never move, so a part built across
+    /// pass may run between two slices; a held key never moves, so a part built across
     /// mutations counts every key present throughout once (docs/ARCHITECTURE.md §6).
     pub fn snapshot_part_step(
         &self,

@@ -49,7 +49,7 @@ impl Index {
         self.clear.is_some()
     }
 
-    /// One slice of the pending clear within `budget` (a slab position visited counts one, a
+    /// One slice of the pending clear within `budget` (a place visited counts one, a
     /// holder removed like a sweep removal). Returns whether no clear is pending any more.
     pub fn clear_step(&mut self, budget: SweepBudget) -> bool {
         let Some(mut c) = self.clear.take() else {
@@ -142,7 +142,7 @@ impl Index {
         entries
     }
 
-    /// Removes a cleared holder (its entry already left the counts) at slab position `pos`.
+    /// Removes a cleared holder (its entry already left the counts) at place `pos`.
     fn remove_cleared_holder(&mut self, pos: Loc, key: KeyId, replica: u32) {
         let (_, key_gone) = self
             .store

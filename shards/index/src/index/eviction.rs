@@ -358,8 +358,8 @@ impl QuotaRetired {
 /// A tenant's quota candidate selection built in slices ([`Index::quota_victims_step`]) before
 /// the ingest (or cross-core candidate request) that needs it, instead of in one O(keys of the
 /// core) scan inside it ([`Index::quota_build`]). The same phases as a cap build ([`CapBuild`]):
-/// a scan of slab positions `0..cursor` downwards, a mutation of a key of the tenant at or above
-/// the cursor offering its new snapshot; then `sel` reordered into a min-heap in place, a
+/// a scan of places up to `cursor` (`Store::scan`), a mutation of a key of the tenant not yet
+/// visited offering its new snapshot; then `sel` reordered into a min-heap in place, a
 /// mutation meanwhile adding its snapshot to `late` when `<=` the threshold. When complete,
 /// every key of the tenant whose current snapshot is `<=` the threshold is in the heap under it:
 /// the candidate-heap invariant, so the victims are those of the one-go build.
@@ -835,7 +835,7 @@ impl Index {
         if b.bits[ks] == KS_UNKNOWN {
             let p = &self.cat.keyspaces[ks];
             b.bits[ks] = if p.keys == 0 {
-                KS_SKIP // freed records included (none of their keys is in the slab)
+                KS_SKIP // freed records included (none of their keys is in the store)
             } else {
                 let t = &self.cat.tenants[&self.cat.scopes[p.scope as usize].tenant];
                 if t.reserved {
@@ -1889,7 +1889,7 @@ impl Index {
     }
 
     /// One slice of the sweep pass in progress: visits keys from where the last slice stopped
-    /// (in slab order, so the removals and their removal-hook reports come in the same order as
+    /// (in place order, so the removals and their removal-hook reports come in the same order as
     /// the one-call [`Index::sweep`] when nothing changes in between), then the stats rows
     /// model by model, then runs the reclaim pass. Stops once `budget.max_entries` storage
     /// entries plus stats rows were examined (a key's holders and a model's rows are never
@@ -1897,8 +1897,8 @@ impl Index {
     /// rows) or once `budget.deadline` has passed (checked every few keys, after the first). Each tenant's TTL and algorithm are resolved from `rules`
     /// once per slice.
     ///
-    /// Between two slices anything may change (ingest, events, evictions): key records never
-    /// move (see `Store::set_visited`), so the pass visits every key present throughout exactly
+    /// Between two slices anything may change (ingest, events, evictions): a held key never
+    /// moves (see `Store::scan`), so the pass visits every key present throughout exactly
     /// once and judges it at the pass's `now`. A key added (or refreshed) after its position was visited is left for
     /// the next pass, as if the sweep had run before that change.
     pub fn sweep_step(&mut self, rules: &dyn TenantRules, budget: SweepBudget) -> SweepStep {

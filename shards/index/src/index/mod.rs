@@ -10,7 +10,7 @@
 //! Module map:
 //! * [`ranking`] — pure float32 formulas (freshness, distinguishing power, scores, tiers);
 //! * `intern` — string ids and out-of-line hash blobs;
-//! * `store` — the compact prefix map (key records, holders, hash table);
+//! * `store` — the prefix map: the run store ([`crate::runstore`]) behind the index's key ids;
 //! * this file — the catalog (scopes, keyspaces, model scopes, tenants), the upsert/remove
 //!   primitives with their secondary counters, ingest (§4) and events (§5);
 //! * `lookup` — exact, chain, TENANT_HOT, miss classifier, orchestrator, affinity, LFU credit;
