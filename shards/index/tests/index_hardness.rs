@@ -226,6 +226,66 @@ fn holders_per_key_are_bounded() {
     assert_eq!((out.upserts, out.holders_refused), (2, 1));
 }
 
+/// A full key table (here one key per segment, 4,096 in all) refuses a new key's upsert and
+/// counts it (`INDEX_KEYS_FULL` at the server); the rest of the update is applied: held keys
+/// still refresh and take new holders, the counts stay exact, a refused key matches nothing,
+/// and a key removed makes room for a new one in its place.
+#[test]
+fn a_full_key_table_refuses_new_keys_and_applies_the_rest() {
+    let cfg = IndexConfig {
+        default_ttl_ns: 10 * MIN,
+        ..IndexConfig::default()
+    };
+    let mut ix = Index::with_key_table_segment_keys(cfg, 1);
+    let key = |i: u64| (i + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15).to_be_bytes();
+    const KEYS: u64 = 10_000;
+    let (mut upserts, mut refused) = (0, 0);
+    for batch in 0..KEYS / 100 {
+        let prefixes = (batch * 100..(batch + 1) * 100)
+            .map(|i| legacy(&key(i), 16))
+            .collect();
+        let out = ix.ingest(&upd_r("r1", prefixes), T0, &NR);
+        upserts += out.upserts;
+        refused += out.keys_refused;
+    }
+    assert_eq!(upserts + refused, KEYS);
+    assert!(refused > 0 && ix.key_count() <= 4_096, "{refused}");
+    assert_eq!((ix.key_count(), ix.entry_count()), (upserts, upserts));
+    let held: Vec<u64> = (0..KEYS)
+        .filter(|&i| !route(&mut ix, &q_exact(&key(i)), T0, &NR).1.is_empty())
+        .collect();
+    assert_eq!(
+        held.len() as u64,
+        upserts,
+        "every applied key is found, no refused one"
+    );
+    // Held keys refresh and take another holder on a full table.
+    let (a, b) = (held[0], held[1]);
+    let out = ix.ingest(
+        &upd_r("r2", vec![legacy(&key(a), 16), legacy(&key(b), 16)]),
+        T0 + SEC,
+        &NR,
+    );
+    assert_eq!((out.upserts, out.keys_refused), (2, 0));
+    assert_eq!(
+        names(&route(&mut ix, &q_exact(&key(a)), T0 + SEC, &NR).1),
+        ["r1", "r2"]
+    );
+    assert_eq!(ix.entry_count(), upserts + 2);
+    // Key `a` leaves: its segment takes a new key again (the same one, stored anew).
+    for r in ["r1", "r2"] {
+        let e = event(cache_event::Type::PrefixEvicted, "t", "m", r, &key(a));
+        ix.apply_event(&e, T0 + SEC, &NR);
+    }
+    assert_eq!(ix.key_count(), upserts - 1);
+    let out = ix.ingest(&upd_r("r3", vec![legacy(&key(a), 16)]), T0 + SEC, &NR);
+    assert_eq!((out.upserts, out.keys_refused), (1, 0));
+    assert_eq!(
+        names(&route(&mut ix, &q_exact(&key(a)), T0 + SEC, &NR).1),
+        ["r3"]
+    );
+}
+
 /// A scope keeps at most `max_replicas_per_scope` serving replicas: an update of one more is
 /// refused whole (nothing of it stored), the serving ones still refresh and add keys, another
 /// scope takes the replica, and once a replica's last entry in the scope leaves, room is back.

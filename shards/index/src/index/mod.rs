@@ -892,6 +892,15 @@ impl Default for Index {
 }
 
 impl Index {
+    /// An empty index whose key table takes at most `n` keys per segment (of
+    /// `runstore::SEGMENTS`): a test's way to a full table without ~100M keys.
+    #[doc(hidden)]
+    pub fn with_key_table_segment_keys(config: IndexConfig, n: usize) -> Index {
+        let mut ix = Index::new(config);
+        ix.store = Store::with_segment_keys(n);
+        ix
+    }
+
     /// Builds an empty index. A non-positive default TTL is clamped back to 30 min (§3.1);
     /// the keyspace bound to the ids a key record can hold (2^29: the bits above carry flags).
     pub fn new(mut config: IndexConfig) -> Index {

@@ -150,8 +150,17 @@ pub(crate) struct Store {
 
 impl Store {
     pub fn new() -> Store {
+        Store::with_runs(RunStore::new())
+    }
+
+    /// A store whose table segments hold at most `n` keys each (tests of the full table).
+    pub fn with_segment_keys(n: usize) -> Store {
+        Store::with_runs(RunStore::with_segment_keys(n))
+    }
+
+    fn with_runs(runs: RunStore) -> Store {
         Store {
-            runs: RunStore::new(),
+            runs,
             near: FIRST,
             sweep: FIRST,
         }
