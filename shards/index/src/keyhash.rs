@@ -4,15 +4,15 @@
 use hashbrown::DefaultHashBuilder;
 use std::hash::BuildHasher;
 
-/// The index's tables' keyed hash of a key (its keyspace and hash words; `index::store`'s key
-/// table and the run store's): the key's two words, each mixed with a seed drawn
-/// per store, multiplied into 128 bits and folded (high half XOR low half), then folded once
-/// more with a third seed (foldhash's construction, the workspace's map hasher, without its
-/// generic `Hasher` plumbing, which cost ~10 more instructions per hash on the store's event
-/// path). Keys are chosen by producers, so the seeds are random. One fold is not enough: keys
-/// that differ only in their high bits then map almost linearly onto the segments and cluster
-/// (the store's `low_entropy_keys_spread_over_segments_and_buckets`); the second fold breaks
-/// that.
+/// The keyed hash of the run store's key table (a key's keyspace and hash words): the two
+/// words, each mixed with a seed drawn per store, multiplied into 128 bits and folded (high
+/// half XOR low half), then folded once more with a third seed (foldhash's construction, the
+/// workspace's map hasher, without its generic `Hasher` plumbing, which cost ~10 more
+/// instructions per hash on the store's event path). Keys are chosen by producers, so the
+/// seeds are random. The second fold was needed by the per-key store's table (keys differing
+/// only in their high bits clustered with one); the run store's table takes its segment and
+/// home bucket from other bits and spreads such keys with one fold too, and keeps the second
+/// as margin (`runstore::tests::low_entropy_keys_spread_over_segments_and_buckets`).
 #[derive(Clone, Copy)]
 pub(crate) struct KeyHasher {
     seeds: [u64; 3],
