@@ -37,6 +37,12 @@ pub const MAX_ID_BYTES: usize = 1024;
 // * `inferencecache_index::runstore::MAX_KEYS` (~100M): prefix keys of one core's store; a new
 //   key past it is refused, the rest of its update applied: `INDEX_KEYS_FULL`
 //   (`inferencecache_limit_hits_total{limit="index_keys"}`).
+// * `inferencecache_index::runstore::MAX_REPLICA_EXTENTS` (32) and `RUN_LEN_LIMIT` (4,096):
+//   separate stretches of one replica in one run, and blocks in a run. An upsert needing a 33rd
+//   stretch is refused, the rest of its update applied: `RUN_EXTENTS_FULL`; a cut from the middle
+//   of a stretch at the bound removes the stretch's rest
+//   (`inferencecache_limit_hits_total{limit="index_run_extents"}` for both). Keeps every upsert
+//   and removal on a run within moving 32 × 1,024 extents.
 // * [`DEFAULT_MAX_REPLICAS_PER_SCOPE`] (`--index-max-replicas-per-scope`): replicas serving in
 //   one scope `(tenant, model, hash scheme)`. An update of a replica not serving there yet that
 //   would be one more is refused whole: `SCOPE_REPLICAS_FULL`

@@ -218,7 +218,8 @@ fn on_removed(r: &Removed<'_>) {
         adapter_id: r.adapter().to_string(),
     };
     match r.reason() {
-        RemovalReason::Ttl => publish_event(&ev),
+        // Cut off with a producer's own removal: published as it happens, as a sweep's.
+        RemovalReason::Ttl | RemovalReason::RunExtents => publish_event(&ev),
         RemovalReason::Cap | RemovalReason::Quota => HELD.with(|h| {
             let mut h = h.borrow_mut();
             if h.len() < EVENT_REMOVAL_BURST {

@@ -43,6 +43,10 @@ pub enum IngestRefused {
     /// Some new prefix key of the message did not fit the core's key table (~100M keys, past
     /// any core's memory); the rest of the message was applied.
     IndexKeysFull,
+    /// Some block of the message would have given its replica more than the most separate
+    /// stretches of one run of chain blocks (`runstore::MAX_REPLICA_EXTENTS`); that block was
+    /// not applied, the rest of the message was.
+    RunExtentsFull,
     /// The message's stats would have been one stats row too many (per model or per core) and
     /// were not stored; the rest of the message was applied.
     StatsRowsFull,
@@ -67,6 +71,7 @@ impl IngestRefused {
             Self::ScopeReplicasFull => "SCOPE_REPLICAS_FULL",
             Self::KeyHoldersFull => "KEY_HOLDERS_FULL",
             Self::IndexKeysFull => "INDEX_KEYS_FULL",
+            Self::RunExtentsFull => "RUN_EXTENTS_FULL",
             Self::StatsRowsFull => "STATS_ROWS_FULL",
         }
     }
@@ -80,6 +85,7 @@ impl IngestRefused {
             Self::ScopeReplicasFull => "scope_replicas_full",
             Self::KeyHoldersFull => "key_holders_full",
             Self::IndexKeysFull => "index_keys_full",
+            Self::RunExtentsFull => "run_extents_full",
             Self::StatsRowsFull => "stats_rows_full",
         }
     }
@@ -318,6 +324,9 @@ impl CoreState {
             Some(IngestRefused::IndexKeysFull)
         } else if out.holders_refused > 0 {
             Some(IngestRefused::KeyHoldersFull)
+        } else if out.extents_refused > 0 {
+            metrics::record_limit_hit("index_run_extents");
+            Some(IngestRefused::RunExtentsFull)
         } else if out.stats_refused {
             Some(IngestRefused::StatsRowsFull)
         } else {
@@ -605,6 +614,9 @@ impl CoreState {
         self.index.drain_gauge_updates(|model, count| {
             metrics::publish_index_entries(model, count as i64)
         });
+        for _ in 0..self.index.take_extent_tails_dropped() {
+            metrics::record_limit_hit("index_run_extents");
+        }
     }
 }
 

@@ -533,6 +533,81 @@ async fn a_key_keeps_at_most_its_holder_bound(shards: usize) {
 }
 shards_1_and_2!(a_key_keeps_at_most_its_holder_bound);
 
+/// A replica keeps at most 32 separate stretches of one run of chain blocks
+/// (`runstore::MAX_REPLICA_EXTENTS`): single blocks of a stored 100-block chain refreshed with
+/// another tier split its stretch two more each, until a refresh that would split it past the
+/// bound is not applied and the stream's Ack says `accepted: false`, `RUN_EXTENTS_FULL`
+/// (counted). A block then removed from the middle of the last stretch takes the stretch's
+/// rest out with it: those blocks follow the removed one, so the chain's match ends there
+/// either way; the blocks before it are still held.
+async fn a_replica_keeps_at_most_its_stretches_of_a_run(shards: usize) {
+    let srv = Server::start(shards, &[]);
+    let mut c = srv.client().await;
+    let hashes: Vec<[u8; 8]> = (0..100u64)
+        .map(|b| (b + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15).to_be_bytes())
+        .collect();
+    let blocks: Vec<&[u8]> = hashes.iter().map(|h| &h[..]).collect();
+    let counts = vec![16; blocks.len()];
+    let chain = chain_update("r1", "t", "m", "vllm", &blocks, &counts);
+    assert!(report(&mut c, vec![chain]).await.accepted);
+    let refreshes: Vec<_> = (1..blocks.len() - 1)
+        .step_by(3)
+        .map(|b| {
+            let mut u = legacy_update("r1", "t", "m", "vllm", blocks[b], 16 * (b as i32 + 1));
+            u.prefixes[0].tier = 2;
+            u
+        })
+        .collect();
+    let ack = report(&mut c, refreshes).await;
+    assert!(!ack.accepted);
+    assert_eq!(ack.reason_code, "RUN_EXTENTS_FULL");
+    // Held: r1 answers with the block's tokens matched (a miss may still name r1 as a
+    // tenant-hot candidate, with none).
+    let holders = |r: &pb::LookupRouteResponse| {
+        let held = r.replica_scores.iter().filter(|s| s.matched_tokens > 0);
+        held.map(|s| s.replica_id.clone()).collect::<Vec<_>>()
+    };
+    // Blocks 1, 4, .., 43 refreshed (31 stretches), the 16th refresh and those after it
+    // (18) refused; the chain's last block refreshed alone makes the 32nd stretch, 44..99 the
+    // 31st; cut block 90 out of its middle.
+    let mut last = legacy_update("r1", "t", "m", "vllm", blocks[99], 1600);
+    last.prefixes[0].tier = 2;
+    assert!(report(&mut c, vec![last]).await.accepted);
+    let cut = cache_event(
+        pb::cache_event::Type::PrefixEvicted,
+        "t",
+        "m",
+        "r1",
+        blocks[90],
+        "",
+    );
+    publish_event(&mut c, cut).await;
+    for (b, held) in [
+        (80, true),
+        (89, true),
+        (90, false),
+        (95, false),
+        (98, false),
+        (99, true),
+    ] {
+        let r = lookup(&mut c, exact_lookup("t", "m", "vllm", blocks[b], 16)).await;
+        assert_eq!(holders(&r) == ["r1"], held, "block {b}");
+    }
+    let r = lookup(&mut c, chain_lookup("t", "m", "vllm", &blocks, &counts)).await;
+    assert_eq!(r.replica_scores.len(), 1);
+    assert_eq!(r.replica_scores[0].matched_tokens, 90 * 16);
+    let text = metrics_text(&srv);
+    let refused = "inferencecache_ingest_refused_total{reason=\"run_extents_full\"}";
+    assert_eq!(metric_value(&text, refused), Some(18.0));
+    let hits = "inferencecache_limit_hits_total{limit=\"index_run_extents\"}";
+    assert_eq!(
+        metric_value(&text, hits),
+        Some(19.0),
+        "the refusals and the cut"
+    );
+}
+shards_1_and_2!(a_replica_keeps_at_most_its_stretches_of_a_run);
+
 /// A scope `(tenant, model, hash scheme)` keeps at most `--index-max-replicas-per-scope`
 /// serving replicas. A message of one more is not applied and the stream's Ack says
 /// `accepted: false`, `SCOPE_REPLICAS_FULL` (counted, and in `inferencecache_limit_hits_total`);

@@ -33,8 +33,25 @@ const OFF_BITS: u32 = 20;
 /// last block is held, or it is cut off), so there are never more runs than
 /// [`MAX_KEYS`] (asserted below).
 pub const MAX_RUNS: u32 = 1 << RUN_BITS;
-/// The most blocks one run holds; a chain past it continues in a new run.
+/// The most blocks a table bucket's offset can name.
 pub const MAX_RUN_LEN: u32 = 1 << OFF_BITS;
+/// The most blocks one run holds; a chain past it continues in a new run. It bounds what a
+/// release that drops an extent's tail ([`MAX_REPLICA_EXTENTS`]) takes out in one step.
+pub const RUN_LEN_LIMIT: u32 = 4096;
+const _: () = assert!(RUN_LEN_LIMIT <= MAX_RUN_LEN);
+/// The most extents one replica has in one run. A run's extents are one sorted vector, so
+/// inserting or removing one moves those after it, and a release or a holder count reads
+/// them: with at most [`MAX_REPLICA_EXTENTS`] per replica and at most the key's holders
+/// (1,024 by default) replicas, a run has at most 32,768 extents (1 MiB) and no step on it
+/// costs more than moving those. Without it a producer cutting a long chain's blocks out one
+/// in two fragments its extents into one per block, and each further cut moves all of them.
+/// A replica's stretch splits only where its tier or time changes, or where it lost a block
+/// (counts off the step do not split it: [`RunStore::odd_tokens`]).
+/// At the bound: an upsert that needs a new extent of the replica is refused
+/// ([`Refused::ExtentsFull`]); a new key goes to another run; a release in the middle of
+/// an extent takes the extent's tail out with it ([`RunStore::take_dropped`]): in a chain
+/// run, the blocks after a block the replica lost are no prefix it holds.
+pub const MAX_REPLICA_EXTENTS: usize = 32;
 
 /// Why [`RunStore::upsert`] refused an entry. Nothing changed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -44,6 +61,9 @@ pub enum Refused {
     TableFull,
     /// The key has the caller's most holders already.
     HoldersFull,
+    /// The replica has [`MAX_REPLICA_EXTENTS`] extents in the key's run and the upsert needs
+    /// another.
+    ExtentsFull,
 }
 
 /// Where a held key lies. Places are ordered by run, then offset: the order of
@@ -66,7 +86,9 @@ pub struct Entry {
 
 /// One replica's entries at offsets `lo..hi` of a run, all with this tier and `last_seen`, and
 /// stored token counts that step by `tokens_step` from `tokens_at_lo` (one store event's
-/// cumulative counts over blocks of one size; other counts start another extent).
+/// cumulative counts over blocks of one size). An entry whose count is off that step keeps it
+/// in the store's side table ([`RunStore::odd_tokens`]) and the extent is marked `odd`: blocks
+/// of irregular sizes do not split a replica's stretch into one extent per block.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Extent {
     pub replica: u32,
@@ -77,6 +99,9 @@ pub struct Extent {
     /// [`RunStore::set_access`]; kept by both parts of a split): a release looks there only
     /// then, so a store without LFU tenants never does.
     counted: bool,
+    /// Some entry of the extent may have a count off the step in the store's side table
+    /// ([`RunStore::odd_tokens`]; kept by both parts of a split).
+    odd: bool,
     pub last_seen: i64,
     tokens_at_lo: i32,
     tokens_step: i32,
@@ -88,8 +113,9 @@ impl Extent {
     fn covers(&self, off: u32) -> bool {
         self.lo <= off && off < self.hi
     }
-    /// The stored token count at offset `off` (wrapping, as the counts' sums do).
-    pub fn tokens_at(&self, off: u32) -> i32 {
+    /// The token count the step gives at offset `off` (wrapping, as the counts' sums do): the
+    /// stored one unless the entry's is odd ([`RunStore::tokens_of`]).
+    fn tokens_at(&self, off: u32) -> i32 {
         let steps = off.wrapping_sub(self.lo) as i32;
         self.tokens_at_lo
             .wrapping_add(steps.wrapping_mul(self.tokens_step))
@@ -102,18 +128,13 @@ impl Extent {
             ..*self
         }
     }
-    /// Whether entry `e` at offset `self.hi` continues the extent: same replica, tier, time,
-    /// and the count the step gives (any count after a one-block extent, which sets the step).
+    /// Whether entry `e` at offset `self.hi` continues the extent: same replica, tier and
+    /// time (a count off the step is kept aside, [`RunStore::grow`]).
     fn continued_by(&self, e: &Entry, off: u32) -> bool {
         self.replica == e.replica
             && self.hi == off
             && self.tier == e.tier
             && self.last_seen == e.last_seen
-            && (self.hi - self.lo == 1 || self.tokens_at(off) == e.tokens)
-    }
-    /// Whether the extent's entry at `off` already has `e`'s values.
-    fn holds(&self, e: &Entry, off: u32) -> bool {
-        self.tier == e.tier && self.last_seen == e.last_seen && self.tokens_at(off) == e.tokens
     }
 }
 
@@ -174,6 +195,10 @@ impl Run {
         let x = &self.extents[i];
         (x.replica == replica && x.covers(off)).then_some(i)
     }
+    /// Number of `replica`'s extents.
+    fn replica_extents(&self, replica: u32) -> usize {
+        self.slot(replica.wrapping_add(1), 0) - self.slot(replica, 0)
+    }
     /// Inserts `x` in its place; returns its index.
     fn insert_extent(&mut self, x: Extent) -> usize {
         let i = self.slot(x.replica, x.lo);
@@ -213,6 +238,16 @@ pub struct Released {
     pub access: u32,
     /// It was the key's last entry: the key is gone.
     pub key_gone: bool,
+}
+
+/// An entry a release took out with another ([`MAX_REPLICA_EXTENTS`]), for the caller to
+/// count and report ([`RunStore::take_dropped`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Dropped {
+    /// The key's keyspace word and hash.
+    pub ks: u32,
+    pub h: u64,
+    pub released: Released,
 }
 
 /// Where [`RunStore::scan`] stopped.
@@ -256,6 +291,13 @@ pub struct RunStore {
     access: hashbrown::HashMap<(u64, u32), u32>,
     /// New keys refused because their table segment was full ([`TableFull`]).
     refusals: u64,
+    /// Entries releases took out with the ones asked for, not yet taken by the caller: at
+    /// most an extent's tail ([`RUN_LEN_LIMIT`]) per release.
+    dropped: Vec<Dropped>,
+    /// Token counts off their extent's step, (place, replica) → count; their extents are
+    /// marked ([`Extent::odd`]). At most one per entry. Empty while producers report blocks of
+    /// one size (a chain's last, partial block is another size: counted here).
+    odd_tokens: hashbrown::HashMap<(u64, u32), i32>,
     /// Per keyspace (by its word modulo [`OPEN_SLOTS`]), the run a key that follows no run's
     /// last block is appended to ([`RunStore::create`]): the keys of a prefix-only report, or
     /// a chain's first blocks after a branch, share a run instead of each paying a run's record
@@ -293,6 +335,8 @@ impl RunStore {
             entries: 0,
             access: hashbrown::HashMap::new(),
             refusals: 0,
+            dropped: Vec::new(),
+            odd_tokens: hashbrown::HashMap::new(),
             open: [u32::MAX; OPEN_SLOTS],
         }
     }
@@ -309,6 +353,18 @@ impl RunStore {
     /// New keys refused so far because their table segment was full ([`TableFull`]).
     pub fn refusals(&self) -> u64 {
         self.refusals
+    }
+
+    /// Whether releases took out entries the caller has not taken yet.
+    #[inline(always)]
+    pub fn has_dropped(&self) -> bool {
+        !self.dropped.is_empty()
+    }
+
+    /// The entries releases took out besides the ones asked for (an extent's tail cut off at
+    /// [`MAX_REPLICA_EXTENTS`]), oldest first; the caller counts each as removed.
+    pub fn take_dropped(&mut self) -> std::vec::Drain<'_, Dropped> {
+        self.dropped.drain(..)
     }
 
     /// The key at `loc` (a held key's place, or a hole's): its keyspace word and hash.
@@ -406,6 +462,8 @@ impl RunStore {
     pub fn heap_bytes(&self) -> usize {
         self.table.bytes()
             + self.access.capacity() * (std::mem::size_of::<((u64, u32), u32)>() + 1)
+            + self.odd_tokens.capacity() * (std::mem::size_of::<((u64, u32), i32)>() + 1)
+            + self.dropped.capacity() * std::mem::size_of::<Dropped>()
             + self.runs.iter().map(Run::bytes).sum::<usize>()
             + self.runs.capacity() * std::mem::size_of::<Run>()
     }
@@ -476,6 +534,23 @@ impl RunStore {
             let i = run.extent_of(replica, loc.off).expect("a count's entry");
             assert!(run.extents[i].counted, "a count in an uncounted extent");
         }
+        for &(at, replica) in self.odd_tokens.keys() {
+            let run = &self.runs[(at >> 32) as usize];
+            let i = (run.extent_of(replica, at as u32)).expect("an odd count's entry");
+            assert!(
+                run.extents[i].odd,
+                "an odd count in an extent not marked odd"
+            );
+        }
+        for run in &self.runs {
+            let mut per_replica = std::collections::HashMap::<u32, usize>::new();
+            for x in &run.extents {
+                *per_replica.entry(x.replica).or_default() += 1;
+            }
+            assert!(per_replica.values().all(|&n| n <= MAX_REPLICA_EXTENTS));
+            assert!(run.hashes.len() <= RUN_LEN_LIMIT as usize);
+        }
+        assert!(self.dropped.is_empty(), "dropped entries not taken");
     }
 
     /// Runs holding keys.
@@ -521,8 +596,54 @@ impl RunStore {
                 replica: x.replica,
                 tier: x.tier,
                 last_seen: x.last_seen,
-                tokens: x.tokens_at(loc.off),
+                tokens: self.tokens_of(x, loc),
             })
+    }
+
+    /// The stored token count of extent `x`'s entry at `loc`.
+    #[inline]
+    fn tokens_of(&self, x: &Extent, loc: Loc) -> i32 {
+        if x.odd
+            && let Some(&t) = self.odd_tokens.get(&(Self::access_key(loc), x.replica))
+        {
+            return t;
+        }
+        x.tokens_at(loc.off)
+    }
+
+    /// Forgets the odd count of extent `x`'s entry at `loc`, if any.
+    #[inline(always)]
+    fn forget_odd(&mut self, x: &Extent, loc: Loc) {
+        if x.odd {
+            self.odd_tokens.remove(&(Self::access_key(loc), x.replica));
+        }
+    }
+
+    /// Grows extent `at` of run `loc.run` by the entry `e` at `loc` (its end): a one-block
+    /// extent takes its step from `e`; a count off the step is kept aside.
+    #[inline(always)]
+    fn grow(&mut self, loc: Loc, at: usize, e: &Entry) {
+        let x = &mut self.runs[loc.run as usize].extents[at];
+        debug_assert!(x.hi == loc.off && x.replica == e.replica);
+        let odd = match x.hi - x.lo {
+            0 => false,
+            1 => {
+                x.tokens_step = e.tokens.wrapping_sub(x.tokens_at_lo);
+                false
+            }
+            _ => x.tokens_at(loc.off) != e.tokens,
+        };
+        x.hi += 1;
+        if odd {
+            x.odd = true;
+            self.keep_odd(loc, e);
+        }
+    }
+
+    /// Keeps `e`'s count at `loc` aside: it is off its extent's step.
+    #[cold]
+    fn keep_odd(&mut self, loc: Loc, e: &Entry) {
+        (self.odd_tokens).insert((Self::access_key(loc), e.replica), e.tokens);
     }
 
     /// The entries of the key at `loc` of replicas `first_replica` and up, by replica, each
@@ -543,7 +664,7 @@ impl RunStore {
                     replica: x.replica,
                     tier: x.tier,
                     last_seen: x.last_seen,
-                    tokens: x.tokens_at(loc.off),
+                    tokens: self.tokens_of(x, loc),
                 };
                 let key = (Self::access_key(loc), x.replica);
                 let access = if x.counted {
@@ -597,8 +718,9 @@ impl RunStore {
                     return Err(Refused::TableFull);
                 }
             }
-            let loc = self.create(hash, ks, h, after);
-            self.add(loc, e, false, hint);
+            let loc = self.create(hash, ks, h, after, e.replica);
+            self.add(loc, e, false, hint)
+                .expect("a new key's run has room for its replica");
             self.keys += 1;
             return Ok((loc, Upserted::CreatedKey));
         };
@@ -643,14 +765,21 @@ impl RunStore {
         };
         Ok(match hinted.or_else(|| run.extent_of(e.replica, loc.off)) {
             Some(i) => {
-                self.refresh(loc, i, e, hint);
+                // The same values again (a chain stored again at its time): nothing to write.
+                let x = &run.extents[i];
+                let same = x.tier == e.tier && x.last_seen == e.last_seen && !x.odd;
+                if same && x.tokens_at(loc.off) == e.tokens {
+                    *hint = Hint(Some((loc.run, i as u32)));
+                } else {
+                    self.refresh(loc, i, e, hint)?;
+                }
                 (loc, Upserted::Refreshed)
             }
             None => {
                 if self.runs[loc.run as usize].holders_at_least(loc.off, max_holders) {
                     return Err(Refused::HoldersFull);
                 }
-                self.add(loc, e, false, hint);
+                self.add(loc, e, false, hint)?;
                 (loc, Upserted::AddedEntry)
             }
         })
@@ -662,22 +791,25 @@ impl RunStore {
         run.extents.iter().filter(|x| x.covers(loc.off)).count()
     }
 
-    /// A place for new key `(ks, h)`: the hole right after `after` when it was this key's,
-    /// else the end of `after`'s run when `after` is its last block, else the end of the
-    /// keyspace's open run ([`RunStore::append_to_open`]), else a new run.
+    /// A place for new key `(ks, h)`, to be held by `replica`: the hole right after `after`
+    /// when it was this key's, else the end of `after`'s run when `after` is its last block,
+    /// else the end of the keyspace's open run ([`RunStore::append_to_open`]), else a new run;
+    /// never `after`'s run when `replica` has its most extents there.
     #[inline]
-    fn create(&mut self, hash: u64, ks: u32, h: u64, after: Option<Loc>) -> Loc {
+    fn create(&mut self, hash: u64, ks: u32, h: u64, after: Option<Loc>, replica: u32) -> Loc {
         if let Some(a) = after
             && let Some(run) = self.runs.get_mut(a.run as usize)
             && run.ks == ks
             && (a.off as usize) < run.hashes.len()
+            && (run.extents.len() < MAX_REPLICA_EXTENTS
+                || run.replica_extents(replica) < MAX_REPLICA_EXTENTS)
         {
             let next = a.off + 1;
             let at = Loc {
                 run: a.run,
                 off: next,
             };
-            if next as usize == run.hashes.len() && next < MAX_RUN_LEN {
+            if next as usize == run.hashes.len() && next < RUN_LEN_LIMIT {
                 run.hashes.push(h);
                 self.table.insert(hash, at);
                 return at;
@@ -740,10 +872,11 @@ impl RunStore {
     }
 
     /// Adds `e` at `loc` (the replica holds no entry there): grows the hinted extent, or
-    /// another of the replica's that `e` continues ([`Extent::continued_by`]), else a new one.
+    /// another of the replica's that `e` continues ([`Extent::continued_by`]), else a new one,
+    /// refused when the replica has [`MAX_REPLICA_EXTENTS`] in the run already.
     /// `counted`: the entry may have an LFU count (a refreshed entry keeps its count).
     #[inline(always)]
-    fn add(&mut self, loc: Loc, e: Entry, counted: bool, hint: &mut Hint) {
+    fn add(&mut self, loc: Loc, e: Entry, counted: bool, hint: &mut Hint) -> Result<(), Refused> {
         let run = &mut self.runs[loc.run as usize];
         let grows = |x: &Extent| x.continued_by(&e, loc.off);
         let hinted = match hint.0 {
@@ -758,37 +891,51 @@ impl RunStore {
         } else if let Some(i) = before().filter(|&i| grows(&run.extents[i])) {
             i
         } else {
+            if run.extents.len() >= MAX_REPLICA_EXTENTS
+                && run.replica_extents(e.replica) >= MAX_REPLICA_EXTENTS
+            {
+                return Err(Refused::ExtentsFull);
+            }
             run.insert_extent(Extent {
                 replica: e.replica,
                 lo: loc.off,
                 hi: loc.off,
                 tier: e.tier,
                 counted,
+                odd: false,
                 last_seen: e.last_seen,
                 tokens_at_lo: e.tokens,
                 tokens_step: 0,
             })
         };
-        let x = &mut run.extents[at];
-        x.counted |= counted;
-        if x.hi - x.lo == 1 {
-            x.tokens_step = e.tokens.wrapping_sub(x.tokens_at_lo);
-        }
-        x.hi += 1;
+        run.extents[at].counted |= counted;
+        self.grow(loc, at, &e);
         *hint = Hint(Some((loc.run, at as u32)));
         self.entries += 1;
+        Ok(())
     }
 
     /// Overwrites the tier, `last_seen` and token count of the entry at `loc` in extent `i`:
     /// nothing when they are unchanged; else the entry leaves its extent (which splits around
-    /// it) and joins the hinted extent when `e` continues that one.
-    fn refresh(&mut self, loc: Loc, i: usize, e: Entry, hint: &mut Hint) {
-        let run = &mut self.runs[loc.run as usize];
-        let x = run.extents[i];
-        if x.holds(&e, loc.off) {
+    /// it) and joins the hinted extent when `e` continues that one. Refused (nothing changed)
+    /// when the split could leave the replica more than [`MAX_REPLICA_EXTENTS`] in the run.
+    fn refresh(&mut self, loc: Loc, i: usize, e: Entry, hint: &mut Hint) -> Result<(), Refused> {
+        let x = self.runs[loc.run as usize].extents[i];
+        if x.tier == e.tier && x.last_seen == e.last_seen {
+            // The same stretch: at most the count changes, kept aside when off the step.
+            if self.tokens_of(&x, loc) != e.tokens {
+                self.forget_odd(&x, loc);
+                if x.tokens_at(loc.off) != e.tokens {
+                    self.runs[loc.run as usize].extents[i].odd = true;
+                    self.keep_odd(loc, &e);
+                }
+            }
             *hint = Hint(Some((loc.run, i as u32)));
-            return;
+            return Ok(());
         }
+        // The entry leaves its extent: its odd count, if any, goes with it.
+        self.forget_odd(&x, loc);
+        let run = &mut self.runs[loc.run as usize];
         // A chain refreshed block by block with new values: the entry moves from the front of
         // its old extent to the end of the hinted one (the chain's previous block, with the
         // new values), both the replica's and adjacent, so their order stays as it is.
@@ -798,21 +945,24 @@ impl RunStore {
             && let Some(prev) = run.extents.get(at as usize)
             && prev.continued_by(&e, loc.off)
         {
-            let prev = &mut run.extents[at as usize];
-            if prev.hi - prev.lo == 1 {
-                prev.tokens_step = e.tokens.wrapping_sub(prev.tokens_at_lo);
-            }
-            prev.hi += 1;
-            prev.counted |= x.counted;
+            run.extents[at as usize].counted |= x.counted;
             if x.hi - x.lo == 1 {
                 // After the hinted extent in the order: its index does not move.
                 run.extents.remove(i);
             } else {
                 run.extents[i] = x.from(loc.off + 1);
             }
-            return;
+            self.grow(loc, at as usize, &e);
+            return Ok(());
         }
-        // The extent keeps its part before `loc`; the part after goes to a new extent.
+        // The extent keeps its part before `loc`; the part after goes to a new extent, and the
+        // entry to the extent `add` finds or a new one: at most two more.
+        let grown = usize::from(loc.off > x.lo) + usize::from(loc.off + 1 < x.hi);
+        if run.extents.len() + grown > MAX_REPLICA_EXTENTS
+            && run.replica_extents(e.replica) + grown > MAX_REPLICA_EXTENTS
+        {
+            return Err(Refused::ExtentsFull);
+        }
         let after = x.from(loc.off + 1);
         // Indices shift below: a stale hint fails `add`'s check and is searched for again.
         if loc.off == x.lo {
@@ -824,7 +974,9 @@ impl RunStore {
             run.insert_extent(after);
         }
         self.entries -= 1;
-        self.add(loc, e, x.counted, hint);
+        self.add(loc, e, x.counted, hint)
+            .expect("room checked before the split");
+        Ok(())
     }
 
     /// Takes `replica`'s entry of key `(ks, h)` out. Returns it, or None when the replica held
@@ -848,13 +1000,24 @@ impl RunStore {
     fn release_found(&mut self, hash: u64, loc: Loc, replica: u32) -> Option<Released> {
         let run = &mut self.runs[loc.run as usize];
         let i = run.extent_of(replica, loc.off)?;
-        let x = run.extents[i];
+        let mut x = run.extents[i];
+        if loc.off > x.lo
+            && loc.off + 1 < x.hi
+            && run.extents.len() >= MAX_REPLICA_EXTENTS
+            && run.replica_extents(replica) >= MAX_REPLICA_EXTENTS
+        {
+            // A split would give the replica one extent too many: the tail goes too.
+            self.drop_tail(loc, i);
+            x = self.runs[loc.run as usize].extents[i];
+        }
         let entry = Entry {
             replica,
             tier: x.tier,
             last_seen: x.last_seen,
-            tokens: x.tokens_at(loc.off),
+            tokens: self.tokens_of(&x, loc),
         };
+        self.forget_odd(&x, loc);
+        let run = &mut self.runs[loc.run as usize];
         if x.hi - x.lo == 1 {
             run.extents.remove(i);
         } else if loc.off + 1 == x.hi {
@@ -882,6 +1045,65 @@ impl RunStore {
             access,
             key_gone: !covered,
         })
+    }
+
+    /// Takes the entries of extent `i` after `loc` out, last first, each into
+    /// [`RunStore::dropped`]: the extent then ends at `loc`. One pass over the run's extents
+    /// finds which of those blocks other extents cover: O(extents + blocks dropped).
+    #[cold]
+    fn drop_tail(&mut self, loc: Loc, i: usize) {
+        let run = &self.runs[loc.run as usize];
+        let x = run.extents[i];
+        debug_assert!(x.covers(loc.off) && loc.off + 1 < x.hi);
+        let first = loc.off + 1;
+        // Other extents' starts and ends over the tail, then their running sum: the holders
+        // other than this extent's at each of its blocks.
+        let n = (x.hi - first) as usize;
+        let mut others = vec![0i32; n + 1];
+        for (j, y) in run.extents.iter().enumerate() {
+            let (lo, hi) = (y.lo.max(first), y.hi.min(x.hi));
+            if j != i && lo < hi {
+                others[(lo - first) as usize] += 1;
+                others[(hi - first) as usize] -= 1;
+            }
+        }
+        let mut sum = 0;
+        let held_by_others: Vec<bool> = (others[..n].iter())
+            .map(|d| {
+                sum += d;
+                sum > 0
+            })
+            .collect();
+        for off in (first..x.hi).rev() {
+            let at = Loc { run: loc.run, off };
+            let (ks, h) = self.key_at(at);
+            self.runs[loc.run as usize].extents[i].hi = off;
+            let entry = Entry {
+                replica: x.replica,
+                tier: x.tier,
+                last_seen: x.last_seen,
+                tokens: self.tokens_of(&x, at),
+            };
+            self.forget_odd(&x, at);
+            self.entries -= 1;
+            let access = if x.counted {
+                (self.access.remove(&(Self::access_key(at), x.replica))).unwrap_or(0)
+            } else {
+                0
+            };
+            let key_gone = !held_by_others[(off - first) as usize];
+            if key_gone {
+                self.table.remove_later(self.table.hash(ks, h), at);
+                self.keys -= 1;
+                self.uncover(at);
+            }
+            let released = Released {
+                entry,
+                access,
+                key_gone,
+            };
+            self.dropped.push(Dropped { ks, h, released });
+        }
     }
 
     /// The key at `loc` lost its last holder: cut the run's uncovered tail off when `loc` is

@@ -1,5 +1,6 @@
 //! The removal hook (`Index::set_removal_sink`): every entry the index removes on its own — TTL
-//! sweep, global cap, tenant quota — is reported once, with its names, hash bytes, reason and
+//! sweep, global cap, tenant quota, a stretch's rest cut off at the extent bound — is reported
+//! once, with its names, hash bytes, reason and
 //! algorithm, before it is gone; producer-requested removals and the absence of a sink report
 //! nothing.
 
@@ -183,4 +184,54 @@ fn producer_removals_and_a_removed_sink_report_nothing() {
     ix.set_removal_sink(None);
     assert_eq!(ix.sweep(T0 + 2 * HOUR, &NoRules).ttl_evicted.total(), 1);
     assert!(take(&rows).is_empty(), "no sink, no report");
+}
+
+/// A replica cutting blocks out of the middle of its stretch of a run, one in two, splits the
+/// stretch until it has `runstore::MAX_REPLICA_EXTENTS` there; each cut after that removes the
+/// rest of the stretch with it. Each entry removed so is counted out and reported
+/// (`RunExtents`, as the index's own removal); another replica's holds of the same blocks stay,
+/// and refreshes that would split further are refused and counted (`extents_refused`), changing
+/// nothing.
+#[test]
+fn a_cut_past_the_extent_bound_removes_and_reports_the_stretch_rest() {
+    const LEN: u64 = 400;
+    let mut ix = index_with(HOUR, 0);
+    let rows = record(&mut ix);
+    let hashes: Vec<[u8; 8]> = (0..LEN)
+        .map(|b| (b + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15).to_be_bytes())
+        .collect();
+    let blocks: Vec<&[u8]> = hashes.iter().map(|h| &h[..]).collect();
+    for r in ["r1", "r2"] {
+        ix.ingest(&upd_r(r, vec![chain_entry(&blocks, 16)]), T0, &NoRules);
+    }
+    assert_eq!(ix.entry_count(), 2 * LEN);
+    // r2 refreshes every third block alone with another tier: split after split, then refused.
+    let mut refused = 0;
+    for b in (1..LEN as usize - 1).step_by(3) {
+        let mut p = legacy(&hashes[b], 16 * (b as i32 + 1));
+        p.tier = 2;
+        refused += ix
+            .ingest(&upd_r("r2", vec![p]), T0, &NoRules)
+            .extents_refused;
+    }
+    assert!(refused > 0, "refreshes past the bound are refused");
+    assert_eq!(ix.entry_count(), 2 * LEN);
+    let mut cut = 0;
+    for b in (1..LEN as usize - 1).step_by(2) {
+        let e = event(Type::PrefixEvicted, "t", "m", "r1", &hashes[b]);
+        cut += ix.apply_event(&e, T0, &NoRules).entries_removed;
+    }
+    let reported = take(&rows);
+    assert!(
+        !reported.is_empty(),
+        "cuts past the bound drop the stretch's rest"
+    );
+    for row in &reported {
+        assert_eq!((row.0, row.6.as_str()), (RemovalReason::RunExtents, "r1"));
+    }
+    assert_eq!(ix.entry_count(), 2 * LEN - cut - reported.len() as u64);
+    assert_eq!(ix.key_count(), LEN, "r2 still holds every block");
+    assert!(ix.take_extent_tails_dropped() > 0);
+    assert_eq!(ix.take_extent_tails_dropped(), 0, "taken");
+    ix.check_store();
 }

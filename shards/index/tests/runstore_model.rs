@@ -28,6 +28,17 @@ fn hash(c: usize, b: usize) -> u64 {
     ((owner as u64) << 32 | b as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ 0x5555
 }
 
+/// The cumulative token count a store reports for block `b`: 16 per block, shifted by 0 or
+/// 1, or (`shift` 2) irregular, as blocks of several sizes give.
+fn block_tokens(b: usize, shift: i32) -> i32 {
+    let irregular = if shift == 2 {
+        (b * b % 7) as i32
+    } else {
+        shift
+    };
+    (b as i32 + 1) * 16 + irregular
+}
+
 #[derive(Clone, Debug)]
 enum Op {
     /// Blocks `from..to` of chain `c` upserted in order by `replica`.
@@ -65,7 +76,7 @@ enum Op {
 fn op() -> impl Strategy<Value = Op> {
     let range = (0..CHAIN_LEN, 0..=CHAIN_LEN).prop_map(|(a, b)| (a.min(b), a.max(b)));
     prop_oneof![
-        3 => (0..KEYSPACES, 0..CHAINS, range.clone(), 0..REPLICAS, 0u8..4, 1i64..4, 0i32..2)
+        3 => (0..KEYSPACES, 0..CHAINS, range.clone(), 0..REPLICAS, 0u8..4, 1i64..4, 0i32..3)
             .prop_map(|(ks, c, (from, to), replica, tier, ts, tokens_shift)| Op::Store {
                 ks, c, from, to, replica, tier, ts, tokens_shift
             }),
@@ -102,7 +113,7 @@ fn apply(store: &mut RunStore, model: &mut Model, op: &Op) {
                     replica,
                     tier,
                     last_seen: ts,
-                    tokens: (b as i32 + 1) * 16 + tokens_shift,
+                    tokens: block_tokens(b, tokens_shift),
                 };
                 let (loc, _) = store.upsert(ks, h, after, e, &mut hint).expect("room");
                 after = Some(loc);
@@ -424,4 +435,155 @@ fn keys_of_no_chain_share_short_runs() {
         assert_eq!(scratch.matched.len(), 1);
         assert_eq!(scratch.matched[0].blocks, 2);
     }
+}
+
+/// Blocks of irregular sizes (cumulative counts off any one step) do not split a replica's
+/// stretch: a 300-block chain is one extent, and every entry reads back its own count, after
+/// refreshes of single counts and a release from the middle too.
+#[test]
+fn irregular_counts_keep_one_extent() {
+    let mut store = RunStore::new();
+    let (mut hint, mut after) = (Hint::default(), None);
+    let h = |b: usize| (b as u64 + 7).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    let mut tokens: Vec<i32> = (0..300).map(|b| block_tokens(b, 2)).collect();
+    for (b, &t) in tokens.iter().enumerate() {
+        let e = Entry {
+            replica: 1,
+            tier: 0,
+            last_seen: 5,
+            tokens: t,
+        };
+        after = Some(store.upsert(0, h(b), after, e, &mut hint).unwrap().0);
+    }
+    let first = store.find(0, h(0)).unwrap();
+    assert_eq!(store.run(first.run).extents().len(), 1);
+    // One count changed alone (same tier and time): still one extent.
+    tokens[40] += 3;
+    let e = Entry {
+        replica: 1,
+        tier: 0,
+        last_seen: 5,
+        tokens: tokens[40],
+    };
+    store
+        .upsert(0, h(40), None, e, &mut Hint::default())
+        .unwrap();
+    assert_eq!(store.run(first.run).extents().len(), 1);
+    assert_eq!(
+        store.release(0, h(150), 1).map(|e| e.tokens),
+        Some(tokens[150])
+    );
+    store.check();
+    for (b, &t) in tokens.iter().enumerate().filter(|&(b, _)| b != 150) {
+        let loc = store.find(0, h(b)).unwrap();
+        let got: Vec<i32> = store.entries_at(loc).map(|e| e.tokens).collect();
+        assert_eq!(got, [t], "block {b}");
+    }
+}
+
+/// A replica has at most `MAX_REPLICA_EXTENTS` extents in a run, whatever it does, so no step
+/// on a run moves more than a bounded number of extents. Two replicas hold a 600-block chain;
+/// the first refreshes single blocks with another tier (each split: +2 extents) until refused,
+/// and cuts blocks out of the middle one in two: past the bound each cut takes the rest of its
+/// stretch out with it (handed to the caller, the other replica's holds untouched); a new key
+/// of the first replica continuing the run goes to another run. Without the bound the cuts
+/// leave 300 extents.
+#[test]
+fn a_replica_fragmenting_a_run_keeps_its_extents_bounded() {
+    use inferencecache_index::runstore::{MAX_REPLICA_EXTENTS, RUN_LEN_LIMIT};
+    const LEN: usize = 600;
+    let h = |b: usize| (b as u64 + 11).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    let entry = |replica: u32, tier: u8, b: usize| Entry {
+        replica,
+        tier,
+        last_seen: 5,
+        tokens: 16 * (b as i32 + 1),
+    };
+    let mut store = RunStore::new();
+    for replica in [1, 2] {
+        let (mut hint, mut after) = (Hint::default(), None);
+        for b in 0..LEN {
+            let e = entry(replica, 0, b);
+            after = Some(store.upsert(0, h(b), after, e, &mut hint).unwrap().0);
+        }
+    }
+    let run = store.find(0, h(0)).unwrap().run;
+    let extents_of = |s: &RunStore, r: u32| {
+        (s.run(run).extents().iter())
+            .filter(|x| x.replica == r)
+            .count()
+    };
+    let mut refused = 0;
+    for b in (1..LEN - 1).step_by(3) {
+        match store.upsert(0, h(b), None, entry(1, 2, b), &mut Hint::default()) {
+            Ok(_) => {}
+            Err(Refused::ExtentsFull) => refused += 1,
+            Err(other) => panic!("{other:?}"),
+        }
+        assert!(extents_of(&store, 1) <= MAX_REPLICA_EXTENTS);
+    }
+    assert!(refused > 0, "refreshes past the bound are refused");
+    store.check();
+    // Cuts from the middle, every other block.
+    let mut dropped = 0;
+    for b in (1..LEN - 1).step_by(2) {
+        if let Some(loc) = store.find(0, h(b))
+            && store.entries_at(loc).any(|e| e.replica == 1)
+        {
+            assert!(store.release(0, h(b), 1).is_some());
+        }
+        for d in store.take_dropped() {
+            assert_eq!(d.released.entry.replica, 1);
+            assert!(!d.released.key_gone, "replica 2 still holds block");
+            dropped += 1;
+        }
+        assert!(extents_of(&store, 1) <= MAX_REPLICA_EXTENTS);
+        store.check();
+    }
+    assert!(dropped > 0, "cuts past the bound drop the stretch's rest");
+    assert_eq!(
+        extents_of(&store, 2),
+        1,
+        "the other replica keeps its stretch"
+    );
+    for b in 0..LEN {
+        let loc = store.find(0, h(b)).expect("replica 2 holds every block");
+        assert!(store.entries_at(loc).any(|e| e.replica == 2));
+    }
+    assert!(LEN < RUN_LEN_LIMIT as usize);
+    // A chain whose every block has another tier than the one before: one extent per block,
+    // so its block past the bound starts another run instead of splitting this one further.
+    let mut store = RunStore::new();
+    let (mut hint, mut after) = (Hint::default(), None);
+    for b in 0..MAX_REPLICA_EXTENTS + 5 {
+        let e = entry(1, (b % 2) as u8, b);
+        after = Some(store.upsert(0, h(b), after, e, &mut hint).unwrap().0);
+    }
+    store.check();
+    let first = store.find(0, h(0)).unwrap().run;
+    assert_eq!(store.run(first).extents().len(), MAX_REPLICA_EXTENTS);
+    assert_ne!(store.find(0, h(MAX_REPLICA_EXTENTS)).unwrap().run, first);
+}
+
+/// A chain longer than `RUN_LEN_LIMIT` continues in another run.
+#[test]
+fn runs_end_at_their_length_limit() {
+    use inferencecache_index::runstore::RUN_LEN_LIMIT;
+    let n = RUN_LEN_LIMIT as usize + 10;
+    let h = |b: usize| (b as u64 + 3).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    let mut store = RunStore::new();
+    let (mut hint, mut after) = (Hint::default(), None);
+    for b in 0..n {
+        let e = Entry {
+            replica: 1,
+            tier: 0,
+            last_seen: 5,
+            tokens: 16 * (b as i32 + 1),
+        };
+        after = Some(store.upsert(0, h(b), after, e, &mut hint).unwrap().0);
+    }
+    store.check();
+    let first = store.find(0, h(0)).unwrap();
+    assert_eq!(store.along(first).len(), RUN_LEN_LIMIT as usize);
+    assert_ne!(store.find(0, h(n - 1)).unwrap().run, first.run);
 }

@@ -1369,7 +1369,7 @@ impl Index {
                 };
                 let algo = self.cat.tenants[&self.cat.tenant_of(key)].algo;
                 self.report_removal(key, replica, RemovalReason::Cap, algo, now);
-                let removed = self.remove_entry(key, replica);
+                let removed = self.remove_entry(key, replica, now);
                 debug_assert!(removed);
                 out.add(algo);
                 evicted += 1;
@@ -1952,7 +1952,7 @@ impl Index {
                 meter.charge_removals(stale.len());
                 for r in &stale {
                     self.report_removal(key, *r, RemovalReason::Ttl, algo, now);
-                    self.remove_entry(key, *r);
+                    self.remove_entry(key, *r, now);
                     pass.out.ttl_evicted.add(algo);
                 }
                 self.store.set_sweep_cursor(Store::after(pos));
@@ -2346,7 +2346,7 @@ impl Index {
                 continue;
             }
             self.report_removal(key, replica, RemovalReason::Cap, algo, now);
-            let removed = self.remove_entry(key, replica);
+            let removed = self.remove_entry(key, replica, now);
             debug_assert!(removed);
             out.add(algo);
         }

@@ -257,6 +257,10 @@ pub struct IngestOutcome {
     /// Upserts of new keys not applied because the store's table was full
     /// (`runstore::MAX_KEYS`, ~100M keys per core; the rest of the update was applied).
     pub keys_refused: u64,
+    /// Upserts not applied because their replica had its most extents in the key's run
+    /// (`runstore::MAX_REPLICA_EXTENTS`: a replica holding that run's blocks in that many
+    /// separate stretches; the rest of the update was applied).
+    pub extents_refused: u64,
     /// The update's stats were not stored: its replica would have been one stats row too many
     /// (per model or per core). The rest of the update was applied.
     pub stats_refused: bool,
@@ -794,6 +798,8 @@ enum Upserted {
     HoldersFull,
     /// Refused: a new key did not fit the store's table.
     KeysFull,
+    /// Refused: the replica has its most extents in the key's run.
+    ExtentsFull,
 }
 
 impl IngestOutcome {
@@ -803,6 +809,7 @@ impl IngestOutcome {
             Upserted::Applied => self.upserts += 1,
             Upserted::HoldersFull => self.holders_refused += 1,
             Upserted::KeysFull => self.keys_refused += 1,
+            Upserted::ExtentsFull => self.extents_refused += 1,
         }
     }
 }
@@ -854,6 +861,9 @@ pub struct Index {
     restore_chain: ChainCursor,
     /// `now` of the last reclaim pass run because the string table was full.
     last_full_reclaim: i64,
+    /// Extent tails the store cut off since the server last took the count
+    /// ([`Index::take_extent_tails_dropped`]).
+    extent_tails_dropped: u64,
     /// Told of every entry the sweep, the cap or a quota removes (none by default).
     removal_sink: Option<RemovalSink>,
     /// The sliced TTL sweep pass in progress, if any.
@@ -936,6 +946,7 @@ impl Index {
             reclaimable: 0,
             restore_chain: ChainCursor::new(),
             last_full_reclaim: i64::MIN,
+            extent_tails_dropped: 0,
             removal_sink: None,
             sweep_pass: None,
             reclaim_pass: None,
@@ -1347,6 +1358,7 @@ impl Index {
             }
             HolderUpsert::Refreshed(loc) => loc,
             HolderUpsert::Full => return Upserted::HoldersFull,
+            HolderUpsert::ExtentsFull => return Upserted::ExtentsFull,
             HolderUpsert::TableFull => {
                 if fresh_blob {
                     self.cat.blobs.release(key.h as u32);
@@ -1587,24 +1599,51 @@ impl Index {
     }
 
     /// *Remove(key, replica)* of §3.3. Returns whether there was such an entry.
-    fn remove_entry(&mut self, key: KeyId, replica: u32) -> bool {
-        self.remove_entry_at(key, replica, CountSlots::NONE)
+    fn remove_entry(&mut self, key: KeyId, replica: u32, now: i64) -> bool {
+        self.remove_entry_at(key, replica, CountSlots::NONE, now)
     }
 
     /// [`Index::remove_entry`] counted through `slots` (see [`Index::on_entry_removed_at`]).
     #[inline(always)]
-    fn remove_entry_at(&mut self, key: KeyId, replica: u32, slots: CountSlots) -> bool {
+    fn remove_entry_at(&mut self, key: KeyId, replica: u32, slots: CountSlots, now: i64) -> bool {
         let Some(pos) = self.store.find_near(key) else {
             return false;
         };
         let Some((_, key_gone)) = self.store.remove_holder(pos, replica) else {
             return false;
         };
+        if self.store.has_dropped() {
+            self.count_dropped(now);
+        }
         self.on_entry_removed_at(key, replica, key_gone, slots);
         if !key_gone {
             self.quota_touch(key);
         }
         true
+    }
+
+    /// Counts and reports the entries the store took out besides one a caller removed: an
+    /// extent's tail cut off at `runstore::MAX_REPLICA_EXTENTS` (`RemovalReason::RunExtents`).
+    #[cold]
+    fn count_dropped(&mut self, now: i64) {
+        let dropped: Vec<_> = self.store.take_dropped().collect();
+        self.extent_tails_dropped += 1;
+        for d in dropped {
+            let key = KeyId { ks: d.ks, h: d.h };
+            let replica = d.released.entry.replica;
+            let algo = self.cat.tenants[&self.cat.tenant_of(key)].algo;
+            self.report_removal(key, replica, RemovalReason::RunExtents, algo, now);
+            self.on_entry_removed_at(key, replica, d.released.key_gone, CountSlots::NONE);
+            if !d.released.key_gone {
+                self.quota_touch(key);
+            }
+        }
+    }
+
+    /// Extent tails cut off since the last call ([`Index::count_dropped`]): each a hit of the
+    /// `runstore::MAX_REPLICA_EXTENTS` bound, for the server's limit counter.
+    pub fn take_extent_tails_dropped(&mut self) -> u64 {
+        std::mem::take(&mut self.extent_tails_dropped)
     }
 
     /// Removes every holder of a key (quota victim), reporting each to the removal sink.
@@ -1617,7 +1656,7 @@ impl Index {
                 .replica();
             let algo = self.cat.tenants[&self.cat.tenant_of(key)].algo;
             self.report_removal(key, replica, RemovalReason::Quota, algo, now);
-            let removed = self.remove_entry(key, replica);
+            let removed = self.remove_entry(key, replica, now);
             debug_assert!(removed);
             n += 1;
         }
@@ -1929,7 +1968,7 @@ impl Index {
             let applied = self.upsert(&mut ChainCursor::new(), ks, h, replica, n, tier, ts);
             out.count(applied);
         }
-        if out.holders_refused > 0 || out.keys_refused > 0 {
+        if out.holders_refused > 0 || out.keys_refused > 0 || out.extents_refused > 0 {
             self.reclaimable += 1;
         }
     }
@@ -1997,12 +2036,12 @@ impl Index {
                     let (replica, counts) = (memo.replica, memo.counts);
                     self.cat
                         .key_for(ks, &e.prefix_hash)
-                        .is_some_and(|k| self.remove_entry_at(k, replica, counts))
+                        .is_some_and(|k| self.remove_entry_at(k, replica, counts, now))
                         as u64
                 }
                 _ => {
                     let plan = *memo;
-                    self.evict(&plan, &e.prefix_hash)
+                    self.evict(&plan, &e.prefix_hash, now)
                 }
             };
             self.flush_inline();
@@ -2050,7 +2089,7 @@ impl Index {
                     ],
                 };
                 self.cat.event_memo = Some(memo);
-                out.entries_removed = self.evict(&plan, &e.prefix_hash);
+                out.entries_removed = self.evict(&plan, &e.prefix_hash, now);
             }
             Ok(cache_event::Type::ReplicaUpdated) => {
                 if let Some(row) = self.cat.models[mscope as usize].stats.get_mut(&replica) {
@@ -2091,13 +2130,13 @@ impl Index {
 
     /// Removes the memo's replica from the key `hash` in each keyspace the memo's event targets
     /// (`PREFIX_EVICTED`). Returns the entries removed.
-    fn evict(&mut self, memo: &EvictPlan, hash: &[u8]) -> u64 {
+    fn evict(&mut self, memo: &EvictPlan, hash: &[u8], now: i64) -> u64 {
         let mut removed = 0;
         match memo.targets {
             EvictTargets::None => {}
             EvictTargets::One(ks) => {
                 if let Some(k) = self.cat.key_for(ks, hash)
-                    && self.remove_entry(k, memo.replica)
+                    && self.remove_entry(k, memo.replica, now)
                 {
                     removed += 1;
                 }
@@ -2115,7 +2154,7 @@ impl Index {
                             continue;
                         }
                         if let Some(k) = self.cat.key_for(ks, hash)
-                            && self.remove_entry(k, memo.replica)
+                            && self.remove_entry(k, memo.replica, now)
                         {
                             removed += 1;
                         }

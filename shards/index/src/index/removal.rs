@@ -22,6 +22,10 @@ pub enum RemovalReason {
     Cap,
     /// The tenant's entry quota (§7.1): a whole prefix key, one report per holder.
     Quota,
+    /// The rest of a replica's stretch of a run, cut off with a block removed from its
+    /// middle when the replica has the most stretches of that run
+    /// (`runstore::MAX_REPLICA_EXTENTS`).
+    RunExtents,
 }
 
 impl RemovalReason {
@@ -32,6 +36,7 @@ impl RemovalReason {
             RemovalReason::Ttl => "ttl",
             RemovalReason::Cap => "cap",
             RemovalReason::Quota => "over_entries",
+            RemovalReason::RunExtents => "run_extents",
         }
     }
 }

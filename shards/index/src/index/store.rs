@@ -122,6 +122,10 @@ pub(crate) enum HolderUpsert {
     Full,
     /// A new key did not fit the store's table ([`crate::runstore::MAX_KEYS`]); nothing changed.
     TableFull,
+    /// The replica has its most extents in the key's run
+    /// ([`crate::runstore::MAX_REPLICA_EXTENTS`]) and the upsert needed another; nothing
+    /// changed.
+    ExtentsFull,
 }
 
 /// A chain's upserts in order: the place of its last block (a new block is placed after it,
@@ -304,11 +308,15 @@ impl Store {
                     Upserted::Refreshed => HolderUpsert::Refreshed(loc),
                 }
             }
-            Err(Refused::HoldersFull) => {
+            Err(why @ (Refused::HoldersFull | Refused::ExtentsFull)) => {
                 // The chain goes on after the refused block: it is held.
                 chain.last = self.runs.find(k.ks, k.h);
                 chain.hint = Hint::default();
-                HolderUpsert::Full
+                if why == Refused::HoldersFull {
+                    HolderUpsert::Full
+                } else {
+                    HolderUpsert::ExtentsFull
+                }
             }
             Err(Refused::TableFull) => {
                 chain.last = None;
@@ -330,6 +338,18 @@ impl Store {
         let r = self.runs.release_at(loc, replica)?;
         self.near = loc;
         Some((Holder::of(r.entry, r.access), r.key_gone))
+    }
+
+    /// Whether a removal took out entries besides its own ([`Store::take_dropped`]).
+    #[inline(always)]
+    pub fn has_dropped(&self) -> bool {
+        self.runs.has_dropped()
+    }
+
+    /// The entries removals took out besides their own (see
+    /// [`crate::runstore::MAX_REPLICA_EXTENTS`]), for the caller to count.
+    pub fn take_dropped(&mut self) -> std::vec::Drain<'_, crate::runstore::Dropped> {
+        self.runs.take_dropped()
     }
 
     /// The run store, for the chain walk of a lookup.
