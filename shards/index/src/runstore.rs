@@ -199,6 +199,14 @@ impl Run {
     fn replica_extents(&self, replica: u32) -> usize {
         self.slot(replica.wrapping_add(1), 0) - self.slot(replica, 0)
     }
+    /// Whether entry `e` may be added at offset `off`: its replica has fewer than
+    /// [`MAX_REPLICA_EXTENTS`] extents here, or `e` continues the one ending at `off`.
+    fn has_room_for(&self, e: &Entry, off: u32) -> bool {
+        self.extents.len() < MAX_REPLICA_EXTENTS
+            || self.replica_extents(e.replica) < MAX_REPLICA_EXTENTS
+            || (self.slot(e.replica, off).checked_sub(1))
+                .is_some_and(|i| self.extents[i].continued_by(e, off))
+    }
     /// Inserts `x` in its place; returns its index.
     fn insert_extent(&mut self, x: Extent) -> usize {
         let i = self.slot(x.replica, x.lo);
@@ -718,7 +726,7 @@ impl RunStore {
                     return Err(Refused::TableFull);
                 }
             }
-            let loc = self.create(hash, ks, h, after, e.replica);
+            let loc = self.create(hash, ks, h, after, &e);
             self.add(loc, e, false, hint)
                 .expect("a new key's run has room for its replica");
             self.keys += 1;
@@ -791,18 +799,17 @@ impl RunStore {
         run.extents.iter().filter(|x| x.covers(loc.off)).count()
     }
 
-    /// A place for new key `(ks, h)`, to be held by `replica`: the hole right after `after`
-    /// when it was this key's, else the end of `after`'s run when `after` is its last block,
-    /// else the end of the keyspace's open run ([`RunStore::append_to_open`]), else a new run;
-    /// never `after`'s run when `replica` has its most extents there.
+    /// A place for new key `(ks, h)`, to be held by `e`: the hole right after `after` when it
+    /// was this key's, else the end of `after`'s run when `after` is its last block, else the
+    /// end of the keyspace's open run ([`RunStore::append_to_open`]), else a new run; never
+    /// `after`'s run when `e` would need one more extent there than its replica may have.
     #[inline]
-    fn create(&mut self, hash: u64, ks: u32, h: u64, after: Option<Loc>, replica: u32) -> Loc {
+    fn create(&mut self, hash: u64, ks: u32, h: u64, after: Option<Loc>, e: &Entry) -> Loc {
         if let Some(a) = after
             && let Some(run) = self.runs.get_mut(a.run as usize)
             && run.ks == ks
             && (a.off as usize) < run.hashes.len()
-            && (run.extents.len() < MAX_REPLICA_EXTENTS
-                || run.replica_extents(replica) < MAX_REPLICA_EXTENTS)
+            && run.has_room_for(e, a.off + 1)
         {
             let next = a.off + 1;
             let at = Loc {

@@ -563,6 +563,16 @@ fn a_replica_fragmenting_a_run_keeps_its_extents_bounded() {
     let first = store.find(0, h(0)).unwrap().run;
     assert_eq!(store.run(first).extents().len(), MAX_REPLICA_EXTENTS);
     assert_ne!(store.find(0, h(MAX_REPLICA_EXTENTS)).unwrap().run, first);
+    // At the bound a block that continues the replica's last stretch still joins the run: a
+    // chain of exactly that many stretches of 4 blocks is one run.
+    let mut store = RunStore::new();
+    let (mut hint, mut after) = (Hint::default(), None);
+    for b in 0..4 * MAX_REPLICA_EXTENTS {
+        let e = entry(1, (b / 4 % 2) as u8, b);
+        after = Some(store.upsert(0, h(b), after, e, &mut hint).unwrap().0);
+    }
+    let first = store.find(0, h(0)).unwrap();
+    assert_eq!(store.along(first).len(), 4 * MAX_REPLICA_EXTENTS);
 }
 
 /// A chain longer than `RUN_LEN_LIMIT` continues in another run.
