@@ -940,8 +940,7 @@ impl RunStore {
             *hint = Hint(Some((loc.run, i as u32)));
             return Ok(());
         }
-        // The entry leaves its extent: its odd count, if any, goes with it.
-        self.forget_odd(&x, loc);
+        // The entry leaves its extent (its odd count, if any, goes with it).
         let run = &mut self.runs[loc.run as usize];
         // A chain refreshed block by block with new values: the entry moves from the front of
         // its old extent to the end of the hinted one (the chain's previous block, with the
@@ -959,6 +958,7 @@ impl RunStore {
             } else {
                 run.extents[i] = x.from(loc.off + 1);
             }
+            self.forget_odd(&x, loc);
             self.grow(loc, at as usize, &e);
             return Ok(());
         }
@@ -980,6 +980,7 @@ impl RunStore {
         if after.lo < after.hi {
             run.insert_extent(after);
         }
+        self.forget_odd(&x, loc);
         self.entries -= 1;
         self.add(loc, e, x.counted, hint)
             .expect("room checked before the split");

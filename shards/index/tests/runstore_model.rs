@@ -597,3 +597,31 @@ fn runs_end_at_their_length_limit() {
     assert_eq!(store.along(first).len(), RUN_LEN_LIMIT as usize);
     assert_ne!(store.find(0, h(n - 1)).unwrap().run, first.run);
 }
+
+/// A refresh refused at the bound changes nothing, an odd count included: a replica holding a
+/// chain of blocks of several sizes in `MAX_REPLICA_EXTENTS` stretches keeps each block's own
+/// count after a refused refresh of it.
+#[test]
+fn a_refused_refresh_keeps_the_entry_as_it_was() {
+    use inferencecache_index::runstore::MAX_REPLICA_EXTENTS;
+    let h = |b: usize| (b as u64 + 5).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    let entry = |b: usize, tier: u8| Entry {
+        replica: 1,
+        tier,
+        last_seen: 5,
+        tokens: block_tokens(b, 2),
+    };
+    let mut store = RunStore::new();
+    let (mut hint, mut after) = (Hint::default(), None);
+    for b in 0..4 * MAX_REPLICA_EXTENTS {
+        let e = entry(b, (b / 4 % 2) as u8);
+        after = Some(store.upsert(0, h(b), after, e, &mut hint).unwrap().0);
+    }
+    let loc = store.find(0, h(2)).unwrap();
+    let before: Vec<Entry> = store.entries_at(loc).collect();
+    assert_eq!(before[0].tokens, block_tokens(2, 2));
+    let refused = store.upsert(0, h(2), None, entry(2, 3), &mut Hint::default());
+    assert_eq!(refused.err(), Some(Refused::ExtentsFull));
+    assert_eq!(store.entries_at(loc).collect::<Vec<_>>(), before);
+    store.check();
+}
