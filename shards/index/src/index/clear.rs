@@ -148,6 +148,9 @@ impl Index {
             .store
             .remove_holder(pos, replica)
             .expect("cleared holder");
+        // A clear removes a replica's entries in place order, each the first of its extent:
+        // never one from an extent's middle, so nothing is dropped with it.
+        debug_assert!(!self.store.has_dropped(), "a clear cut an extent");
         if key_gone {
             self.on_key_gone(key);
         } else {
