@@ -24,7 +24,8 @@ pub enum RemovalReason {
     Quota,
     /// The rest of a replica's stretch of a run, cut off with a block removed from its
     /// middle when the replica has the most stretches of that run
-    /// (`runstore::MAX_REPLICA_EXTENTS`).
+    /// (`runstore::MAX_REPLICA_EXTENTS`). Reported right after the store took the entries
+    /// out with the removed one, before they leave the counts (names and hash still live).
     RunExtents,
 }
 
