@@ -6,7 +6,9 @@
 //!   both ways;
 //! * a cut from the middle of a stretch of a replica at `MAX_REPLICA_EXTENTS`, which takes the
 //!   stretch's rest (63 blocks) out with it, then those blocks stored again;
-//! * a walk of the whole chain (every replica met in each of its stretches).
+//! * a walk of the whole chain (every replica met in each of its stretches);
+//! * the longest single upsert while one replica stores 2M blocks of irregular sizes (each
+//!   count off its extent's step, kept in the side table): the side table's growths.
 //!
 //!     cargo run --release -p inferencecache-index --example run_extents_worst
 use inferencecache_index::runstore::{Entry, Hint, Loc, RUN_LEN_LIMIT, RunStore, WalkScratch};
@@ -104,4 +106,30 @@ fn main() {
         back[back.len() - 1]
     );
     println!("walk of the run:                 median {walk_med:.1} µs, max {walk_max:.1} µs");
+    let (slowest, total) = odd_counts_stored(2_000_000);
+    println!("2M blocks of irregular sizes:    slowest upsert {slowest:.1} µs, all {total:.2} s");
+}
+
+/// Stores `blocks` blocks of irregular sizes for one replica (chains of `RUN_LEN_LIMIT`):
+/// the slowest single upsert (µs) and the total time (s).
+fn odd_counts_stored(blocks: usize) -> (f64, f64) {
+    let mut store = RunStore::new();
+    let len = RUN_LEN_LIMIT as usize;
+    let (mut slowest, started) = (0f64, Instant::now());
+    for c in 0..blocks / len {
+        let (mut hint, mut after) = (Hint::default(), None);
+        for b in 0..len {
+            let e = Entry {
+                replica: 1,
+                tier: 0,
+                last_seen: 5,
+                tokens: 16 * (b as i32 + 1) + (b * b % 7) as i32,
+            };
+            let at = Instant::now();
+            let up = store.upsert(0, hash(c * len + b + 1_000_000), after, e, &mut hint);
+            slowest = slowest.max(micros(at));
+            after = Some(up.expect("room").0);
+        }
+    }
+    (slowest, started.elapsed().as_secs_f64())
 }

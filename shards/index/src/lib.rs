@@ -12,6 +12,7 @@ mod prefetch;
 pub mod resolve;
 pub mod rules;
 pub mod runstore;
+mod segmap;
 
 /// The block content fingerprint (docs/BEHAVIOUR.md §17), re-exported so `inferencecache_index::fingerprint`
 /// paths keep working; code that needs only the fingerprint depends on that small crate directly.

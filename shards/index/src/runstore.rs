@@ -25,6 +25,7 @@
 
 use crate::keyhash::KeyHasher;
 use crate::prefetch::prefetch;
+use crate::segmap::SegMap;
 
 /// Bits of a table bucket naming a key's run, and its offset in the run.
 const RUN_BITS: u32 = 28;
@@ -296,7 +297,7 @@ pub struct RunStore {
     /// LFU counts, (place, replica) → count, of the entries that have one (only LFU tenants'
     /// entries are ever counted); an entry's extent is marked ([`Extent::counted`]) so that a
     /// release of an uncounted entry does not look here. At most one per entry.
-    access: hashbrown::HashMap<(u64, u32), u32>,
+    access: SegMap<u32>,
     /// New keys refused because their table segment was full ([`TableFull`]).
     refusals: u64,
     /// Entries releases took out with the ones asked for, not yet taken by the caller: at
@@ -305,7 +306,7 @@ pub struct RunStore {
     /// Token counts off their extent's step, (place, replica) → count; their extents are
     /// marked ([`Extent::odd`]). At most one per entry. Empty while producers report blocks of
     /// one size (a chain's last, partial block is another size: counted here).
-    odd_tokens: hashbrown::HashMap<(u64, u32), i32>,
+    odd_tokens: SegMap<i32>,
     /// Per keyspace (by its word modulo [`OPEN_SLOTS`]), the run a key that follows no run's
     /// last block is appended to ([`RunStore::create`]): the keys of a prefix-only report, or
     /// a chain's first blocks after a branch, share a run instead of each paying a run's record
@@ -341,10 +342,10 @@ impl RunStore {
             free_runs: Vec::new(),
             keys: 0,
             entries: 0,
-            access: hashbrown::HashMap::new(),
+            access: SegMap::default(),
             refusals: 0,
             dropped: Vec::new(),
-            odd_tokens: hashbrown::HashMap::new(),
+            odd_tokens: SegMap::default(),
             open: [u32::MAX; OPEN_SLOTS],
         }
     }
@@ -469,8 +470,8 @@ impl RunStore {
     /// Heap bytes of the runs, the table and the LFU counts.
     pub fn heap_bytes(&self) -> usize {
         self.table.bytes()
-            + self.access.capacity() * (std::mem::size_of::<((u64, u32), u32)>() + 1)
-            + self.odd_tokens.capacity() * (std::mem::size_of::<((u64, u32), i32)>() + 1)
+            + self.access.heap_bytes()
+            + self.odd_tokens.heap_bytes()
             + self.dropped.capacity() * std::mem::size_of::<Dropped>()
             + self.runs.iter().map(Run::bytes).sum::<usize>()
             + self.runs.capacity() * std::mem::size_of::<Run>()
