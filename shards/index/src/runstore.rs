@@ -612,12 +612,25 @@ impl RunStore {
     /// The stored token count of extent `x`'s entry at `loc`.
     #[inline]
     fn tokens_of(&self, x: &Extent, loc: Loc) -> i32 {
-        if x.odd
-            && let Some(&t) = self.odd_tokens.get(&(Self::access_key(loc), x.replica))
-        {
-            return t;
+        if x.odd {
+            return self.odd_tokens_of(x, loc);
         }
         x.tokens_at(loc.off)
+    }
+
+    /// [`RunStore::tokens_of`] of an extent marked odd (apart: rare, and kept out of the
+    /// callers' loops).
+    #[inline(never)]
+    fn odd_tokens_of(&self, x: &Extent, loc: Loc) -> i32 {
+        let odd = self.odd_tokens.get(&(Self::access_key(loc), x.replica));
+        odd.copied().unwrap_or_else(|| x.tokens_at(loc.off))
+    }
+
+    /// The LFU count of `replica`'s entry at `loc` in a counted extent (apart, as above).
+    #[inline(never)]
+    fn count_of(&self, loc: Loc, replica: u32) -> u32 {
+        let count = self.access.get(&(Self::access_key(loc), replica));
+        count.copied().unwrap_or(0)
     }
 
     /// Forgets the odd count of extent `x`'s entry at `loc`, if any.
@@ -675,9 +688,8 @@ impl RunStore {
                     last_seen: x.last_seen,
                     tokens: self.tokens_of(x, loc),
                 };
-                let key = (Self::access_key(loc), x.replica);
                 let access = if x.counted {
-                    self.access.get(&key).copied().unwrap_or(0)
+                    self.count_of(loc, x.replica)
                 } else {
                     0
                 };
