@@ -1031,13 +1031,6 @@ impl RunStore {
             self.drop_tail(loc, i);
             x = self.runs[loc.run as usize].extents[i];
         }
-        let entry = Entry {
-            replica,
-            tier: x.tier,
-            last_seen: x.last_seen,
-            tokens: self.tokens_of(&x, loc),
-        };
-        self.forget_odd(&x, loc);
         let run = &mut self.runs[loc.run as usize];
         if x.hi - x.lo == 1 {
             run.extents.remove(i);
@@ -1050,9 +1043,24 @@ impl RunStore {
             run.insert_extent(x.from(loc.off + 1));
         }
         let covered = run.covered(loc.off);
+        Some(self.take_entry(loc, &x, hash, covered))
+    }
+
+    /// The entry of extent `x` at `loc`, which no extent covers for `x`'s replica any more:
+    /// its values, its LFU and odd counts taken out, and its key out of the table (table hash
+    /// `hash`) when no other extent covers it (`covered`).
+    #[inline(always)]
+    fn take_entry(&mut self, loc: Loc, x: &Extent, hash: u64, covered: bool) -> Released {
+        let entry = Entry {
+            replica: x.replica,
+            tier: x.tier,
+            last_seen: x.last_seen,
+            tokens: self.tokens_of(x, loc),
+        };
+        self.forget_odd(x, loc);
         self.entries -= 1;
         let access = if x.counted {
-            (self.access.remove(&(Self::access_key(loc), replica))).unwrap_or(0)
+            (self.access.remove(&(Self::access_key(loc), x.replica))).unwrap_or(0)
         } else {
             0
         };
@@ -1061,11 +1069,11 @@ impl RunStore {
             self.keys -= 1;
             self.uncover(loc);
         }
-        Some(Released {
+        Released {
             entry,
             access,
             key_gone: !covered,
-        })
+        }
     }
 
     /// Takes the entries of extent `i` after `loc` out, last first, each into
@@ -1099,30 +1107,8 @@ impl RunStore {
             let at = Loc { run: loc.run, off };
             let (ks, h) = self.key_at(at);
             self.runs[loc.run as usize].extents[i].hi = off;
-            let entry = Entry {
-                replica: x.replica,
-                tier: x.tier,
-                last_seen: x.last_seen,
-                tokens: self.tokens_of(&x, at),
-            };
-            self.forget_odd(&x, at);
-            self.entries -= 1;
-            let access = if x.counted {
-                (self.access.remove(&(Self::access_key(at), x.replica))).unwrap_or(0)
-            } else {
-                0
-            };
-            let key_gone = !held_by_others[(off - first) as usize];
-            if key_gone {
-                self.table.remove_later(self.table.hash(ks, h), at);
-                self.keys -= 1;
-                self.uncover(at);
-            }
-            let released = Released {
-                entry,
-                access,
-                key_gone,
-            };
+            let covered = held_by_others[(off - first) as usize];
+            let released = self.take_entry(at, &x, self.table.hash(ks, h), covered);
             self.dropped.push(Dropped { ks, h, released });
         }
     }
